@@ -1,0 +1,246 @@
+"""Write the example model repository in Triton's layout.
+
+    python -m inferd.examples.build --output model_repository [--model NAME ...]
+
+Each entry of :data:`MODELS` is a :class:`ModelSpec`: a model name, its
+``config.pbtxt`` text and a mapping of repository-relative file paths to bytes (or
+zero-argument callables producing bytes, evaluated lazily).  To add a model
+(ensemble, python backend, torchscript, ...) append a ``ModelSpec`` to
+:data:`MODELS`; :func:`triton_config` renders the usual config text.
+
+Building is idempotent and deterministic: a file is rewritten only when its bytes
+change (mtimes of unchanged files are preserved), and nothing else under the
+output directory is touched or removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import onnx_models as om
+
+FileContent = bytes | Callable[[], bytes]
+Tensor = tuple[str, str, Sequence[int]]  # (name, "TYPE_FP32", dims)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model directory: ``<root>/<name>/config.pbtxt`` plus ``files``.
+
+    ``files`` maps paths relative to ``<root>/<name>/`` (e.g. ``"1/model.onnx"``) to
+    bytes or to a callable returning bytes.
+    """
+
+    name: str
+    config_text: str
+    files: Mapping[str, FileContent] = field(default_factory=dict)
+
+    def render(self) -> dict[str, bytes]:
+        """All files of this model (config first), relative to the model directory."""
+        out = {"config.pbtxt": self.config_text.encode()}
+        for rel, content in self.files.items():
+            out[rel] = content() if callable(content) else content
+        return out
+
+
+def _dims(dims: Sequence[int]) -> str:
+    return "[ " + ", ".join(str(int(d)) for d in dims) + " ]"
+
+
+def _tensors(kind: str, tensors: Sequence[Tensor]) -> str:
+    items = []
+    for name, data_type, dims in tensors:
+        items.append(
+            "  {\n"
+            f'    name: "{name}"\n'
+            f"    data_type: {data_type}\n"
+            f"    dims: {_dims(dims)}\n"
+            "  }"
+        )
+    return f"{kind} [\n" + ",\n".join(items) + "\n]\n"
+
+
+def triton_config(
+    name: str,
+    inputs: Sequence[Tensor],
+    outputs: Sequence[Tensor],
+    max_batch_size: int = 0,
+    platform: str | None = "onnxruntime_onnx",
+    backend: str | None = None,
+    dynamic_batching: str | None = None,
+    instance_count: int = 1,
+    instance_kind: str = "KIND_CPU",
+    extra: str = "",
+) -> str:
+    """Render a config.pbtxt in Triton's text-protobuf syntax.
+
+    ``dynamic_batching``: None -> no block; a string -> its body (``""`` gives
+    ``dynamic_batching { }``).  ``extra`` is appended verbatim (e.g. an
+    ``ensemble_scheduling`` block or ``parameters``).
+    """
+    text = f'name: "{name}"\n'
+    if platform:
+        text += f'platform: "{platform}"\n'
+    if backend:
+        text += f'backend: "{backend}"\n'
+    text += f"max_batch_size: {int(max_batch_size)}\n"
+    text += _tensors("input", inputs)
+    text += _tensors("output", outputs)
+    if instance_count:
+        text += (
+            "instance_group [\n"
+            f"  {{\n    count: {int(instance_count)}\n    kind: {instance_kind}\n  }}\n"
+            "]\n"
+        )
+    if dynamic_batching is not None:
+        body = dynamic_batching.strip()
+        text += f"dynamic_batching {{\n  {body}\n}}\n" if body else "dynamic_batching { }\n"
+    if extra:
+        text += extra if extra.endswith("\n") else extra + "\n"
+    return text
+
+
+def onnx_file(build: Callable[[], object]) -> Callable[[], bytes]:
+    """Lazily serialize an ONNX builder call: ``onnx_file(lambda: om.mlp())``."""
+    return lambda: om.serialize(build())  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- the model table
+
+MLP_D_IN, MLP_HIDDEN, MLP_D_OUT, MLP_SEED = 256, 1024, 256, 0
+
+_FP32_MLP_IO = (
+    [("INPUT0", "TYPE_FP32", [MLP_D_IN])],
+    [("OUTPUT0", "TYPE_FP32", [MLP_D_OUT])],
+)
+_ADD_SUB_IO = (
+    [("INPUT0", "TYPE_INT32", [16]), ("INPUT1", "TYPE_INT32", [16])],
+    [("OUTPUT0", "TYPE_INT32", [16]), ("OUTPUT1", "TYPE_INT32", [16])],
+)
+
+
+def _mlp_bytes() -> bytes:
+    return om.serialize(om.mlp(MLP_D_IN, MLP_HIDDEN, MLP_D_OUT, seed=MLP_SEED))
+
+
+MODELS: list[ModelSpec] = [
+    ModelSpec(
+        "simple",
+        triton_config("simple", *_ADD_SUB_IO, max_batch_size=8, dynamic_batching=""),
+        {"1/model.onnx": onnx_file(lambda: om.add_sub(np.int32, 16, batch=True))},
+    ),
+    ModelSpec(
+        "add_sub",
+        triton_config("add_sub", *_ADD_SUB_IO, max_batch_size=0),
+        {"1/model.onnx": onnx_file(lambda: om.add_sub(np.int32, 16, batch=False))},
+    ),
+    ModelSpec(
+        "identity_fp32",
+        triton_config(
+            "identity_fp32",
+            [("INPUT0", "TYPE_FP32", [-1])],
+            [("OUTPUT0", "TYPE_FP32", [-1])],
+            max_batch_size=64,
+            dynamic_batching="",
+        ),
+        {"1/model.onnx": onnx_file(lambda: om.identity(np.float32, [-1], batch=True))},
+    ),
+    ModelSpec(
+        "simple_string",
+        triton_config(
+            "simple_string",
+            [("INPUT0", "TYPE_STRING", [16])],
+            [("OUTPUT0", "TYPE_STRING", [16])],
+            max_batch_size=8,
+        ),
+        {"1/model.onnx": onnx_file(lambda: om.identity(object, [16], batch=True))},
+    ),
+    ModelSpec(
+        "mlp",
+        triton_config(
+            "mlp", *_FP32_MLP_IO, max_batch_size=64,
+            dynamic_batching="max_queue_delay_microseconds: 0",
+        ),
+        {"1/model.onnx": _mlp_bytes},
+    ),
+    ModelSpec(
+        "mlp_nobatch",  # same weights as "mlp"; no dynamic_batching block
+        triton_config("mlp_nobatch", *_FP32_MLP_IO, max_batch_size=64),
+        {"1/model.onnx": _mlp_bytes},
+    ),
+]
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def write_model(spec: ModelSpec, root: str | os.PathLike[str]) -> list[str]:
+    """Write one model under ``root``; returns the relative paths actually (re)written."""
+    model_dir = os.path.join(os.fspath(root), spec.name)
+    written = []
+    for rel, data in spec.render().items():
+        if om.write_bytes_if_changed(os.path.join(model_dir, rel), data):
+            written.append(rel)
+    return written
+
+
+def build_repository(
+    output: str | os.PathLike[str],
+    models: Iterable[ModelSpec] | None = None,
+    only: Iterable[str] | None = None,
+    log: Callable[[str], None] | None = print,
+) -> dict[str, list[str]]:
+    """Write ``models`` (default :data:`MODELS`, optionally filtered by name ``only``) under
+    ``output``.  Returns ``{model_name: [rewritten relative paths]}``."""
+    specs = list(MODELS if models is None else models)
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate model names in {names}")
+    if only is not None:
+        wanted = set(only)
+        unknown = wanted - set(names)
+        if unknown:
+            raise ValueError(f"unknown model(s): {sorted(unknown)}; known: {names}")
+        specs = [s for s in specs if s.name in wanted]
+    os.makedirs(output, exist_ok=True)
+    result = {}
+    for spec in specs:
+        written = write_model(spec, output)
+        result[spec.name] = written
+        if log is not None:
+            state = f"wrote {', '.join(written)}" if written else "unchanged"
+            log(f"{spec.name}: {state} ({os.path.join(os.fspath(output), spec.name)})")
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m inferd.examples.build",
+        description="Write the inferd example models as a Triton model repository.",
+    )
+    parser.add_argument("--output", "-o", required=True, help="model repository directory")
+    parser.add_argument(
+        "--model", action="append", dest="models", metavar="NAME",
+        help="only build this model (repeatable); default: all",
+    )
+    parser.add_argument("--list", action="store_true", help="list model names and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for spec in MODELS:
+            print(spec.name)
+        return 0
+    try:
+        build_repository(args.output, only=args.models)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
