@@ -1,0 +1,1 @@
+"""inferd: a multi-model inference server speaking the KServe v2 / Triton protocol."""

@@ -1,0 +1,96 @@
+"""Backends: the runtimes that execute models.
+
+:func:`resolve` picks a model's backend from its config (``platform`` or
+``backend``) or, failing both, from the files in its version folders.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from inferd._proto import model_config_pb2 as mc
+from inferd.backends.base import Backend, BatchResult, Device, ExecutionTimes, InstanceSpec, ModelInstance
+from inferd.errors import ConfigError
+
+__all__ = ["Backend", "BatchResult", "Device", "ExecutionTimes", "InstanceSpec", "ModelInstance", "get", "resolve"]
+
+_BACKENDS: dict[str, Backend] = {}
+
+
+def _registry() -> dict[str, Backend]:
+    if not _BACKENDS:
+        from inferd.backends.onnxruntime import OnnxRuntimeBackend
+
+        for backend in (OnnxRuntimeBackend(),):
+            _BACKENDS[backend.name] = backend
+        try:
+            from inferd.backends.torchscript import TorchScriptBackend
+
+            _BACKENDS["pytorch"] = TorchScriptBackend()
+        except ImportError:
+            pass
+        try:
+            from inferd.backends.python import PythonBackend
+
+            _BACKENDS["python"] = PythonBackend()
+        except ImportError:
+            pass
+    return _BACKENDS
+
+
+def get(name: str) -> Backend:
+    return _registry()[name]
+
+
+_BY_EXTENSION = {".onnx": "onnxruntime", ".pt": "pytorch", ".py": "python"}
+
+
+def resolve(config: mc.ModelConfig, model_dir: Path) -> Backend | None:
+    """Settle ``config.platform``/``config.backend`` in place; None for ensembles."""
+    backends = _registry()
+    if config.platform == "ensemble":
+        if config.backend:
+            raise ConfigError(f"model '{config.name}': an ensemble cannot also name backend '{config.backend}'")
+        return None
+    by_platform = {b.platform: b for b in backends.values() if b.platform}
+    backend: Backend | None = None
+    if config.backend:
+        backend = backends.get(config.backend)
+        if backend is None:
+            raise ConfigError(
+                f"model '{config.name}': backend '{config.backend}' is not available; "
+                f"inferd has {sorted(backends)}"
+            )
+    if config.platform:
+        by_plat = by_platform.get(config.platform)
+        if by_plat is None:
+            raise ConfigError(
+                f"model '{config.name}': platform '{config.platform}' is not supported; "
+                f"inferd supports {sorted(by_platform) + ['ensemble']}"
+            )
+        if backend is not None and backend is not by_plat:
+            raise ConfigError(
+                f"model '{config.name}': platform '{config.platform}' contradicts backend '{config.backend}'"
+            )
+        backend = by_plat
+    if backend is None:
+        backend = _guess(config, model_dir, backends)
+    config.backend = backend.name
+    if backend.platform:
+        config.platform = backend.platform
+    return backend
+
+
+def _guess(config: mc.ModelConfig, model_dir: Path, backends: dict[str, Backend]) -> Backend:
+    wanted = config.default_model_filename
+    for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()):
+        for child in sorted(version_dir.iterdir()):
+            if wanted and child.name != wanted:
+                continue
+            name = _BY_EXTENSION.get(child.suffix)
+            if name in backends:
+                return backends[name]
+    raise ConfigError(
+        f"model '{config.name}': cannot tell which backend runs it: set platform or backend in config.pbtxt "
+        f"(no model.onnx, model.pt or model.py in its version folders)"
+    )

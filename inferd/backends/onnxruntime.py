@@ -1,0 +1,182 @@
+"""The ONNX Runtime backend (platform ``onnxruntime_onnx``).
+
+Session options come from the config as Triton's onnxruntime backend names
+them (``parameters``: ``intra_op_thread_count``, ``inter_op_thread_count``,
+``execution_mode``; ``optimization.graph.level``). Without an explicit
+thread count an instance gets its share of the machine's cores, so that N
+instances do not oversubscribe them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from inferd.backends.base import Backend, InstanceSpec, ModelInstance, TensorInstance
+from inferd.config import ModelSignature, ModelSpec, SignatureTensor
+from inferd.dtypes import BY_ONNX
+from inferd.errors import ConfigError, InvalidArgument
+
+_GRAPH_LEVELS = {
+    -1: "ORT_DISABLE_ALL",
+    0: "ORT_ENABLE_ALL",  # Triton's default for onnxruntime
+    1: "ORT_ENABLE_EXTENDED",
+    2: "ORT_ENABLE_BASIC",
+}
+
+
+def _ort():  # type: ignore[no-untyped-def]
+    import onnxruntime
+
+    return onnxruntime
+
+
+def _shape(dims: Sequence[object]) -> tuple[int, ...]:
+    return tuple(d if isinstance(d, int) and d >= 0 else -1 for d in dims)
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+    platform = "onnxruntime_onnx"
+    default_filename = "model.onnx"
+
+    def signature(self, model_file: Path, model_name: str) -> ModelSignature:
+        ort = _ort()
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.intra_op_num_threads = 1
+        session = self._session(model_file, model_name, options, ["CPUExecutionProvider"])
+
+        def tensors(args) -> tuple[SignatureTensor, ...]:  # type: ignore[no-untyped-def]
+            out = []
+            for a in args:
+                dtype = BY_ONNX.get(a.type)
+                if dtype is None:
+                    raise ConfigError(f"model '{model_name}': tensor '{a.name}' has type {a.type}, which inferd cannot serve")
+                out.append(SignatureTensor(a.name, dtype, _shape(a.shape)))
+            return tuple(out)
+
+        return ModelSignature(tensors(session.get_inputs()), tensors(session.get_outputs()))
+
+    def gpu_available(self) -> bool:
+        return "CUDAExecutionProvider" in _ort().get_available_providers()
+
+    @staticmethod
+    def _session(model_file: Path, model_name: str, options, providers):  # type: ignore[no-untyped-def]
+        ort = _ort()
+        path = model_file / "model.onnx" if model_file.is_dir() else model_file
+        try:
+            return ort.InferenceSession(str(path), sess_options=options, providers=providers)
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise ConfigError(f"model '{model_name}': onnxruntime cannot load {path}: {exc}") from None
+
+    def create_instance(self, spec: ModelSpec, instance: InstanceSpec) -> ModelInstance:
+        return OnnxInstance(self, spec, instance)
+
+
+class OnnxInstance(TensorInstance):
+    def __init__(self, backend: OnnxRuntimeBackend, spec: ModelSpec, instance: InstanceSpec) -> None:
+        super().__init__(spec, instance)
+        ort = _ort()
+        config = spec.config
+        params = {k: v.string_value for k, v in config.parameters.items()}
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = _int_param(spec.name, params, "intra_op_thread_count", instance.threads)
+        options.inter_op_num_threads = _int_param(spec.name, params, "inter_op_thread_count", 1)
+        mode = params.get("execution_mode", "0")
+        if mode not in ("0", "1"):
+            raise ConfigError(f"model '{spec.name}': parameter 'execution_mode' must be 0 (sequential) or 1 (parallel), got '{mode}'")
+        options.execution_mode = ort.ExecutionMode.ORT_PARALLEL if mode == "1" else ort.ExecutionMode.ORT_SEQUENTIAL
+        level = _GRAPH_LEVELS[config.optimization.graph.level]
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+        if instance.device.kind == "cuda":
+            if not backend.gpu_available():
+                raise ConfigError(
+                    f"model '{spec.name}': instance '{instance.name}' asks for GPU {instance.device.index}, "
+                    "but this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu on a CUDA host)"
+                )
+            providers = [("CUDAExecutionProvider", {"device_id": instance.device.index}), "CPUExecutionProvider"]
+        else:
+            providers = ["CPUExecutionProvider"]
+        self.session = backend._session(instance.model_file, spec.name, options, providers)
+        self._input_types = {a.name: a.type for a in self.session.get_inputs()}
+        self._all_outputs = [o.name for o in self.session.get_outputs()]
+        self._bf16_outputs = {o.name for o in self.session.get_outputs() if o.type == "tensor(bfloat16)"}
+        self._string_inputs = {n for n, t in self._input_types.items() if t == "tensor(string)"}
+        self._uses_bf16 = bool(self._bf16_outputs) or "tensor(bfloat16)" in self._input_types.values()
+        self._run_options = ort.RunOptions()
+
+    def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
+        if self._string_inputs:
+            inputs = {k: _to_str(self.model.name, k, v) if k in self._string_inputs else v for k, v in inputs.items()}
+        if self._uses_bf16:
+            return self._run_bf16(inputs)
+        values = self.session.run(self._all_outputs, inputs, self._run_options)
+        return dict(zip(self._all_outputs, values))
+
+    def _run_bf16(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        # numpy has no bfloat16 of its own: ORT takes and gives it through
+        # OrtValue as 16-bit words, which we view as ml_dtypes.bfloat16.
+        ort = _ort()
+        from inferd.dtypes import BY_NAME
+
+        binding = self.session.io_binding()
+        for name, array in inputs.items():
+            if self._input_types.get(name) == "tensor(bfloat16)":
+                words = np.ascontiguousarray(array).view(np.uint16)
+                value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(words, onnx_element_type=16)
+                binding.bind_ortvalue_input(name, value)
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name in self._all_outputs:
+            binding.bind_output(name)
+        self.session.run_with_iobinding(binding, self._run_options)
+        bf16 = BY_NAME["BF16"].numpy
+        out = {}
+        for name, value in zip(self._all_outputs, binding.get_outputs()):
+            if name in self._bf16_outputs:
+                # numpy() refuses bfloat16: copy the words out of the OrtValue.
+                count = value.tensor_size_in_bytes() // 2
+                words = np.ctypeslib.as_array((ctypes.c_uint16 * count).from_address(value.data_ptr()))
+                out[name] = words.copy().view(bf16).reshape(value.shape())
+            else:
+                out[name] = value.numpy()
+        return out
+
+    def close(self) -> None:
+        del self.session
+
+
+def _to_str(model: str, name: str, array: np.ndarray) -> np.ndarray:
+    # onnxruntime's Python binding takes string tensors as str (it stores
+    # UTF-8); BYTES arrive as bytes. Outputs come back as str, and the codec
+    # encodes them to UTF-8 again.
+    flat = array.reshape(-1)
+    out = np.empty(flat.shape, dtype=np.object_)
+    for i, item in enumerate(flat):
+        if isinstance(item, bytes):
+            try:
+                item = item.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidArgument(
+                    f"model '{model}': input '{name}' element {i} is not valid UTF-8, "
+                    "which onnxruntime string tensors require"
+                ) from None
+        out[i] = item
+    return out.reshape(array.shape)
+
+
+def _int_param(model: str, params: dict[str, str], key: str, default: int) -> int:
+    raw = params.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(f"model '{model}': parameter '{key}' must be an integer >= 0, got '{raw}'")
+    return value

@@ -1,0 +1,134 @@
+"""The ``inferd`` command: ``serve``, ``check``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a model repository over gRPC",
+                       description="Serve one or more Triton-layout model repositories.")
+    p.add_argument("--model-repository", "--model-store", action="append", type=Path, required=True,
+                   dest="model_repository", metavar="DIR",
+                   help="model repository folder (repeatable)")
+    p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001; 0 picks a free one)")
+    p.add_argument("--http-port", type=int, default=8000,
+                   help="HTTP/REST port (default 8000); accepted for Triton compatibility, the HTTP frontend is not in this version")
+    p.add_argument("--metrics-port", type=int, default=8002,
+                   help="Prometheus metrics port (default 8002); accepted for Triton compatibility, metrics are not in this version")
+    p.add_argument("--grpc-address", "--address", dest="address", default="0.0.0.0",
+                   help="address to bind (default 0.0.0.0)")
+    p.add_argument("--grpc-max-message-bytes", type=int, default=2**31 - 1, dest="max_message_bytes",
+                   help="largest gRPC message accepted or sent, in bytes")
+    p.add_argument("--exit-timeout-secs", type=float, default=30.0, dest="grace",
+                   help="on SIGINT/SIGTERM, seconds to let in-flight requests finish (default 30)")
+    p.add_argument("--exit-on-error", action=argparse.BooleanOptionalAction, default=False,
+                   help="exit if any model fails to load (default: serve the others)")
+    p.add_argument("--strict-model-config", action=argparse.BooleanOptionalAction, default=False,
+                   help="accepted for Triton compatibility; configs are always auto-completed from the model file")
+    p.add_argument("--log-verbose", type=int, default=0, help="0: info, >=1: debug")
+    p.add_argument("--port-file", type=Path, default=None,
+                   help="write the bound gRPC port to this file once serving (for tests and scripts)")
+
+
+def _check_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("check", help="load and validate every model without serving")
+    p.add_argument("repository", nargs="+", type=Path, help="model repository folder(s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="inferd", description="A multi-model inference server.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    _check_parser(sub)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "check":
+        return _check(args.repository)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from inferd.server.app import InferenceServer, ServerOptions
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.log_verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for port, name in ((args.grpc_port, "--grpc-port"), (args.http_port, "--http-port"), (args.metrics_port, "--metrics-port")):
+        if not 0 <= port <= 65535:
+            print(f"inferd: {name} must be in 0..65535, got {port}", file=sys.stderr)
+            return 2
+    options = ServerOptions(
+        model_repositories=args.model_repository,
+        grpc_port=args.grpc_port,
+        http_port=args.http_port,
+        metrics_port=args.metrics_port,
+        address=args.address,
+        max_message_bytes=args.max_message_bytes,
+        grace_seconds=args.grace,
+        exit_on_error=args.exit_on_error,
+    )
+
+    async def run() -> None:
+        server = InferenceServer(options)
+        if args.port_file is not None:
+            original = server.start
+
+            async def start_and_record() -> None:
+                await original()
+                args.port_file.write_text(str(server.grpc_port))
+
+            server.start = start_and_record  # type: ignore[method-assign]
+        await server.serve_forever()
+
+    try:
+        asyncio.run(run())
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            print(f"inferd: {exc.code}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def _check(repositories: list[Path]) -> int:
+    from inferd.errors import InferdError
+    from inferd.repository.layout import scan
+    from inferd.repository.manager import load_versions, prepare
+
+    try:
+        found = scan(repositories)
+    except InferdError as exc:
+        print(f"error: {exc}")
+        return 1
+    broken = 0
+    for name, path in found.items():
+        try:
+            prepared = prepare(name, path)
+            models = load_versions(prepared, path)
+        except InferdError as exc:
+            broken += 1
+            print(f"{name}: UNAVAILABLE: {exc.message}")
+            continue
+        except Exception as exc:
+            broken += 1
+            print(f"{name}: UNAVAILABLE: {type(exc).__name__}: {exc}")
+            continue
+        versions = ", ".join(str(v) for v in sorted(models))
+        spec = prepared.spec
+        print(f"{name}: READY (versions {versions}; {spec.platform or spec.backend}; max_batch_size {spec.max_batch_size})")
+        for model in models.values():
+            for worker in getattr(model.scheduler, "workers", []):
+                worker.close()
+    print(f"{len(found) - broken} of {len(found)} models ready")
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

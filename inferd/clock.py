@@ -1,0 +1,90 @@
+"""Time, injected.
+
+Everything that waits or times out takes a :class:`Clock`. Production code
+uses :class:`MonotonicClock`; tests drive a :class:`FakeClock` and never sleep.
+Times are float seconds on a monotonic scale; only differences mean anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Monotonic seconds."""
+        ...
+
+    def call_at(self, when: float, callback: object) -> "TimerHandle":
+        """Run ``callback()`` on the event loop once ``now() >= when``."""
+        ...
+
+
+class TimerHandle(Protocol):
+    def cancel(self) -> None: ...
+
+
+class MonotonicClock:
+    """The real clock: ``time.monotonic`` and the running loop's timers.
+
+    The loop's own clock is monotonic too, so deadlines computed from ``now()``
+    can be handed to ``loop.call_at`` after converting the origin.
+    """
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def call_at(self, when: float, callback):  # type: ignore[no-untyped-def]
+        loop = asyncio.get_running_loop()
+        delay = when - time.monotonic()
+        return loop.call_at(loop.time() + max(0.0, delay), callback)
+
+
+class _FakeTimer:
+    __slots__ = ("when", "callback", "cancelled")
+
+    def __init__(self, when: float, callback) -> None:  # type: ignore[no-untyped-def]
+        self.when = when
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeClock:
+    """A clock that moves only when a test calls :meth:`advance`.
+
+    Timers fire synchronously inside ``advance`` in deadline order, so a test
+    that advances past a deadline sees its effect at once (plus whatever
+    asyncio callbacks it then lets run).
+    """
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self._now = start
+        self._timers: list[tuple[float, int, _FakeTimer]] = []
+        self._seq = itertools.count()
+
+    def now(self) -> float:
+        return self._now
+
+    def call_at(self, when: float, callback) -> _FakeTimer:  # type: ignore[no-untyped-def]
+        timer = _FakeTimer(when, callback)
+        heapq.heappush(self._timers, (when, next(self._seq), timer))
+        return timer
+
+    def advance(self, seconds: float) -> None:
+        target = self._now + seconds
+        while self._timers and self._timers[0][0] <= target:
+            when, _, timer = heapq.heappop(self._timers)
+            self._now = max(self._now, when)
+            if not timer.cancelled:
+                timer.callback()
+        self._now = target
+
+    def pending_timers(self) -> int:
+        return sum(1 for _, _, t in self._timers if not t.cancelled)

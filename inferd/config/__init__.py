@@ -1,0 +1,26 @@
+"""Model configuration: parse ``config.pbtxt``, auto-complete it, validate it.
+
+The public surface is :func:`parse_config_text`, :func:`autocomplete`,
+:func:`validate` and the plain-data views (:class:`TensorSpec`,
+:class:`ModelSpec`) that the layers below the config use instead of protobuf.
+"""
+
+from inferd.config._parse import parse_config_file, parse_config_text, config_to_json
+from inferd.config._spec import ModelSpec, TensorSpec, model_spec
+from inferd.config._validate import validate
+from inferd.config._autocomplete import autocomplete, ModelSignature, SignatureTensor
+from inferd.config._parameters import InferdParameters
+
+__all__ = [
+    "InferdParameters",
+    "ModelSignature",
+    "ModelSpec",
+    "SignatureTensor",
+    "TensorSpec",
+    "autocomplete",
+    "config_to_json",
+    "model_spec",
+    "parse_config_file",
+    "parse_config_text",
+    "validate",
+]

@@ -1,0 +1,68 @@
+"""inferd's own settings, carried in a config's ``parameters`` map.
+
+They live under keys prefixed ``inferd.`` so a repository stays loadable by
+Triton, which ignores parameters it does not know. A key with the prefix that
+inferd does not know is refused (a typo must not silently do nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from inferd._proto import model_config_pb2 as mc
+from inferd.errors import ConfigError
+
+PREFIX = "inferd."
+
+
+@dataclass(frozen=True, slots=True)
+class InferdParameters:
+    # Promote a queued request one priority level per this many microseconds
+    # (0 = strict priority, as Triton).
+    priority_aging_microseconds: int = 0
+    # Split a request whose batch exceeds max_batch_size across executions.
+    split_large_requests: bool = False
+    # Where an instance executes: "auto" runs fast models on the event loop
+    # and slow ones on the instance's worker thread; "thread" or "inline" force it.
+    execution: str = "auto"
+    # "auto" mode: a model whose executions take longer than this runs on a thread.
+    inline_max_microseconds: int = 200
+
+    @classmethod
+    def from_config(cls, config: mc.ModelConfig) -> "InferdParameters":
+        known = {f.name: f for f in fields(cls)}
+        values: dict[str, object] = {}
+        for key, param in config.parameters.items():
+            if not key.startswith(PREFIX):
+                continue
+            name = key[len(PREFIX):]
+            if name not in known:
+                raise ConfigError(
+                    f"model '{config.name}': unknown parameter '{key}'; "
+                    f"known inferd parameters: {', '.join(PREFIX + k for k in sorted(known))}"
+                )
+            raw = param.string_value.strip()
+            default = known[name].default
+            try:
+                if isinstance(default, bool):
+                    if raw.lower() not in ("true", "false", "1", "0"):
+                        raise ValueError
+                    values[name] = raw.lower() in ("true", "1")
+                elif isinstance(default, int):
+                    values[name] = int(raw)
+                    if values[name] < 0:  # type: ignore[operator]
+                        raise ValueError
+                else:
+                    values[name] = raw
+            except ValueError:
+                kind = "true or false" if isinstance(default, bool) else "an integer >= 0"
+                raise ConfigError(
+                    f"model '{config.name}': parameter '{key}' must be {kind}, got '{raw}'"
+                ) from None
+        params = cls(**values)  # type: ignore[arg-type]
+        if params.execution not in ("auto", "thread", "inline"):
+            raise ConfigError(
+                f"model '{config.name}': parameter 'inferd.execution' must be auto, thread or inline, "
+                f"got '{params.execution}'"
+            )
+        return params

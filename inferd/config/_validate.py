@@ -1,0 +1,240 @@
+"""Validation of a ``ModelConfig`` at load time.
+
+Every field of ``ModelConfig`` is either honoured or refused here with a
+message naming the model, field and value: nothing is silently ignored. The
+tables below say which is which; a feature that lands moves its field from
+``_REFUSED`` to ``_HONOURED``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from inferd._proto import model_config_pb2 as mc
+from inferd.config._autocomplete import ModelSignature, SignatureTensor
+from inferd.config._spec import ModelSpec, model_spec
+from inferd.errors import ConfigError
+
+_HONOURED = {
+    "name", "platform", "backend", "version_policy", "max_batch_size", "input", "output",
+    "instance_group", "default_model_filename", "parameters", "dynamic_batching", "optimization",
+    "runtime",
+}
+_REFUSED = {
+    "sequence_batching": "stateful sequence batching is not supported by this inferd version",
+    "ensemble_scheduling": "ensemble_scheduling is only valid with platform: \"ensemble\"",
+    "model_warmup": "model_warmup is not supported by this inferd version",
+    "model_transaction_policy": "decoupled models are not supported by this inferd version",
+    "response_cache": "the response cache is not supported by inferd",
+    "model_repository_agents": "repository agents are not supported by inferd",
+    "batch_input": "batch_input (ragged batching) is not supported by inferd",
+    "batch_output": "batch_output (ragged batching) is not supported by inferd",
+    "cc_model_filenames": "cc_model_filenames (per-GPU-architecture files) is not supported by inferd",
+    "metric_tags": "metric_tags is not supported by inferd",
+    "model_operations": "model_operations is not supported by inferd",
+    "model_metrics": "model_metrics (custom metric buckets) is not supported by inferd",
+}
+# Optimization settings: graph.level maps onto the runtime's optimization level;
+# pinned-memory hints have no effect on CPU instances and are accepted as hints.
+_OPTIMIZATION_HONOURED = {"graph", "input_pinned_memory", "output_pinned_memory", "priority"}
+
+
+def validate(
+    config: mc.ModelConfig,
+    *,
+    model_dir: Path | None = None,
+    signature: ModelSignature | None = None,
+    refused: dict[str, str] | None = None,
+) -> ModelSpec:
+    """Check ``config`` (already auto-completed) and return its plain-data spec.
+
+    ``signature`` is what the model file says about its tensors, where the
+    backend can tell; ``refused`` lets a caller (the ensemble loader, say)
+    override the table of refused fields.
+    """
+    name = config.name
+    table = dict(_REFUSED)
+    if refused is not None:
+        table.update(refused)
+    for field, _ in config.ListFields():
+        if field.name in table and field.name not in _HONOURED:
+            raise ConfigError(f"model '{name}': field '{field.name}': {table[field.name]}")
+        if field.name not in _HONOURED and field.name not in table:
+            raise ConfigError(f"model '{name}': field '{field.name}' is not supported by inferd")
+
+    if config.max_batch_size < 0:
+        raise ConfigError(f"model '{name}': max_batch_size must be >= 0, got {config.max_batch_size}")
+    _check_version_policy(config)
+    _check_optimization(config)
+    if not config.input and config.platform != "ensemble" and config.backend != "python":
+        raise ConfigError(f"model '{name}': the config lists no input and the model file does not say")
+    if not config.output:
+        raise ConfigError(f"model '{name}': the config lists no output and the model file does not say")
+    _check_tensors(name, "input", config.input)
+    _check_tensors(name, "output", config.output)
+    both = {t.name for t in config.input} & {t.name for t in config.output}
+    labels: dict[str, tuple[str, ...]] = {}
+    for t in config.output:
+        if t.label_filename:
+            labels[t.name] = _read_labels(name, t, model_dir)
+    _check_instance_groups(config)
+    if signature is not None:
+        _check_against_signature(config, signature)
+    del both  # an input and an output may share a name (Triton allows it)
+    return model_spec(config, labels)
+
+
+def _check_version_policy(config: mc.ModelConfig) -> None:
+    vp = config.version_policy
+    kind = vp.WhichOneof("policy_choice")
+    if kind == "latest" and vp.latest.num_versions < 1:
+        raise ConfigError(
+            f"model '{config.name}': version_policy.latest.num_versions must be >= 1, "
+            f"got {vp.latest.num_versions}"
+        )
+    if kind == "specific":
+        if not vp.specific.versions:
+            raise ConfigError(f"model '{config.name}': version_policy.specific lists no versions")
+        bad = [v for v in vp.specific.versions if v < 1]
+        if bad:
+            raise ConfigError(f"model '{config.name}': version_policy.specific.versions must be >= 1, got {bad}")
+
+
+def _check_optimization(config: mc.ModelConfig) -> None:
+    for field, value in config.optimization.ListFields():
+        if field.name not in _OPTIMIZATION_HONOURED:
+            raise ConfigError(
+                f"model '{config.name}': optimization.{field.name} is not supported by inferd "
+                "(supported: graph.level, input_pinned_memory, output_pinned_memory, priority)"
+            )
+    level = config.optimization.graph.level
+    if level not in (-1, 0, 1, 2):
+        raise ConfigError(f"model '{config.name}': optimization.graph.level must be -1, 0, 1 or 2, got {level}")
+
+
+def _check_tensors(model: str, kind: str, tensors) -> None:  # type: ignore[no-untyped-def]
+    seen: set[str] = set()
+    for i, t in enumerate(tensors):
+        where = f"model '{model}': {kind}[{i}]"
+        if not t.name:
+            raise ConfigError(f"{where} has no name")
+        where = f"model '{model}': {kind} '{t.name}'"
+        if t.name in seen:
+            raise ConfigError(f"model '{model}': {kind} name '{t.name}' appears twice")
+        seen.add(t.name)
+        if t.data_type == mc.TYPE_INVALID:
+            raise ConfigError(f"{where}: data_type is missing or TYPE_INVALID")
+        if mc.DataType.Name(t.data_type) not in _KNOWN_TYPES:
+            raise ConfigError(f"{where}: data_type {mc.DataType.Name(t.data_type)} is not supported")
+        if not t.dims:
+            raise ConfigError(f"{where}: dims is empty (use dims: [1] with reshape: {{ shape: [] }} for a scalar)")
+        _check_dims(where, "dims", t.dims)
+        if t.HasField("reshape"):
+            _check_dims(where, "reshape.shape", t.reshape.shape)
+            _check_reshape(where, list(t.dims), list(t.reshape.shape))
+        if t.is_shape_tensor:
+            raise ConfigError(f"{where}: is_shape_tensor is only meaningful for TensorRT and not supported")
+        if t.is_non_linear_format_io:
+            raise ConfigError(f"{where}: is_non_linear_format_io is not supported")
+        if kind == "input" and t.allow_ragged_batch:
+            raise ConfigError(f"{where}: allow_ragged_batch is not supported by inferd")
+
+
+_KNOWN_TYPES = {
+    "TYPE_BOOL", "TYPE_UINT8", "TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64", "TYPE_INT8", "TYPE_INT16",
+    "TYPE_INT32", "TYPE_INT64", "TYPE_FP16", "TYPE_FP32", "TYPE_FP64", "TYPE_STRING", "TYPE_BF16",
+}
+
+
+def _check_dims(where: str, field: str, dims) -> None:  # type: ignore[no-untyped-def]
+    for d in dims:
+        if d < -1 or d == 0:
+            raise ConfigError(f"{where}: {field} {list(dims)} has {d}; each dimension must be >= 1, or -1 for variable")
+
+
+def _check_reshape(where: str, dims: list[int], shape: list[int]) -> None:
+    if (-1 in dims) != (-1 in shape):
+        raise ConfigError(f"{where}: reshape.shape {shape} and dims {dims} must both be fixed or both be variable")
+    if -1 not in dims and math.prod(dims) != math.prod(shape):
+        raise ConfigError(
+            f"{where}: reshape.shape {shape} has {math.prod(shape)} elements but dims {dims} has {math.prod(dims)}"
+        )
+
+
+def _read_labels(model: str, t: mc.ModelOutput, model_dir: Path | None) -> tuple[str, ...]:
+    if model_dir is None:
+        return ()
+    path = model_dir / t.label_filename
+    try:
+        return tuple(line.rstrip("\r\n") for line in path.read_text().splitlines())
+    except OSError:
+        raise ConfigError(
+            f"model '{model}': output '{t.name}': label_filename '{t.label_filename}' not found in {model_dir}"
+        ) from None
+
+
+def _check_instance_groups(config: mc.ModelConfig) -> None:
+    for i, g in enumerate(config.instance_group):
+        where = f"model '{config.name}': instance_group[{i}]"
+        if g.count < 0:
+            raise ConfigError(f"{where}: count must be >= 1, got {g.count}")
+        if g.kind == mc.ModelInstanceGroup.KIND_CPU and g.gpus:
+            raise ConfigError(f"{where}: kind KIND_CPU cannot list gpus {list(g.gpus)}")
+        if g.kind == mc.ModelInstanceGroup.KIND_MODEL:
+            raise ConfigError(f"{where}: kind KIND_MODEL is not supported; use KIND_CPU, KIND_GPU or KIND_AUTO")
+        if any(gpu < 0 for gpu in g.gpus):
+            raise ConfigError(f"{where}: gpus {list(g.gpus)} must be >= 0")
+        for field in ("rate_limiter", "secondary_devices", "profile", "passive", "host_policy"):
+            value = getattr(g, field)
+            if (field in ("passive", "host_policy") and value) or (
+                field not in ("passive", "host_policy") and (value if not hasattr(value, "ListFields") else value.ListFields())
+            ):
+                raise ConfigError(f"{where}: {field} is not supported by inferd")
+
+
+def _check_against_signature(config: mc.ModelConfig, signature: ModelSignature) -> None:
+    batch = 1 if config.max_batch_size > 0 else 0
+    model_inputs = {t.name: t for t in signature.inputs}
+    model_outputs = {t.name: t for t in signature.outputs}
+    for kind, tensors, available in (
+        ("input", config.input, model_inputs),
+        ("output", config.output, model_outputs),
+    ):
+        for t in tensors:
+            where = f"model '{config.name}': {kind} '{t.name}'"
+            found = available.get(t.name)
+            if found is None:
+                raise ConfigError(
+                    f"{where} is not in the model file, whose {kind}s are {sorted(available) or 'none'}"
+                )
+            _compare(where, config, t, found, batch)
+    listed = {t.name for t in config.input}
+    for name in model_inputs:
+        if name not in listed:
+            raise ConfigError(f"model '{config.name}': the model file has input '{name}' that the config does not list")
+
+
+def _compare(where: str, config: mc.ModelConfig, t, found: SignatureTensor, batch: int) -> None:  # type: ignore[no-untyped-def]
+    declared = mc.DataType.Name(t.data_type)
+    if found.datatype is not None and found.datatype.config != declared:
+        raise ConfigError(f"{where}: data_type {declared} contradicts the model file, which has {found.datatype.config}")
+    shape = list(t.reshape.shape) if t.HasField("reshape") else list(t.dims)
+    if len(found.shape) != len(shape) + batch:
+        full = (["-1 (batch)"] if batch else []) + [str(d) for d in shape]
+        raise ConfigError(
+            f"{where}: dims {list(t.dims)} (model shape [{', '.join(full)}]) contradict the model file's "
+            f"shape {list(found.shape)}"
+            + (" (max_batch_size > 0 adds a batch dimension)" if batch else "")
+        )
+    if batch and found.shape[0] != -1:
+        raise ConfigError(
+            f"{where}: max_batch_size is {config.max_batch_size} but the model file fixes the first "
+            f"dimension to {found.shape[0]}, so it cannot batch"
+        )
+    for i, (want, have) in enumerate(zip(shape, found.shape[batch:])):
+        if want != -1 and have != -1 and want != have:
+            raise ConfigError(
+                f"{where}: dims {list(t.dims)} contradict the model file's shape {list(found.shape)} "
+                f"at dimension {i + batch} ({want} vs {have})"
+            )

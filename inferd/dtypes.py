@@ -1,0 +1,62 @@
+"""Tensor data types: the protocol's names, the config's enum, numpy and ONNX.
+
+The protocol names a type by string (``"FP32"``), the model config by enum
+(``TYPE_FP32``), numpy by dtype and ONNX Runtime by ``"tensor(float)"``. This
+module is the one place that knows all four. BYTES tensors are numpy object
+arrays of ``bytes``; BF16 tensors are ``ml_dtypes.bfloat16`` arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+try:  # onnx depends on ml_dtypes, so it is normally present
+    import ml_dtypes
+
+    _BF16: np.dtype | None = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover
+    _BF16 = None
+
+
+@dataclass(frozen=True, slots=True)
+class DataType:
+    name: str  # wire name, e.g. "FP32"
+    config: str  # config enum name, e.g. "TYPE_FP32"
+    onnx: str  # onnxruntime type string
+    numpy: np.dtype | None  # None only for BF16 without ml_dtypes
+    itemsize: int  # bytes per element; 0 for BYTES (variable)
+
+
+_TYPES = [
+    DataType("BOOL", "TYPE_BOOL", "tensor(bool)", np.dtype(np.bool_), 1),
+    DataType("UINT8", "TYPE_UINT8", "tensor(uint8)", np.dtype(np.uint8), 1),
+    DataType("UINT16", "TYPE_UINT16", "tensor(uint16)", np.dtype(np.uint16), 2),
+    DataType("UINT32", "TYPE_UINT32", "tensor(uint32)", np.dtype(np.uint32), 4),
+    DataType("UINT64", "TYPE_UINT64", "tensor(uint64)", np.dtype(np.uint64), 8),
+    DataType("INT8", "TYPE_INT8", "tensor(int8)", np.dtype(np.int8), 1),
+    DataType("INT16", "TYPE_INT16", "tensor(int16)", np.dtype(np.int16), 2),
+    DataType("INT32", "TYPE_INT32", "tensor(int32)", np.dtype(np.int32), 4),
+    DataType("INT64", "TYPE_INT64", "tensor(int64)", np.dtype(np.int64), 8),
+    DataType("FP16", "TYPE_FP16", "tensor(float16)", np.dtype(np.float16), 2),
+    DataType("FP32", "TYPE_FP32", "tensor(float)", np.dtype(np.float32), 4),
+    DataType("FP64", "TYPE_FP64", "tensor(double)", np.dtype(np.float64), 8),
+    DataType("BYTES", "TYPE_STRING", "tensor(string)", np.dtype(np.object_), 0),
+    DataType("BF16", "TYPE_BF16", "tensor(bfloat16)", _BF16, 2),
+]
+
+BY_NAME: dict[str, DataType] = {t.name: t for t in _TYPES}
+BY_CONFIG: dict[str, DataType] = {t.config: t for t in _TYPES}
+BY_ONNX: dict[str, DataType] = {t.onnx: t for t in _TYPES}
+_BY_NUMPY: dict[np.dtype, DataType] = {t.numpy: t for t in _TYPES if t.numpy is not None}
+
+
+def from_numpy(dtype: np.dtype) -> DataType:
+    """The protocol type of a numpy dtype (str/bytes arrays count as BYTES)."""
+    if dtype.kind in ("S", "U", "O"):
+        return BY_NAME["BYTES"]
+    try:
+        return _BY_NUMPY[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(f"numpy dtype {dtype} has no KServe v2 data type") from None

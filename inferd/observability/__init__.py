@@ -1,0 +1,1 @@
+"""Statistics, metrics and tracing."""

@@ -1,0 +1,108 @@
+"""Per model-version statistics, the data behind ModelStatistics.
+
+Counters only grow; durations are nanoseconds. Updated on the event loop
+(the scheduler resolves batches there), so no locking is needed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+
+@dataclass(slots=True)
+class BatchStat:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+# Wall-clock milliseconds for last_inference, derived from the monotonic clock
+# so that no timing code reads the wall clock.
+_WALL_ORIGIN_NS = time.time_ns() - time.monotonic_ns()
+
+
+def wall_ms(monotonic_s: float) -> int:
+    return (_WALL_ORIGIN_NS + int(monotonic_s * 1e9)) // 1_000_000
+
+
+Observer = Callable[[str, "ModelStats", dict], None]
+
+
+class ModelStats:
+    """Counters of one model version, as ModelStatistics reports them."""
+
+    __slots__ = (
+        "name", "version", "success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
+        "inference_count", "execution_count", "last_inference_ms", "batch_stats", "fail_reasons",
+        "observers", "pending",
+    )
+
+    def __init__(self, name: str, version: int) -> None:
+        self.name = name
+        self.version = version
+        self.success = Duration()
+        self.fail = Duration()
+        self.queue = Duration()
+        self.compute_input = Duration()
+        self.compute_infer = Duration()
+        self.compute_output = Duration()
+        self.inference_count = 0
+        self.execution_count = 0
+        self.last_inference_ms = 0
+        self.batch_stats: dict[int, BatchStat] = {}
+        self.fail_reasons: dict[str, int] = {}
+        self.observers: list[Observer] = []
+        self.pending = 0  # requests admitted and not yet answered
+
+    def _notify(self, event: str, data: dict) -> None:
+        for observer in self.observers:
+            observer(event, self, data)
+
+    def record_success(self, duration_ns: int, now: float) -> None:
+        self.success.add(duration_ns)
+        self.last_inference_ms = wall_ms(now)
+        if self.observers:
+            self._notify("success", {"ns": duration_ns})
+
+    def record_failure(self, duration_ns: int, reason: str, now: float) -> None:
+        self.fail.add(duration_ns)
+        self.fail_reasons[reason] = self.fail_reasons.get(reason, 0) + 1
+        self.last_inference_ms = wall_ms(now)
+        if self.observers:
+            self._notify("failure", {"ns": duration_ns, "reason": reason})
+
+    def record_queue(self, ns: int) -> None:
+        self.queue.add(ns)
+        if self.observers:
+            self._notify("queue", {"ns": ns})
+
+    def record_execution(self, batch_rows: int, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One execution of ``requests`` requests carrying ``batch_rows`` rows."""
+        self.execution_count += 1
+        self.inference_count += batch_rows
+        # Per-request compute durations: each request of the batch is charged
+        # the batch's time, as Triton reports them.
+        self.compute_input.add(input_ns * requests, requests)
+        self.compute_infer.add(infer_ns * requests, requests)
+        self.compute_output.add(output_ns * requests, requests)
+        bs = self.batch_stats.get(batch_rows)
+        if bs is None:
+            bs = self.batch_stats[batch_rows] = BatchStat()
+        bs.compute_input.add(input_ns)
+        bs.compute_infer.add(infer_ns)
+        bs.compute_output.add(output_ns)
+        if self.observers:
+            self._notify("execution", {"rows": batch_rows, "requests": requests,
+                                       "input_ns": input_ns, "infer_ns": infer_ns, "output_ns": output_ns})

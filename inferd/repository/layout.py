@@ -1,0 +1,56 @@
+"""Triton's repository layout: ``<repo>/<model>/config.pbtxt`` and numeric
+version folders, and which versions a ``version_policy`` selects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from inferd._proto import model_config_pb2 as mc
+from inferd.errors import ConfigError
+
+
+def scan(repositories: list[Path]) -> dict[str, Path]:
+    """Model name -> model folder, over every repository folder given."""
+    models: dict[str, Path] = {}
+    for repo in repositories:
+        if not repo.is_dir():
+            raise ConfigError(f"model repository '{repo}' is not a directory")
+        for child in sorted(repo.iterdir()):
+            if not child.is_dir() or child.name.startswith("."):
+                continue
+            if child.name in models:
+                raise ConfigError(
+                    f"model '{child.name}' appears in two repositories: {models[child.name]} and {child}"
+                )
+            models[child.name] = child
+    return models
+
+
+def available_versions(model_dir: Path) -> list[int]:
+    versions = []
+    for child in model_dir.iterdir():
+        if child.is_dir() and child.name.isdigit() and int(child.name) > 0:
+            versions.append(int(child.name))
+    return sorted(versions)
+
+
+def select_versions(config: mc.ModelConfig, available: list[int]) -> list[int]:
+    """The versions ``config.version_policy`` asks to load (default: the latest)."""
+    name = config.name
+    if not available:
+        raise ConfigError(f"model '{name}': no version folder (a numbered folder such as {name}/1/)")
+    policy = config.version_policy
+    kind = policy.WhichOneof("policy_choice")
+    if kind == "all":
+        return list(available)
+    if kind == "specific":
+        wanted = sorted(set(policy.specific.versions))
+        missing = [v for v in wanted if v not in available]
+        if missing:
+            raise ConfigError(
+                f"model '{name}': version_policy.specific asks for versions {missing}, "
+                f"which are not in the repository (available: {available})"
+            )
+        return wanted
+    count = policy.latest.num_versions if kind == "latest" else 1
+    return available[-count:]

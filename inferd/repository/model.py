@@ -1,0 +1,89 @@
+"""A loaded model version: its spec, instances, scheduler and statistics."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from inferd._proto import model_config_pb2 as mc
+from inferd.backends import Backend, Device, InstanceSpec
+from inferd.clock import Clock
+from inferd.config import ModelSpec
+from inferd.errors import ConfigError
+from inferd.observability.stats import ModelStats
+from inferd.scheduling.base import Scheduler
+from inferd.scheduling.batcher import BatchScheduler
+from inferd.scheduling.instances import InstanceWorker
+from inferd.scheduling.policy import batching_policy
+
+
+@dataclass(eq=False)
+class Model:
+    spec: ModelSpec
+    version: int
+    scheduler: Scheduler
+    stats: ModelStats
+    model_dir: Path
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def config(self) -> mc.ModelConfig:
+        return self.spec.config
+
+
+def instance_specs(spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path) -> list[InstanceSpec]:
+    """One InstanceSpec per instance that ``instance_group`` asks for."""
+    config = spec.config
+    groups = list(config.instance_group)
+    devices: list[tuple[str, Device]] = []
+    for gi, group in enumerate(groups):
+        count = group.count or 1
+        kind = group.kind
+        if kind == mc.ModelInstanceGroup.KIND_AUTO:
+            kind = mc.ModelInstanceGroup.KIND_GPU if backend.gpu_available() else mc.ModelInstanceGroup.KIND_CPU
+        base = group.name or f"{spec.name}_{gi}"
+        if kind == mc.ModelInstanceGroup.KIND_GPU:
+            if not backend.gpu_available():
+                raise ConfigError(
+                    f"model '{spec.name}': instance_group[{gi}] asks for KIND_GPU but backend "
+                    f"'{backend.name}' has no CUDA device here"
+                )
+            gpus = list(group.gpus) or [0]
+            for gpu in gpus:
+                for i in range(count):
+                    devices.append((f"{base}_{gpu}_{i}" if len(gpus) > 1 else f"{base}_{i}", Device("cuda", gpu)))
+        else:
+            for i in range(count):
+                devices.append((f"{base}_{i}", Device("cpu")))
+    cpu_instances = sum(1 for _, d in devices if d.kind == "cpu") or 1
+    threads = max(1, (os.cpu_count() or 1) // cpu_instances)
+    return [
+        InstanceSpec(name=name, device=device, model_dir=model_dir, version_dir=model_dir / str(version),
+                     version=version, model_file=model_file, threads=threads)
+        for name, device in devices
+    ]
+
+
+def build_model(
+    spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path, clock: Clock | None = None
+) -> Model:
+    """Create every instance and the scheduler; blocking (runtimes load here)."""
+    params = spec.params
+    policy = batching_policy(spec.config, aging_us=params.priority_aging_microseconds,
+                             split=params.split_large_requests)
+    instances = []
+    try:
+        for ispec in instance_specs(spec, backend, model_dir, version, model_file):
+            instances.append(backend.create_instance(spec, ispec))
+    except BaseException:
+        for instance in instances:
+            instance.close()
+        raise
+    workers = [InstanceWorker(i, params.execution, params.inline_max_microseconds) for i in instances]
+    stats = ModelStats(spec.name, version)
+    scheduler = BatchScheduler(spec.name, policy, workers, list(spec.outputs), stats, clock)
+    return Model(spec=spec, version=version, scheduler=scheduler, stats=stats, model_dir=model_dir)

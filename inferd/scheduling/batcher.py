@@ -1,0 +1,253 @@
+"""The asyncio driver around :class:`BatchQueue`: one per model version.
+
+It owns the model's instance workers. It steps the queue when a request
+arrives, when an instance frees up and when the deadline the queue asked for
+comes; it never polls. Requests arriving in the same event-loop tick are
+stepped together, so they can share a batch even with no queue delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from inferd.backends.base import BatchResult
+from inferd.clock import Clock, MonotonicClock
+from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
+from inferd.observability.stats import ModelStats
+from inferd.scheduling.base import Scheduler
+from inferd.scheduling.instances import InstanceWorker
+from inferd.scheduling.policy import BatchingPolicy
+from inferd.scheduling.queue import BatchQueue, Pending, split_rows
+from inferd.types import InferenceRequest
+
+
+class _Job:
+    """What the driver keeps for a queued request."""
+
+    __slots__ = ("request", "future", "enqueued")
+
+    def __init__(self, request: InferenceRequest, future: asyncio.Future, enqueued: float) -> None:
+        self.request = request
+        self.future = future
+        self.enqueued = enqueued
+
+
+class _Batch:
+    __slots__ = ("items", "rows", "result")
+
+    def __init__(self, items: list[Pending], rows: int) -> None:
+        self.items = items
+        self.rows = rows
+        self.result: BatchResult | BaseException | None = None
+
+
+class BatchScheduler(Scheduler):
+    def __init__(
+        self,
+        model: str,
+        policy: BatchingPolicy,
+        workers: list[InstanceWorker],
+        output_names: list[str],
+        stats: ModelStats,
+        clock: Clock | None = None,
+    ) -> None:
+        if not workers:
+            raise ValueError(f"model '{model}': a scheduler needs at least one instance")
+        self.model = model
+        self.policy = policy
+        self.workers = workers
+        self._free: deque[InstanceWorker] = deque(workers)
+        self._queue = BatchQueue(policy, model)
+        self._outputs = output_names
+        self._stats = stats
+        self._clock = clock or MonotonicClock()
+        self._timer: Any = None
+        self._timer_at: float | None = None
+        self._pump_scheduled = False
+        self._pumping = False
+        self._inflight = 0
+        self._ordered: deque[_Batch] | None = deque() if policy.preserve_ordering else None
+        self._idle: asyncio.Event | None = None
+        self._stopped = False
+
+    # -- Scheduler ---------------------------------------------------------
+
+    def inflight(self) -> int:
+        return self._inflight
+
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
+        if self._stopped:
+            raise Unavailable(f"model '{self.model}' is unloading and takes no new requests")
+        p = self.policy
+        if p.max_batch_size > 0 and rows > p.max_batch_size:
+            if not p.split_large_requests:
+                raise InvalidArgument(
+                    f"model '{self.model}': inference request batch-size must be <= {p.max_batch_size}, "
+                    f"got {rows} (set parameter inferd.split_large_requests to split larger requests)"
+                )
+            return await self._infer_split(request, rows)
+        return await self._infer_one(request, rows)
+
+    async def _infer_one(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        now = self._clock.now()
+        item = Pending(
+            rows,
+            _shape_key(request.inputs) if self.policy.batching else None,
+            priority=request.priority,
+            timeout_us=request.timeout_us,
+            deadline=request.deadline,
+            payload=_Job(request, future, now),
+        )
+        self._queue.admit(item, now)  # raises Unavailable when the queue is full
+        self._inflight += 1
+        self._stats.pending += 1
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            loop.call_soon(self._pump)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # The client went away: if the request has not started, it never will.
+            self._queue.cancel(item)
+            raise
+        finally:
+            self._inflight -= 1
+            self._stats.pending -= 1
+            if self._inflight == 0 and self._idle is not None:
+                self._idle.set()
+
+    async def _infer_split(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
+        """Run a too-large request as several executions; reassemble in order."""
+        parts = []
+        for start, stop in split_rows(rows, self.policy.max_batch_size):
+            sub = InferenceRequest(
+                model_name=request.model_name,
+                inputs={k: v[start:stop] for k, v in request.inputs.items()},
+                model_version=request.model_version,
+                id=request.id,
+                priority=request.priority,
+                timeout_us=request.timeout_us,
+                deadline=request.deadline,
+            )
+            parts.append(self._infer_one(sub, stop - start))
+        results = await asyncio.gather(*parts)
+        return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
+
+    async def stop(self) -> None:
+        self._stopped = True
+        if self._inflight:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+        if self._timer is not None:
+            self._timer.cancel()
+        await asyncio.get_running_loop().run_in_executor(None, self._close_workers)
+
+    def _close_workers(self) -> None:
+        for worker in self.workers:
+            worker.close()
+
+    # -- driving the queue ---------------------------------------------------
+
+    def _pump(self) -> None:
+        self._pump_scheduled = False
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            self._pump_loop()
+        finally:
+            self._pumping = False
+
+    def _pump_loop(self) -> None:
+        queue = self._queue
+        loop = asyncio.get_running_loop()
+        while True:
+            now = self._clock.now()
+            step = queue.step(now, bool(self._free))
+            for item, error in step.expired:
+                future = item.payload.future
+                if not future.done():
+                    future.set_exception(error)
+            if step.batch:
+                self._dispatch(self._free.popleft(), step.batch, now, loop)
+                continue
+            self._arm(step.wake_at)
+            return
+
+    def _arm(self, when: float | None) -> None:
+        if when == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = when
+        if when is not None:
+            self._timer = self._clock.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self._pump()
+
+    def _dispatch(self, worker: InstanceWorker, items: list[Pending], now: float, loop: asyncio.AbstractEventLoop) -> None:
+        stats = self._stats
+        rows = 0
+        inputs = []
+        for item in items:
+            job = item.payload
+            stats.record_queue(int((now - job.enqueued) * 1e9))
+            rows += item.rows
+            inputs.append(job.request.inputs)
+        batch = _Batch(items, rows)
+        if self._ordered is not None:
+            self._ordered.append(batch)
+        worker.run(inputs, self._outputs, lambda w, result: self._done(w, batch, result), loop)
+
+    def _done(self, worker: InstanceWorker, batch: _Batch, result: BatchResult | BaseException) -> None:
+        self._free.append(worker)
+        if isinstance(result, BatchResult):
+            t = result.times
+            self._stats.record_execution(batch.rows, len(batch.items), t.input_ns, t.infer_ns, t.output_ns)
+        batch.result = result
+        if self._ordered is None:
+            _resolve(self.model, batch)
+        else:
+            # preserve_ordering: answer batches in the order they were dispatched.
+            while self._ordered and self._ordered[0].result is not None:
+                _resolve(self.model, self._ordered.popleft())
+        if not self._pumping:
+            self._pump()
+
+
+def _resolve(model: str, batch: _Batch) -> None:
+    result = batch.result
+    if isinstance(result, BaseException):
+        error = result if isinstance(result, InferdError) else ModelExecutionError(
+            f"model '{model}' failed to execute: {type(result).__name__}: {result}")
+        for item in batch.items:
+            future = item.payload.future
+            if not future.done():
+                future.set_exception(error)
+        return
+    assert result is not None
+    for item, out in zip(batch.items, result.outputs):
+        future = item.payload.future
+        if future.done():
+            continue
+        if isinstance(out, BaseException):
+            future.set_exception(out)
+        else:
+            future.set_result(out)
+
+
+def _shape_key(inputs: dict[str, np.ndarray]) -> tuple:
+    return tuple((name, a.shape[1:]) for name, a in inputs.items())

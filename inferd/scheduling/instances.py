@@ -1,0 +1,137 @@
+"""Instance workers: where a batch actually executes.
+
+The hand-off between the event loop and a runtime is the expensive part of a
+Python server's request path: waking a thread and getting the result back
+costs hundreds of microseconds under GIL contention, which dwarfs a small
+model's compute. So each instance decides where it runs:
+
+- ``thread``: a dedicated worker thread per instance; the loop is never
+  blocked, whatever the model does.
+- ``inline``: on the event loop itself, for models whose executions take
+  a few tens of microseconds.
+- ``auto`` (default): start on the thread, measure, and move a model whose
+  executions all stay under ``inline_max_microseconds`` onto the loop; move it
+  back the first time one execution runs long. After three such flips the
+  model stays on its thread, so a model with erratic timing cannot keep
+  stalling the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from queue import SimpleQueue
+from typing import Callable, Sequence
+
+import numpy as np
+
+from inferd.backends.base import BatchResult, ModelInstance
+
+log = logging.getLogger(__name__)
+
+Done = Callable[["InstanceWorker", BatchResult | BaseException], None]
+
+PROBE_EXECUTIONS = 8  # thread executions measured before trying the loop
+MAX_FLIPS = 3
+
+
+class InstanceWorker:
+    def __init__(self, instance: ModelInstance, mode: str = "auto", inline_max_us: int = 200) -> None:
+        self.instance = instance
+        self.name = instance.name
+        self.mode = mode
+        self.inline = mode == "inline"
+        self._inline_max_ns = inline_max_us * 1000
+        self._fast_runs = 0
+        self._flips = 0
+        self._jobs: SimpleQueue | None = None
+        self._thread: threading.Thread | None = None
+        self.busy = False
+
+    def run(
+        self,
+        inputs: Sequence[dict[str, np.ndarray]],
+        outputs: Sequence[str],
+        done: Done,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        """Execute a batch; ``done(worker, result)`` is called on the loop.
+
+        Inline, ``done`` runs before this returns; on a thread, later.
+        """
+        self.busy = True
+        if self.inline:
+            t0 = time.perf_counter_ns()
+            try:
+                result: BatchResult | BaseException = self.instance.execute(inputs, outputs)
+            except BaseException as exc:  # every path resolves the batch
+                result = exc
+            self._observe(time.perf_counter_ns() - t0)
+            self.busy = False
+            done(self, result)
+            return
+        if self._thread is None:
+            self._start()
+        assert self._jobs is not None
+        self._jobs.put((inputs, outputs, done, loop))
+
+    def _start(self) -> None:
+        self._jobs = SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=f"inferd-{self.name}", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        jobs = self._jobs
+        assert jobs is not None
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            inputs, outputs, done, loop = job
+            t0 = time.perf_counter_ns()
+            try:
+                result: BatchResult | BaseException = self.instance.execute(inputs, outputs)
+            except BaseException as exc:
+                result = exc
+            elapsed = time.perf_counter_ns() - t0
+            try:
+                loop.call_soon_threadsafe(self._finish, done, result, elapsed)
+            except RuntimeError:  # the loop closed under us: nobody is waiting
+                return
+
+    def _finish(self, done: Done, result: BatchResult | BaseException, elapsed_ns: int) -> None:
+        self._observe(elapsed_ns)
+        self.busy = False
+        done(self, result)
+
+    def _observe(self, elapsed_ns: int) -> None:
+        if self.mode != "auto":
+            return
+        if self.inline:
+            if elapsed_ns > self._inline_max_ns:
+                self.inline = False
+                self._fast_runs = 0
+                self._flips += 1
+                log.info("instance %s: an execution took %d us; moving it off the event loop",
+                         self.name, elapsed_ns // 1000)
+            return
+        if self._flips >= MAX_FLIPS:
+            return
+        if elapsed_ns <= self._inline_max_ns:
+            self._fast_runs += 1
+            if self._fast_runs >= PROBE_EXECUTIONS:
+                self.inline = True
+                log.info("instance %s: executions take under %d us; running it on the event loop",
+                         self.name, self._inline_max_ns // 1000)
+        else:
+            self._fast_runs = 0
+
+    def close(self) -> None:
+        """Stop the thread (after the jobs already queued) and free the runtime."""
+        if self._jobs is not None:
+            self._jobs.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.instance.close()

@@ -1,0 +1,278 @@
+"""The batch decision: priority queues plus a pure ``step(now)``.
+
+Nothing here awaits, sleeps or reads a clock. The driver
+(:mod:`inferd.scheduling.batcher`) admits requests, calls :meth:`BatchQueue.step`
+with the current time whenever something changed (a request arrived, an
+instance freed up, a deadline it was told about passed) and acts on the
+returned :class:`Step`: run ``batch``, fail ``expired``, and step again at
+``wake_at``. Unit tests drive it the same way with made-up times.
+
+Ordering: requests are served by (effective priority level, delayed?, arrival,
+sequence). Level 1 is the highest. With aging on, a request waiting for k
+aging intervals counts k levels higher (never above 1), so a low-priority
+request is delayed but never starved. A request whose queue timeout passed
+under ``DELAY`` stays queued but behind every undelayed request of its level.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Iterator
+
+from inferd.errors import DeadlineExceeded, InferdError, Unavailable
+from inferd.scheduling.policy import DELAY, BatchingPolicy
+
+QUEUED, DELAYED, DONE = 0, 1, 2
+
+
+class Pending:
+    """One request waiting in the queue."""
+
+    __slots__ = ("rows", "shape_key", "level", "arrival", "seq", "timeout_at", "deadline", "state", "payload")
+
+    def __init__(
+        self,
+        rows: int,
+        shape_key: Hashable = None,
+        *,
+        priority: int = 0,
+        timeout_us: int = 0,
+        deadline: float | None = None,
+        payload: Any = None,
+    ) -> None:
+        self.rows = rows  # batch rows this request fills (1 for a non-batching model)
+        self.shape_key = shape_key  # only requests with equal keys share a batch
+        self.level = priority  # requested; admit() turns it into a valid level
+        self.arrival = 0.0
+        self.seq = 0
+        self.timeout_at: float | None = timeout_us / 1e6 if timeout_us > 0 else None  # relative until admitted
+        self.deadline = deadline
+        self.state = QUEUED
+        self.payload = payload
+
+    def __repr__(self) -> str:
+        return f"Pending(seq={self.seq}, rows={self.rows}, level={self.level}, state={self.state})"
+
+
+@dataclass(slots=True)
+class Step:
+    batch: list[Pending] = field(default_factory=list)
+    expired: list[tuple[Pending, InferdError]] = field(default_factory=list)
+    wake_at: float | None = None  # step again at this time, if nothing else happens first
+
+
+class _Level:
+    __slots__ = ("main", "delayed", "count", "policy")
+
+    def __init__(self, policy) -> None:  # type: ignore[no-untyped-def]
+        self.main: deque[Pending] = deque()
+        self.delayed: deque[Pending] = deque()
+        self.count = 0
+        self.policy = policy
+
+
+class BatchQueue:
+    """The queues of one model and the decision of what to run next."""
+
+    # A batch is formed by looking at most this many requests past the first
+    # that cannot join it (other shapes), so a long mixed queue stays cheap.
+    SCAN_FACTOR = 4
+
+    def __init__(self, policy: BatchingPolicy, model: str = "") -> None:
+        self.policy = policy
+        self.model = model
+        self._levels = [_Level(policy.queue_policy(i + 1)) for i in range(policy.priority_levels)]
+        self._timers: list[tuple[float, int, int, Pending]] = []  # timeouts and deadlines, lazily deleted
+        self._seq = itertools.count()
+        self._size = 0
+        self._delay_s = policy.max_queue_delay_us / 1e6
+        self._aging_s = policy.aging_us / 1e6
+
+    def __len__(self) -> int:
+        return self._size
+
+    def depth(self, level: int | None = None) -> int:
+        if level is None:
+            return self._size
+        return self._levels[level - 1].count
+
+    # -- admission ---------------------------------------------------------
+
+    def admit(self, item: Pending, now: float) -> None:
+        """Queue ``item``, or raise :class:`Unavailable` if its level is full."""
+        p = self.policy
+        if item.level <= 0 or item.level > p.priority_levels:
+            item.level = p.default_priority_level
+        level = self._levels[item.level - 1]
+        qp = level.policy
+        if qp.max_queue_size and level.count >= qp.max_queue_size:
+            raise Unavailable(
+                f"model '{self.model}': request rejected: exceeds maximum queue size "
+                f"({qp.max_queue_size} requests at priority level {item.level})"
+            )
+        requested = item.timeout_at  # relative seconds or None
+        timeout = qp.default_timeout_us / 1e6 if qp.default_timeout_us else None
+        if requested is not None and (qp.allow_timeout_override or timeout is None):
+            # A request may shorten the policy's timeout, never lengthen it.
+            timeout = requested if timeout is None else min(timeout, requested)
+        item.arrival = now
+        item.seq = next(self._seq)
+        item.state = QUEUED
+        item.timeout_at = now + timeout if timeout is not None else None
+        if item.timeout_at is not None:
+            heapq.heappush(self._timers, (item.timeout_at, item.seq, 0, item))
+        if item.deadline is not None:
+            heapq.heappush(self._timers, (item.deadline, item.seq, 1, item))
+        level.main.append(item)
+        level.count += 1
+        self._size += 1
+
+    def cancel(self, item: Pending) -> bool:
+        """Drop a queued request (its client went away). True if it was queued."""
+        if item.state == DONE:
+            return False
+        self._remove(item)
+        return True
+
+    def _remove(self, item: Pending) -> None:
+        item.state = DONE
+        self._levels[item.level - 1].count -= 1
+        self._size -= 1
+
+    # -- the decision ------------------------------------------------------
+
+    def step(self, now: float, can_dispatch: bool) -> Step:
+        """Expire what timed out; then, if an instance is free, maybe form a batch."""
+        out = Step()
+        self._expire(now, out)
+        self._compact()
+        if can_dispatch and self._size:
+            self._decide(now, out)
+        if self._timers:
+            out.wake_at = self._timers[0][0] if out.wake_at is None else min(out.wake_at, self._timers[0][0])
+        return out
+
+    def _expire(self, now: float, out: Step) -> None:
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, _, _, item = heapq.heappop(timers)
+            if item.state == DONE:
+                continue
+            if item.deadline is not None and item.deadline <= now:
+                self._remove(item)
+                out.expired.append((item, DeadlineExceeded(
+                    f"model '{self.model}': the request's deadline passed while it was queued")))
+            elif item.timeout_at is not None and item.timeout_at <= now and item.state == QUEUED:
+                level = self._levels[item.level - 1]
+                if level.policy.timeout_action == DELAY:
+                    item.state = DELAYED
+                    level.delayed.append(item)  # its main-deque slot is skipped from now on
+                else:
+                    self._remove(item)
+                    out.expired.append((item, Unavailable(
+                        f"model '{self.model}': request timed out in the queue after "
+                        f"{round((now - item.arrival) * 1e6)} us (queue policy timeout, priority level {item.level})")))
+
+    def _compact(self) -> None:
+        for level in self._levels:
+            main = level.main
+            while main and main[0].state != QUEUED:
+                main.popleft()
+            delayed = level.delayed
+            while delayed and delayed[0].state != DELAYED:
+                delayed.popleft()
+
+    def _ordered(self, now: float) -> Iterator[Pending]:
+        """Queued requests in service order (a k-way merge of the deques)."""
+        streams: list[tuple[int, int, deque[Pending], int]] = []
+        for i, level in enumerate(self._levels):
+            if level.main:
+                streams.append((i + 1, 0, level.main, QUEUED))
+            if level.delayed:
+                streams.append((i + 1, 1, level.delayed, DELAYED))
+        if len(streams) == 1:
+            _, _, dq, state = streams[0]
+            for item in dq:
+                if item.state == state:
+                    yield item
+            return
+        iters = [(lvl, d, iter(dq), state) for lvl, d, dq, state in streams]
+        heads: list[tuple[tuple[int, int, float, int], int, Pending]] = []
+        for idx, (lvl, d, it, state) in enumerate(iters):
+            item = _next_in(it, state)
+            if item is not None:
+                heads.append((self._key(item, lvl, d, now), idx, item))
+        heapq.heapify(heads)
+        while heads:
+            _, idx, item = heapq.heappop(heads)
+            yield item
+            lvl, d, it, state = iters[idx]
+            nxt = _next_in(it, state)
+            if nxt is not None:
+                heapq.heappush(heads, (self._key(nxt, lvl, d, now), idx, nxt))
+
+    def _key(self, item: Pending, level: int, delayed: int, now: float) -> tuple[int, int, float, int]:
+        if self._aging_s > 0:
+            level = max(1, level - int((now - item.arrival) / self._aging_s))
+        return (level, delayed, item.arrival, item.seq)
+
+    def _decide(self, now: float, out: Step) -> None:
+        p = self.policy
+        max_rows = p.max_rows
+        batch: list[Pending] = []
+        rows = 0
+        best_prefix = 0  # batch[:best_prefix] fills a preferred size exactly
+        skipped = 0
+        head: Pending | None = None
+        for item in self._ordered(now):
+            if head is None:
+                head = item
+                batch.append(item)
+                rows = item.rows
+                if not p.batching or rows >= max_rows:
+                    break
+                if rows in p.preferred_batch_sizes:
+                    best_prefix = 1
+                continue
+            if item.shape_key != head.shape_key or rows + item.rows > max_rows:
+                if item.shape_key == head.shape_key:
+                    break  # would overflow: later requests wait for the next batch, in order
+                skipped += 1
+                if skipped > self.SCAN_FACTOR * max_rows:
+                    break
+                continue
+            batch.append(item)
+            rows += item.rows
+            if rows in p.preferred_batch_sizes:
+                best_prefix = len(batch)
+            if rows >= max_rows:
+                break
+        if head is None:
+            return
+        if not p.batching or rows >= max_rows or now >= head.arrival + self._delay_s:
+            chosen = batch  # full, or waited long enough (at once when there is no delay)
+        elif best_prefix:
+            chosen = batch[:best_prefix]  # a preferred size is reached: run it rather than wait
+        else:
+            out.wake_at = head.arrival + self._delay_s
+            return
+        for item in chosen:
+            self._remove(item)
+        out.batch = chosen
+
+
+def _next_in(it: Iterator[Pending], state: int) -> Pending | None:
+    for item in it:
+        if item.state == state:
+            return item
+    return None
+
+
+def split_rows(rows: int, max_rows: int) -> list[tuple[int, int]]:
+    """[start, stop) row ranges that cut a too-large request into executions."""
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    return [(start, min(start + max_rows, rows)) for start in range(0, rows, max_rows)]

@@ -1,0 +1,1 @@
+"""Frontends (gRPC, HTTP) and the protocol-neutral data plane they share."""

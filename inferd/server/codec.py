@@ -1,0 +1,211 @@
+"""Protobuf <-> numpy, done once per request at the gRPC edge.
+
+Raw contents become numpy arrays without copying (``np.frombuffer`` over the
+request's bytes); BYTES tensors use the protocol's 4-byte little-endian
+length-prefixed framing.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from inferd._proto import grpc_service_pb2 as pb
+from inferd.dtypes import BY_NAME, DataType
+from inferd.errors import InvalidArgument
+from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
+
+_TYPED_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def param_value(p: pb.InferParameter) -> object:
+    kind = p.WhichOneof("parameter_choice")
+    return getattr(p, kind) if kind else None
+
+
+def set_param(target: pb.InferParameter, value: object) -> None:
+    if isinstance(value, bool):
+        target.bool_param = value
+    elif isinstance(value, int):
+        target.int64_param = value
+    elif isinstance(value, float):
+        target.double_param = value
+    else:
+        target.string_param = str(value)
+
+
+def parse_version(model: str, version: str) -> int:
+    if not version:
+        return 0
+    try:
+        value = int(version)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidArgument(f"model '{model}': version must be a non-negative integer, got '{version}'")
+    return value
+
+
+def decode_bytes(raw: bytes | memoryview, count: int, where: str) -> np.ndarray:
+    """Length-prefixed BYTES elements into an object array of ``bytes``."""
+    out = np.empty(count, dtype=np.object_)
+    view = memoryview(raw)
+    pos, end = 0, len(view)
+    for i in range(count):
+        if pos + 4 > end:
+            raise InvalidArgument(f"{where}: BYTES data ends after {i} of {count} elements (malformed framing)")
+        (length,) = struct.unpack_from("<I", view, pos)
+        pos += 4
+        if pos + length > end:
+            raise InvalidArgument(
+                f"{where}: BYTES element {i} claims {length} bytes but only {end - pos} remain (malformed framing)"
+            )
+        out[i] = bytes(view[pos:pos + length])
+        pos += length
+    if pos != end:
+        raise InvalidArgument(f"{where}: {end - pos} bytes left over after {count} BYTES elements (malformed framing)")
+    return out
+
+
+def encode_bytes(array: np.ndarray) -> bytes:
+    parts = []
+    for item in array.reshape(-1):
+        data = item if isinstance(item, bytes) else (item.encode() if isinstance(item, str) else bytes(item))
+        parts.append(struct.pack("<I", len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def array_from_raw(raw: bytes, dtype: DataType, shape: tuple[int, ...], where: str) -> np.ndarray:
+    count = 1
+    for d in shape:
+        count *= d
+    if dtype.name == "BYTES":
+        return decode_bytes(raw, count, where).reshape(shape)
+    expected = count * dtype.itemsize
+    if len(raw) != expected:
+        raise InvalidArgument(
+            f"{where}: unexpected total byte size {len(raw)} for shape {list(shape)} of {dtype.name}, expecting {expected}"
+        )
+    if dtype.numpy is None:
+        raise InvalidArgument(f"{where}: data type {dtype.name} is not supported on this server")
+    return np.frombuffer(raw, dtype=dtype.numpy).reshape(shape)
+
+
+def array_from_contents(t: pb.ModelInferRequest.InferInputTensor, dtype: DataType, shape: tuple[int, ...], where: str) -> np.ndarray:
+    field = _TYPED_FIELD.get(dtype.name)
+    if field is None:
+        raise InvalidArgument(f"{where}: data type {dtype.name} has no typed contents field; send it as raw_input_contents")
+    values = getattr(t.contents, field)
+    count = 1
+    for d in shape:
+        count *= d
+    if len(values) != count:
+        raise InvalidArgument(f"{where}: {len(values)} values in contents for shape {list(shape)}, expecting {count}")
+    if dtype.name == "BYTES":
+        out = np.empty(count, dtype=np.object_)
+        out[:] = list(values)
+        return out.reshape(shape)
+    return np.array(values, dtype=dtype.numpy).reshape(shape)
+
+
+def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
+    model = msg.model_name
+    raw = msg.raw_input_contents
+    if raw and len(raw) != len(msg.inputs):
+        raise InvalidArgument(
+            f"model '{model}': {len(raw)} raw_input_contents for {len(msg.inputs)} inputs; "
+            "give one raw content per input, in order"
+        )
+    inputs: dict[str, np.ndarray] = {}
+    for i, t in enumerate(msg.inputs):
+        where = f"input '{t.name}' for model '{model}'"
+        dtype = BY_NAME.get(t.datatype)
+        if dtype is None:
+            raise InvalidArgument(f"{where}: unknown data type '{t.datatype}'")
+        shape = tuple(t.shape)
+        if any(d < 0 for d in shape):
+            raise InvalidArgument(f"{where}: shape {list(shape)} has a negative dimension")
+        if t.name in inputs:
+            raise InvalidArgument(f"{where}: the input is given twice")
+        if raw:
+            if t.HasField("contents"):
+                raise InvalidArgument(
+                    f"{where}: contents field must not be specified when using raw_input_contents"
+                )
+            inputs[t.name] = array_from_raw(raw[i], dtype, shape, where)
+        else:
+            inputs[t.name] = array_from_contents(t, dtype, shape, where)
+    request = InferenceRequest(
+        model_name=model,
+        inputs=inputs,
+        model_version=parse_version(model, msg.model_version),
+        id=msg.id,
+    )
+    if msg.parameters:
+        params = {k: param_value(v) for k, v in msg.parameters.items()}
+        request.parameters = params
+        request.priority = _int_param(model, params, "priority")
+        request.timeout_us = _int_param(model, params, "timeout")
+    if msg.outputs:
+        requested = []
+        for o in msg.outputs:
+            r = RequestedOutput(o.name)
+            if o.parameters:
+                r.parameters = {k: param_value(v) for k, v in o.parameters.items()}
+                r.class_count = _int_param(model, r.parameters, "classification")
+            requested.append(r)
+        request.requested_outputs = requested
+    return request
+
+
+def _int_param(model: str, params: dict[str, object], key: str) -> int:
+    value = params.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(f"model '{model}': request parameter '{key}' must be a non-negative integer, got {value!r}")
+    return value
+
+
+def encode_infer_response(response: InferenceResponse) -> pb.ModelInferResponse:
+    msg = pb.ModelInferResponse(
+        model_name=response.model_name, model_version=str(response.model_version), id=response.id
+    )
+    raw = msg.raw_output_contents
+    for name, array in response.outputs.items():
+        out = msg.outputs.add()
+        out.name = name
+        if array.dtype.kind in "OSU":
+            out.datatype = "BYTES"
+            raw.append(encode_bytes(array))
+        else:
+            out.datatype = _NUMPY_NAME.get(array.dtype) or _dtype_name(array.dtype)
+            raw.append(array.tobytes())
+        out.shape.extend(array.shape)
+    for key, value in response.parameters.items():
+        set_param(msg.parameters[key], value)
+    return msg
+
+
+_NUMPY_NAME = {t.numpy: t.name for t in BY_NAME.values() if t.numpy is not None}
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    from inferd.dtypes import from_numpy
+
+    return from_numpy(dtype).name

@@ -1,0 +1,178 @@
+"""The gRPC frontend: GRPCInferenceService methods translate wire <-> domain.
+
+Each method decodes its request, calls the data plane and encodes the answer;
+domain errors become gRPC statuses through :func:`inferd.errors.grpc_status`.
+Nothing here decides anything about models or scheduling.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import grpc
+
+from inferd._proto import grpc_service_pb2 as pb
+from inferd._proto import grpc_service_pb2_grpc as pb_grpc
+from inferd.errors import InferdError, Unimplemented, grpc_status
+from inferd.server import codec
+from inferd.server.dataplane import DataPlane
+
+log = logging.getLogger(__name__)
+
+
+def _fill_duration(target: Any, d: Any) -> None:
+    target.count = d.count
+    target.ns = d.ns
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dp = dataplane
+
+    async def _abort(self, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+        code, message = grpc_status(exc)
+        if not isinstance(exc, InferdError):
+            log.exception("unexpected error", exc_info=exc)
+        await context.abort(code, message)
+
+    # -- health and metadata ---------------------------------------------------
+
+    async def ServerLive(self, request, context):  # type: ignore[no-untyped-def]
+        return pb.ServerLiveResponse(live=self.dp.live)
+
+    async def ServerReady(self, request, context):  # type: ignore[no-untyped-def]
+        return pb.ServerReadyResponse(ready=self.dp.server_ready())
+
+    async def ModelReady(self, request, context):  # type: ignore[no-untyped-def]
+        try:
+            version = codec.parse_version(request.name, request.version)
+        except InferdError as exc:
+            return await self._abort(context, exc)
+        return pb.ModelReadyResponse(ready=self.dp.model_ready(request.name, version))
+
+    async def ServerMetadata(self, request, context):  # type: ignore[no-untyped-def]
+        name, version, extensions = self.dp.server_metadata()
+        return pb.ServerMetadataResponse(name=name, version=version, extensions=extensions)
+
+    async def ModelMetadata(self, request, context):  # type: ignore[no-untyped-def]
+        try:
+            md = self.dp.model_metadata(request.name, codec.parse_version(request.name, request.version))
+        except Exception as exc:
+            return await self._abort(context, exc)
+        T = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=md.name,
+            versions=md.versions,
+            platform=md.platform,
+            inputs=[T(name=t.name, datatype=t.datatype, shape=t.shape) for t in md.inputs],
+            outputs=[T(name=t.name, datatype=t.datatype, shape=t.shape) for t in md.outputs],
+        )
+
+    async def ModelConfig(self, request, context):  # type: ignore[no-untyped-def]
+        try:
+            model = self.dp.model(request.name, codec.parse_version(request.name, request.version))
+        except Exception as exc:
+            return await self._abort(context, exc)
+        response = pb.ModelConfigResponse()
+        response.config.CopyFrom(model.config)
+        return response
+
+    async def ModelStatistics(self, request, context):  # type: ignore[no-untyped-def]
+        try:
+            version = codec.parse_version(request.name, request.version)
+            if request.name:
+                models = [self.dp.model(request.name, version)] if version else [
+                    m for m in self.dp.manager.models() if m.name == request.name
+                ]
+                if not models:
+                    self.dp.model(request.name)  # raises the right error
+            else:
+                models = self.dp.manager.models()
+        except Exception as exc:
+            return await self._abort(context, exc)
+        response = pb.ModelStatisticsResponse()
+        for model in sorted(models, key=lambda m: (m.name, m.version)):
+            s = model.stats
+            out = response.model_stats.add()
+            out.name = model.name
+            out.version = str(model.version)
+            out.last_inference = s.last_inference_ms
+            out.inference_count = s.inference_count
+            out.execution_count = s.execution_count
+            st = out.inference_stats
+            _fill_duration(st.success, s.success)
+            _fill_duration(st.fail, s.fail)
+            _fill_duration(st.queue, s.queue)
+            _fill_duration(st.compute_input, s.compute_input)
+            _fill_duration(st.compute_infer, s.compute_infer)
+            _fill_duration(st.compute_output, s.compute_output)
+            for size in sorted(s.batch_stats):
+                b = s.batch_stats[size]
+                bs = out.batch_stats.add()
+                bs.batch_size = size
+                _fill_duration(bs.compute_input, b.compute_input)
+                _fill_duration(bs.compute_infer, b.compute_infer)
+                _fill_duration(bs.compute_output, b.compute_output)
+        return response
+
+    async def RepositoryIndex(self, request, context):  # type: ignore[no-untyped-def]
+        response = pb.RepositoryIndexResponse()
+        for entry in self.dp.manager.index(ready_only=request.ready):
+            response.models.add(name=entry.name, version=entry.version, state=entry.state, reason=entry.reason)
+        return response
+
+    # -- inference -----------------------------------------------------------------
+
+    async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
+        try:
+            req = codec.decode_infer_request(request)
+            remaining = context.time_remaining()
+            if remaining is not None:
+                req.deadline = self.dp.clock.now() + remaining
+            response = await self.dp.infer(req)
+            return codec.encode_infer_response(response)
+        except Exception as exc:
+            return await self._abort(context, exc)
+
+    # -- owned by later features ---------------------------------------------------
+
+    async def _unimplemented(self, context, what: str):  # type: ignore[no-untyped-def]
+        await self._abort(context, Unimplemented(f"{what} is not supported by this inferd version"))
+
+    async def ModelStreamInfer(self, request_iterator, context):  # type: ignore[no-untyped-def]
+        await self._unimplemented(context, "ModelStreamInfer (streaming inference)")
+
+    async def RepositoryModelLoad(self, request, context):  # type: ignore[no-untyped-def]
+        await self._unimplemented(context, "RepositoryModelLoad (explicit model control)")
+
+    async def RepositoryModelUnload(self, request, context):  # type: ignore[no-untyped-def]
+        await self._unimplemented(context, "RepositoryModelUnload (explicit model control)")
+
+    async def SystemSharedMemoryStatus(self, request, context):  # type: ignore[no-untyped-def]
+        await self._unimplemented(context, "system shared memory")
+
+    async def SystemSharedMemoryRegister(self, request, context):  # type: ignore[no-untyped-def]
+        await self._unimplemented(context, "system shared memory")
+
+    async def SystemSharedMemoryUnregister(self, request, context):  # type: ignore[no-untyped-def]
+        await self._unimplemented(context, "system shared memory")
+
+    async def CudaSharedMemoryStatus(self, request, context):  # type: ignore[no-untyped-def]
+        await self._unimplemented(context, "CUDA shared memory")
+
+    async def CudaSharedMemoryRegister(self, request, context):  # type: ignore[no-untyped-def]
+        await self._unimplemented(context, "CUDA shared memory")
+
+    async def CudaSharedMemoryUnregister(self, request, context):  # type: ignore[no-untyped-def]
+        await self._unimplemented(context, "CUDA shared memory")
+
+    async def TraceSetting(self, request, context):  # type: ignore[no-untyped-def]
+        await self._unimplemented(context, "TraceSetting (tracing)")
+
+    async def LogSettings(self, request, context):  # type: ignore[no-untyped-def]
+        await self._unimplemented(context, "LogSettings")
+
+
+def add_to_server(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)

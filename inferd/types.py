@@ -1,0 +1,47 @@
+"""The protocol-neutral request and response that every layer below the
+frontends speaks. Plain data: numpy arrays, no protobuf."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    name: str
+    class_count: int = 0  # > 0: the classification extension's top-k
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, eq=False)
+class InferenceRequest:
+    """One client request, decoded once by a frontend.
+
+    ``deadline`` is an absolute time on the server's monotonic clock (the
+    client's gRPC deadline), or None. ``timeout_us`` is the protocol's
+    ``timeout`` parameter; 0 means the queue policy's default.
+    """
+
+    model_name: str
+    inputs: dict[str, np.ndarray]
+    model_version: int = 0  # 0: as the version policy chooses (the latest ready)
+    id: str = ""
+    requested_outputs: list[RequestedOutput] | None = None  # None: every output
+    parameters: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0  # 0: the model's default level
+    timeout_us: int = 0
+    deadline: float | None = None
+    cancelled: bool = False  # set by the frontend when the client goes away
+    trace: Any = None  # a tracing context, when tracing is on
+
+
+@dataclass(slots=True, eq=False)
+class InferenceResponse:
+    model_name: str
+    model_version: int
+    outputs: dict[str, np.ndarray]
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
