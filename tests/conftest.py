@@ -1,0 +1,97 @@
+"""Shared fixtures: a real ``inferd serve`` process on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class ServerProcess:
+    """An ``inferd serve`` subprocess; ``url`` is host:port for gRPC clients."""
+
+    def __init__(self, repository: Path | list[Path], extra_args: list[str] | None = None,
+                 log_path: Path | None = None, env: dict[str, str] | None = None) -> None:
+        repos = repository if isinstance(repository, list) else [repository]
+        self.log_path = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"inferd-test-{os.getpid()}-{id(self)}.log"
+        self.port_file = self.log_path.with_suffix(".port")
+        self.port_file.unlink(missing_ok=True)
+        args = [sys.executable, "-m", "inferd.cli", "serve", "--grpc-address", "127.0.0.1", "--grpc-port", "0",
+                "--http-port", "0", "--metrics-port", "0", "--port-file", str(self.port_file)]
+        for repo in repos:
+            args += ["--model-repository", str(repo)]
+        args += extra_args or []
+        self._log = open(self.log_path, "wb")
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, env=full_env)
+        self.port = self._wait_for_port(timeout=120)
+        self.url = f"127.0.0.1:{self.port}"
+
+    def _wait_for_port(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.port_file.exists() and self.port_file.read_text().strip():
+                return int(self.port_file.read_text())
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"inferd exited with {self.proc.returncode}:\n{self.log()}")
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"inferd did not start within {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def example_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled example repository, built once per test session."""
+    from inferd.examples.build import build_repository
+
+    out = tmp_path_factory.mktemp("example_repo")
+    build_repository(out, log=lambda *_: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def example_server(example_repository: Path) -> Iterator[ServerProcess]:
+    """One server over the example repository, shared by read-only tests."""
+    server = ServerProcess(example_repository)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def start_server() -> Iterator:
+    """Factory: ``start_server(repo, extra_args)`` -> ServerProcess, stopped after the test."""
+    started: list[ServerProcess] = []
+
+    def start(repository, extra_args=None, **kw) -> ServerProcess:  # type: ignore[no-untyped-def]
+        server = ServerProcess(repository, extra_args, **kw)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
