@@ -50,16 +50,19 @@ class OnnxRuntimeBackend(Backend):
         options.intra_op_num_threads = 1
         session = self._session(model_file, model_name, options, ["CPUExecutionProvider"])
 
-        def tensors(args) -> tuple[SignatureTensor, ...]:  # type: ignore[no-untyped-def]
+        def tensors(args, optional: bool = False) -> tuple[SignatureTensor, ...]:  # type: ignore[no-untyped-def]
             out = []
             for a in args:
                 dtype = BY_ONNX.get(a.type)
                 if dtype is None:
                     raise ConfigError(f"model '{model_name}': tensor '{a.name}' has type {a.type}, which inferd cannot serve")
-                out.append(SignatureTensor(a.name, dtype, _shape(a.shape)))
+                out.append(SignatureTensor(a.name, dtype, _shape(a.shape), optional))
             return tuple(out)
 
-        return ModelSignature(tensors(session.get_inputs()), tensors(session.get_outputs()))
+        # Initializers that are also graph inputs have a default a request may
+        # override: they are the model's optional inputs.
+        inputs = tensors(session.get_inputs()) + tensors(session.get_overridable_initializers(), optional=True)
+        return ModelSignature(inputs, tensors(session.get_outputs()))
 
     def gpu_available(self) -> bool:
         return "CUDAExecutionProvider" in _ort().get_available_providers()

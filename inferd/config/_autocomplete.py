@@ -21,6 +21,9 @@ class SignatureTensor:
     name: str
     datatype: DataType | None  # None: the model accepts several types (python models)
     shape: tuple[int, ...]  # -1 for a variable dimension, including the batch one
+    # The model has a default for it (an ONNX initializer a request may override):
+    # a config may list it, and need not; auto-complete leaves it out, as Triton does.
+    optional: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +34,7 @@ class ModelSignature:
     outputs: tuple[SignatureTensor, ...]
 
     def all_batchable(self) -> bool:
-        tensors = self.inputs + self.outputs
+        tensors = tuple(t for t in self.inputs if not t.optional) + self.outputs
         return bool(tensors) and all(len(t.shape) >= 1 and t.shape[0] == -1 for t in tensors)
 
 
@@ -45,7 +48,8 @@ def autocomplete(config: mc.ModelConfig, signature: ModelSignature) -> None:
     strip = 1 if config.max_batch_size > 0 else 0
     if not config.input:
         for t in signature.inputs:
-            _add(config.input.add(), t, strip)
+            if not t.optional:
+                _add(config.input.add(), t, strip)
     if not config.output:
         for t in signature.outputs:
             _add(config.output.add(), t, strip)

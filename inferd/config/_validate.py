@@ -210,8 +210,8 @@ def _check_against_signature(config: mc.ModelConfig, signature: ModelSignature) 
                 )
             _compare(where, config, t, found, batch)
     listed = {t.name for t in config.input}
-    for name in model_inputs:
-        if name not in listed:
+    for name, t in model_inputs.items():
+        if name not in listed and not t.optional:
             raise ConfigError(f"model '{config.name}': the model file has input '{name}' that the config does not list")
 
 

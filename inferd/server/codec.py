@@ -120,7 +120,15 @@ def array_from_contents(t: pb.ModelInferRequest.InferInputTensor, dtype: DataTyp
         out = np.empty(count, dtype=np.object_)
         out[:] = list(values)
         return out.reshape(shape)
-    return np.array(values, dtype=dtype.numpy).reshape(shape)
+    try:
+        return np.array(values, dtype=dtype.numpy).reshape(shape)
+    except OverflowError:
+        # int_contents/uint_contents carry 32-bit values for the 8- and 16-bit types.
+        info = np.iinfo(dtype.numpy)
+        bad = next((v for v in values if not info.min <= v <= info.max), None)
+        raise InvalidArgument(
+            f"{where}: value {bad} in contents is out of range for {dtype.name} ({info.min}..{info.max})"
+        ) from None
 
 
 def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:

@@ -1,0 +1,314 @@
+"""Issue #2: config.pbtxt validation at load (``inferd check`` and RepositoryIndex),
+auto-complete from the ONNX file, version_policy, default_model_filename, reshape and
+optional inputs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from onnx import TensorProto, helper, numpy_helper
+from tritonclient.utils import InferenceServerException
+
+from conftest import ROOT, ServerProcess
+from inferd.examples import onnx_models as om
+from repo_builder import add_model, config
+
+INT16 = [("INPUT0", "TYPE_INT32", [16]), ("INPUT1", "TYPE_INT32", [16])]
+OUT16 = [("OUTPUT0", "TYPE_INT32", [16]), ("OUTPUT1", "TYPE_INT32", [16])]
+
+
+def _add_sub(batch: bool = True):
+    return om.add_sub(np.int32, 16, batch=batch)
+
+
+def _with_default_b():
+    """C = A + B where B is an initializer the request may override (an optional input)."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["A", "B"], ["C"])], "optional_b",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [4]),
+         helper.make_tensor_value_info("B", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("C", TensorProto.FLOAT, [4])],
+        initializer=[numpy_helper.from_array(np.full(4, 10, dtype=np.float32), "B")],
+    )
+    return om._model(graph)
+
+
+# model name -> (words the load error must contain)
+BROKEN = {
+    "bad_dtype": ["bad_dtype", "TYPE_FOO"],
+    "dup_names": ["dup_names", "input name 'INPUT0' appears twice"],
+    "neg_dims": ["neg_dims", "INPUT0", "-2", "-1 for variable"],
+    "neg_batch": ["neg_batch", "max_batch_size must be >= 0", "-1"],
+    "contradict_dims": ["contradict_dims", "INPUT1", "[8]", "contradict the model file"],
+    "contradict_dtype": ["contradict_dtype", "INPUT0", "TYPE_FP32", "TYPE_INT32"],
+    "contradict_batch": ["contradict_batch", "INPUT0", "max_batch_size"],
+    "wrong_name": ["wrong_name", "'other_name'", "must match its folder"],
+    "no_version": ["no_version", "no version folder"],
+    "no_file": ["no_file", "no model file 'model.onnx'"],
+    "sequence": ["sequence", "sequence_batching", "not supported"],
+    "warmup": ["warmup", "model_warmup", "not supported"],
+    "unknown_param": ["unknown_param", "inferd.bogus"],
+    "missing_input": ["missing_input", "INPUT1", "does not list"],
+    "bad_onnx": ["bad_onnx", "cannot load"],
+    "bad_version_policy": ["bad_version_policy", "versions [7]"],
+}
+GOOD = ["good", "auto_batch", "auto_nobatch", "v_latest", "v_all", "v_specific", "custom_file", "reshaped",
+        "optional_b"]
+
+
+def build(repo):
+    add_model(repo, "good", _add_sub(), config("good", INT16, OUT16, 8))
+    add_model(repo, "bad_dtype", _add_sub(), config("bad_dtype", [("INPUT0", "TYPE_FOO", [16])], OUT16, 8))
+    add_model(repo, "dup_names", _add_sub(),
+              config("dup_names", [("INPUT0", "TYPE_INT32", [16]), ("INPUT0", "TYPE_INT32", [16])], OUT16, 8))
+    add_model(repo, "neg_dims", _add_sub(),
+              config("neg_dims", [("INPUT0", "TYPE_INT32", [-2]), ("INPUT1", "TYPE_INT32", [16])], OUT16, 8))
+    add_model(repo, "neg_batch", _add_sub(), config("neg_batch", INT16, OUT16, -1))
+    add_model(repo, "contradict_dims", _add_sub(),
+              config("contradict_dims", [("INPUT0", "TYPE_INT32", [16]), ("INPUT1", "TYPE_INT32", [8])], OUT16, 8))
+    add_model(repo, "contradict_dtype", _add_sub(),
+              config("contradict_dtype", [("INPUT0", "TYPE_FP32", [16]), ("INPUT1", "TYPE_INT32", [16])], OUT16, 8))
+    # max_batch_size > 0 on a model whose first dimension is fixed to 16.
+    add_model(repo, "contradict_batch", _add_sub(batch=False), config("contradict_batch", INT16, OUT16, 8))
+    add_model(repo, "wrong_name", _add_sub(), config("other_name", INT16, OUT16, 8))
+    add_model(repo, "no_version", None, config("no_version", INT16, OUT16, 8))
+    add_model(repo, "no_file", None, config("no_file", INT16, OUT16, 8))
+    (repo / "no_file" / "1").mkdir()
+    add_model(repo, "sequence", _add_sub(), config("sequence", INT16, OUT16, 8, extra="sequence_batching { }\n"))
+    add_model(repo, "warmup", _add_sub(),
+              config("warmup", INT16, OUT16, 8, extra='model_warmup [ { name: "w" batch_size: 1 } ]\n'))
+    add_model(repo, "unknown_param", _add_sub(), config(
+        "unknown_param", INT16, OUT16, 8,
+        extra='parameters { key: "inferd.bogus" value { string_value: "1" } }\n'
+              'parameters { key: "some_triton_thing" value { string_value: "x" } }\n'))
+    add_model(repo, "missing_input", _add_sub(), config("missing_input", INT16[:1], OUT16, 8))
+    add_model(repo, "bad_onnx", b"this is not an onnx file", config("bad_onnx", INT16, OUT16, 8))
+    add_model(repo, "bad_version_policy", _add_sub(),
+              config("bad_version_policy", INT16, OUT16, 8, extra="version_policy { specific { versions: [7] } }\n"))
+
+    # auto-complete: no config.pbtxt at all
+    add_model(repo, "auto_batch", _add_sub(), None)
+    add_model(repo, "auto_nobatch", _add_sub(batch=False), None)
+
+    # version policies over versions 1..3 of "OUTPUT0 = INPUT0 * version"
+    for name, policy in (("v_latest", "latest { num_versions: 2 }"), ("v_all", "all { }"),
+                         ("v_specific", "specific { versions: [1, 3] }")):
+        model_dir = repo / name
+        for v in (1, 2, 3):
+            add_model(repo, name, om.scale(4, factor=float(v)), None, versions=[v])
+        (model_dir / "config.pbtxt").write_text(config(
+            name, [("INPUT0", "TYPE_FP32", [4])], [("OUTPUT0", "TYPE_FP32", [4])], 2,
+            extra=f"version_policy {{ {policy} }}\n"))
+
+    add_model(repo, "custom_file", om.scale(4, factor=5.0), config(
+        "custom_file", [("INPUT0", "TYPE_FP32", [4])], [("OUTPUT0", "TYPE_FP32", [4])], 2,
+        extra='default_model_filename: "net.onnx"\n'), filename="net.onnx")
+
+    # The client sees [4]; the model sees [2, 2].
+    add_model(repo, "reshaped", om.identity(np.float32, [2, 2], batch=True), config(
+        "reshaped", [("INPUT0", "TYPE_FP32", [4])], [("OUTPUT0", "TYPE_FP32", [4])], 4,
+        input_extra={"INPUT0": "reshape: { shape: [ 2, 2 ] }"},
+        output_extra={"OUTPUT0": "reshape: { shape: [ 2, 2 ] }"}))
+
+    add_model(repo, "optional_b", _with_default_b(), config(
+        "optional_b", [("A", "TYPE_FP32", [4]), ("B", "TYPE_FP32", [4])], [("C", "TYPE_FP32", [4])], 0,
+        input_extra={"B": "optional: true"}))
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("configs")
+    build(repo)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repo, tmp_path_factory):
+    server = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    c = grpcclient.InferenceServerClient(server.url)
+    yield c
+    c.close()
+
+
+def _check(*dirs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "inferd.cli", "check", *map(str, dirs)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+# -- inferd check ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def check_output(repo) -> dict[str, str]:
+    proc = _check(repo)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = {}
+    for line in proc.stdout.splitlines():
+        name, sep, rest = line.partition(": ")
+        if sep and (repo / name).is_dir():
+            lines[name] = rest
+    assert f"{len(GOOD)} of {len(GOOD) + len(BROKEN)} models ready" in proc.stdout
+    return lines
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_check_reports_broken_model(check_output, name):
+    line = check_output[name]
+    assert line.startswith("UNAVAILABLE: "), line
+    for word in BROKEN[name]:
+        assert word in line, (word, line)
+
+
+@pytest.mark.parametrize("name", GOOD)
+def test_check_reports_good_model(check_output, name):
+    assert check_output[name].startswith("READY"), check_output[name]
+
+
+def test_check_exit_zero_when_all_good(tmp_path):
+    add_model(tmp_path, "good", _add_sub(), config("good", INT16, OUT16, 8))
+    add_model(tmp_path, "auto", _add_sub(), None)
+    proc = _check(tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "good: READY" in proc.stdout and "auto: READY" in proc.stdout and "2 of 2 models ready" in proc.stdout
+
+
+def test_check_missing_repository(tmp_path):
+    proc = _check(tmp_path / "nowhere")
+    assert proc.returncode == 1
+    assert "nowhere" in proc.stdout and "not a directory" in proc.stdout
+
+
+# -- the same through RepositoryIndex ----------------------------------------------------
+
+
+def test_repository_index_reasons(client, check_output):
+    index = {m.name: m for m in client.get_model_repository_index().models if m.state != "READY"}
+    assert set(index) == set(BROKEN)
+    for name, words in BROKEN.items():
+        assert index[name].state == "UNAVAILABLE"
+        for word in words:
+            assert word in index[name].reason, (word, index[name].reason)
+        # The server and `inferd check` give the same reason.
+        assert check_output[name] == "UNAVAILABLE: " + index[name].reason
+    ready = {m.name for m in client.get_model_repository_index().models if m.state == "READY"}
+    assert ready == set(GOOD)
+
+
+def test_broken_models_do_not_stop_the_others(client):
+    x = np.ones((1, 16), dtype=np.int32)
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        i = grpcclient.InferInput(name, [1, 16], "INT32")
+        i.set_data_from_numpy(x)
+        inputs.append(i)
+    np.testing.assert_array_equal(client.infer("good", inputs).as_numpy("OUTPUT0"), 2 * x)
+
+
+# -- auto-complete -----------------------------------------------------------------------
+
+
+def test_autocomplete_batching_model(client):
+    cfg = client.get_model_config("auto_batch").config
+    assert cfg.name == "auto_batch"
+    assert cfg.platform == "onnxruntime_onnx"
+    assert cfg.max_batch_size == 4  # Triton's default for a model that can batch
+    assert cfg.HasField("dynamic_batching")
+    assert [(t.name, grpcclient.model_config_pb2.DataType.Name(t.data_type), list(t.dims)) for t in cfg.input] == [
+        ("INPUT0", "TYPE_INT32", [16]), ("INPUT1", "TYPE_INT32", [16])]
+    assert [(t.name, list(t.dims)) for t in cfg.output] == [("OUTPUT0", [16]), ("OUTPUT1", [16])]
+    md = client.get_model_metadata("auto_batch")
+    assert [list(t.shape) for t in md.inputs] == [[-1, 16], [-1, 16]]
+
+
+def test_autocomplete_fixed_shape_model(client):
+    cfg = client.get_model_config("auto_nobatch").config
+    assert cfg.max_batch_size == 0
+    assert not cfg.HasField("dynamic_batching")
+    assert [(t.name, list(t.dims)) for t in cfg.input] == [("INPUT0", [16]), ("INPUT1", [16])]
+    x = np.arange(16, dtype=np.int32)
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        i = grpcclient.InferInput(name, [16], "INT32")
+        i.set_data_from_numpy(x)
+        inputs.append(i)
+    np.testing.assert_array_equal(client.infer("auto_nobatch", inputs).as_numpy("OUTPUT1"), 0 * x)
+
+
+# -- version_policy, default_model_filename ----------------------------------------------
+
+
+def _scale(client, model, version=""):
+    i = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    i.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+    result = client.infer(model, [i], model_version=version)
+    return float(result.as_numpy("OUTPUT0")[0, 0]), result.get_response().model_version
+
+
+@pytest.mark.parametrize("model,loaded", [("v_latest", [2, 3]), ("v_all", [1, 2, 3]), ("v_specific", [1, 3])])
+def test_version_policy(client, model, loaded):
+    assert sorted(client.get_model_metadata(model).versions, key=int) == [str(v) for v in loaded]
+    index = sorted((m.version, m.state) for m in client.get_model_repository_index().models if m.name == model)
+    assert index == [(str(v), "READY") for v in loaded]
+    assert _scale(client, model) == (float(max(loaded)), str(max(loaded)))  # default: the latest
+    for v in (1, 2, 3):
+        if v in loaded:
+            assert client.is_model_ready(model, str(v))
+            assert _scale(client, model, str(v)) == (float(v), str(v))
+        else:
+            assert not client.is_model_ready(model, str(v))
+            with pytest.raises(InferenceServerException) as exc:
+                _scale(client, model, str(v))
+            assert exc.value.status() == "StatusCode.NOT_FOUND" and f"version {v}" in exc.value.message()
+    stats = client.get_inference_statistics(model).model_stats
+    assert sorted(s.version for s in stats) == sorted(str(v) for v in loaded)
+
+
+def test_default_model_filename(client):
+    assert client.get_model_config("custom_file").config.default_model_filename == "net.onnx"
+    assert _scale(client, "custom_file") == (5.0, "1")
+
+
+# -- reshape and optional inputs ---------------------------------------------------------
+
+
+def test_reshape(client):
+    md = client.get_model_metadata("reshaped")
+    assert [list(t.shape) for t in md.inputs] == [[-1, 4]]
+    assert [list(t.shape) for t in md.outputs] == [[-1, 4]]
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    i = grpcclient.InferInput("INPUT0", [3, 4], "FP32")
+    i.set_data_from_numpy(x)
+    result = client.infer("reshaped", [i])
+    assert list(result.get_output("OUTPUT0").shape) == [3, 4]
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+    bad = grpcclient.InferInput("INPUT0", [1, 2, 2], "FP32")
+    bad.set_data_from_numpy(np.zeros((1, 2, 2), dtype=np.float32))
+    with pytest.raises(InferenceServerException) as exc:
+        client.infer("reshaped", [bad])
+    assert exc.value.status() == "StatusCode.INVALID_ARGUMENT" and "[-1, 4]" in exc.value.message()
+
+
+def test_optional_input(client):
+    cfg = client.get_model_config("optional_b").config
+    assert [(t.name, t.optional) for t in cfg.input] == [("A", False), ("B", True)]
+    a = grpcclient.InferInput("A", [4], "FP32")
+    a.set_data_from_numpy(np.arange(4, dtype=np.float32))
+    # Without B: the model's own default (10).
+    np.testing.assert_array_equal(client.infer("optional_b", [a]).as_numpy("C"), [10, 11, 12, 13])
+    b = grpcclient.InferInput("B", [4], "FP32")
+    b.set_data_from_numpy(np.full(4, 100, dtype=np.float32))
+    np.testing.assert_array_equal(client.infer("optional_b", [a, b]).as_numpy("C"), [100, 101, 102, 103])
+    # A is not optional.
+    with pytest.raises(InferenceServerException) as exc:
+        client.infer("optional_b", [b])
+    assert exc.value.status() == "StatusCode.INVALID_ARGUMENT" and "'A'" in exc.value.message()
