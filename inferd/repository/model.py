@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from inferd._proto import model_config_pb2 as mc
 from inferd.backends import Backend, Device, InstanceSpec
 from inferd.clock import Clock
@@ -68,6 +70,19 @@ def instance_specs(spec: ModelSpec, backend: Backend, model_dir: Path, version: 
     ]
 
 
+def sample_inputs(spec: ModelSpec) -> dict[str, np.ndarray]:
+    """One row of zeros per input (variable dimensions as 1), in model shapes."""
+    lead = (1,) if spec.max_batch_size > 0 else ()
+    out = {}
+    for t in spec.inputs.values():
+        shape = lead + tuple(1 if d == -1 else d for d in t.model_dims)
+        if t.datatype.name == "BYTES":
+            out[t.name] = np.full(shape, b"", dtype=np.object_)
+        else:
+            out[t.name] = np.zeros(shape, dtype=t.datatype.numpy)
+    return out
+
+
 def build_model(
     spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path, clock: Clock | None = None
 ) -> Model:
@@ -83,7 +98,8 @@ def build_model(
         for instance in instances:
             instance.close()
         raise
-    workers = [InstanceWorker(i, params.execution, params.inline_max_microseconds) for i in instances]
+    workers = [InstanceWorker(i, "thread" if i.thread_only else params.execution, params.inline_max_microseconds)
+               for i in instances]
     stats = ModelStats(spec.name, version)
     scheduler = BatchScheduler(spec.name, policy, workers, list(spec.outputs), stats, clock)
     return Model(spec=spec, version=version, scheduler=scheduler, stats=stats, model_dir=model_dir)

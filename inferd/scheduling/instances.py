@@ -1,5 +1,9 @@
 """Instance workers: where a batch actually executes.
 
+Executions are timed in CPU time of the calling thread
+(``time.thread_time_ns``), not wall time: on a busy machine a preempted run
+or a wait for the GIL would otherwise read as a slow model.
+
 The hand-off between the event loop and a runtime is the expensive part of a
 Python server's request path: waking a thread and getting the result back
 costs hundreds of microseconds under GIL contention, which dwarfs a small
@@ -9,11 +13,14 @@ model's compute. So each instance decides where it runs:
   blocked, whatever the model does.
 - ``inline``: on the event loop itself, for models whose executions take
   a few tens of microseconds.
-- ``auto`` (default): start on the thread, measure, and move a model whose
-  executions all stay under ``inline_max_microseconds`` onto the loop; move it
-  back the first time one execution runs long. After three such flips the
-  model stays on its thread, so a model with erratic timing cannot keep
-  stalling the loop.
+- ``auto`` (default): time a few executions of a one-row sample at load
+  (:meth:`InstanceWorker.calibrate`, where no other thread competes for the
+  GIL) and start inline if they stay well under ``inline_max_microseconds``;
+  otherwise start on the thread, and move a model whose executions average
+  well under the limit onto the loop;
+  move it back when the running mean passes the limit, or at once when one
+  execution takes ten times the limit. After three such flips the model stays
+  on its thread, so a model with erratic timing cannot keep stalling the loop.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ Done = Callable[["InstanceWorker", BatchResult | BaseException], None]
 
 PROBE_EXECUTIONS = 8  # thread executions measured before trying the loop
 MAX_FLIPS = 3
+SLOW_FACTOR = 10  # one inline run this many times the limit moves the model off the loop
 
 
 class InstanceWorker:
@@ -46,9 +54,28 @@ class InstanceWorker:
         self._inline_max_ns = inline_max_us * 1000
         self._fast_runs = 0
         self._flips = 0
+        self.mean_ns: int | None = None
         self._jobs: SimpleQueue | None = None
         self._thread: threading.Thread | None = None
         self.busy = False
+
+    def calibrate(self, sample: dict[str, np.ndarray], outputs: Sequence[str], runs: int = 3) -> int | None:
+        """Time ``runs`` executions of ``sample`` at load; blocking. Returns the
+        fastest in ns (None if the sample fails) and, in auto mode, starts the
+        instance inline when that is well under the limit."""
+        best: int | None = None
+        for _ in range(runs):
+            t0 = time.thread_time_ns()
+            try:
+                self.instance.execute([sample], outputs)
+            except Exception:
+                return None
+            elapsed = time.thread_time_ns() - t0
+            best = elapsed if best is None else min(best, elapsed)
+        if self.mode == "auto" and best is not None and best <= self._inline_max_ns // 2:
+            self.inline = True
+            self.mean_ns = best
+        return best
 
     def run(
         self,
@@ -63,12 +90,12 @@ class InstanceWorker:
         """
         self.busy = True
         if self.inline:
-            t0 = time.perf_counter_ns()
+            t0 = time.thread_time_ns()
             try:
                 result: BatchResult | BaseException = self.instance.execute(inputs, outputs)
             except BaseException as exc:  # every path resolves the batch
                 result = exc
-            self._observe(time.perf_counter_ns() - t0)
+            self._observe(time.thread_time_ns() - t0)
             self.busy = False
             done(self, result)
             return
@@ -90,12 +117,12 @@ class InstanceWorker:
             if job is None:
                 return
             inputs, outputs, done, loop = job
-            t0 = time.perf_counter_ns()
+            t0 = time.thread_time_ns()
             try:
                 result: BatchResult | BaseException = self.instance.execute(inputs, outputs)
             except BaseException as exc:
                 result = exc
-            elapsed = time.perf_counter_ns() - t0
+            elapsed = time.thread_time_ns() - t0
             try:
                 loop.call_soon_threadsafe(self._finish, done, result, elapsed)
             except RuntimeError:  # the loop closed under us: nobody is waiting
@@ -109,22 +136,26 @@ class InstanceWorker:
     def _observe(self, elapsed_ns: int) -> None:
         if self.mode != "auto":
             return
+        # An exponentially weighted mean rides out the odd preempted run on a
+        # busy machine; one run far past the limit still moves at once.
+        ewma = self.mean_ns = elapsed_ns if self.mean_ns is None else (self.mean_ns * 7 + elapsed_ns) >> 3
+        limit = self._inline_max_ns
         if self.inline:
-            if elapsed_ns > self._inline_max_ns:
+            if ewma > limit or elapsed_ns > SLOW_FACTOR * limit:
                 self.inline = False
                 self._fast_runs = 0
                 self._flips += 1
-                log.info("instance %s: an execution took %d us; moving it off the event loop",
-                         self.name, elapsed_ns // 1000)
+                log.info("instance %s: executions take %d us (last %d us); moving it off the event loop",
+                         self.name, ewma // 1000, elapsed_ns // 1000)
             return
         if self._flips >= MAX_FLIPS:
             return
-        if elapsed_ns <= self._inline_max_ns:
+        if elapsed_ns <= limit:
             self._fast_runs += 1
-            if self._fast_runs >= PROBE_EXECUTIONS:
+            if self._fast_runs >= PROBE_EXECUTIONS and ewma <= limit // 2:
                 self.inline = True
-                log.info("instance %s: executions take under %d us; running it on the event loop",
-                         self.name, self._inline_max_ns // 1000)
+                log.info("instance %s: executions take %d us; running it on the event loop",
+                         self.name, ewma // 1000)
         else:
             self._fast_runs = 0
 
