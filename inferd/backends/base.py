@@ -16,8 +16,10 @@ from typing import Sequence
 
 import numpy as np
 
+from inferd._proto import model_config_pb2 as mc
 from inferd.config import ModelSignature, ModelSpec
 from inferd.errors import InferdError, ModelExecutionError
+from inferd.types import InferenceRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,19 @@ class InstanceSpec:
     threads: int  # intra-op threads this instance may use (cores / instances)
 
 
+class RequestInputs(dict):
+    """One request's inputs, as ``execute`` sees them, and the request itself.
+
+    Given instead of a plain dict to instances whose ``wants_requests`` is true.
+    """
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: InferenceRequest) -> None:
+        super().__init__(request.inputs)
+        self.request = request
+
+
 class ModelInstance(abc.ABC):
     """One loaded copy of a model on one device.
 
@@ -67,6 +82,13 @@ class ModelInstance(abc.ABC):
     worker thread (or on the event loop for models known to be fast). It is
     never called concurrently on the same instance.
     """
+
+    # The Python backend reads each request's id, parameters and requested
+    # outputs: for such instances the scheduler passes RequestInputs.
+    wants_requests: bool = False
+    # Instances running user code that may block (or call other models) must
+    # never execute inline on the event loop, whatever ``inferd.execution`` says.
+    thread_only: bool = False
 
     def __init__(self, spec: ModelSpec, instance: InstanceSpec) -> None:
         self.model = spec
@@ -132,6 +154,10 @@ class Backend(abc.ABC):
 
     def gpu_available(self) -> bool:
         return False
+
+    def complete_config(self, config: mc.ModelConfig, model_file: Path) -> None:
+        """Complete or check ``config`` in place before validation (the Python
+        backend runs a model's ``auto_complete_config`` here). Blocking."""
 
     @abc.abstractmethod
     def create_instance(self, spec: ModelSpec, instance: InstanceSpec) -> ModelInstance:
