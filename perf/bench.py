@@ -1,0 +1,325 @@
+"""The benchmark suite behind ``make bench``; rewrites perf/RESULTS.md.
+
+    python -m perf.bench [--scenario NAME ...] [--quick]
+
+Each scenario starts what it needs (inferd on a generated repository, the
+bare echo servicer), drives it with Triton's perf_analyzer over gRPC and
+measures the raw runtime ceiling (the same ONNX file called directly in a
+loop) in the same run, so the figures that matter are ratios taken under the
+same machine load. Results of each scenario are kept in perf/results/*.json,
+and RESULTS.md is rendered from all of them, so one scenario can be rerun
+alone. The load client and the server share the machine's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+PERF = ROOT / "perf"
+RESULTS_DIR = PERF / "results"
+OUT = PERF / "out"
+PERF_ANALYZER = ROOT.parent / "shared" / "tools" / "perf_analyzer"
+
+
+# -- processes ---------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    def __init__(self, args: list[str], ready: str, name: str, timeout: float = 300) -> None:
+        self.log = OUT / f"{name}.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.log, "w")
+        self.proc = subprocess.Popen(args, stdout=self._fh, stderr=subprocess.STDOUT, cwd=ROOT)
+        deadline = time.monotonic() + timeout
+        while ready not in self.log.read_text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{name} did not start:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._fh.close()
+
+
+def start_inferd(repo: Path) -> tuple[Proc, str]:
+    port = free_port()
+    proc = Proc([sys.executable, "-m", "inferd.cli", "serve", "--model-repository", str(repo),
+                 "--grpc-address", "127.0.0.1", "--grpc-port", str(port), "--http-port", "0",
+                 "--metrics-port", "0"], "inferd: ready", "inferd")
+    return proc, f"127.0.0.1:{port}"
+
+
+def start_echo() -> tuple[Proc, str]:
+    port = free_port()
+    proc = Proc([sys.executable, "-m", "perf.echo_server", "--port", str(port)], "echo server on", "echo")
+    return proc, f"127.0.0.1:{port}"
+
+
+# -- measurements ------------------------------------------------------------
+
+
+@dataclass
+class Measure:
+    label: str
+    concurrency: int
+    batch: int
+    infer_per_s: float
+    p50_us: float
+    p99_us: float
+    rows_per_s: float = 0.0
+    note: str = ""
+
+
+def perf_analyzer_available() -> bool:
+    if not PERF_ANALYZER.exists():
+        return False
+    try:
+        r = subprocess.run([str(PERF_ANALYZER), "--version"], capture_output=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+def run_pa(label: str, model: str, url: str, concurrency: int, *, shape: str | None = None,
+           batch: int = 1, window_ms: int = 2000, extra: list[str] | None = None) -> Measure:
+    """One perf_analyzer run at one concurrency; medians of its stable windows."""
+    with tempfile.TemporaryDirectory() as tmp:
+        csv_path = Path(tmp) / "pa.csv"
+        args = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", "grpc",
+                "--concurrency-range", str(concurrency), "-b", str(batch), "-p", str(window_ms),
+                "--max-trials", "8", "-s", "15", "-f", str(csv_path)]
+        if shape:
+            args += ["--shape", shape]
+        args += extra or []
+        note = ""
+        for attempt in range(2):
+            r = subprocess.run(args, capture_output=True, text=True, timeout=600)
+            if r.returncode == 0 and csv_path.exists():
+                break
+            note = "unstable: " + (r.stdout + r.stderr).strip().splitlines()[-1][:120] if (r.stdout + r.stderr).strip() else "failed"
+            args[args.index("-s") + 1] = "30"
+        else:
+            return Measure(label, concurrency, batch, 0.0, 0.0, 0.0, note=note)
+        with open(csv_path) as fh:
+            row = next(csv.DictReader(fh))
+    ips = float(row["Inferences/Second"])
+    return Measure(label, concurrency, batch, ips, float(row["p50 latency"]), float(row["p99 latency"]),
+                   rows_per_s=ips * batch if batch > 1 else ips, note="")
+
+
+def raw_ceiling(model_file: Path, feeds: dict[str, np.ndarray], seconds: float = 3.0, threads: int | None = None) -> float:
+    """Executions per second of the ONNX session called directly in a loop."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or (os.cpu_count() or 1)
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(model_file), sess_options=options, providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        session.run(None, feeds)
+    runs, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        session.run(None, feeds)
+        runs += 1
+    return runs / (time.perf_counter() - t0)
+
+
+# -- repository ---------------------------------------------------------------
+
+
+def bench_repository(big: bool) -> Path:
+    from inferd.examples import build as b
+    from inferd.examples import onnx_models as om
+
+    repo = OUT / "repo"
+    specs = [s for s in b.MODELS if s.name in ("identity_fp32", "mlp", "mlp_nobatch")]
+    if big:
+        io = ([("INPUT0", "TYPE_FP32", [2048])], [("OUTPUT0", "TYPE_FP32", [2048])])
+        big_file = b.onnx_file(lambda: om.mlp(2048, 8192, 2048, seed=1))
+        specs += [
+            b.ModelSpec("mlp_big", b.triton_config("mlp_big", *io, max_batch_size=64, dynamic_batching=""),
+                        {"1/model.onnx": big_file}),
+            b.ModelSpec("mlp_big_nobatch", b.triton_config("mlp_big_nobatch", *io, max_batch_size=64),
+                        {"1/model.onnx": big_file}),
+        ]
+    b.build_repository(repo, models=specs, log=None)
+    return repo
+
+
+# -- scenarios ------------------------------------------------------------------
+
+
+def scenario_request_path(quick: bool) -> dict:
+    """Identity and small MLP: the request path, against a bare echo servicer."""
+    repo = bench_repository(big=False)
+    levels = [1, 16] if quick else [1, 4, 16, 64]
+    out: dict = {"measures": [], "ceilings": {}}
+    server, url = start_inferd(repo)
+    echo, echo_url = start_echo()
+    try:
+        for c in levels:
+            out["measures"].append(asdict(run_pa("echo servicer (identity)", "identity_fp32", echo_url, c, shape="INPUT0:16")))
+            out["measures"].append(asdict(run_pa("inferd identity_fp32", "identity_fp32", url, c, shape="INPUT0:16")))
+            out["measures"].append(asdict(run_pa("inferd mlp (batching)", "mlp", url, c)))
+            out["measures"].append(asdict(run_pa("inferd mlp_nobatch", "mlp_nobatch", url, c)))
+    finally:
+        server.stop()
+        echo.stop()
+    x16 = np.zeros((1, 16), np.float32)
+    x256 = np.zeros((1, 256), np.float32)
+    out["ceilings"]["identity_fp32 raw onnxruntime, batch 1"] = raw_ceiling(repo / "identity_fp32/1/model.onnx", {"INPUT0": x16})
+    out["ceilings"]["mlp raw onnxruntime, batch 1"] = raw_ceiling(repo / "mlp/1/model.onnx", {"INPUT0": x256})
+    return out
+
+
+def scenario_compute_bound(quick: bool) -> dict:
+    """FP32 MLP 2048 -> 8192 -> 2048: batching off vs on vs the raw batch-64 ceiling."""
+    repo = bench_repository(big=True)
+    levels = [1, 16, 128] if quick else [1, 16, 64, 128]
+    out: dict = {"measures": [], "ceilings": {}}
+    x1 = np.random.default_rng(0).standard_normal((1, 2048), dtype=np.float32)
+    x64 = np.random.default_rng(0).standard_normal((64, 2048), dtype=np.float32)
+    model = repo / "mlp_big/1/model.onnx"
+    out["ceilings"]["raw onnxruntime rows/s, batch 1"] = raw_ceiling(model, {"INPUT0": x1})
+    out["ceilings"]["raw onnxruntime rows/s, batch 64"] = 64 * raw_ceiling(model, {"INPUT0": x64})
+    server, url = start_inferd(repo)
+    try:
+        for c in levels:
+            out["measures"].append(asdict(run_pa("batching off (mlp_big_nobatch)", "mlp_big_nobatch", url, c, window_ms=4000)))
+            out["measures"].append(asdict(run_pa("batching on (mlp_big)", "mlp_big", url, c, window_ms=4000)))
+    finally:
+        server.stop()
+    return out
+
+
+SCENARIOS = {
+    "request_path": scenario_request_path,
+    "compute_bound": scenario_compute_bound,
+}
+
+
+# -- report --------------------------------------------------------------------
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}, {platform.system()} {platform.release()}"
+
+
+def render() -> str:
+    lines = ["# inferd benchmark results", "",
+             "Rendered by `make bench` (`python -m perf.bench`) from perf/results/*.json.",
+             "perf_analyzer (Triton's, gRPC) and the server share the machine's cores, so every figure",
+             "includes the client's own CPU use; the ratios, taken in one run, are what to compare.", ""]
+    for path in sorted(RESULTS_DIR.glob("*.json")):
+        data = json.loads(path.read_text())
+        lines += [f"## {data['scenario']}", "", data["doc"], "",
+                  f"- when: {data['when']}", f"- machine: {data['machine']}",
+                  f"- command: `{data['command']}`", ""]
+        for k, v in data["result"].get("ceilings", {}).items():
+            lines.append(f"- {k}: {v:,.0f}/s")
+        lines += ["", "| what | concurrency | batch | infer/s | p50 us | p99 us | note |",
+                  "|---|---:|---:|---:|---:|---:|---|"]
+        for m in data["result"]["measures"]:
+            lines.append(f"| {m['label']} | {m['concurrency']} | {m['batch']} | {m['infer_per_s']:,.0f} | "
+                         f"{m['p50_us']:,.0f} | {m['p99_us']:,.0f} | {m['note']} |")
+        for k, v in data["result"].get("ratios", {}).items():
+            lines.append(f"\n- **{k}**: {v}")
+        extra = data["result"].get("notes")
+        if extra:
+            lines += ["", extra]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def add_ratios(name: str, result: dict) -> None:
+    def find(label: str, c: int) -> dict | None:
+        for m in result["measures"]:
+            if m["label"] == label and m["concurrency"] == c:
+                return m
+        return None
+
+    ratios = {}
+    if name == "request_path":
+        for c in sorted({m["concurrency"] for m in result["measures"]}):
+            e, i = find("echo servicer (identity)", c), find("inferd identity_fp32", c)
+            if e and i and e["infer_per_s"]:
+                ratios[f"identity c={c}: inferd / echo throughput"] = (
+                    f"{i['infer_per_s'] / e['infer_per_s']:.2f}x (p50 {i['p50_us'] - e['p50_us']:+.0f} us vs echo)")
+    if name == "compute_bound":
+        ceiling = result["ceilings"]["raw onnxruntime rows/s, batch 64"]
+        for c in sorted({m["concurrency"] for m in result["measures"]}):
+            off, on = find("batching off (mlp_big_nobatch)", c), find("batching on (mlp_big)", c)
+            if off and on and off["infer_per_s"]:
+                ratios[f"c={c}: batching on / off"] = f"{on['infer_per_s'] / off['infer_per_s']:.2f}x"
+                ratios[f"c={c}: batching on / raw batch-64 ceiling"] = f"{on['infer_per_s'] / ceiling:.2f}x"
+    result["ratios"] = ratios
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m perf.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="default: all")
+    parser.add_argument("--quick", action="store_true", help="fewer load levels")
+    parser.add_argument("--render-only", action="store_true", help="rewrite RESULTS.md from perf/results")
+    args = parser.parse_args(argv)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    if not args.render_only:
+        if not perf_analyzer_available():
+            print("perf_analyzer cannot be installed or run here; nothing measured", file=sys.stderr)
+            return 1
+        for name in args.scenario or list(SCENARIOS):
+            fn = SCENARIOS[name]
+            print(f"== {name}", flush=True)
+            result = fn(args.quick)
+            add_ratios(name, result)
+            data = {"scenario": name, "doc": (fn.__doc__ or "").strip(), "result": result,
+                    "when": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                    "machine": machine(),
+                    "command": "python -m perf.bench --scenario " + name + (" --quick" if args.quick else "")}
+            (RESULTS_DIR / f"{name}.json").write_text(json.dumps(data, indent=1))
+            for k, v in result.get("ratios", {}).items():
+                print(f"  {k}: {v}")
+    (PERF / "RESULTS.md").write_text(render())
+    print(f"wrote {PERF / 'RESULTS.md'}")
+    shutil.rmtree(OUT / "tmp", ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
