@@ -55,8 +55,15 @@ BROKEN = {
     "missing_input": ["missing_input", "INPUT1", "does not list"],
     "bad_onnx": ["bad_onnx", "cannot load"],
     "bad_version_policy": ["bad_version_policy", "versions [7]"],
+    "no_dtype": ["no_dtype", "INPUT0", "data_type is missing"],
+    "empty_dims": ["empty_dims", "INPUT0", "dims is empty"],
+    "bad_reshape": ["bad_reshape", "INPUT0", "reshape.shape [3]", "[4]"],
+    "no_labels": ["no_labels", "OUTPUT0", "labels.txt"],
+    "bad_platform": ["bad_platform", "tensorflow_savedmodel", "not supported"],
+    "batching_unbatched": ["batching_unbatched", "dynamic_batching", "max_batch_size"],
+    "zero_latest": ["zero_latest", "num_versions", "0"],
 }
-GOOD = ["good", "auto_batch", "auto_nobatch", "v_latest", "v_all", "v_specific", "custom_file", "reshaped",
+GOOD = ["good", "auto_batch", "auto_nobatch", "auto_scalar", "v_latest", "v_all", "v_specific", "custom_file", "reshaped",
         "optional_b"]
 
 
@@ -90,9 +97,25 @@ def build(repo):
     add_model(repo, "bad_version_policy", _add_sub(),
               config("bad_version_policy", INT16, OUT16, 8, extra="version_policy { specific { versions: [7] } }\n"))
 
+    add_model(repo, "no_dtype", _add_sub(), config("no_dtype", INT16, OUT16, 8).replace(
+        'name: "INPUT0" data_type: TYPE_INT32', 'name: "INPUT0"'))
+    add_model(repo, "empty_dims", _add_sub(), config("empty_dims", [("INPUT0", "TYPE_INT32", [])] + INT16[1:], OUT16, 8))
+    add_model(repo, "bad_reshape", om.identity(np.float32, [2, 2], batch=True), config(
+        "bad_reshape", [("INPUT0", "TYPE_FP32", [4])], [("OUTPUT0", "TYPE_FP32", [2, 2])], 4,
+        input_extra={"INPUT0": "reshape: { shape: [ 3 ] }"}))
+    add_model(repo, "no_labels", om.identity(np.float32, [4], batch=True), config(
+        "no_labels", [("INPUT0", "TYPE_FP32", [4])], [("OUTPUT0", "TYPE_FP32", [4])], 4,
+        output_extra={"OUTPUT0": 'label_filename: "labels.txt"'}))
+    add_model(repo, "bad_platform", _add_sub(), config("bad_platform", INT16, OUT16, 8, platform="tensorflow_savedmodel"))
+    add_model(repo, "batching_unbatched", _add_sub(batch=False),
+              config("batching_unbatched", INT16, OUT16, 0, extra="dynamic_batching { }\n"))
+    add_model(repo, "zero_latest", _add_sub(),
+              config("zero_latest", INT16, OUT16, 8, extra="version_policy { latest { num_versions: 0 } }\n"))
+
     # auto-complete: no config.pbtxt at all
     add_model(repo, "auto_batch", _add_sub(), None)
     add_model(repo, "auto_nobatch", _add_sub(batch=False), None)
+    add_model(repo, "auto_scalar", om.identity(np.float32, [], batch=True), None)  # one value per batch row
 
     # version policies over versions 1..3 of "OUTPUT0 = INPUT0 * version"
     for name, policy in (("v_latest", "latest { num_versions: 2 }"), ("v_all", "all { }"),
@@ -242,6 +265,21 @@ def test_autocomplete_fixed_shape_model(client):
         i.set_data_from_numpy(x)
         inputs.append(i)
     np.testing.assert_array_equal(client.infer("auto_nobatch", inputs).as_numpy("OUTPUT1"), 0 * x)
+
+
+def test_autocomplete_scalar_per_row(client):
+    """A model whose tensors are [batch]: Triton presents each as dims [1] reshaped to []."""
+    cfg = client.get_model_config("auto_scalar").config
+    assert cfg.max_batch_size == 4
+    for t in list(cfg.input) + list(cfg.output):
+        assert list(t.dims) == [1] and t.HasField("reshape") and list(t.reshape.shape) == []
+    assert [list(t.shape) for t in client.get_model_metadata("auto_scalar").inputs] == [[-1, 1]]
+    x = np.array([[1.5], [2.5], [-3.0]], dtype=np.float32)
+    i = grpcclient.InferInput("INPUT0", [3, 1], "FP32")
+    i.set_data_from_numpy(x)
+    result = client.infer("auto_scalar", [i])
+    assert list(result.get_output("OUTPUT0").shape) == [3, 1]
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
 
 
 # -- version_policy, default_model_filename ----------------------------------------------

@@ -187,6 +187,14 @@ def test_empty_variable_dimension(client):
     assert result.as_numpy("OUTPUT0").shape == (2, 0)
 
 
+def test_large_tensor_beyond_grpc_default_limit(client):
+    """24 MiB each way: more than gRPC's 4 MiB default message size."""
+    x = np.random.default_rng(0).standard_normal((2, 3 * 2**20)).astype(np.float32)
+    i = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
+    i.set_data_from_numpy(x)
+    np.testing.assert_array_equal(client.infer("identity_fp32", [i]).as_numpy("OUTPUT0"), x)
+
+
 def test_non_utf8_bytes_refused_clearly(client):
     """onnxruntime string tensors hold UTF-8 text; other bytes get a clear client error."""
     x = np.array([[b"ok", b"\xff\xfe"]], dtype=np.object_)

@@ -3,6 +3,8 @@ against a real ``inferd serve`` over a repository built in tmp_path."""
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import numpy as np
 import pytest
@@ -225,9 +227,56 @@ def test_classification_without_labels_and_full_output(client):
     a, b = _ab(1)
     outputs = [grpcclient.InferRequestedOutput("OUTPUT0", class_count=1), grpcclient.InferRequestedOutput("OUTPUT1")]
     result = client.infer("simple", _inputs(a, b), outputs=outputs)
-    # a + b = [3..18]: the largest is index 15, no label file -> "value:index".
-    assert result.as_numpy("OUTPUT0").tolist() == [[b"18.000000:15"]]
+    # a + b = [3..18]: the largest is index 15, no label file -> "value:index";
+    # an INT32 value prints as an integer (Triton's std::to_string).
+    assert result.as_numpy("OUTPUT0").tolist() == [[b"18:15"]]
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_classification_non_batching_model(client):
+    a, b = _ab(None)
+    b[5] = 100
+    result = client.infer("add_sub", _inputs(a, b), outputs=[grpcclient.InferRequestedOutput("OUTPUT0", class_count=3)])
+    # No batch dimension: one list of class_count entries over the whole output.
+    assert list(result.get_output("OUTPUT0").shape) == [3]
+    assert result.as_numpy("OUTPUT0").tolist() == [b"105:5", b"18:15", b"17:14"]
+
+
+def test_classification_count_larger_than_classes(client):
+    x = np.array([[0.5, 0.25, 1.0, 0.0]], dtype=np.float32)
+    i = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    i.set_data_from_numpy(x)
+    result = client.infer("classifier", [i], outputs=[grpcclient.InferRequestedOutput("OUTPUT0", class_count=10)])
+    assert result.as_numpy("OUTPUT0").tolist() == [
+        [b"1.000000:2:bird", b"0.500000:0:cat", b"0.250000:1:dog", b"0.000000:3:fish"]]
+
+
+async def test_concurrent_requests_each_get_their_own_rows(server):
+    """Dynamic batching joins concurrent requests into one execution and splits the
+    results back: every request must get exactly its own rows."""
+    import asyncio
+
+    client = aioclient.InferenceServerClient(server.url)
+    try:
+        sizes = [1, 2, 3, 1, 4, 2, 1, 3, 2, 1, 1, 5]
+
+        async def one(k: int, rows: int):
+            a = np.full((rows, 16), k, dtype=np.int32) + np.arange(rows, dtype=np.int32)[:, None] * 1000
+            b = np.full((rows, 16), k, dtype=np.int32)
+            result = await client.infer("simple", _inputs(a, b), request_id=f"r{k}")
+            return k, a, b, result
+
+        before = (await client.get_inference_statistics("simple")).model_stats[0]
+        for k, a, b, result in await asyncio.gather(*(one(k, rows) for k, rows in enumerate(sizes))):
+            assert result.get_response().id == f"r{k}"
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+        after = (await client.get_inference_statistics("simple")).model_stats[0]
+        assert after.inference_count - before.inference_count == sum(sizes)
+        assert after.inference_stats.success.count - before.inference_stats.success.count == len(sizes)
+        assert 1 <= after.execution_count - before.execution_count <= len(sizes)
+    finally:
+        await client.close()
 
 
 # -- statistics -----------------------------------------------------------------------
@@ -242,9 +291,11 @@ def _stats(client, name):
 def test_model_statistics(client):
     before = _stats(client, "stats_model")
     sent = [1, 4, 4, 2]
+    started_ms = time.time_ns() // 1_000_000
     for rows in sent:
         a, b = _ab(rows)
         client.infer("stats_model", _inputs(a, b))
+    finished_ms = time.time_ns() // 1_000_000
     after = _stats(client, "stats_model")
     assert after.name == "stats_model" and after.version == "1"
     assert after.inference_count - before.inference_count == sum(sent)
@@ -256,7 +307,8 @@ def test_model_statistics(client):
         d1, d0 = getattr(s1, field), getattr(s0, field)
         assert d1.count - d0.count == len(sent), field
         assert d1.ns > d0.ns, field
-    assert after.last_inference > 0
+    # last_inference is wall-clock milliseconds of the last request (1 s slack for clock steps).
+    assert started_ms - 1000 <= after.last_inference <= finished_ms + 1000
     batches = {b.batch_size: b for b in after.batch_stats}
     old = {b.batch_size: b.compute_infer.count for b in before.batch_stats}
     assert {k: batches[k].compute_infer.count - old.get(k, 0) for k in batches} == {1: 1, 2: 1, 4: 2}

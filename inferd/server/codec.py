@@ -13,7 +13,7 @@ import numpy as np
 
 from inferd._proto import grpc_service_pb2 as pb
 from inferd.dtypes import BY_NAME, DataType
-from inferd.errors import InvalidArgument
+from inferd.errors import InvalidArgument, Unimplemented
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
 
 _TYPED_FIELD = {
@@ -131,8 +131,26 @@ def array_from_contents(t: pb.ModelInferRequest.InferInputTensor, dtype: DataTyp
         ) from None
 
 
+_SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+def _refuse_shared_memory(model: str, kind: str, name: str, params) -> None:  # type: ignore[no-untyped-def]
+    # Shared memory is a later feature: data left in a region must not be
+    # silently taken as empty contents (or results silently sent inline).
+    for key in _SHM_KEYS:
+        if key in params:
+            raise Unimplemented(
+                f"{kind} '{name}' for model '{model}': parameter '{key}': shared memory is not supported "
+                "by this inferd version; send the tensor data in the request"
+            )
+
+
 def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
     model = msg.model_name
+    for t in msg.inputs:
+        _refuse_shared_memory(model, "input", t.name, t.parameters)
+    for o in msg.outputs:
+        _refuse_shared_memory(model, "output", o.name, o.parameters)
     raw = msg.raw_input_contents
     if raw and len(raw) != len(msg.inputs):
         raise InvalidArgument(

@@ -130,10 +130,12 @@ def classify(model: str, t: TensorSpec, array: np.ndarray, k: int, batching: boo
     k = min(k, rows.shape[1])
     out = np.empty((rows.shape[0], k), dtype=np.object_)
     labels = t.labels
+    # As Triton's std::to_string: integers print as integers, floats with "%f".
+    integral = rows.dtype.kind in "iub"
     for r, row in enumerate(rows):
         order = np.argsort(-row.astype(np.float64), kind="stable")[:k]
         for j, idx in enumerate(order):
-            text = f"{float(row[idx]):f}:{int(idx)}"
+            text = f"{int(row[idx]) if integral else format(float(row[idx]), 'f')}:{int(idx)}"
             if idx < len(labels):
                 text += f":{labels[idx]}"
             out[r, j] = text.encode()
