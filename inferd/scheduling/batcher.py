@@ -138,8 +138,14 @@ class BatchScheduler(Scheduler):
                 timeout_us=request.timeout_us,
                 deadline=request.deadline,
             )
-            parts.append(self._infer_one(sub, stop - start))
-        results = await asyncio.gather(*parts)
+            parts.append(asyncio.ensure_future(self._infer_one(sub, stop - start)))
+        try:
+            results = await asyncio.gather(*parts)
+        except BaseException:
+            # One part failed (or the client left): the others must not run for nobody.
+            for part in parts:
+                part.cancel()
+            raise
         return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
 
     async def stop(self) -> None:
@@ -239,10 +245,13 @@ def _resolve(model: str, batch: _Batch) -> None:
                 future.set_exception(error)
         return
     assert result is not None
-    for item, out in zip(batch.items, result.outputs):
+    outputs = result.outputs
+    for i, item in enumerate(batch.items):
         future = item.payload.future
         if future.done():
             continue
+        out = outputs[i] if i < len(outputs) else ModelExecutionError(
+            f"model '{model}' returned {len(outputs)} responses for a batch of {len(batch.items)} requests")
         if isinstance(out, BaseException):
             future.set_exception(out)
         else:

@@ -151,9 +151,22 @@ class BatchQueue:
         self._compact()
         if can_dispatch and self._size:
             self._decide(now, out)
-        if self._timers:
-            out.wake_at = self._timers[0][0] if out.wake_at is None else min(out.wake_at, self._timers[0][0])
+        timers = self._prune_timers()
+        if timers:
+            out.wake_at = timers[0][0] if out.wake_at is None else min(out.wake_at, timers[0][0])
         return out
+
+    def _prune_timers(self) -> list[tuple[float, int, int, Pending]]:
+        """Drop the timers of requests that already left (dispatched, cancelled),
+        so they never wake the driver: from the top, and by a rebuild when they
+        are most of the heap (long client deadlines under load pile them up)."""
+        timers = self._timers
+        while timers and timers[0][3].state == DONE:
+            heapq.heappop(timers)
+        if len(timers) > 64 and len(timers) > 4 * self._size:
+            self._timers = timers = [t for t in timers if t[3].state != DONE]
+            heapq.heapify(timers)
+        return timers
 
     def _expire(self, now: float, out: Step) -> None:
         timers = self._timers
@@ -172,9 +185,10 @@ class BatchQueue:
                     level.delayed.append(item)  # its main-deque slot is skipped from now on
                 else:
                     self._remove(item)
+                    limit_us = round((item.timeout_at - item.arrival) * 1e6)
                     out.expired.append((item, Unavailable(
-                        f"model '{self.model}': request timed out in the queue after "
-                        f"{round((now - item.arrival) * 1e6)} us (queue policy timeout, priority level {item.level})")))
+                        f"model '{self.model}': request timed out in the queue: its queue timeout is "
+                        f"{limit_us} us (timeout_action REJECT, priority level {item.level})")))
 
     def _compact(self) -> None:
         for level in self._levels:
@@ -226,6 +240,7 @@ class BatchQueue:
         rows = 0
         best_prefix = 0  # batch[:best_prefix] fills a preferred size exactly
         skipped = 0
+        blocked = False  # the next request in order does not fit: waiting cannot grow the batch
         head: Pending | None = None
         for item in self._ordered(now):
             if head is None:
@@ -239,7 +254,10 @@ class BatchQueue:
                 continue
             if item.shape_key != head.shape_key or rows + item.rows > max_rows:
                 if item.shape_key == head.shape_key:
-                    break  # would overflow: later requests wait for the next batch, in order
+                    # Would overflow: later requests wait for the next batch, in
+                    # order, so this batch cannot grow any more: run it now.
+                    blocked = True
+                    break
                 skipped += 1
                 if skipped > self.SCAN_FACTOR * max_rows:
                     break
@@ -256,6 +274,8 @@ class BatchQueue:
             chosen = batch  # full, or waited long enough (at once when there is no delay)
         elif best_prefix:
             chosen = batch[:best_prefix]  # a preferred size is reached: run it rather than wait
+        elif blocked:
+            chosen = batch  # it cannot grow: waiting for the delay would only add latency
         else:
             out.wake_at = head.arrival + self._delay_s
             return

@@ -1,0 +1,581 @@
+"""BatchScheduler (the asyncio driver) and InstanceWorker, with fake instances.
+
+Time only moves through a FakeClock. Instances that must be "busy" block their
+worker thread on a semaphore the test releases; the test waits for a worker
+through its futures or a threading primitive, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from typing import Sequence
+
+import numpy as np
+import pytest
+
+from inferd.backends.base import BatchResult, ExecutionTimes, ModelInstance
+from inferd.clock import FakeClock
+from inferd.errors import DeadlineExceeded, InvalidArgument, ModelExecutionError, Unavailable
+from inferd.observability.stats import ModelStats
+from inferd.scheduling import instances as instances_module
+from inferd.scheduling.batcher import BatchScheduler
+from inferd.scheduling.instances import MAX_FLIPS, PROBE_EXECUTIONS, InstanceWorker
+from inferd.scheduling.policy import REJECT, BatchingPolicy, QueuePolicy
+from inferd.types import InferenceRequest
+
+WAIT = 10.0  # real seconds: only a guard against a hung test, never a pacing sleep
+
+
+# -- fakes ---------------------------------------------------------------------------
+
+
+class Recording(ModelInstance):
+    """Doubles INPUT0; records each execution's per-request first values and thread."""
+
+    def __init__(self, name: str = "fake") -> None:  # no ModelSpec needed
+        self.name = name
+        self.batches: list[list[float]] = []
+        self.threads: list[int] = []
+        self.fail: BaseException | None = None
+        self.closed = False
+
+    def execute(self, inputs: Sequence[dict[str, np.ndarray]], output_names: Sequence[str]) -> BatchResult:
+        self.batches.append([float(x["INPUT0"].flat[0]) for x in inputs])
+        self.threads.append(threading.get_ident())
+        if self.fail is not None:
+            raise self.fail
+        return BatchResult([{"OUTPUT0": x["INPUT0"] * 2} for x in inputs], ExecutionTimes(10, 20, 30))
+
+    def rows(self) -> list[int]:
+        return [len(b) for b in self.batches]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Blocking(Recording):
+    """Blocks every execution until the test calls ``release()``; ``started`` gets each batch."""
+
+    def __init__(self, name: str = "blocking") -> None:
+        super().__init__(name)
+        self.gate = threading.Semaphore(0)
+        self.started: queue.Queue[list[float]] = queue.Queue()
+
+    def execute(self, inputs, output_names):  # type: ignore[no-untyped-def]
+        values = [float(x["INPUT0"].flat[0]) for x in inputs]
+        self.started.put(values)
+        if not self.gate.acquire(timeout=WAIT):
+            raise RuntimeError("test never released the instance")
+        return super().execute(inputs, output_names)
+
+    def release(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.gate.release()
+
+    async def wait_started(self) -> list[float]:
+        return await asyncio.to_thread(self.started.get, True, WAIT)
+
+
+# -- helpers -------------------------------------------------------------------------
+
+
+def policy(**kw) -> BatchingPolicy:
+    kw.setdefault("max_batch_size", 8)
+    kw.setdefault("batching", True)
+    return BatchingPolicy(**kw)
+
+
+def make(policy_: BatchingPolicy, *instances: ModelInstance, mode: str = "inline",
+         clock: FakeClock | None = None) -> tuple[BatchScheduler, ModelStats, FakeClock]:
+    clock = clock or FakeClock()
+    stats = ModelStats("m", 1)
+    workers = [InstanceWorker(i, mode) for i in instances]
+    return BatchScheduler("m", policy_, workers, ["OUTPUT0"], stats, clock), stats, clock
+
+
+def request(value: float = 0.0, rows: int = 1, **kw) -> InferenceRequest:
+    data = (np.arange(rows, dtype=np.float32) + value).reshape(rows, 1).repeat(4, axis=1)
+    return InferenceRequest("m", {"INPUT0": data}, **kw)
+
+
+def submit(sched: BatchScheduler, value: float = 0.0, rows: int = 1, **kw) -> asyncio.Task:
+    return asyncio.ensure_future(sched.infer(request(value, rows, **kw), rows))
+
+
+async def settle(rounds: int = 10) -> None:
+    """Let the loop run what is ready (task steps, the pump) without time passing."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+async def result(task: asyncio.Future):
+    return await asyncio.wait_for(task, WAIT)
+
+
+class DoneCounter:
+    """Counts batches the scheduler has finished (its ``_done`` ran on the loop)."""
+
+    def __init__(self, sched: BatchScheduler) -> None:
+        self.count = 0
+        self._changed = asyncio.Event()
+        original = sched._done
+
+        def done(worker, batch, res):  # type: ignore[no-untyped-def]
+            original(worker, batch, res)
+            self.count += 1
+            self._changed.set()
+
+        sched._done = done  # type: ignore[method-assign]
+
+    async def wait(self, n: int) -> None:
+        async def until() -> None:
+            while self.count < n:
+                self._changed.clear()
+                await self._changed.wait()
+        await asyncio.wait_for(until(), WAIT)
+
+
+# -- batching --------------------------------------------------------------------------
+
+
+async def test_concurrent_requests_are_batched():
+    inst = Recording()
+    sched, stats, _ = make(policy(max_batch_size=8), inst)
+    tasks = [submit(sched, float(i)) for i in range(10)]
+    outs = await asyncio.gather(*tasks)
+    assert inst.rows() == [8, 2]
+    assert inst.batches[0] == [float(i) for i in range(8)]  # arrival order inside the batch
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2.0 * i, np.float32))
+    await sched.stop()
+
+
+async def test_requests_queued_behind_a_busy_instance_run_as_one_batch():
+    inst = Blocking()
+    sched, stats, _ = make(policy(max_batch_size=8), inst, mode="thread")
+    first = submit(sched, 100.0)
+    assert await inst.wait_started() == [100.0]
+    rest = [submit(sched, float(i)) for i in range(3)]
+    await settle()
+    assert sched.queue_depth() == 3
+    inst.release(2)
+    await result(first)
+    await asyncio.gather(*map(result, rest))
+    assert inst.batches == [[100.0], [0.0, 1.0, 2.0]]
+    await sched.stop()
+
+
+async def test_max_queue_delay_waits_on_the_fake_clock():
+    inst = Recording()
+    sched, _, clock = make(policy(max_queue_delay_us=100_000), inst)
+    a = submit(sched, 1.0)
+    await settle()
+    b = submit(sched, 2.0)
+    await settle()
+    assert inst.batches == [] and clock.pending_timers() == 1
+    clock.advance(0.099)
+    await settle()
+    assert inst.batches == [] and not a.done()
+    clock.advance(0.001)
+    await settle()
+    assert inst.batches == [[1.0, 2.0]] and a.done() and b.done()
+    await sched.stop()
+
+
+# -- timeouts, deadlines, full queues --------------------------------------------------
+
+
+async def test_queue_timeout_fires_while_the_only_instance_is_busy():
+    inst = Blocking()
+    qp = QueuePolicy(timeout_action=REJECT, default_timeout_us=50_000)
+    sched, stats, clock = make(policy(default_queue_policy=qp), inst, mode="thread")
+    running = submit(sched, 1.0)
+    assert await inst.wait_started() == [1.0]
+    waiting = submit(sched, 2.0)
+    await settle()
+    assert sched.queue_depth() == 1
+    clock.advance(0.049)
+    await settle()
+    assert not waiting.done()
+    clock.advance(0.001)
+    await settle()
+    assert waiting.done() and not running.done()  # rejected while the instance is still busy
+    with pytest.raises(Unavailable, match="timed out in the queue.*50000 us"):
+        waiting.result()
+    inst.release()
+    await result(running)
+    assert inst.batches == [[1.0]]  # the rejected request never reached the instance
+    assert sched.inflight() == 0 and stats.pending == 0
+    await sched.stop()
+
+
+async def test_client_deadline_passes_while_the_instance_is_busy():
+    inst = Blocking()
+    sched, _, clock = make(policy(), inst, mode="thread")
+    running = submit(sched, 1.0)
+    await inst.wait_started()
+    late = submit(sched, 2.0, deadline=clock.now() + 0.2)
+    await settle()
+    clock.advance(0.2)
+    await settle()
+    with pytest.raises(DeadlineExceeded):
+        late.result()
+    inst.release()
+    await result(running)
+    assert inst.batches == [[1.0]]
+    await sched.stop()
+
+
+async def test_a_full_queue_rejects_at_once():
+    inst = Blocking()
+    qp = QueuePolicy(max_queue_size=1)
+    sched, _, _ = make(policy(default_queue_policy=qp), inst, mode="thread")
+    running = submit(sched, 1.0)
+    await inst.wait_started()
+    queued = submit(sched, 2.0)
+    await settle()
+    with pytest.raises(Unavailable, match=r"maximum queue size \(1 requests"):
+        await sched.infer(request(3.0), 1)  # raises without waiting for anything
+    assert sched.inflight() == 2
+    inst.release(2)
+    await result(running)
+    await result(queued)
+    assert inst.batches == [[1.0], [2.0]]
+    await sched.stop()
+
+
+# -- cancellation --------------------------------------------------------------------
+
+
+async def test_cancelling_the_awaiting_task_drops_the_queued_request():
+    inst = Blocking()
+    sched, stats, _ = make(policy(), inst, mode="thread")
+    running = submit(sched, 1.0)
+    await inst.wait_started()
+    doomed = submit(sched, 2.0)
+    await settle()
+    assert sched.queue_depth() == 1
+    doomed.cancel()
+    await settle()
+    assert doomed.cancelled() and sched.queue_depth() == 0 and sched.inflight() == 1
+    inst.release(2)
+    await result(running)
+    later = await result(submit(sched, 3.0))
+    np.testing.assert_array_equal(later["OUTPUT0"], np.full((1, 4), 6.0, np.float32))
+    assert inst.batches == [[1.0], [3.0]]  # 2.0 never reached the instance
+    assert stats.pending == 0
+    await sched.stop()
+
+
+async def test_cancelling_during_the_queue_delay():
+    inst = Recording()
+    sched, _, clock = make(policy(max_queue_delay_us=100_000), inst)
+    a, b = submit(sched, 1.0), submit(sched, 2.0)
+    await settle()
+    a.cancel()
+    await settle()
+    clock.advance(0.1)
+    await settle()
+    assert inst.batches == [[2.0]] and b.done()
+    await sched.stop()
+
+
+# -- instances -------------------------------------------------------------------------
+
+
+async def test_preserve_ordering_answers_in_dispatch_order():
+    first_inst, second_inst = Blocking("i0"), Blocking("i1")
+    sched, _, _ = make(policy(max_batch_size=1, preserve_ordering=True), first_inst, second_inst, mode="thread")
+    done = DoneCounter(sched)
+    order: list[str] = []
+    first, second = submit(sched, 1.0), submit(sched, 2.0)
+    first.add_done_callback(lambda _: order.append("first"))
+    second.add_done_callback(lambda _: order.append("second"))
+    assert await first_inst.wait_started() == [1.0]
+    assert await second_inst.wait_started() == [2.0]
+    second_inst.release()
+    await done.wait(1)  # the second batch finished executing...
+    await settle()
+    assert not second.done()  # ...but is held until the first one is answered
+    first_inst.release()
+    await result(first)
+    await result(second)
+    assert order == ["first", "second"]
+    await sched.stop()
+
+
+async def test_without_preserve_ordering_a_later_batch_may_answer_first():
+    first_inst, second_inst = Blocking("i0"), Blocking("i1")
+    sched, _, _ = make(policy(max_batch_size=1), first_inst, second_inst, mode="thread")
+    first, second = submit(sched, 1.0), submit(sched, 2.0)
+    await first_inst.wait_started()
+    await second_inst.wait_started()
+    second_inst.release()
+    await result(second)
+    assert not first.done()
+    first_inst.release()
+    await result(first)
+    await sched.stop()
+
+
+async def test_multiple_instances_run_batches_concurrently():
+    insts = [Blocking(f"i{i}") for i in range(3)]
+    sched, stats, _ = make(policy(max_batch_size=2), *insts, mode="thread")
+    tasks = [submit(sched, float(i)) for i in range(6)]
+    # Three batches of two are executing at the same time: every instance has started
+    # and none has been released.
+    started = sorted([await inst.wait_started() for inst in insts])
+    assert started == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    assert sched.queue_depth() == 0 and not any(t.done() for t in tasks)
+    for inst in insts:
+        inst.release()
+    await asyncio.gather(*map(result, tasks))
+    assert stats.execution_count == 3 and stats.inference_count == 6
+    await sched.stop()
+
+
+# -- errors ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["inline", "thread"])
+async def test_a_model_raising_fails_every_request_of_the_batch(mode):
+    inst = Recording()
+    inst.fail = RuntimeError("boom")
+    sched, stats, _ = make(policy(), inst, mode=mode)
+    tasks = [submit(sched, float(i)) for i in range(3)]
+    done, _ = await asyncio.wait(tasks, timeout=WAIT)
+    assert len(done) == 3 and inst.rows() == [3]
+    for t in tasks:
+        with pytest.raises(ModelExecutionError, match="model 'm' failed to execute: RuntimeError: boom"):
+            t.result()
+    inst.fail = None  # the instance is free again and serves the next request
+    await result(submit(sched, 5.0))
+    assert sched.inflight() == 0
+    await sched.stop()
+
+
+async def test_a_domain_error_from_the_model_reaches_the_client_as_is():
+    inst = Recording()
+    inst.fail = Unavailable("model 'm': the accelerator went away")
+    sched, _, _ = make(policy(), inst)
+    with pytest.raises(Unavailable, match="accelerator went away"):
+        await result(submit(sched))
+    await sched.stop()
+
+
+async def test_a_per_request_error_fails_only_that_request():
+    class OneBad(Recording):
+        def execute(self, inputs, output_names):  # type: ignore[no-untyped-def]
+            res = super().execute(inputs, output_names)
+            res.outputs[1] = InvalidArgument("request 1 is bad")
+            return res
+
+    inst = OneBad()
+    sched, _, _ = make(policy(), inst)
+    a, b, c = (submit(sched, float(i)) for i in range(3))
+    await asyncio.wait([a, b, c], timeout=WAIT)
+    assert a.result() and c.result()
+    with pytest.raises(InvalidArgument, match="request 1 is bad"):
+        b.result()
+    await sched.stop()
+
+
+async def test_a_result_missing_responses_fails_the_unanswered_requests():
+    class Short(Recording):
+        def execute(self, inputs, output_names):  # type: ignore[no-untyped-def]
+            res = super().execute(inputs, output_names)
+            return BatchResult(res.outputs[:1], res.times)
+
+    inst = Short()
+    sched, _, _ = make(policy(), inst)
+    a, b, c = (submit(sched, float(i)) for i in range(3))
+    await settle()
+    assert a.done() and b.done() and c.done()  # nobody is left waiting forever
+    assert a.result()
+    for t in (b, c):
+        with pytest.raises(ModelExecutionError, match="returned 1 responses for a batch of 3 requests"):
+            t.result()
+    await sched.stop()
+
+
+# -- splitting -------------------------------------------------------------------------
+
+
+async def test_split_large_requests_reassembles_in_order():
+    inst = Recording()
+    sched, stats, _ = make(policy(max_batch_size=4, split_large_requests=True), inst)
+    out = await result(submit(sched, 0.0, rows=10))
+    assert inst.batches == [[0.0], [4.0], [8.0]]  # three executions, one part each, in order...
+    assert stats.inference_count == 10 and sorted(stats.batch_stats) == [2, 4]  # ...of 4, 4 and 2 rows
+    expected = (np.arange(10, dtype=np.float32).reshape(10, 1).repeat(4, axis=1)) * 2
+    np.testing.assert_array_equal(out["OUTPUT0"], expected)
+    await sched.stop()
+
+
+async def test_too_large_request_without_splitting_is_refused():
+    sched, _, _ = make(policy(max_batch_size=4), Recording())
+    with pytest.raises(InvalidArgument, match="batch-size must be <= 4, got 10.*inferd.split_large_requests"):
+        await sched.infer(request(rows=10), 10)
+    await sched.stop()
+
+
+async def test_a_failing_part_of_a_split_request_cancels_the_other_parts():
+    inst = Blocking()
+    qp = QueuePolicy(max_queue_size=2)
+    sched, _, _ = make(policy(max_batch_size=2, split_large_requests=True, default_queue_policy=qp),
+                       inst, mode="thread")
+    running = submit(sched, 100.0)
+    await inst.wait_started()
+    split = submit(sched, 0.0, rows=6)  # three parts; the third does not fit in the queue
+    await settle()
+    with pytest.raises(Unavailable, match="maximum queue size"):
+        split.result()
+    assert sched.queue_depth() == 0  # the two admitted parts were dropped, not left to run
+    inst.release()
+    await result(running)
+    assert inst.batches == [[100.0]]
+    await sched.stop()
+
+
+# -- statistics ------------------------------------------------------------------------
+
+
+async def test_statistics_count_executions_inferences_batches_and_queue_time():
+    inst = Recording()
+    sched, stats, clock = make(policy(max_queue_delay_us=100_000), inst)
+    tasks = [submit(sched, float(i)) for i in range(3)]
+    await settle()
+    tasks.append(submit(sched, 9.0, rows=2))
+    await settle()
+    clock.advance(0.1)
+    await asyncio.gather(*map(result, tasks))
+    assert stats.execution_count == 1 and stats.inference_count == 5
+    assert stats.execution_count < stats.inference_count
+    assert list(stats.batch_stats) == [5]
+    bs = stats.batch_stats[5]
+    assert (bs.compute_input.count, bs.compute_infer.ns, bs.compute_output.ns) == (1, 20, 30)
+    # per request: each of the 4 requests is charged the batch's time
+    assert stats.compute_infer.count == 4 and stats.compute_infer.ns == 80
+    assert stats.queue.count == 4
+    assert stats.queue.ns == pytest.approx(4 * 100_000_000, abs=10)  # 100 ms each, on the fake clock
+    assert stats.pending == 0
+    await sched.stop()
+
+
+# -- InstanceWorker: where an execution runs ---------------------------------------------
+
+
+async def test_inline_runs_on_the_loop_thread_and_thread_elsewhere():
+    loop_thread = threading.get_ident()
+    inline, threaded = Recording("inline"), Recording("thread")
+    s1, _, _ = make(policy(), inline, mode="inline")
+    s2, _, _ = make(policy(), threaded, mode="thread")
+    for _ in range(3):
+        await result(submit(s1))
+        await result(submit(s2))
+    assert inline.threads == [loop_thread] * 3
+    assert len(set(threaded.threads)) == 1 and threaded.threads[0] != loop_thread
+    assert s2.workers[0].inline is False
+    await s1.stop()
+    await s2.stop()
+    assert inline.closed and threaded.closed
+
+
+class FakeNs:
+    """Stands in for the ``time`` module inside instances.py: executions cost what a test says."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def perf_counter_ns(self) -> int:
+        return self.ns
+
+    thread_time_ns = perf_counter_ns  # instances.py times executions in thread CPU time
+
+
+class Costly(Recording):
+    def __init__(self, clock: FakeNs) -> None:
+        super().__init__("costly")
+        self.clock = clock
+        self.cost_us = 10
+
+    def execute(self, inputs, output_names):  # type: ignore[no-untyped-def]
+        self.clock.ns += self.cost_us * 1000
+        return super().execute(inputs, output_names)
+
+
+async def test_auto_moves_a_fast_model_inline_and_back_after_a_slow_run(monkeypatch):
+    fake = FakeNs()
+    monkeypatch.setattr(instances_module, "time", fake)
+    inst = Costly(fake)
+    sched, _, _ = make(policy(), inst, mode="auto")  # inline limit: 200 us
+    worker = sched.workers[0]
+    loop_thread = threading.get_ident()
+    for _ in range(PROBE_EXECUTIONS):
+        assert worker.inline is False
+        await result(submit(sched))
+    assert worker.inline is True  # 8 fast executions measured on the thread
+    assert all(t != loop_thread for t in inst.threads)
+    await result(submit(sched))
+    assert inst.threads[-1] == loop_thread  # now on the loop
+    inst.cost_us = 5_000  # one execution far past the limit
+    await result(submit(sched))
+    assert inst.threads[-1] == loop_thread and worker.inline is False
+    inst.cost_us = 10
+    await result(submit(sched))
+    assert inst.threads[-1] != loop_thread  # back on its thread
+    await sched.stop()
+
+
+async def test_auto_stays_on_its_thread_after_max_flips(monkeypatch):
+    fake = FakeNs()
+    monkeypatch.setattr(instances_module, "time", fake)
+    inst = Costly(fake)
+    sched, _, _ = make(policy(), inst, mode="auto")
+    worker = sched.workers[0]
+    for _ in range(MAX_FLIPS):
+        for _ in range(100):  # fast runs until the worker moves onto the loop
+            if worker.inline:
+                break
+            await result(submit(sched))
+        assert worker.inline
+        inst.cost_us = 5_000
+        await result(submit(sched))
+        assert not worker.inline
+        inst.cost_us = 10
+    for _ in range(100):
+        await result(submit(sched))
+    assert worker.inline is False  # erratic: it stays off the loop for good
+    await sched.stop()
+
+
+async def test_thread_and_inline_modes_never_switch(monkeypatch):
+    fake = FakeNs()
+    monkeypatch.setattr(instances_module, "time", fake)
+    fast, slow = Costly(fake), Costly(fake)
+    slow.cost_us = 5_000
+    s_thread, _, _ = make(policy(), fast, mode="thread")
+    s_inline, _, _ = make(policy(), slow, mode="inline")
+    for _ in range(2 * PROBE_EXECUTIONS):
+        await result(submit(s_thread))
+        await result(submit(s_inline))
+    assert s_thread.workers[0].inline is False and s_inline.workers[0].inline is True
+    await s_thread.stop()
+    await s_inline.stop()
+
+
+async def test_stop_finishes_accepted_requests_then_closes_instances():
+    inst = Blocking()
+    sched, _, _ = make(policy(max_batch_size=1), inst, mode="thread")
+    a, b = submit(sched, 1.0), submit(sched, 2.0)
+    await inst.wait_started()
+    stopping = asyncio.ensure_future(sched.stop())
+    await settle()
+    with pytest.raises(Unavailable, match="unloading"):
+        await sched.infer(request(), 1)
+    assert not stopping.done()
+    inst.release(2)
+    await result(stopping)
+    assert a.result() and b.result() and inst.closed
