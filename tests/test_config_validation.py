@@ -154,6 +154,7 @@ def server(repo, tmp_path_factory):
     server = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
     yield server
     assert server.stop() == 0, server.log()
+    assert "Traceback" not in server.log(), server.log()  # no unexpected (internal) error was logged
 
 
 @pytest.fixture(scope="module")

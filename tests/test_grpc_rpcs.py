@@ -41,6 +41,7 @@ def server(tmp_path_factory):
     server = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
     yield server
     assert server.stop() == 0, server.log()
+    assert "Traceback" not in server.log(), server.log()  # no unexpected (internal) error was logged
 
 
 @pytest.fixture(scope="module")
@@ -381,6 +382,24 @@ def test_unimplemented(client, call):
     assert exc.value.status() == "StatusCode.UNIMPLEMENTED"
     assert "not supported" in exc.value.message()
     assert client.is_server_live()
+
+
+def test_stream_infer_unimplemented(client):
+    import queue
+
+    errors: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: errors.put(error))
+    try:
+        a, b = _ab(1)
+        try:
+            client.async_stream_infer("simple", _inputs(a, b))
+        except InferenceServerException:
+            pass  # the server may end the stream before the request is sent; the callback has why
+        error = errors.get(timeout=30)
+    finally:
+        client.stop_stream()
+    assert isinstance(error, InferenceServerException)
+    assert error.status() == "StatusCode.UNIMPLEMENTED" and "ModelStreamInfer" in error.message()
 
 
 # -- the aio client -------------------------------------------------------------------
