@@ -62,6 +62,7 @@ BROKEN = {
     "bad_platform": ["bad_platform", "tensorflow_savedmodel", "not supported"],
     "batching_unbatched": ["batching_unbatched", "dynamic_batching", "max_batch_size"],
     "zero_latest": ["zero_latest", "num_versions", "0"],
+    "bad_param_value": ["bad_param_value", "inferd.execution", "'fast'"],
 }
 GOOD = ["good", "auto_batch", "auto_nobatch", "auto_scalar", "v_latest", "v_all", "v_specific", "custom_file", "reshaped",
         "optional_b"]
@@ -111,6 +112,8 @@ def build(repo):
               config("batching_unbatched", INT16, OUT16, 0, extra="dynamic_batching { }\n"))
     add_model(repo, "zero_latest", _add_sub(),
               config("zero_latest", INT16, OUT16, 8, extra="version_policy { latest { num_versions: 0 } }\n"))
+    add_model(repo, "bad_param_value", _add_sub(), config(
+        "bad_param_value", INT16, OUT16, 8, extra='parameters { key: "inferd.execution" value { string_value: "fast" } }\n'))
 
     # auto-complete: no config.pbtxt at all
     add_model(repo, "auto_batch", _add_sub(), None)
