@@ -70,10 +70,10 @@ def prepare(name: str, model_dir: Path) -> Prepared:
         config.name = name
     elif config.name != name:
         raise ConfigError(f"model '{name}': config.pbtxt names the model '{config.name}'; it must match its folder")
+    versions = select_versions(config, available_versions(model_dir))
     backend = backends.resolve(config, model_dir)
     if backend is None:
         raise ConfigError(f"model '{name}': platform \"ensemble\" is not supported by this inferd version")
-    versions = select_versions(config, available_versions(model_dir))
     filename = config.default_model_filename or backend.default_filename
     files: dict[int, Path] = {}
     for version in versions:
@@ -81,6 +81,7 @@ def prepare(name: str, model_dir: Path) -> Prepared:
         if not path.exists():
             raise ConfigError(f"model '{name}': version {version} has no model file '{filename}' ({path})")
         files[version] = path
+    backend.complete_config(config, files[versions[-1]])
     signature = backend.signature(files[versions[-1]], name)
     if signature is not None:
         autocomplete(config, signature)
@@ -91,6 +92,9 @@ def prepare(name: str, model_dir: Path) -> Prepared:
     for group in config.instance_group:
         if group.count == 0:
             group.count = 1
+        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+            # As Triton does, the config a client reads shows the kind chosen.
+            group.kind = mc.ModelInstanceGroup.KIND_GPU if backend.gpu_available() else mc.ModelInstanceGroup.KIND_CPU
     spec = validate(config, model_dir=model_dir, signature=signature)
     for version in versions[:-1]:
         other = backend.signature(files[version], name)
