@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from inferd._proto import model_config_pb2 as mc
@@ -17,24 +18,35 @@ __all__ = ["Backend", "BatchResult", "Device", "ExecutionTimes", "InstanceSpec",
 _BACKENDS: dict[str, Backend] = {}
 
 
+_REGISTRY_LOCK = threading.Lock()
+
+
 def _registry() -> dict[str, Backend]:
-    if not _BACKENDS:
+    # Models load on several threads at once: the first fills the registry
+    # under the lock, and nobody sees it half filled.
+    if _BACKENDS:
+        return _BACKENDS
+    with _REGISTRY_LOCK:
+        if _BACKENDS:
+            return _BACKENDS
         from inferd.backends.onnxruntime import OnnxRuntimeBackend
 
+        found: dict[str, Backend] = {}
         for backend in (OnnxRuntimeBackend(),):
-            _BACKENDS[backend.name] = backend
+            found[backend.name] = backend
         try:
             from inferd.backends.torchscript import TorchScriptBackend
 
-            _BACKENDS["pytorch"] = TorchScriptBackend()
+            found["pytorch"] = TorchScriptBackend()
         except ImportError:
             pass
         try:
             from inferd.backends.python import PythonBackend
 
-            _BACKENDS["python"] = PythonBackend()
+            found["python"] = PythonBackend()
         except ImportError:
             pass
+        _BACKENDS.update(found)
     return _BACKENDS
 
 

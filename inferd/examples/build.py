@@ -177,6 +177,68 @@ MODELS: list[ModelSpec] = [
 ]
 
 
+# TorchScript and Python backend examples. TorchScript files are built with
+# torch.jit.script from inferd.examples.torch_models (weights from a fixed numpy
+# seed); Python models are model.py sources kept as plain files in
+# inferd/examples/python_models and copied verbatim.
+
+TORCH_MLP_D_IN, TORCH_MLP_HIDDEN, TORCH_MLP_D_OUT, TORCH_MLP_SEED = 16, 32, 4, 0
+TOKENIZER_LENGTH = 16  # INPUT_IDS / ATTENTION_MASK length; vocabulary size 1024
+
+
+def _torch_file(builder: str, **kwargs: object) -> Callable[[], bytes]:
+    def build() -> bytes:
+        from . import torch_models
+
+        return getattr(torch_models, builder)(**kwargs)
+
+    return build
+
+
+def _python_file(name: str) -> Callable[[], bytes]:
+    def build() -> bytes:
+        from .python_models import source
+
+        return source(name)
+
+    return build
+
+
+MODELS += [
+    ModelSpec(
+        "torch_add_sub",  # INPUT__0/OUTPUT__0 naming: forward's arguments and results by index
+        triton_config(
+            "torch_add_sub",
+            [("INPUT__0", "TYPE_INT32", [16]), ("INPUT__1", "TYPE_INT32", [16])],
+            [("OUTPUT__0", "TYPE_INT32", [16]), ("OUTPUT__1", "TYPE_INT32", [16])],
+            max_batch_size=8, platform="pytorch_libtorch", dynamic_batching="",
+        ),
+        {"1/model.pt": _torch_file("add_sub")},
+    ),
+    ModelSpec(
+        "torch_mlp",  # input named after forward's argument; outputs in the config's order
+        triton_config(
+            "torch_mlp",
+            [("features", "TYPE_FP32", [TORCH_MLP_D_IN])],
+            [("logits", "TYPE_FP32", [TORCH_MLP_D_OUT]), ("probabilities", "TYPE_FP32", [TORCH_MLP_D_OUT])],
+            max_batch_size=32, platform="pytorch_libtorch", dynamic_batching="",
+        ),
+        {"1/model.pt": _torch_file("mlp", d_in=TORCH_MLP_D_IN, hidden=TORCH_MLP_HIDDEN, d_out=TORCH_MLP_D_OUT,
+                                   seed=TORCH_MLP_SEED)},
+    ),
+    ModelSpec(
+        "tokenizer",  # BYTES text -> INT64 ids and mask, padded to TOKENIZER_LENGTH
+        triton_config(
+            "tokenizer",
+            [("TEXT", "TYPE_STRING", [1])],
+            [("INPUT_IDS", "TYPE_INT64", [TOKENIZER_LENGTH]), ("ATTENTION_MASK", "TYPE_INT64", [TOKENIZER_LENGTH])],
+            max_batch_size=8, platform=None, backend="python", dynamic_batching="",
+        ),
+        {"1/model.py": _python_file("tokenizer")},
+    ),
+]
+
+
 # --------------------------------------------------------------------------- writing
 
 

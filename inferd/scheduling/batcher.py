@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd.backends.base import BatchResult
+from inferd.backends.base import BatchResult, RequestInputs
 from inferd.clock import Clock, MonotonicClock
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
@@ -208,11 +208,12 @@ class BatchScheduler(Scheduler):
         stats = self._stats
         rows = 0
         inputs = []
+        wants_requests = getattr(worker.instance, "wants_requests", False)
         for item in items:
             job = item.payload
             stats.record_queue(int((now - job.enqueued) * 1e9))
             rows += item.rows
-            inputs.append(job.request.inputs)
+            inputs.append(RequestInputs(job.request) if wants_requests else job.request.inputs)
         batch = _Batch(items, rows)
         if self._ordered is not None:
             self._ordered.append(batch)

@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 
 from inferd.repository import ModelManager
+from inferd.server import context
 from inferd.server.dataplane import DataPlane
 from inferd.server.grpc_service import InferenceServicer, add_to_server
 
@@ -46,6 +47,8 @@ class InferenceServer:
         self._stopping = asyncio.Event()
 
     async def start(self) -> None:
+        # Published before loading: a Python model may call other models (BLS).
+        context.set_current(context.ServerContext(self.dataplane, asyncio.get_running_loop()))
         await self.manager.load_all()
         if self.options.exit_on_error and not self.manager.all_ready():
             broken = [e for e in self.manager.index() if e.state != "READY"]
@@ -76,6 +79,9 @@ class InferenceServer:
         if self._grpc is not None:
             await self._grpc.stop(self.options.grace_seconds)
         await self.manager.stop()
+        current = context.current()
+        if current is not None and current.dataplane is self.dataplane:
+            context.set_current(None)
         log.info("stopped")
 
     def request_stop(self) -> None:

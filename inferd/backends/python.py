@@ -1,0 +1,518 @@
+"""The Python backend (backend ``python``): Triton Python models, in-process.
+
+A model is a ``model.py`` defining ``TritonPythonModel`` exactly as Triton's
+python backend expects it (``import triton_python_backend_utils as pb_utils``
+works, see that package):
+
+- ``auto_complete_config(auto_complete_model_config)`` (optional, static):
+  called when the model is prepared, before validation; it may add inputs and
+  outputs, set max_batch_size and turn on dynamic batching;
+- ``initialize(args)`` (optional): once per instance, with Triton's args
+  (``model_config`` as a JSON string, ``model_instance_kind``,
+  ``model_instance_name``, ``model_instance_device_id``, ``model_repository``
+  (the model's folder), ``model_version``, ``model_name``);
+- ``execute(requests)``: the whole dynamic batch, one ``InferenceResponse``
+  per request; may be ``async def`` (it then runs on an event loop of the
+  instance's own, in its worker thread, where ``async_exec`` BLS calls can be
+  awaited together);
+- ``finalize()`` (optional): at unload.
+
+Where Triton runs each instance in a stub process, inferd runs it in the
+server process on the instance's worker thread. Each instance imports its
+``model.py`` as a module of its own (a unique name per model, version and
+instance), so two models' ``model.py`` never clash and module-level state is
+per instance, as with Triton's processes. The version folder is put on
+``sys.path`` so a model can import files next to it (shared by the process:
+two models with sibling modules of the same name share the first one loaded).
+
+User code may block, or wait on other models (BLS), so a Python instance
+always executes on its thread, never inline on the event loop
+(``inferd.execution: inline`` is refused). An exception from ``execute``
+fails the requests of that execution; an error response fails its request
+only; both reach the client as INTERNAL with the model named (or the status
+of the ``TritonError`` code the model chose).
+
+BLS: ``pb_utils.InferenceRequest(...).exec()`` submits the request to the
+server's :class:`~inferd.server.dataplane.DataPlane` on the server's event
+loop (``asyncio.run_coroutine_threadsafe``) and waits; the callee schedules it
+with the rest of its traffic. The server publishes its data plane and loop in
+:mod:`inferd.server.context` when it starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import itertools
+import json
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+
+import triton_python_backend_utils as pb_utils
+from inferd._proto import model_config_pb2 as mc
+from inferd.backends.base import Backend, BatchResult, ExecutionTimes, InstanceSpec, ModelInstance, RequestInputs
+from inferd.config import ModelSpec
+from inferd.errors import (
+    AlreadyExists, Cancelled, ConfigError, InferdError, InvalidArgument, ModelExecutionError, NotFound,
+    Unavailable, Unimplemented,
+)
+from inferd.types import InferenceRequest, RequestedOutput
+
+log = logging.getLogger(__name__)
+
+_module_ids = itertools.count(1)
+_path_lock = threading.Lock()
+
+
+# -- the model's module ---------------------------------------------------------------
+
+
+def _load_module(model: str, path: Path, tag: str) -> Any:
+    """Import ``path`` as a fresh module of its own; ConfigError if it fails."""
+    safe = re.sub(r"\W", "_", f"{model}_{tag}")
+    unique = f"_inferd_python_model_{safe}_{next(_module_ids)}"
+    folder = str(path.parent)
+    with _path_lock:
+        if folder not in sys.path:
+            sys.path.append(folder)
+    spec = importlib.util.spec_from_file_location(unique, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"model '{model}': cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[unique] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:
+        sys.modules.pop(unique, None)
+        raise ConfigError(f"model '{model}': importing {path} failed: {type(exc).__name__}: {exc}") from None
+    return module
+
+
+def _unload_module(module: Any) -> None:
+    sys.modules.pop(getattr(module, "__name__", ""), None)
+
+
+def _model_class(model: str, module: Any, path: Path) -> Any:
+    cls = getattr(module, "TritonPythonModel", None)
+    if cls is None or not isinstance(cls, type):
+        raise ConfigError(f"model '{model}': {path} defines no class TritonPythonModel")
+    if not callable(getattr(cls, "execute", None)):
+        raise ConfigError(f"model '{model}': TritonPythonModel in {path} has no execute(self, requests) method")
+    return cls
+
+
+# -- the config as Triton's JSON ------------------------------------------------------
+
+_INT64 = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
+
+
+def config_dict(config: mc.ModelConfig) -> dict:
+    """The config as Triton hands it to Python models: proto field names,
+    enum names, default values included, 64-bit integers as numbers."""
+    d = json_format.MessageToDict(config, preserving_proto_field_name=True,
+                                  always_print_fields_with_no_presence=True)
+    _int64_to_int(config.DESCRIPTOR, d)
+    return d
+
+
+def _repeated(field: FieldDescriptor) -> bool:
+    flag = getattr(field, "is_repeated", None)
+    if flag is not None:
+        return bool(flag)
+    return field.label == FieldDescriptor.LABEL_REPEATED
+
+
+def _int64_to_int(descriptor: Any, d: dict) -> None:
+    for key, value in d.items():
+        field = descriptor.fields_by_name.get(key)
+        if field is None:
+            continue
+        if field.message_type is not None:
+            if field.message_type.GetOptions().map_entry:
+                value_field = field.message_type.fields_by_name["value"]
+                if value_field.message_type is not None:
+                    for v in value.values():
+                        _int64_to_int(value_field.message_type, v)
+                elif value_field.cpp_type in _INT64:
+                    d[key] = {k: int(v) for k, v in value.items()}
+            elif _repeated(field):
+                for v in value:
+                    _int64_to_int(field.message_type, v)
+            else:
+                _int64_to_int(field.message_type, value)
+        elif field.cpp_type in _INT64:
+            d[key] = [int(v) for v in value] if _repeated(field) else int(value)
+
+
+# -- the backend ---------------------------------------------------------------------------
+
+
+class PythonBackend(Backend):
+    name = "python"
+    platform = ""  # Triton's python models name a backend, not a platform
+    default_filename = "model.py"
+
+    def __init__(self) -> None:
+        self._gpu: bool | None = None
+
+    def gpu_available(self) -> bool:
+        # Decides KIND_AUTO (and lets KIND_GPU load): a Python model runs on the
+        # CPU itself and uses a GPU through its own libraries. Only a host with
+        # an NVIDIA driver is asked through torch, which is slow to import.
+        if self._gpu is None:
+            self._gpu = False
+            if os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia"):
+                try:
+                    import torch
+
+                    self._gpu = bool(torch.cuda.is_available())
+                except ImportError:
+                    pass
+        return self._gpu
+
+    def complete_config(self, config: mc.ModelConfig, model_file: Path) -> None:
+        name = config.name
+        module = _load_module(name, model_file, "autocomplete")
+        try:
+            cls = _model_class(name, module, model_file)
+            complete = getattr(cls, "auto_complete_config", None)
+            if complete is None:
+                return
+            holder = pb_utils.ModelConfig(config_dict(config))
+            pb_utils._set_current_model(name)
+            try:
+                result = complete(holder)
+            except Exception as exc:
+                raise ConfigError(
+                    f"model '{name}': auto_complete_config failed: {type(exc).__name__}: {exc}"
+                ) from None
+            finally:
+                pb_utils._set_current_model(None)
+            completed = (result if result is not None else holder).as_dict()
+            fresh = mc.ModelConfig()
+            try:
+                json_format.ParseDict(completed, fresh)
+            except (json_format.ParseError, TypeError, ValueError) as exc:
+                raise ConfigError(
+                    f"model '{name}': auto_complete_config produced an invalid config: {exc}"
+                ) from None
+            config.CopyFrom(fresh)
+        finally:
+            _unload_module(module)
+
+    def create_instance(self, spec: ModelSpec, instance: InstanceSpec) -> ModelInstance:
+        return PythonInstance(self, spec, instance)
+
+
+class PythonInstance(ModelInstance):
+    wants_requests = True
+    thread_only = True
+
+    def __init__(self, backend: PythonBackend, spec: ModelSpec, instance: InstanceSpec) -> None:
+        super().__init__(spec, instance)
+        name = spec.name
+        if spec.params.execution == "inline":
+            raise ConfigError(
+                f"model '{name}': parameter 'inferd.execution' is 'inline', but Python models always run on their "
+                "instance's thread (user code may block or call other models)"
+            )
+        path = instance.model_file
+        self._module = _load_module(name, path, f"v{instance.version}_{instance.name}")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        try:
+            cls = _model_class(name, self._module, path)
+            self._model = cls()
+            self._execute = self._model.execute
+            args = {
+                "model_config": json.dumps(config_dict(spec.config)),
+                "model_instance_kind": "GPU" if instance.device.kind == "cuda" else "CPU",
+                "model_instance_name": instance.name,
+                "model_instance_device_id": str(instance.device.index),
+                "model_repository": str(instance.model_dir),
+                "model_version": str(instance.version),
+                "model_name": name,
+            }
+            initialize = getattr(self._model, "initialize", None)
+            if initialize is not None:
+                pb_utils._set_current_model(name)
+                try:
+                    done = initialize(args)
+                    if inspect.isawaitable(done):
+                        self._run_async(done)
+                except Exception as exc:
+                    raise ModelExecutionError(
+                        f"model '{name}': TritonPythonModel.initialize failed: {type(exc).__name__}: {exc}"
+                    ) from None
+                finally:
+                    pb_utils._set_current_model(None)
+        except BaseException:
+            self._release()
+            raise
+        outputs = list(spec.outputs)
+        self._all_outputs = outputs
+        self._known_outputs = set(outputs)
+
+    # -- execution -------------------------------------------------------------------
+
+    def execute(self, inputs: Sequence[dict[str, np.ndarray]], output_names: Sequence[str]) -> BatchResult:
+        name = self.model.name
+        times = ExecutionTimes()
+        t0 = time.perf_counter_ns()
+        requests = [self._request(item) for item in inputs]
+        t1 = time.perf_counter_ns()
+        pb_utils._set_current_model(name)
+        try:
+            responses = self._execute(requests)
+            if inspect.isawaitable(responses):
+                responses = self._run_async(responses)
+        except Exception as exc:
+            log.error("model '%s': execute raised", name, exc_info=True)
+            error = ModelExecutionError(f"model '{name}' failed to execute: {type(exc).__name__}: {exc}")
+            times.infer_ns = time.perf_counter_ns() - t1
+            times.input_ns = t1 - t0
+            return BatchResult([error] * len(inputs), times)
+        finally:
+            pb_utils._set_current_model(None)
+        t2 = time.perf_counter_ns()
+        results = self._results(requests, responses)
+        times.input_ns = t1 - t0
+        times.infer_ns = t2 - t1
+        times.output_ns = time.perf_counter_ns() - t2
+        return BatchResult(results, times)
+
+    def _request(self, item: dict[str, np.ndarray]) -> pb_utils.InferenceRequest:
+        tensors = [pb_utils.Tensor._of_request(n, a) for n, a in item.items()]
+        source = item.request if isinstance(item, RequestInputs) else None
+        if source is None:
+            return pb_utils.InferenceRequest._of_server(tensors, "", list(self._all_outputs), {}, None)
+        requested = source.requested_outputs
+        names = [r.name for r in requested] if requested else list(self._all_outputs)
+        return pb_utils.InferenceRequest._of_server(tensors, source.id, names, source.parameters, source)
+
+    def _results(self, requests: list[pb_utils.InferenceRequest], responses: Any) -> list[dict[str, np.ndarray] | InferdError]:
+        name = self.model.name
+        if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
+            got = f"{len(responses)} responses" if isinstance(responses, (list, tuple)) else type(responses).__name__
+            error = ModelExecutionError(
+                f"model '{name}': execute() must return a list of one InferenceResponse per request; "
+                f"it got {len(requests)} request(s) and returned {got}"
+            )
+            return [error] * len(requests)
+        results: list[dict[str, np.ndarray] | InferdError] = []
+        for i, (request, response) in enumerate(zip(requests, responses)):
+            if not isinstance(response, pb_utils.InferenceResponse):
+                results.append(ModelExecutionError(
+                    f"model '{name}': execute() returned {type(response).__name__} for request {i}; "
+                    "expected pb_utils.InferenceResponse"
+                ))
+                continue
+            error = response.error()
+            if error is not None:
+                results.append(_error_from_triton(f"model '{name}': ", error))
+                continue
+            outputs: dict[str, np.ndarray] = {}
+            for tensor in response.output_tensors():
+                if not isinstance(tensor, pb_utils.Tensor):
+                    outputs = {}
+                    results.append(ModelExecutionError(
+                        f"model '{name}': the response to request {i} holds {type(tensor).__name__}, not pb_utils.Tensor"
+                    ))
+                    break
+                if tensor.name() in self._known_outputs:
+                    outputs[tensor.name()] = tensor._array
+            else:
+                missing = [n for n in request.requested_output_names() if n not in outputs]
+                if missing:
+                    results.append(ModelExecutionError(
+                        f"model '{name}': the response to request {i} has no output {', '.join(map(repr, missing))} "
+                        f"(it has {sorted(t.name() for t in response.output_tensors())})"
+                    ))
+                else:
+                    results.append(outputs)
+        return results
+
+    def _run_async(self, awaitable: Any) -> Any:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.new_event_loop()
+        return loop.run_until_complete(_as_coroutine(awaitable))
+
+    # -- unload --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        finalize = getattr(getattr(self, "_model", None), "finalize", None)
+        if finalize is not None:
+            pb_utils._set_current_model(self.model.name)
+            try:
+                done = finalize()
+                if inspect.isawaitable(done):
+                    self._run_async(done)
+            except Exception:
+                log.exception("model '%s': TritonPythonModel.finalize raised", self.model.name)
+            finally:
+                pb_utils._set_current_model(None)
+        self._release()
+
+    def _release(self) -> None:
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+        _unload_module(self._module)
+
+
+async def _as_coroutine(awaitable: Any) -> Any:
+    return await awaitable
+
+
+_STATUS_BY_CODE = {
+    pb_utils.TritonError.NOT_FOUND: NotFound,
+    pb_utils.TritonError.INVALID_ARG: InvalidArgument,
+    pb_utils.TritonError.UNAVAILABLE: Unavailable,
+    pb_utils.TritonError.UNSUPPORTED: Unimplemented,
+    pb_utils.TritonError.ALREADY_EXISTS: AlreadyExists,
+    pb_utils.TritonError.CANCELLED: Cancelled,
+}
+_CODE_BY_STATUS = [(cls, code) for code, cls in _STATUS_BY_CODE.items()]
+
+
+def _error_from_triton(prefix: str, error: pb_utils.TritonError) -> InferdError:
+    code = error.code() if callable(getattr(error, "code", None)) else pb_utils.TritonError.INTERNAL
+    cls = _STATUS_BY_CODE.get(code, ModelExecutionError)
+    return cls(f"{prefix}{error.message()}")
+
+
+def _triton_error(exc: BaseException) -> pb_utils.TritonError:
+    if isinstance(exc, InferdError):
+        for cls, code in _CODE_BY_STATUS:
+            if isinstance(exc, cls):
+                return pb_utils.TritonError(exc.message, code)
+        return pb_utils.TritonError(exc.message, pb_utils.TritonError.INTERNAL)
+    return pb_utils.TritonError(f"{type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
+
+
+# -- BLS -----------------------------------------------------------------------------------
+
+
+def _server() -> Any:
+    from inferd.server import context
+
+    return context.current()
+
+
+def _internal_request(request: pb_utils.InferenceRequest) -> InferenceRequest:
+    if not request.model_name:
+        raise InvalidArgument("BLS request: model_name is required")
+    inputs: dict[str, np.ndarray] = {}
+    for tensor in request.inputs():
+        if not isinstance(tensor, pb_utils.Tensor):
+            raise InvalidArgument(
+                f"BLS request to model '{request.model_name}': inputs must be pb_utils.Tensor, "
+                f"got {type(tensor).__name__}"
+            )
+        array = tensor._array
+        if array.dtype.kind == "S":  # BYTES travel as object arrays of bytes
+            array = array.astype(np.object_)
+        if tensor.name() in inputs:
+            raise InvalidArgument(f"BLS request to model '{request.model_name}': input '{tensor.name()}' is given twice")
+        inputs[tensor.name()] = array
+    version = request.model_version
+    requested = request.requested_output_names()
+    parameters = dict(request._parameters)
+    return InferenceRequest(
+        model_name=request.model_name,
+        inputs=inputs,
+        model_version=version if version and version > 0 else 0,
+        id=request.request_id(),
+        requested_outputs=[RequestedOutput(n) for n in requested] if requested else None,
+        parameters=parameters,
+        priority=int(parameters.get("priority", 0) or 0),
+        timeout_us=int(request.timeout() or 0),
+    )
+
+
+async def _bls_call(dataplane: Any, request: InferenceRequest) -> pb_utils.InferenceResponse:
+    try:
+        response = await dataplane.infer(request)
+    except Exception as exc:
+        return pb_utils.InferenceResponse(error=_triton_error(exc))
+    tensors = [pb_utils.Tensor(name, array) for name, array in response.outputs.items()]
+    return pb_utils.InferenceResponse(output_tensors=tensors, parameters=response.parameters)
+
+
+def _prepare(request: pb_utils.InferenceRequest) -> tuple[Any, InferenceRequest | pb_utils.InferenceResponse]:
+    server = _server()
+    if server is None:
+        return None, pb_utils.InferenceResponse(error=pb_utils.TritonError(
+            "BLS needs a running inferd server; there is none in this process", pb_utils.TritonError.UNAVAILABLE))
+    try:
+        return server, _internal_request(request)
+    except InferdError as exc:
+        return server, pb_utils.InferenceResponse(error=_triton_error(exc))
+
+
+def _on_server_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def bls_exec(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
+    """``InferenceRequest.exec()``: run on the server's loop, wait on this thread."""
+    server, prepared = _prepare(request)
+    if isinstance(prepared, pb_utils.InferenceResponse):
+        return prepared
+    if _on_server_loop(server.loop):
+        raise pb_utils.TritonModelException(
+            "InferenceRequest.exec() was called on the server's event loop, where waiting would deadlock"
+        )
+    try:
+        future = asyncio.run_coroutine_threadsafe(_bls_call(server.dataplane, prepared), server.loop)
+    except RuntimeError as exc:  # the loop is closed: the server stopped
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(
+            f"BLS request to model '{request.model_name}': the server is stopping ({exc})",
+            pb_utils.TritonError.UNAVAILABLE))
+    try:
+        return future.result()
+    except BaseException as exc:  # cancelled when the server's loop shuts down under us
+        if not isinstance(exc, (Exception, asyncio.CancelledError)):
+            raise
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(
+            f"BLS request to model '{request.model_name}' did not complete: {type(exc).__name__}: {exc}",
+            pb_utils.TritonError.UNAVAILABLE))
+
+
+def bls_async_exec(request: pb_utils.InferenceRequest) -> Any:
+    """``InferenceRequest.async_exec()``: an awaitable on the caller's running loop."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        raise pb_utils.TritonModelException(
+            "InferenceRequest.async_exec() must be awaited inside 'async def execute'; use exec() in a plain execute"
+        ) from None
+    server, prepared = _prepare(request)
+    done: asyncio.Future = loop.create_future()
+    if isinstance(prepared, pb_utils.InferenceResponse):
+        done.set_result(prepared)
+        return done
+    if server.loop is loop:
+        return loop.create_task(_bls_call(server.dataplane, prepared))
+    try:
+        future = asyncio.run_coroutine_threadsafe(_bls_call(server.dataplane, prepared), server.loop)
+    except RuntimeError as exc:
+        done.set_result(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+            f"BLS request to model '{request.model_name}': the server is stopping ({exc})",
+            pb_utils.TritonError.UNAVAILABLE)))
+        return done
+    return asyncio.wrap_future(future, loop=loop)

@@ -1,0 +1,410 @@
+"""The TorchScript backend (platform ``pytorch_libtorch``, backend ``pytorch``).
+
+A ``model.pt`` saved by ``torch.jit.save`` is loaded with ``torch.jit.load``
+onto the instance's device (``cpu``, or ``cuda:k`` for KIND_GPU) and called
+under ``torch.inference_mode``.
+
+Tensor names follow Triton's pytorch backend:
+
+- inputs: either every config input is named like an argument of ``forward``
+  (matched by name), or every one follows the ``<name>__<index>`` convention
+  (``INPUT__0`` is forward's first argument after ``self``);
+- outputs: if every config output follows ``<name>__<index>`` the index picks
+  the element of the tuple ``forward`` returns; otherwise the outputs are
+  taken in the order the config lists them.
+
+A TorchScript file has no signature inferd could read types and shapes from,
+so the config must list every input and output.
+
+Parameters (the keys of Triton's pytorch backend, ``parameters`` in the config):
+
+- ``INTRA_OP_THREAD_COUNT``: threads one execution may use. ``torch.set_num_threads``
+  is process-wide in principle; inferd calls it on the thread that executes,
+  before each execution whose thread count differs, so with torch's OpenMP
+  build (the usual CPU build, where the count is kept per thread) each
+  instance gets its own. Default: the instance's share of the cores (cores /
+  CPU instances), as for onnxruntime. With other thread pools the last
+  setting wins process-wide.
+- ``INTER_OP_THREAD_COUNT``: the inter-op pool (``torch.jit.fork``). Truly
+  process-wide and settable only before torch first uses it: the first model
+  that asks sets it; a later different request is logged and has no effect.
+- ``INFERENCE_MODE`` (default true): ``torch.inference_mode``; false runs under
+  ``torch.no_grad`` instead.
+- ``DISABLE_OPTIMIZED_EXECUTION`` (default false): run with
+  ``torch.jit.optimized_execution(False)``.
+- ``ENABLE_CACHE_CLEANING`` (default false): ``torch.cuda.empty_cache()`` after
+  each execution on a GPU instance.
+- ``ENABLE_NVFUSER``, ``ENABLE_WEIGHT_SHARING``, ``ENABLE_JIT_EXECUTOR``,
+  ``ENABLE_JIT_PROFILING``: accepted so Triton repositories load; they have no
+  effect here and a warning says so.
+
+Data: inputs become tensors without copying where the layout allows
+(``torch.from_numpy``; the request's read-only buffers are shared, so a model
+that writes into its inputs in place writes into the request's copy only).
+BF16 travels as 16-bit words: ``ml_dtypes.bfloat16`` numpy <-> ``torch.bfloat16``
+through an int16 view. Outputs come back with ``Tensor.numpy()`` (no copy on CPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from inferd._proto import model_config_pb2 as mc
+from inferd.backends.base import Backend, InstanceSpec, ModelInstance, TensorInstance
+from inferd.config import ModelSignature, ModelSpec
+from inferd.dtypes import BY_NAME
+from inferd.errors import ConfigError, ModelExecutionError
+
+log = logging.getLogger(__name__)
+
+# torch warns (once) when given a read-only numpy array; the request's buffers
+# are read-only by design and shared on purpose (see the module docstring).
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+
+_CONVENTION = re.compile(r"^(.*)__(\d+)$")
+_NO_EFFECT = ("ENABLE_NVFUSER", "ENABLE_WEIGHT_SHARING", "ENABLE_JIT_EXECUTOR", "ENABLE_JIT_PROFILING")
+_BOOL_PARAMS = ("INFERENCE_MODE", "DISABLE_OPTIMIZED_EXECUTION", "ENABLE_CACHE_CLEANING") + _NO_EFFECT
+
+_interop_lock = threading.Lock()
+_interop_set_by: str | None = None
+
+
+def _torch():  # type: ignore[no-untyped-def]
+    import torch
+
+    return torch
+
+
+def torch_dtypes() -> dict[str, Any]:
+    """Wire type name -> torch dtype, for every type TorchScript models can take."""
+    torch = _torch()
+    return {
+        "BOOL": torch.bool,
+        "UINT8": torch.uint8,
+        "INT8": torch.int8,
+        "INT16": torch.int16,
+        "INT32": torch.int32,
+        "INT64": torch.int64,
+        "FP16": torch.float16,
+        "BF16": torch.bfloat16,
+        "FP32": torch.float32,
+        "FP64": torch.float64,
+    }
+
+
+def convention_index(name: str) -> int | None:
+    """The index of a ``<name>__<index>`` tensor name, or None."""
+    m = _CONVENTION.match(name)
+    return int(m.group(2)) if m else None
+
+
+class TorchScriptBackend(Backend):
+    name = "pytorch"
+    platform = "pytorch_libtorch"
+    default_filename = "model.pt"
+
+    def __init__(self) -> None:
+        self._gpu: bool | None = None
+
+    def signature(self, model_file: Path, model_name: str) -> ModelSignature | None:
+        return None  # TorchScript records no tensor types or shapes
+
+    def gpu_available(self) -> bool:
+        if self._gpu is None:
+            self._gpu = bool(_torch().cuda.is_available())
+        return self._gpu
+
+    def complete_config(self, config: mc.ModelConfig, model_file: Path) -> None:
+        missing = [kind for kind, tensors in (("input", config.input), ("output", config.output)) if not tensors]
+        if missing:
+            raise ConfigError(
+                f"model '{config.name}': a TorchScript model carries no tensor signature, so config.pbtxt must "
+                f"list every {' and '.join(missing)} (name, data_type, dims); use INPUT__0/OUTPUT__0 names "
+                "or forward()'s argument names"
+            )
+
+    def create_instance(self, spec: ModelSpec, instance: InstanceSpec) -> ModelInstance:
+        return TorchScriptInstance(self, spec, instance)
+
+
+class TorchScriptInstance(TensorInstance):
+    def __init__(self, backend: TorchScriptBackend, spec: ModelSpec, instance: InstanceSpec) -> None:
+        super().__init__(spec, instance)
+        torch = _torch()
+        self._torch = torch
+        name = spec.name
+        params = {k: v.string_value.strip() for k, v in spec.config.parameters.items()}
+        self._check_types(spec)
+        self._device = self._torch_device(backend, spec, instance)
+        self._cuda = self._device.type == "cuda"
+
+        threads = _int_param(name, params, "INTRA_OP_THREAD_COUNT", 0)
+        self._threads = threads or instance.threads
+        interop = _int_param(name, params, "INTER_OP_THREAD_COUNT", 0)
+        if interop:
+            _set_interop_threads(name, interop)
+        flags = {key: _bool_param(name, params, key, default=key == "INFERENCE_MODE") for key in _BOOL_PARAMS}
+        self._inference_mode = flags["INFERENCE_MODE"]
+        self._optimized = not flags["DISABLE_OPTIMIZED_EXECUTION"]
+        self._clean_cache = flags["ENABLE_CACHE_CLEANING"] and self._cuda
+        for key in _NO_EFFECT:
+            if key in params:
+                log.warning("model '%s': parameter %s has no effect in inferd's TorchScript backend", name, key)
+
+        path = instance.model_file
+        try:
+            module = torch.jit.load(str(path), map_location=self._device)
+        except Exception as exc:  # torch raises RuntimeError/ValueError with the reason
+            raise ConfigError(f"model '{name}': torch.jit.load cannot load {path}: {exc}") from None
+        module.eval()
+        self.module = module
+        self._map_inputs(module)
+        self._map_outputs()
+        self._bf16 = BY_NAME["BF16"].numpy
+
+    # -- load-time checks ------------------------------------------------------
+
+    @staticmethod
+    def _check_types(spec: ModelSpec) -> None:
+        supported = torch_dtypes()
+        for kind, tensors in (("input", spec.inputs), ("output", spec.outputs)):
+            for t in tensors.values():
+                if t.datatype.name not in supported:
+                    raise ConfigError(
+                        f"model '{spec.name}': {kind} '{t.name}' has data_type {t.datatype.config}, which the "
+                        f"TorchScript backend does not support (supported: "
+                        f"{', '.join('TYPE_' + n for n in supported)})"
+                    )
+
+    def _torch_device(self, backend: TorchScriptBackend, spec: ModelSpec, instance: InstanceSpec):  # type: ignore[no-untyped-def]
+        torch = self._torch
+        if instance.device.kind != "cuda":
+            return torch.device("cpu")
+        if not backend.gpu_available():
+            raise ConfigError(
+                f"model '{spec.name}': instance '{instance.name}' asks for GPU {instance.device.index}, but this "
+                "torch has no CUDA (torch.cuda.is_available() is false); use KIND_CPU or a CUDA build of torch"
+            )
+        count = torch.cuda.device_count()
+        if instance.device.index >= count:
+            raise ConfigError(
+                f"model '{spec.name}': instance '{instance.name}' asks for GPU {instance.device.index}, "
+                f"but torch sees {count} CUDA device(s)"
+            )
+        return torch.device("cuda", instance.device.index)
+
+    def _map_inputs(self, module) -> None:  # type: ignore[no-untyped-def]
+        torch = self._torch
+        model = self.model.name
+        try:
+            schema = module.forward.schema
+        except AttributeError:
+            raise ConfigError(f"model '{model}': the TorchScript module has no forward() method") from None
+        args = list(schema.arguments)[1:]  # without self
+        arg_names = [a.name for a in args]
+        config_inputs = list(self.model.inputs)
+        if all(n in arg_names for n in config_inputs):
+            positions = {n: arg_names.index(n) for n in config_inputs}
+        else:
+            positions = {}
+            for n in config_inputs:
+                index = convention_index(n)
+                if index is None:
+                    raise ConfigError(
+                        f"model '{model}': input '{n}' is neither an argument of forward() ({arg_names}) nor "
+                        "named by the <name>__<index> convention (e.g. INPUT__0)"
+                    )
+                if index >= len(args):
+                    raise ConfigError(
+                        f"model '{model}': input '{n}' names argument {index} of forward(), which takes "
+                        f"{len(args)} argument(s) {arg_names}"
+                    )
+                other = next((o for o, p in positions.items() if p == index), None)
+                if other is not None:
+                    raise ConfigError(f"model '{model}': inputs '{other}' and '{n}' both name forward() argument {index}")
+                positions[n] = index
+        for i, a in enumerate(args):
+            if i not in positions.values() and not a.has_default_value():
+                raise ConfigError(
+                    f"model '{model}': forward() argument '{a.name}' (position {i}) has no default and no "
+                    f"config input supplies it; the config's inputs are {config_inputs}"
+                )
+        for n, i in positions.items():
+            kind = args[i].type
+            if isinstance(kind, torch._C.OptionalType):
+                kind = kind.getElementType()
+            if not isinstance(kind, torch._C.TensorType):
+                raise ConfigError(
+                    f"model '{model}': forward() argument '{args[i].name}' (input '{n}') has type "
+                    f"{args[i].type}; inferd passes each input as one Tensor"
+                )
+        # All of forward's arguments, in order, supplied by config inputs: call
+        # positionally (the fast path); otherwise by keyword, so defaults apply.
+        order = sorted(positions, key=positions.__getitem__)
+        self._positional = order if [positions[n] for n in order] == list(range(len(args))) else None
+        self._arg_of = {n: arg_names[i] for n, i in positions.items()}
+
+    def _map_outputs(self) -> None:
+        names = list(self.model.outputs)
+        indexes = [convention_index(n) for n in names]
+        if all(i is not None for i in indexes):
+            mapping = dict(zip(names, indexes))
+            seen: dict[int, str] = {}
+            for n, i in mapping.items():
+                if i in seen:
+                    raise ConfigError(
+                        f"model '{self.model.name}': outputs '{seen[i]}' and '{n}' both name forward() result {i}"
+                    )
+                seen[i] = n
+        else:
+            mapping = {n: i for i, n in enumerate(names)}  # Triton: the config's order
+        self._output_index: dict[str, int] = mapping  # type: ignore[assignment]
+        dtypes = torch_dtypes()
+        self._output_dtypes = {n: dtypes[t.datatype.name] for n, t in self.model.outputs.items()}
+
+    # -- execution ---------------------------------------------------------------
+
+    def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
+        torch = self._torch
+        if torch.get_num_threads() != self._threads:
+            torch.set_num_threads(self._threads)
+        tensors = {n: self._to_torch(a) for n, a in inputs.items()}
+        grad_mode = torch.inference_mode() if self._inference_mode else torch.no_grad()
+        with grad_mode:
+            if self._optimized:
+                result = self._call(tensors)
+            else:
+                with torch.jit.optimized_execution(False):
+                    result = self._call(tensors)
+            out = self._outputs(result, inputs)
+        if self._clean_cache:
+            torch.cuda.empty_cache()
+        return out
+
+    def _call(self, tensors: dict[str, Any]) -> Any:
+        positional = self._positional
+        if positional is not None and len(tensors) == len(positional):
+            return self.module(*[tensors[n] for n in positional])
+        return self.module(**{self._arg_of[n]: t for n, t in tensors.items()})
+
+    def _to_torch(self, array: np.ndarray):  # type: ignore[no-untyped-def]
+        torch = self._torch
+        if array.dtype == self._bf16:
+            tensor = torch.from_numpy(_torchable(array).view(np.int16)).view(torch.bfloat16)
+        else:
+            tensor = torch.from_numpy(_torchable(array))
+        if self._cuda:
+            tensor = tensor.to(self._device, non_blocking=False)
+        return tensor
+
+    def _outputs(self, result: Any, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        torch = self._torch
+        model = self.model.name
+        if isinstance(result, torch.Tensor):
+            results: Sequence[Any] = (result,)
+        elif isinstance(result, (tuple, list)):
+            results = result
+        else:
+            raise ModelExecutionError(
+                f"model '{model}': forward() returned {type(result).__name__}; inferd takes a Tensor or a "
+                "tuple/list of Tensors"
+            )
+        rows = len(next(iter(inputs.values()))) if self.model.batching and inputs else None
+        out: dict[str, np.ndarray] = {}
+        for name, index in self._output_index.items():
+            if index >= len(results):
+                raise ModelExecutionError(
+                    f"model '{model}': output '{name}' is forward() result {index}, but forward() returned "
+                    f"{len(results)} result(s)"
+                )
+            tensor = results[index]
+            if not isinstance(tensor, torch.Tensor):
+                raise ModelExecutionError(
+                    f"model '{model}': forward() result {index} (output '{name}') is {type(tensor).__name__}, not a Tensor"
+                )
+            want = self._output_dtypes[name]
+            if tensor.dtype != want:
+                raise ModelExecutionError(
+                    f"model '{model}': output '{name}' is {tensor.dtype} but the config declares "
+                    f"{self.model.outputs[name].datatype.config} ({want})"
+                )
+            if rows is not None and (tensor.dim() == 0 or tensor.shape[0] != rows):
+                raise ModelExecutionError(
+                    f"model '{model}': output '{name}' has shape {list(tensor.shape)}; with max_batch_size > 0 "
+                    f"its first dimension must be the batch size {rows}"
+                )
+            out[name] = self._to_numpy(tensor)
+        return out
+
+    def _to_numpy(self, tensor) -> np.ndarray:  # type: ignore[no-untyped-def]
+        torch = self._torch
+        if tensor.device.type != "cpu":
+            tensor = tensor.cpu()
+        if tensor.dtype == torch.bfloat16:
+            return tensor.view(torch.int16).numpy().view(self._bf16)
+        return tensor.numpy()
+
+    def close(self) -> None:
+        del self.module
+        if self._cuda:
+            self._torch.cuda.empty_cache()
+
+
+def _torchable(array: np.ndarray) -> np.ndarray:
+    # torch.from_numpy takes any layout numpy can describe with non-negative
+    # strides; anything else (a reversed view, say) is copied.
+    if any(s < 0 for s in array.strides):
+        return np.ascontiguousarray(array)
+    return array
+
+
+def _set_interop_threads(model: str, count: int) -> None:
+    global _interop_set_by
+    torch = _torch()
+    with _interop_lock:
+        if _interop_set_by is None:
+            try:
+                torch.set_num_interop_threads(count)
+                _interop_set_by = model
+                return
+            except RuntimeError:
+                pass  # torch already started its inter-op pool
+        current = torch.get_num_interop_threads()
+        if current != count:
+            log.warning(
+                "model '%s': INTER_OP_THREAD_COUNT %d has no effect: torch's inter-op pool is process-wide and "
+                "already has %d threads%s", model, count, current,
+                f" (set by model '{_interop_set_by}')" if _interop_set_by else "",
+            )
+
+
+def _int_param(model: str, params: dict[str, str], key: str, default: int) -> int:
+    raw = params.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(f"model '{model}': parameter '{key}' must be an integer >= 0, got '{raw}'")
+    return value
+
+
+def _bool_param(model: str, params: dict[str, str], key: str, default: bool = False) -> bool:
+    raw = params.get(key)
+    if raw is None or raw == "":
+        return default
+    value = raw.lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"model '{model}': parameter '{key}' must be true or false, got '{raw}'")

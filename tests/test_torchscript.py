@@ -1,0 +1,229 @@
+"""The TorchScript backend through tritonclient.grpc on a real server (CPU):
+every data type, both naming conventions, batching, parameters, errors."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import ServerProcess
+from inferd.examples import torch_models as tm
+from inferd.examples.build import (
+    TORCH_MLP_D_IN, TORCH_MLP_D_OUT, TORCH_MLP_HIDDEN, TORCH_MLP_SEED, build_repository, triton_config,
+)
+
+# wire type -> (numpy dtype, config type); add_sub works on all of these
+NUMERIC = {
+    "UINT8": (np.uint8, "TYPE_UINT8"),
+    "INT8": (np.int8, "TYPE_INT8"),
+    "INT16": (np.int16, "TYPE_INT16"),
+    "INT32": (np.int32, "TYPE_INT32"),
+    "INT64": (np.int64, "TYPE_INT64"),
+    "FP16": (np.float16, "TYPE_FP16"),
+    "BF16": (ml_dtypes.bfloat16, "TYPE_BF16"),
+    "FP32": (np.float32, "TYPE_FP32"),
+    "FP64": (np.float64, "TYPE_FP64"),
+}
+PT = "pytorch_libtorch"
+
+
+def _model(repo: Path, name: str, data: bytes, config_text: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.pt").write_bytes(data)
+    (repo / name / "config.pbtxt").write_text(config_text)
+
+
+def _add_sub_config(name: str, ctype: str, dims=(8,), max_batch_size: int = 4, extra: str = "") -> str:  # type: ignore[no-untyped-def]
+    return triton_config(
+        name,
+        [("INPUT__0", ctype, list(dims)), ("INPUT__1", ctype, list(dims))],
+        [("OUTPUT__0", ctype, list(dims)), ("OUTPUT__1", ctype, list(dims))],
+        max_batch_size=max_batch_size, platform=PT, extra=extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    repo = tmp_path_factory.mktemp("torch_repo")
+    build_repository(repo, only=["torch_add_sub", "torch_mlp"], log=None)
+    add_sub, identity = tm.add_sub(), tm.identity()
+    for wire, (_, ctype) in NUMERIC.items():
+        _model(repo, f"ts_{wire.lower()}", add_sub, _add_sub_config(f"ts_{wire.lower()}", ctype))
+    _model(repo, "ts_bool", identity, triton_config(
+        "ts_bool", [("INPUT__0", "TYPE_BOOL", [-1])], [("OUTPUT__0", "TYPE_BOOL", [-1])], max_batch_size=4,
+        platform=PT))
+    # Named by forward's arguments, listed out of order; outputs by config order.
+    _model(repo, "ts_named", add_sub, triton_config(
+        "ts_named", [("b", "TYPE_FP32", [3]), ("a", "TYPE_FP32", [3])],
+        [("sum", "TYPE_FP32", [3]), ("difference", "TYPE_FP32", [3])], max_batch_size=0, platform=PT))
+    # Output index convention picks results out of order.
+    _model(repo, "ts_swapped", add_sub, triton_config(
+        "ts_swapped", [("x__0", "TYPE_INT32", [2]), ("y__1", "TYPE_INT32", [2])],
+        [("DIFF__1", "TYPE_INT32", [2]), ("SUM__0", "TYPE_INT32", [2])], max_batch_size=0, platform=PT))
+    _model(repo, "ts_params", add_sub, _add_sub_config("ts_params", "TYPE_FP32", extra="""
+parameters { key: "INTRA_OP_THREAD_COUNT" value { string_value: "1" } }
+parameters { key: "INTER_OP_THREAD_COUNT" value { string_value: "1" } }
+parameters { key: "INFERENCE_MODE" value { string_value: "false" } }
+parameters { key: "DISABLE_OPTIMIZED_EXECUTION" value { string_value: "true" } }
+parameters { key: "ENABLE_NVFUSER" value { string_value: "false" } }
+"""))
+    # Broken on purpose: each fails to load (or to run) with a clear message.
+    _model(repo, "ts_no_io", add_sub, 'name: "ts_no_io"\nplatform: "pytorch_libtorch"\nmax_batch_size: 4\n')
+    _model(repo, "ts_bad_name", add_sub, triton_config(
+        "ts_bad_name", [("foo", "TYPE_FP32", [2]), ("bar", "TYPE_FP32", [2])],
+        [("OUTPUT__0", "TYPE_FP32", [2])], platform=PT))
+    _model(repo, "ts_uint16", add_sub, _add_sub_config("ts_uint16", "TYPE_UINT16"))
+    _model(repo, "ts_wrong_dtype", add_sub, triton_config(
+        "ts_wrong_dtype", [("INPUT__0", "TYPE_INT32", [2]), ("INPUT__1", "TYPE_INT32", [2])],
+        [("OUTPUT__0", "TYPE_FP32", [2])], platform=PT))
+    _model(repo, "ts_gpu", add_sub, _add_sub_config("ts_gpu", "TYPE_FP32").replace("KIND_CPU", "KIND_GPU"))
+    (repo / "ts_corrupt" / "1").mkdir(parents=True)
+    (repo / "ts_corrupt" / "1" / "model.pt").write_bytes(b"not a zip archive")
+    (repo / "ts_corrupt" / "config.pbtxt").write_text(_add_sub_config("ts_corrupt", "TYPE_FP32"))
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repo, tmp_path_factory):
+    server = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    c = grpcclient.InferenceServerClient(server.url)
+    yield c
+    c.close()
+
+
+def _input(name: str, array: np.ndarray, wire: str) -> grpcclient.InferInput:
+    t = grpcclient.InferInput(name, list(array.shape), wire)
+    t.set_data_from_numpy(array)
+    return t
+
+
+def _values(dtype, shape, seed: int) -> np.ndarray:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype).kind in "iu":
+        return rng.integers(0, 50, size=shape).astype(dtype)
+    return rng.uniform(-4, 4, size=shape).astype(np.float32).astype(dtype)
+
+
+@pytest.mark.parametrize("wire", list(NUMERIC))
+def test_every_numeric_type(client, wire):
+    dtype = NUMERIC[wire][0]
+    a, b = _values(dtype, (3, 8), 1), _values(dtype, (3, 8), 2)
+    name = f"ts_{wire.lower()}"
+    result = client.infer(name, [_input("INPUT__0", a, wire), _input("INPUT__1", b, wire)])
+    total, diff = result.as_numpy("OUTPUT__0"), result.as_numpy("OUTPUT__1")
+    assert total.dtype == np.dtype(dtype) and total.shape == (3, 8)
+    # torch computes in the type itself; compare with torch on the same values
+    ta = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if wire == "BF16" else torch.from_numpy(a)
+    tb = torch.from_numpy(b.view(np.int16)).view(torch.bfloat16) if wire == "BF16" else torch.from_numpy(b)
+    want_sum, want_diff = ta + tb, ta - tb
+    if wire == "BF16":
+        want_sum = want_sum.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        want_diff = want_diff.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    else:
+        want_sum, want_diff = want_sum.numpy(), want_diff.numpy()
+    assert total.tobytes() == want_sum.tobytes()
+    assert diff.tobytes() == want_diff.tobytes()
+
+
+def test_bool(client):
+    x = np.array([[True, False, True], [False, False, True]])
+    result = client.infer("ts_bool", [_input("INPUT__0", x, "BOOL")])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), x)
+
+
+def test_example_add_sub_index_convention(client):
+    a = np.arange(32, dtype=np.int32).reshape(2, 16)
+    b = np.full((2, 16), 5, dtype=np.int32)
+    result = client.infer("torch_add_sub", [_input("INPUT__0", a, "INT32"), _input("INPUT__1", b, "INT32")])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT__1"), a - b)
+    assert client.get_model_metadata("torch_add_sub").platform == "pytorch_libtorch"
+
+
+def test_example_mlp_named_argument(client):
+    x = np.random.default_rng(3).standard_normal((5, TORCH_MLP_D_IN)).astype(np.float32)
+    result = client.infer("torch_mlp", [_input("features", x, "FP32")])
+    weights = tm.mlp_weights(TORCH_MLP_D_IN, TORCH_MLP_HIDDEN, TORCH_MLP_D_OUT, TORCH_MLP_SEED)
+    logits, probs = tm.mlp_reference(x, weights)
+    np.testing.assert_allclose(result.as_numpy("logits"), logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(result.as_numpy("probabilities"), probs, rtol=1e-5, atol=1e-6)
+    only = client.infer("torch_mlp", [_input("features", x, "FP32")],
+                        outputs=[grpcclient.InferRequestedOutput("probabilities")])
+    assert only.as_numpy("logits") is None
+    np.testing.assert_allclose(only.as_numpy("probabilities").sum(axis=1), 1, rtol=1e-5)
+
+
+def test_named_inputs_in_any_order_outputs_in_config_order(client):
+    a = np.array([10, 20, 30], dtype=np.float32)
+    b = np.array([1, 2, 3], dtype=np.float32)
+    result = client.infer("ts_named", [_input("a", a, "FP32"), _input("b", b, "FP32")])
+    np.testing.assert_array_equal(result.as_numpy("sum"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("difference"), a - b)
+
+
+def test_output_index_convention(client):
+    x = np.array([7, 9], dtype=np.int32)
+    y = np.array([2, 4], dtype=np.int32)
+    result = client.infer("ts_swapped", [_input("x__0", x, "INT32"), _input("y__1", y, "INT32")])
+    np.testing.assert_array_equal(result.as_numpy("SUM__0"), x + y)
+    np.testing.assert_array_equal(result.as_numpy("DIFF__1"), x - y)
+
+
+def test_thread_and_mode_parameters(client):
+    a, b = _values(np.float32, (2, 8), 4), _values(np.float32, (2, 8), 5)
+    result = client.infer("ts_params", [_input("INPUT__0", a, "FP32"), _input("INPUT__1", b, "FP32")])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), a + b)
+
+
+def test_concurrent_requests_batch(client):
+    errors: list[BaseException] = []
+
+    def call(i: int) -> None:
+        try:
+            a = np.full((1, 16), i, dtype=np.int32)
+            b = np.arange(16, dtype=np.int32).reshape(1, 16)
+            result = client.infer("torch_add_sub", [_input("INPUT__0", a, "INT32"), _input("INPUT__1", b, "INT32")])
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), a + b)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT__1"), a - b)
+        except BaseException as exc:  # pragma: no cover
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_load_errors_are_clear(client):
+    index = {m.name: m for m in client.get_model_repository_index().models}
+    assert index["torch_add_sub"].state == "READY"
+    assert "TorchScript" in index["ts_no_io"].reason and "input" in index["ts_no_io"].reason
+    assert "'foo'" in index["ts_bad_name"].reason and "__<index>" in index["ts_bad_name"].reason
+    assert "TYPE_UINT16" in index["ts_uint16"].reason
+    assert "torch.jit.load" in index["ts_corrupt"].reason
+    if not torch.cuda.is_available():
+        assert index["ts_gpu"].state == "UNAVAILABLE"
+        assert "KIND_GPU" in index["ts_gpu"].reason or "CUDA" in index["ts_gpu"].reason
+
+
+def test_output_type_mismatch_is_internal_naming_the_model(client):
+    x = np.array([1, 2], dtype=np.int32)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("ts_wrong_dtype", [_input("INPUT__0", x, "INT32"), _input("INPUT__1", x, "INT32")])
+    assert info.value.status() == "StatusCode.INTERNAL"
+    assert "ts_wrong_dtype" in info.value.message() and "TYPE_FP32" in info.value.message()

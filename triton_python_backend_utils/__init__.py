@@ -1,0 +1,605 @@
+"""Triton's Python-backend utilities, for Python models that inferd serves.
+
+Existing Triton Python models do ``import triton_python_backend_utils as
+pb_utils`` and keep working unchanged: this module provides the same names
+(:class:`Tensor`, :class:`InferenceRequest` including BLS's ``exec`` and
+``async_exec``, :class:`InferenceResponse`, :class:`TritonError`,
+:class:`TritonModelException`, :class:`Logger`, the ``auto_complete_config``
+:class:`ModelConfig`, the ``get_*_by_name`` helpers and the type tables).
+
+inferd runs a model in the server process, on its instance's worker thread,
+so tensors are plain numpy arrays (always in CPU memory). What inferd does not
+provide (decoupled response senders, custom metrics) raises
+:class:`TritonModelException` saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import threading
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+try:  # numpy has no bfloat16 of its own; inferd carries BF16 as ml_dtypes.bfloat16
+    import ml_dtypes
+
+    _BF16: Any = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover
+    _BF16 = None
+
+__all__ = [
+    "InferenceRequest", "InferenceResponse", "LogLevel", "Logger", "ModelConfig", "Tensor", "TritonError",
+    "TritonModelException", "deserialize_bytes_tensor", "get_input_config_by_name", "get_input_tensor_by_name",
+    "get_output_config_by_name", "get_output_tensor_by_name", "numpy_to_triton_type", "serialize_byte_tensor",
+    "triton_string_to_numpy", "triton_to_numpy_type", "using_decoupled_model_transaction_policy",
+]
+
+TRITON_STRING_TO_NUMPY: dict[str, Any] = {
+    "TYPE_BOOL": bool,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+if _BF16 is not None:
+    TRITON_STRING_TO_NUMPY["TYPE_BF16"] = _BF16.type
+
+# TRITONSERVER_DataType codes, as Tensor.triton_dtype() reports them.
+_CODE_TO_NUMPY: dict[int, Any] = {
+    1: np.bool_, 2: np.uint8, 3: np.uint16, 4: np.uint32, 5: np.uint64, 6: np.int8, 7: np.int16,
+    8: np.int32, 9: np.int64, 10: np.float16, 11: np.float32, 12: np.float64, 13: np.object_,
+}
+if _BF16 is not None:
+    _CODE_TO_NUMPY[14] = _BF16.type
+_NUMPY_TO_CODE: dict[Any, int] = {np.dtype(v): k for k, v in _CODE_TO_NUMPY.items()}
+_NUMPY_TO_CODE[np.dtype(np.bytes_)] = 13
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    """``"TYPE_FP32"`` -> ``np.float32`` (``TYPE_STRING`` -> ``np.object_``)."""
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    return _CODE_TO_NUMPY.get(data_type)
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    try:
+        return _NUMPY_TO_CODE.get(np.dtype(data_type))
+    except TypeError:
+        return None
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> bytes | None:
+    """BYTES elements as the protocol frames them: 4-byte little-endian length, then the bytes."""
+    if input_tensor.size == 0:
+        return b""
+    if input_tensor.dtype != np.object_ and input_tensor.dtype.type != np.bytes_:
+        return None
+    parts = []
+    for item in input_tensor.reshape(-1, order="C"):
+        data = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        parts.append(struct.pack("<I", len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
+    """The inverse of :func:`serialize_byte_tensor`: a 1-D object array of ``bytes``."""
+    items = []
+    view = memoryview(encoded_tensor)
+    pos = 0
+    while pos < len(view):
+        (length,) = struct.unpack_from("<I", view, pos)
+        pos += 4
+        items.append(bytes(view[pos:pos + length]))
+        pos += length
+    out = np.empty(len(items), dtype=np.object_)
+    out[:] = items
+    return out
+
+
+# -- errors ----------------------------------------------------------------------
+
+
+class TritonError:
+    """An error a model reports in an :class:`InferenceResponse` (or BLS reports to it)."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        self._message = message
+        self._code = code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def __str__(self) -> str:
+        return self._message
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r}, code={self._code})"
+
+
+class TritonModelException(Exception):
+    """Raised by models (and by this module) to fail the requests of an execution."""
+
+    def __init__(self, msg: str = "") -> None:
+        super().__init__(msg)
+        self._msg = msg
+
+    def message(self) -> str:
+        return self._msg
+
+    def __str__(self) -> str:
+        return self._msg
+
+
+# -- tensors ---------------------------------------------------------------------
+
+
+class Tensor:
+    """A named tensor of a request or response; the data is a numpy array."""
+
+    __slots__ = ("_name", "_array", "_shared")
+
+    def __init__(self, name: str, numpy_array: np.ndarray, triton_dtype: int | None = None) -> None:
+        if not isinstance(numpy_array, np.ndarray):
+            raise TritonModelException(
+                f"Tensor '{name}': numpy_array must be a numpy.ndarray, got {type(numpy_array).__name__}"
+            )
+        if numpy_array.dtype.type == np.str_ or (numpy_array.dtype.kind == "V" and numpy_array.dtype != _BF16):
+            raise TritonModelException(
+                f"Tensor '{name}': dtype {numpy_array.dtype} is not supported by the Python backend; "
+                "use np.object_ (of bytes or str) for BYTES tensors"
+            )
+        if triton_dtype is not None:
+            wanted = triton_to_numpy_type(triton_dtype)
+            if wanted is not None and numpy_array.dtype != np.dtype(wanted):
+                numpy_array = numpy_array.view(wanted)  # reinterpret the bytes, as Triton does
+        self._name = name
+        self._array = numpy_array
+        self._shared = False
+
+    @classmethod
+    def _of_request(cls, name: str, array: np.ndarray) -> "Tensor":
+        # A request's input as the server decoded it: the array may be a
+        # read-only view of the request's bytes; as_numpy() hands out a
+        # writable copy the first time (Triton's arrays are writable).
+        t = cls.__new__(cls)
+        t._name = name
+        t._array = array
+        t._shared = not array.flags.writeable
+        return t
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        if self._shared:
+            self._array = self._array.copy()
+            self._shared = False
+        return self._array
+
+    def triton_dtype(self) -> int | None:
+        return numpy_to_triton_type(self._array.dtype)
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def is_cpu(self) -> bool:
+        return True
+
+    # DLPack: through torch where it is installed (it handles BF16 and
+    # capsules), otherwise numpy's own support.
+
+    def to_dlpack(self) -> Any:
+        return self.__dlpack__()
+
+    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
+        array = self._array
+        if array.dtype.kind == "O":
+            raise TritonModelException(f"Tensor '{self._name}': BYTES tensors cannot be shared through DLPack")
+        if not array.flags.writeable:
+            array = array.copy()  # the consumer may write into it
+        try:
+            import torch
+            from torch.utils import dlpack as torch_dlpack
+        except ImportError:
+            return array.__dlpack__()
+        if _BF16 is not None and array.dtype == _BF16:
+            tensor = torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
+        else:
+            tensor = torch.from_numpy(array)
+        return torch_dlpack.to_dlpack(tensor)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU
+
+    @staticmethod
+    def from_dlpack(name: str, dlpack: Any) -> "Tensor":
+        """A Tensor from a DLPack capsule or an object with ``__dlpack__`` (a torch tensor, say)."""
+        try:
+            import torch
+        except ImportError:
+            return Tensor(name, np.from_dlpack(dlpack))
+        tensor = torch.from_dlpack(dlpack)
+        if tensor.device.type != "cpu":
+            tensor = tensor.cpu()
+        if tensor.dtype == torch.bfloat16:
+            if _BF16 is None:  # pragma: no cover
+                raise TritonModelException(f"Tensor '{name}': bfloat16 needs the ml_dtypes package")
+            return Tensor(name, tensor.view(torch.int16).numpy().view(_BF16))
+        return Tensor(name, tensor.numpy())
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
+
+
+# -- requests and responses ----------------------------------------------------------
+
+
+class InferenceResponse:
+    """One response: output tensors, or an error."""
+
+    __slots__ = ("_outputs", "_error", "_parameters")
+
+    def __init__(self, output_tensors: Sequence[Tensor] | None = None, error: TritonError | None = None,
+                 parameters: Any = None) -> None:
+        if output_tensors is None:
+            output_tensors = []
+        if not isinstance(output_tensors, (list, tuple)):
+            raise TritonModelException('"output_tensors" must be a list.')
+        if error is not None and not isinstance(error, TritonError):
+            error = TritonError(str(error))
+        self._outputs = list(output_tensors)
+        self._error = error
+        self._parameters = parameters
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        p = self._parameters
+        return p if isinstance(p, str) else json.dumps(p or {})
+
+
+class InferenceRequest:
+    """A request to this model (``execute`` receives a list of them), or a
+    BLS request to another model built by the model itself::
+
+        request = pb_utils.InferenceRequest(
+            model_name="other", inputs=[pb_utils.Tensor("INPUT0", array)],
+            requested_output_names=["OUTPUT0"])
+        response = request.exec()          # or: await request.async_exec()
+        if response.has_error():
+            raise pb_utils.TritonModelException(response.error().message())
+
+    BLS requests go through inferd's own data plane, so they are scheduled
+    (and dynamically batched) with the callee's other traffic.
+    """
+
+    def __init__(
+        self,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        inputs: Sequence[Tensor] | None = None,
+        requested_output_names: Sequence[str] | None = None,
+        model_name: str = "",
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: Any = None,
+        trace: Any = None,
+        parameters: dict[str, Any] | str | None = None,
+    ) -> None:
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._inputs = list(inputs or [])
+        self._requested = list(requested_output_names or [])
+        self.model_name = model_name
+        self.model_version = model_version
+        self._flags = flags
+        self._timeout = timeout
+        if isinstance(parameters, str):
+            parameters = json.loads(parameters) if parameters else {}
+        self._parameters: dict[str, Any] = dict(parameters or {})
+        self._cancelled: Any = None  # the server's request, for is_cancelled()
+
+    @classmethod
+    def _of_server(cls, inputs: list[Tensor], request_id: str, requested: list[str],
+                   parameters: dict[str, Any], source: Any) -> "InferenceRequest":
+        r = cls.__new__(cls)
+        r._request_id = request_id
+        r._correlation_id = 0
+        r._inputs = inputs
+        r._requested = requested
+        r.model_name = ""
+        r.model_version = -1
+        r._flags = 0
+        r._timeout = 0
+        r._parameters = parameters
+        r._cancelled = source
+        return r
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested
+
+    def flags(self) -> int:
+        return self._flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def parameters(self) -> str:
+        """The request's parameters as a JSON string (as Triton gives them)."""
+        return json.dumps(self._parameters)
+
+    def is_cancelled(self) -> bool:
+        source = self._cancelled
+        return bool(source is not None and getattr(source, "cancelled", False))
+
+    def get_response_sender(self) -> Any:
+        raise TritonModelException(
+            "get_response_sender(): decoupled models are not supported by inferd; return one "
+            "InferenceResponse per request from execute()"
+        )
+
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        """Run this request on the named model and wait for its response (BLS)."""
+        if decoupled:
+            raise TritonModelException("exec(decoupled=True): decoupled models are not supported by inferd")
+        from inferd.backends.python import bls_exec
+
+        return bls_exec(self)
+
+    def async_exec(self, decoupled: bool = False) -> Any:
+        """Start this request on the named model; returns an awaitable for its
+        response. Use from ``async def execute``."""
+        if decoupled:
+            raise TritonModelException("async_exec(decoupled=True): decoupled models are not supported by inferd")
+        from inferd.backends.python import bls_async_exec
+
+        return bls_async_exec(self)
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    for tensor in inference_request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_input_config_by_name(model_config: dict, name: str) -> dict | None:
+    for t in model_config.get("input", []):
+        if t["name"] == name:
+            return t
+    return None
+
+
+def get_output_config_by_name(model_config: dict, name: str) -> dict | None:
+    for t in model_config.get("output", []):
+        if t["name"] == name:
+            return t
+    return None
+
+
+def using_decoupled_model_transaction_policy(model_config: dict) -> bool:
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+# -- auto-complete ---------------------------------------------------------------------
+
+
+class ModelConfig:
+    """What ``TritonPythonModel.auto_complete_config`` receives and returns.
+
+    Only the inputs, outputs, max_batch_size and dynamic batching can be
+    completed; a value that contradicts one the config sets is refused with
+    ValueError, as in Triton.
+    """
+
+    def __init__(self, model_config: str | dict) -> None:
+        self._model_config = json.loads(model_config) if isinstance(model_config, str) else model_config
+        self._model_config.setdefault("input", [])
+        self._model_config.setdefault("output", [])
+        self._model_config.setdefault("max_batch_size", 0)
+
+    @property
+    def _name(self) -> str:
+        return str(self._model_config.get("name", ""))
+
+    def as_dict(self) -> dict:
+        return self._model_config
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 0:
+            raise ValueError(
+                f"set_max_batch_size for model '{self._name}': max_batch_size must be an integer >= 0, "
+                f"got {max_batch_size!r}"
+            )
+        current = int(self._model_config.get("max_batch_size", 0))
+        if current > max_batch_size:
+            raise ValueError(
+                f"configuration specified max_batch_size {current}, but in auto-complete-config function for "
+                f"model '{self._name}' specified max_batch_size {max_batch_size}"
+            )
+        self._model_config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        for other in ("sequence_batching", "ensemble_scheduling"):
+            if other in self._model_config:
+                raise ValueError(
+                    f"Configuration specified scheduling_choice as '{other}', but auto-complete-config function "
+                    f"for model '{self._name}' tries to set scheduling_choice as 'dynamic_batching'"
+                )
+        self._model_config.setdefault("dynamic_batching", {})
+
+    def add_input(self, input: dict) -> None:
+        self._add("input", input, ("name", "data_type", "dims", "optional"))
+
+    def add_output(self, output: dict) -> None:
+        self._add("output", output, ("name", "data_type", "dims"))
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict) -> None:
+        for key in transaction_policy_dict:
+            if key != "decoupled":
+                raise ValueError(
+                    f"model transaction property in auto-complete-config function for model '{self._name}' "
+                    "contains property other than 'decoupled'."
+                )
+        if transaction_policy_dict.get("decoupled"):
+            raise ValueError(f"model '{self._name}': decoupled models are not supported by inferd")
+        self._model_config.setdefault("model_transaction_policy", {})["decoupled"] = False
+
+    def _add(self, kind: str, tensor: dict, allowed: Iterable[str]) -> None:
+        if not isinstance(tensor, dict):
+            raise ValueError(f"add_{kind} for model '{self._name}': expected a dict, got {type(tensor).__name__}")
+        allowed = tuple(allowed)
+        label = f"{kind} '{tensor.get('name', '')}' in auto-complete-config function for model '{self._name}'"
+        for key in tensor:
+            if key not in allowed:
+                raise ValueError(f"{label} contains property '{key}'; allowed: {', '.join(allowed)}")
+        for key in ("name", "data_type", "dims"):
+            if key not in tensor:
+                raise ValueError(f"{label} is missing '{key}' property.")
+        dims = [int(d) for d in tensor["dims"]]
+        for current in self._model_config[kind]:
+            if current.get("name") != tensor["name"]:
+                continue
+            have_type = current.get("data_type", "TYPE_INVALID")
+            if have_type not in ("TYPE_INVALID", "") and have_type != tensor["data_type"]:
+                raise ValueError(
+                    f"unable to load model '{self._name}', configuration expects datatype {have_type} for "
+                    f"{kind} '{tensor['name']}', model provides {tensor['data_type']}"
+                )
+            have_dims = [int(d) for d in current.get("dims", [])]
+            if have_dims and have_dims != dims:
+                raise ValueError(
+                    f"model '{self._name}', tensor '{tensor['name']}': the model expects dims {dims} but the "
+                    f"model configuration specifies dims {have_dims}"
+                )
+            if "optional" in tensor and "optional" in current and current["optional"] != tensor["optional"]:
+                raise ValueError(
+                    f"model '{self._name}', tensor '{tensor['name']}': the model expects optional "
+                    f"{tensor['optional']} but the model configuration specifies optional {current['optional']}"
+                )
+            current["data_type"] = tensor["data_type"]
+            current["dims"] = dims
+            if "optional" in tensor:
+                current["optional"] = tensor["optional"]
+            return
+        added = dict(tensor)
+        added["dims"] = dims
+        self._model_config[kind].append(added)
+
+
+# -- logging -------------------------------------------------------------------------
+
+_log = logging.getLogger("inferd.python_model")
+_context = threading.local()  # the model running on this thread, set by inferd
+
+
+def _set_current_model(name: str | None) -> None:
+    _context.model = name
+
+
+class LogLevel:
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+_LEVELS = {LogLevel.INFO: logging.INFO, LogLevel.WARNING: logging.WARNING, LogLevel.ERROR: logging.ERROR,
+           LogLevel.VERBOSE: logging.DEBUG}
+
+
+class Logger:
+    """Model logging into the server's log, prefixed with the model's name."""
+
+    @staticmethod
+    def log(message: str, level: int = LogLevel.INFO) -> None:
+        model = getattr(_context, "model", None)
+        _log.log(_LEVELS.get(level, logging.INFO), "%s%s", f"[{model}] " if model else "", message)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        Logger.log(message, LogLevel.INFO)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        Logger.log(message, LogLevel.WARNING)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        Logger.log(message, LogLevel.ERROR)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        Logger.log(message, LogLevel.VERBOSE)
+
+
+class _Unsupported:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TritonModelException(f"{type(self).__name__}: custom metrics are not supported by inferd")
+
+
+class MetricFamily(_Unsupported):
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+
+class Metric(_Unsupported):
+    pass
