@@ -100,6 +100,11 @@ def build_model(
         raise
     workers = [InstanceWorker(i, "thread" if i.thread_only else params.execution, params.inline_max_microseconds)
                for i in instances]
+    if any(w.mode == "auto" for w in workers):
+        sample = sample_inputs(spec)
+        for worker in workers:
+            if worker.mode == "auto":
+                worker.calibrate(sample, list(spec.outputs))
     stats = ModelStats(spec.name, version)
     scheduler = BatchScheduler(spec.name, policy, workers, list(spec.outputs), stats, clock)
     return Model(spec=spec, version=version, scheduler=scheduler, stats=stats, model_dir=model_dir)
