@@ -1,4 +1,4 @@
-"""The ``inferd`` command: ``serve``, ``check``."""
+"""The ``inferd`` command: ``serve``, ``check``, ``perf``."""
 
 from __future__ import annotations
 
@@ -45,11 +45,18 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _check_parser(sub)
+    from inferd.perf.options import add_parser as _perf_parser
+
+    _perf_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "check":
         return _check(args.repository)
+    if args.command == "perf":
+        from inferd.perf import run as _perf
+
+        return _perf(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

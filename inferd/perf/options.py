@@ -1,0 +1,262 @@
+"""The ``inferd perf`` command line: parser, range/shape syntax and the entry point."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+
+class PerfError(Exception):
+    """An error reported to the user as one line, without a traceback (exit status 1)."""
+
+
+# --------------------------------------------------------------------------- value syntax
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got '{text}'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def _split_range(text: str, what: str) -> list[str]:
+    parts = text.split(":")
+    if not 1 <= len(parts) <= 3 or any(not p.strip() for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"bad {what} range '{text}': expected START, START:END or START:END:STEP"
+        )
+    return [p.strip() for p in parts]
+
+
+def parse_concurrency_range(text: str) -> list[int]:
+    """``start[:end[:step]]`` -> the concurrency levels, e.g. ``1:8:2`` -> [1, 3, 5, 7]."""
+    parts = _split_range(text, "concurrency")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"bad concurrency range '{text}': START, END and STEP must be integers"
+        ) from None
+    start, end, step = values[0], values[1] if len(values) > 1 else values[0], values[2] if len(values) > 2 else 1
+    if start < 1:
+        raise argparse.ArgumentTypeError(f"bad concurrency range '{text}': START must be >= 1, got {start}")
+    if end < start:
+        raise argparse.ArgumentTypeError(f"bad concurrency range '{text}': END {end} is below START {start}")
+    if step < 1:
+        raise argparse.ArgumentTypeError(f"bad concurrency range '{text}': STEP must be >= 1, got {step}")
+    return list(range(start, end + 1, step))
+
+
+def parse_rate_range(text: str) -> list[float]:
+    """``start[:end[:step]]`` in requests/second, e.g. ``100:400:100`` -> [100, 200, 300, 400]."""
+    parts = _split_range(text, "request rate")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"bad request rate range '{text}': START, END and STEP must be numbers"
+        ) from None
+    start, end, step = values[0], values[1] if len(values) > 1 else values[0], values[2] if len(values) > 2 else 1.0
+    if not start > 0 or start == float("inf"):
+        raise argparse.ArgumentTypeError(f"bad request rate range '{text}': START must be > 0, got {parts[0]}")
+    if end < start:
+        raise argparse.ArgumentTypeError(f"bad request rate range '{text}': END {parts[1]} is below START {parts[0]}")
+    if not step > 0:
+        raise argparse.ArgumentTypeError(f"bad request rate range '{text}': STEP must be > 0, got {parts[2]}")
+    levels, k = [], 0
+    while True:
+        value = start + k * step
+        if value > end * (1 + 1e-9):
+            break
+        levels.append(round(value, 9))
+        k += 1
+        if k > 10_000:
+            raise argparse.ArgumentTypeError(f"bad request rate range '{text}': more than 10000 levels")
+    return levels
+
+
+def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """``NAME:d1,d2`` -> (NAME, (d1, d2)); the dims exclude the batch dimension."""
+    name, sep, dims = text.rpartition(":")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"bad shape '{text}': expected NAME:d1,d2,... (e.g. INPUT0:3,224,224)")
+    try:
+        shape = tuple(int(d) for d in dims.split(",")) if dims.strip() else ()
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"bad shape '{text}': dimensions must be integers separated by commas"
+        ) from None
+    if any(d < 1 for d in shape):
+        raise argparse.ArgumentTypeError(f"bad shape '{text}': dimensions must be >= 1")
+    return name, shape
+
+
+# --------------------------------------------------------------------------- the parser
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "perf",
+        help="measure a model's throughput and latency over gRPC (perf_analyzer-style)",
+        description=(
+            "Load a model on a KServe v2 / Triton gRPC server and report throughput, latency "
+            "percentiles and the server-side time split per load level. Options follow Triton's "
+            "perf_analyzer where they overlap."
+        ),
+    )
+    p.add_argument("-m", "--model-name", dest="model", required=True, help="model to load")
+    p.add_argument("-x", "--model-version", dest="model_version", default="",
+                   help="model version (default: the server's choice)")
+    p.add_argument("-u", "--url", default="localhost:8001", help="gRPC server HOST:PORT (default localhost:8001)")
+    p.add_argument("-i", "--protocol", default="grpc", choices=["grpc"], help="only grpc is supported")
+    p.add_argument("-b", "--batch-size", type=_positive_int, default=1,
+                   help="rows per request (the model's batch dimension; default 1)")
+
+    load = p.add_argument_group("load")
+    mode = load.add_mutually_exclusive_group()
+    mode.add_argument("--concurrency-range", type=parse_concurrency_range, metavar="START:END:STEP",
+                      help="closed loop: this many requests in flight (default 1)")
+    mode.add_argument("--request-rate-range", type=parse_rate_range, metavar="START:END:STEP",
+                      help="open loop: send at this many requests/second, whatever the responses")
+    load.add_argument("--request-distribution", choices=["constant", "poisson"], default="constant",
+                      help="open loop: gaps between sends (default constant)")
+    load.add_argument("--workers", type=_positive_int, default=1,
+                      help="load-generating processes, each with its own gRPC channel (default 1)")
+    load.add_argument("--max-inflight", type=_positive_int, default=1024,
+                      help="open loop: at most this many requests in flight per worker (default 1024)")
+    load.add_argument("--priority", type=_nonneg_int, default=None,
+                      help="send the 'priority' request parameter (1 is the highest level)")
+    load.add_argument("--request-timeout-us", type=_nonneg_int, default=None,
+                      help="send the 'timeout' request parameter (server-side queue timeout, microseconds)")
+    load.add_argument("--seed", type=int, default=0, help="seed for random input data and Poisson gaps")
+
+    data = p.add_argument_group("input data")
+    data.add_argument("--input-data", default="random",
+                      help="random | zero | FILE.json (perf_analyzer's {\"data\": [...]}) | FILE.npz "
+                           "(one array per input); default random")
+    data.add_argument("--shape", action="append", type=parse_shape, default=[], metavar="NAME:D1,D2",
+                      help="shape of an input with variable dimensions, without the batch dimension (repeatable)")
+    data.add_argument("--string-length", type=_positive_int, default=128,
+                      help="length of random BYTES elements (default 128)")
+
+    meas = p.add_argument_group("measurement")
+    meas.add_argument("-p", "--measurement-interval", type=_positive_int, default=5000, metavar="MS",
+                      help="measurement window in milliseconds (default 5000)")
+    meas.add_argument("-s", "--stability-percentage", type=_positive_float, default=10.0,
+                      help="throughput and average latency of the last 3 windows must be within this "
+                           "percentage of each other (default 10)")
+    meas.add_argument("-r", "--max-trials", type=_positive_int, default=10,
+                      help="at most this many windows per load level (default 10)")
+    meas.add_argument("--request-count", type=_positive_int, default=None,
+                      help="instead of time windows: send exactly N requests per load level and measure them all")
+    meas.add_argument("--connect-timeout", type=_positive_float, default=10.0,
+                      help="seconds to wait for the server's first answers (default 10)")
+
+    out = p.add_argument_group("output")
+    out.add_argument("-f", "--latency-report-file", dest="csv", default=None, metavar="FILE.csv",
+                     help="write perf_analyzer's CSV (same header and columns)")
+    out.add_argument("--verbose-csv", action="store_true",
+                     help="add perf_analyzer's --verbose-csv columns (Avg latency, request/response, response wait)")
+    out.add_argument("--json", default=None, metavar="FILE.json", help="write all results as JSON")
+    out.add_argument("--plot", default=None, metavar="FILE.png",
+                     help="plot throughput vs latency and latency percentiles per level (needs matplotlib)")
+    out.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    return p
+
+
+@dataclass
+class PerfOptions:
+    """Validated settings (built from the parsed arguments)."""
+
+    model: str
+    version: str
+    url: str
+    batch_size: int
+    mode: str  # "concurrency" | "request_rate"
+    levels: list
+    distribution: str
+    workers: int
+    max_inflight: int
+    priority: int | None
+    timeout_us: int | None
+    seed: int
+    input_data: str
+    shapes: dict[str, tuple[int, ...]]
+    string_length: int
+    interval_ms: int
+    stability_pct: float
+    max_trials: int
+    request_count: int | None
+    connect_timeout: float
+    csv: str | None
+    verbose_csv: bool
+    json: str | None
+    plot: str | None
+    quiet: bool
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "PerfOptions":
+        shapes: dict[str, tuple[int, ...]] = {}
+        for name, dims in args.shape:
+            if name in shapes and shapes[name] != dims:
+                raise PerfError(f"--shape given twice for input '{name}' with different dimensions")
+            shapes[name] = dims
+        if args.request_rate_range is not None:
+            mode, levels = "request_rate", args.request_rate_range
+        else:
+            mode, levels = "concurrency", args.concurrency_range or [1]
+        return cls(
+            model=args.model, version=args.model_version, url=args.url, batch_size=args.batch_size,
+            mode=mode, levels=levels, distribution=args.request_distribution, workers=args.workers,
+            max_inflight=args.max_inflight, priority=args.priority, timeout_us=args.request_timeout_us,
+            seed=args.seed, input_data=args.input_data, shapes=shapes, string_length=args.string_length,
+            interval_ms=args.measurement_interval, stability_pct=args.stability_percentage,
+            max_trials=args.max_trials, request_count=args.request_count,
+            connect_timeout=args.connect_timeout, csv=args.csv, verbose_csv=args.verbose_csv,
+            json=args.json, plot=args.plot, quiet=args.quiet,
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``inferd perf``: 0 on success, 1 on an error (one line on stderr), 130 on Ctrl-C."""
+    try:
+        options = PerfOptions.from_args(args)
+        if options.plot:
+            try:
+                import matplotlib  # noqa: F401  (checked before any load is sent)
+            except ImportError:
+                raise PerfError("--plot needs matplotlib: pip install 'inferd[perf]'") from None
+        from .runner import perf_main
+
+        return perf_main(options)
+    except PerfError as exc:
+        print(f"inferd perf: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("inferd perf: interrupted", file=sys.stderr)
+        return 130
