@@ -14,6 +14,7 @@ alone. The load client and the server share the machine's cores.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import csv
 import datetime as _dt
 import json
@@ -220,9 +221,42 @@ def scenario_compute_bound(quick: bool) -> dict:
     return out
 
 
+ENSEMBLE_MODELS = ("ens_scale", "ens_mlp", "ens_relu", "mlp_fused", "ensemble_mlp")
+SEQUENCE_LABEL = "3 calls one after another by a client"
+
+
+def scenario_ensemble(quick: bool) -> dict:
+    """scale -> mlp -> relu (FP32 256 -> 1024 -> 256), three ways: the ensemble_mlp ensemble
+    (three batching ONNX models), mlp_fused (the same graph as one ONNX model), and the three
+    models called one after another by a client (inferd's own gRPC stubs in Python, each
+    output's bytes forwarded as the next input; perf_analyzer cannot chain calls). The client
+    figures include a Python client's cost on the shared cores; perf_analyzer's are C++."""
+    from inferd.examples import build as b
+    from perf.sequential_client import run_sequences
+
+    repo = OUT / "repo_ensemble"
+    b.build_repository(repo, models=[s for s in b.MODELS if s.name in ENSEMBLE_MODELS], log=None)
+    window_ms = 2000 if quick else 4000
+    out: dict = {"measures": [], "ceilings": {}}
+    server, url = start_inferd(repo)
+    try:
+        for c in (1, 16):
+            out["measures"].append(asdict(run_pa("ensemble_mlp (ensemble)", "ensemble_mlp", url, c, window_ms=window_ms)))
+            out["measures"].append(asdict(run_pa("mlp_fused (one model)", "mlp_fused", url, c, window_ms=window_ms)))
+            seq = asyncio.run(run_sequences(url, ["ens_scale", "ens_mlp", "ens_relu"], c, seconds=3 * window_ms / 1000))
+            out["measures"].append(asdict(Measure(SEQUENCE_LABEL, c, 1, seq.sequences_per_s, seq.p50_us, seq.p99_us,
+                                                  note=f"python client, {seq.count} sequences")))
+    finally:
+        server.stop()
+    x = np.random.default_rng(0).standard_normal((1, 256), dtype=np.float32)
+    out["ceilings"]["mlp_fused raw onnxruntime, batch 1"] = raw_ceiling(repo / "mlp_fused/1/model.onnx", {"INPUT0": x})
+    return out
+
+
 SCENARIOS = {
     "request_path": scenario_request_path,
     "compute_bound": scenario_compute_bound,
+    "ensemble": scenario_ensemble,
 }
 
 
@@ -288,6 +322,18 @@ def add_ratios(name: str, result: dict) -> None:
             if off and on and off["infer_per_s"]:
                 ratios[f"c={c}: batching on / off"] = f"{on['infer_per_s'] / off['infer_per_s']:.2f}x"
                 ratios[f"c={c}: batching on / raw batch-64 ceiling"] = f"{on['infer_per_s'] / ceiling:.2f}x"
+    if name == "ensemble":
+        e1, f1, s1 = find("ensemble_mlp (ensemble)", 1), find("mlp_fused (one model)", 1), find(SEQUENCE_LABEL, 1)
+        e16, f16, s16 = find("ensemble_mlp (ensemble)", 16), find("mlp_fused (one model)", 16), find(SEQUENCE_LABEL, 16)
+        if e1 and f1 and e1["p50_us"] and f1["p50_us"]:
+            ratios["c=1: ensemble p50 - fused p50"] = (
+                f"{e1['p50_us'] - f1['p50_us']:+.0f} us ({e1['p50_us']:.0f} vs {f1['p50_us']:.0f} us)")
+        if e16 and f16 and f16["infer_per_s"]:
+            ratios["c=16: ensemble / fused throughput"] = f"{e16['infer_per_s'] / f16['infer_per_s']:.2f}x"
+        if e1 and s1 and s1["p50_us"] and e1["p50_us"]:
+            ratios["c=1: client's 3 calls p50 - ensemble p50"] = f"{s1['p50_us'] - e1['p50_us']:+.0f} us"
+        if e16 and s16 and s16["infer_per_s"]:
+            ratios["c=16: ensemble / client's 3 calls throughput"] = f"{e16['infer_per_s'] / s16['infer_per_s']:.2f}x"
     result["ratios"] = ratios
 
 

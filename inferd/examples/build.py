@@ -239,6 +239,83 @@ MODELS += [
 ]
 
 
+# Ensembles (platform "ensemble"): ensemble_mlp runs scale -> mlp -> relu as three
+# batching ONNX models; mlp_fused is the same computation as one ONNX model (the
+# benchmark's baseline); ensemble_parallel runs scale and relu of one input as two
+# concurrent branches joined by an add. An ensemble has no model file, only an
+# (empty) version folder, as Triton requires.
+
+ENSEMBLE_SCALE = 2.0
+
+
+def ensemble_steps(steps: Sequence[tuple[str, Mapping[str, str], Mapping[str, str]]], max_inflight: int = 0) -> str:
+    """An ``ensemble_scheduling`` block: (model, {model input: tensor}, {model output: tensor}) per step."""
+    out = "ensemble_scheduling {\n"
+    if max_inflight:
+        out += f"  max_inflight_requests: {int(max_inflight)}\n"
+    out += "  step [\n"
+    rendered = []
+    for model, inputs, outputs in steps:
+        text = f'    {{\n      model_name: "{model}"\n      model_version: -1\n'
+        for key, value in inputs.items():
+            text += f'      input_map {{ key: "{key}" value: "{value}" }}\n'
+        for key, value in outputs.items():
+            text += f'      output_map {{ key: "{key}" value: "{value}" }}\n'
+        rendered.append(text + "    }")
+    return out + ",\n".join(rendered) + "\n  ]\n}\n"
+
+
+def _ensemble(name: str, io: tuple[Sequence[Tensor], Sequence[Tensor]], max_batch_size: int, steps) -> ModelSpec:  # type: ignore[no-untyped-def]
+    config = triton_config(name, *io, max_batch_size=max_batch_size, platform="ensemble", instance_count=0,
+                           extra=ensemble_steps(steps))
+    return ModelSpec(name, config, {"1/.keep": b""})
+
+
+MODELS += [
+    ModelSpec(
+        "ens_scale",
+        triton_config("ens_scale", *_FP32_MLP_IO, max_batch_size=64, dynamic_batching=""),
+        {"1/model.onnx": onnx_file(lambda: om.scale(MLP_D_IN, ENSEMBLE_SCALE))},
+    ),
+    ModelSpec(
+        "ens_mlp",  # the weights of "mlp"; its own model so its statistics are the ensemble's
+        triton_config("ens_mlp", *_FP32_MLP_IO, max_batch_size=64, dynamic_batching=""),
+        {"1/model.onnx": _mlp_bytes},
+    ),
+    ModelSpec(
+        "ens_relu",
+        triton_config("ens_relu", *_FP32_MLP_IO, max_batch_size=64, dynamic_batching=""),
+        {"1/model.onnx": onnx_file(lambda: om.relu(MLP_D_OUT))},
+    ),
+    ModelSpec(
+        "ens_add",  # OUTPUT0 = INPUT0 + INPUT1 (and OUTPUT1 = INPUT0 - INPUT1, unused)
+        triton_config(
+            "ens_add",
+            [("INPUT0", "TYPE_FP32", [MLP_D_IN]), ("INPUT1", "TYPE_FP32", [MLP_D_IN])],
+            [("OUTPUT0", "TYPE_FP32", [MLP_D_IN]), ("OUTPUT1", "TYPE_FP32", [MLP_D_IN])],
+            max_batch_size=64, dynamic_batching="",
+        ),
+        {"1/model.onnx": onnx_file(lambda: om.add_sub(np.float32, MLP_D_IN, batch=True))},
+    ),
+    ModelSpec(
+        "mlp_fused",  # relu(mlp(scale(x))) as one ONNX model: what ensemble_mlp computes
+        triton_config("mlp_fused", *_FP32_MLP_IO, max_batch_size=64, dynamic_batching=""),
+        {"1/model.onnx": onnx_file(lambda: om.fused_scale_mlp_relu(
+            MLP_D_IN, MLP_HIDDEN, MLP_D_OUT, factor=ENSEMBLE_SCALE, seed=MLP_SEED))},
+    ),
+    _ensemble("ensemble_mlp", _FP32_MLP_IO, 64, [
+        ("ens_scale", {"INPUT0": "INPUT0"}, {"OUTPUT0": "scaled"}),
+        ("ens_mlp", {"INPUT0": "scaled"}, {"OUTPUT0": "hidden"}),
+        ("ens_relu", {"INPUT0": "hidden"}, {"OUTPUT0": "OUTPUT0"}),
+    ]),
+    _ensemble("ensemble_parallel", _FP32_MLP_IO, 64, [
+        ("ens_scale", {"INPUT0": "INPUT0"}, {"OUTPUT0": "scaled"}),
+        ("ens_relu", {"INPUT0": "INPUT0"}, {"OUTPUT0": "rectified"}),
+        ("ens_add", {"INPUT0": "scaled", "INPUT1": "rectified"}, {"OUTPUT0": "OUTPUT0"}),
+    ]),
+]
+
+
 # --------------------------------------------------------------------------- writing
 
 

@@ -13,11 +13,14 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from inferd import backends
 from inferd._proto import model_config_pb2 as mc
 from inferd.clock import Clock
 from inferd.config import ModelSpec, autocomplete, parse_config_file, validate
+from inferd.ensemble import loader as ensemble_loader
+from inferd.ensemble.graph import EnsembleGraph, build_graph, find_cycle, load_order
 from inferd.errors import ConfigError, InferdError, Unavailable, unknown_model
 from inferd.repository.layout import available_versions, scan, select_versions
 from inferd.repository.model import Model, build_model
@@ -44,6 +47,7 @@ class _Entry:
     reason: str = ""
     versions: dict[int, Model] = field(default_factory=dict)
     latest: Model | None = None
+    ensemble: Any = None  # an ensemble's PreparedEnsemble, once loaded
 
     def set_versions(self, versions: dict[int, Model]) -> None:
         self.versions = versions
@@ -73,7 +77,8 @@ def prepare(name: str, model_dir: Path) -> Prepared:
     versions = select_versions(config, available_versions(model_dir))
     backend = backends.resolve(config, model_dir)
     if backend is None:
-        raise ConfigError(f"model '{name}': platform \"ensemble\" is not supported by this inferd version")
+        raise ConfigError(f"model '{name}': an ensemble is checked against its composing models: "
+                          "the ModelManager loads it (inferd.ensemble.loader), not prepare()")
     filename = config.default_model_filename or backend.default_filename
     files: dict[int, Path] = {}
     for version in versions:
@@ -141,10 +146,19 @@ class ModelManager:
             self.get(name, version)
         except InferdError:
             return False
-        return True
+        return self.ensemble_problem(name) is None
 
     def all_ready(self) -> bool:
-        return all(e.state == READY for e in self._entries.values())
+        return all(e.state == READY and self.ensemble_problem(e.name) is None for e in self._entries.values())
+
+    def ensemble_problem(self, name: str) -> str | None:
+        """Why a loaded ensemble cannot serve now (a composing model, maybe nested, is
+        missing, unloaded or failed), or None; None for any other model. Cheap: call it
+        after loading or unloading a model to see which ensembles it affects."""
+        entry = self._entries.get(name)
+        if entry is None or entry.ensemble is None or entry.state != READY:
+            return None
+        return ensemble_loader.dependency_problem(entry.ensemble.graph, self._entries.get)
 
     def models(self) -> list[Model]:
         return [m for e in self._entries.values() for m in e.versions.values()]
@@ -153,8 +167,10 @@ class ModelManager:
         out = []
         for entry in sorted(self._entries.values(), key=lambda e: e.name):
             if entry.versions:
+                problem = self.ensemble_problem(entry.name)
+                state, reason = (UNAVAILABLE, problem) if problem else (entry.state, entry.reason)
                 for version in sorted(entry.versions):
-                    out.append(IndexEntry(entry.name, str(version), entry.state, entry.reason))
+                    out.append(IndexEntry(entry.name, str(version), state, reason))
             elif not ready_only:
                 out.append(IndexEntry(entry.name, "", entry.state, entry.reason))
         return [e for e in out if not ready_only or e.state == READY]
@@ -166,11 +182,22 @@ class ModelManager:
         found = scan(self.repositories)
         for name, path in found.items():
             self._entries.setdefault(name, _Entry(name, path))
-        await asyncio.gather(*(self.load(name) for name in found))
+        # Ensembles after the models they compose (nested ones in dependency order).
+        graphs = {name: g for name in found if (g := self._ensemble_graph(name)) is not None}
+        await asyncio.gather(*(self.load(name) for name in found if name not in graphs))
+        for name in load_order(graphs):
+            await self.load(name)
 
     async def load(self, name: str) -> None:
         entry = self._entries[name]
         entry.state = LOADING if not entry.versions else entry.state
+        try:
+            ensemble_config = ensemble_loader.read_config(name, entry.path)
+        except InferdError:
+            ensemble_config = None  # prepare() reports the broken config
+        if ensemble_config is not None:
+            await self._load_ensemble(entry, ensemble_config)
+            return
         loop = asyncio.get_running_loop()
         try:
             models = await loop.run_in_executor(None, self._load_blocking, name, entry.path)
@@ -183,6 +210,7 @@ class ModelManager:
             log.exception("failed to load model '%s'", name)
             return
         old = entry.versions
+        entry.ensemble = None
         entry.set_versions(models)
         entry.state, entry.reason = READY, ""
         log.info("loaded model '%s' versions %s", name, sorted(models))
@@ -193,11 +221,54 @@ class ModelManager:
         prepared = prepare(name, path)
         return load_versions(prepared, path, self.clock)
 
+    async def _load_ensemble(self, entry: _Entry, config: Any) -> None:
+        """Check an ensemble against its (already loaded) composing models; nothing blocks."""
+        name = entry.name
+        try:
+            prepared = ensemble_loader.prepare(name, entry.path, config)
+            problem = find_cycle(name, self._ensemble_graph) or ensemble_loader.dependency_problem(
+                prepared.graph, self._entries.get)
+            if problem:
+                raise Unavailable(problem)
+            ensemble_loader.check_models(prepared, self._entries.get)
+            models = ensemble_loader.build_versions(prepared, entry.path, self.get, self.clock)
+        except InferdError as exc:
+            entry.state, entry.reason = UNAVAILABLE, exc.message
+            log.error("failed to load ensemble '%s': %s", name, exc.message)
+            return
+        except Exception as exc:
+            entry.state, entry.reason = UNAVAILABLE, f"{type(exc).__name__}: {exc}"
+            log.exception("failed to load ensemble '%s'", name)
+            return
+        old = entry.versions
+        entry.ensemble = prepared
+        entry.set_versions(models)
+        entry.state, entry.reason = READY, ""
+        log.info("loaded ensemble '%s' versions %s", name, sorted(models))
+        for model in old.values():
+            await model.scheduler.stop()
+
+    def _ensemble_graph(self, name: str) -> EnsembleGraph | None:
+        """An ensemble's wiring (None for other models, unknown names and broken configs)."""
+        entry = self._entries.get(name)
+        if entry is None:
+            return None
+        if entry.ensemble is not None:
+            return entry.ensemble.graph
+        try:
+            config = ensemble_loader.read_config(name, entry.path)
+            return build_graph(config) if config is not None else None
+        except InferdError:
+            return None
+
     async def stop(self) -> None:
         """Finish what is in flight and release every model."""
         for entry in self._entries.values():
             entry.state = UNLOADING
-        await asyncio.gather(*(m.scheduler.stop() for m in self.models()))
+        # Ensembles first: their in-flight requests still need their composing models.
+        ensembles = [m for e in self._entries.values() if e.ensemble is not None for m in e.versions.values()]
+        await asyncio.gather(*(m.scheduler.stop() for m in ensembles))
+        await asyncio.gather(*(m.scheduler.stop() for m in self.models() if m not in ensembles))
         for entry in self._entries.values():
             entry.set_versions({})
             entry.state, entry.reason = UNAVAILABLE, "unloaded"

@@ -1,0 +1,124 @@
+"""Loading an ensemble: what the ModelManager calls.
+
+An ensemble is loaded after its composing models (:func:`load_order`), on
+the event loop (it has no instances, nothing blocks). :func:`prepare` checks
+its own config and wiring; :func:`dependency_problem` says whether its
+composing models are there and ready (also nested, also later, when one is
+unloaded); :func:`check_models` checks the wiring against their specs;
+:func:`build_versions` makes one :class:`Model` per version folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from inferd._proto import model_config_pb2 as mc
+from inferd.clock import Clock
+from inferd.config import ModelSpec, model_spec, parse_config_file, validate
+from inferd.ensemble.graph import (
+    Composing,
+    EnsembleGraph,
+    build_graph,
+    check_against_models,
+    check_ensemble_config,
+    is_ensemble,
+)
+from inferd.ensemble.scheduler import EnsembleScheduler, Resolver
+from inferd.errors import ConfigError
+from inferd.observability.stats import ModelStats
+from inferd.repository.layout import available_versions, select_versions
+
+READY = "READY"
+
+
+@dataclass(frozen=True)
+class PreparedEnsemble:
+    spec: ModelSpec
+    graph: EnsembleGraph
+    versions: list[int]
+
+
+def read_config(name: str, model_dir: Path) -> mc.ModelConfig | None:
+    """The model's config when it is an ensemble; None for any other model."""
+    path = model_dir / "config.pbtxt"
+    if not path.exists():
+        return None
+    config = parse_config_file(path, model=name)
+    if not is_ensemble(config):
+        return None
+    if not config.name:
+        config.name = name
+    elif config.name != name:
+        raise ConfigError(f"model '{name}': config.pbtxt names the model '{config.name}'; it must match its folder")
+    return config
+
+
+def prepare(name: str, model_dir: Path, config: mc.ModelConfig) -> PreparedEnsemble:
+    """Check the ensemble's own config and wiring; no other model is needed."""
+    check_ensemble_config(config)
+    # The checks every config gets (tensors, parameters, version_policy, refused
+    # fields), on a copy without the block that only ensembles may carry.
+    plain = mc.ModelConfig()
+    plain.CopyFrom(config)
+    plain.ClearField("ensemble_scheduling")
+    validate(plain, model_dir=model_dir)
+    graph = build_graph(config)
+    versions = select_versions(config, available_versions(model_dir))
+    return PreparedEnsemble(model_spec(config), graph, versions)
+
+
+def dependency_problem(graph: EnsembleGraph, entry_of: Callable[[str], Any], _seen: frozenset[str] = frozenset()) -> str | None:
+    """Why the ensemble cannot serve now, or None when every composing model is ready.
+
+    ``entry_of(name)`` is the manager's entry for a model (``state``,
+    ``reason``, ``versions``, ``ensemble``: a PreparedEnsemble or None), or None
+    when the repository has no such model. Nested ensembles are checked too.
+    """
+    seen = _seen | {graph.name}
+    for step in graph.steps:
+        at = f"ensemble '{graph.name}' {step.label}"
+        entry = entry_of(step.model_name)
+        if entry is None:
+            return f"{at}: model '{step.model_name}' is not in the model repository"
+        if step.model_name in seen:
+            return f"{at}: ensembles form a cycle through '{step.model_name}'"
+        if entry.state != READY or not entry.versions:
+            what = "failed to load" if entry.state == "UNAVAILABLE" and entry.reason != "unloaded" else "is not ready"
+            return f"{at}: composing model '{step.model_name}' {what}: {entry.reason or entry.state.lower()}"
+        if step.model_version and step.model_version not in entry.versions:
+            return (f"{at}: version {step.model_version} of model '{step.model_name}' is not loaded "
+                    f"(loaded versions: {sorted(entry.versions)})")
+        nested = getattr(entry, "ensemble", None)
+        if nested is not None:
+            problem = dependency_problem(nested.graph, entry_of, seen)
+            if problem:
+                return f"{at}: composing ensemble '{step.model_name}' is not ready: {problem}"
+    return None
+
+
+def check_models(prepared: PreparedEnsemble, entry_of: Callable[[str], Any]) -> None:
+    """The wiring against the composing models' specs (their latest loaded version's)."""
+
+    def lookup(name: str) -> Composing | None:
+        entry = entry_of(name)
+        if entry is None or not entry.versions:
+            return None
+        latest = entry.versions[max(entry.versions)]
+        return Composing(latest.spec, frozenset(entry.versions))
+
+    check_against_models(prepared.spec, prepared.graph, lookup)
+
+
+def build_versions(prepared: PreparedEnsemble, model_dir: Path, resolve: Resolver, clock: Clock | None = None) -> dict:
+    """One Model (an EnsembleScheduler and its own statistics) per selected version."""
+    from inferd.repository.model import Model
+
+    models = {}
+    for version in prepared.versions:
+        stats = ModelStats(prepared.spec.name, version)
+        scheduler = EnsembleScheduler(prepared.spec, prepared.graph, resolve, stats, clock)
+        models[version] = Model(spec=prepared.spec, version=version, scheduler=scheduler, stats=stats,
+                                model_dir=model_dir)
+    return models

@@ -1,0 +1,199 @@
+"""Running an ensemble request: each step as soon as its inputs exist.
+
+A step's request takes the composing model's own path, as a client request
+to that model would (look the model up now, validate, its scheduler, shape
+its outputs, its statistics), so ensemble traffic shares batches with direct
+traffic. Intermediate tensors are handed from step to step as the same
+numpy arrays. Independent steps run concurrently as asyncio tasks; a chain
+runs inline in the request's own task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+import numpy as np
+
+from inferd.clock import Clock, MonotonicClock
+from inferd.config import ModelSpec
+from inferd.ensemble.graph import EnsembleGraph, Step
+from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError, Unavailable
+from inferd.observability.stats import ModelStats
+from inferd.scheduling.base import Scheduler
+from inferd.server.validation import prepare_inputs, shape_outputs
+from inferd.types import InferenceRequest, RequestedOutput
+
+# (name, version; 0 = latest) -> the loaded model (inferd.repository.Model), or a domain error.
+Resolver = Callable[[str, int], object]
+
+
+class EnsembleScheduler(Scheduler):
+    def __init__(
+        self, spec: ModelSpec, graph: EnsembleGraph, resolve: Resolver, stats: ModelStats,
+        clock: Clock | None = None,
+    ) -> None:
+        self.spec = spec
+        self.graph = graph
+        self._resolve = resolve
+        self._stats = stats
+        self._clock = clock or MonotonicClock()
+        self._inflight = 0
+        self._stopped = False
+        self._idle: asyncio.Event | None = None
+        limit = graph.max_inflight_requests
+        # Back-pressure: at most ``limit`` of this ensemble's requests inside each step at once.
+        self._slots = [asyncio.Semaphore(limit) for _ in graph.steps] if limit else None
+        self._requested = [[RequestedOutput(key) for key, _ in s.output_map] for s in graph.steps]
+
+    # -- Scheduler ---------------------------------------------------------
+
+    def inflight(self) -> int:
+        return self._inflight
+
+    async def stop(self) -> None:
+        self._stopped = True
+        if self._inflight:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+
+    async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
+        if self._stopped:
+            raise Unavailable(f"ensemble '{self.graph.name}' is unloading and takes no new requests")
+        graph = self.graph
+        # Fail fast, before any step runs, when a composing model is gone.
+        for step in graph.steps:
+            self._model(step)
+        self._inflight += 1
+        self._stats.pending += 1
+        # An ensemble does not queue (its steps queue at their models): a queue stage of
+        # zero length per request, which perf_analyzer also uses to find the version served.
+        self._stats.record_queue(0)
+        try:
+            outputs = await self._run(request)
+        finally:
+            self._inflight -= 1
+            self._stats.pending -= 1
+            if self._inflight == 0 and self._idle is not None:
+                self._idle.set()
+        stats = self._stats
+        stats.inference_count += rows
+        stats.execution_count += 1
+        return outputs
+
+    # -- the graph -----------------------------------------------------------
+
+    async def _run(self, request: InferenceRequest) -> dict[str, np.ndarray]:
+        graph = self.graph
+        tensors: dict[str, np.ndarray] = dict(request.inputs)
+        waiting = list(graph.waits_for)
+        ready = list(graph.start)
+        running: dict[asyncio.Task, Step] = {}
+        try:
+            while ready or running:
+                if len(ready) == 1 and not running:
+                    # Only one step can run: run it in this task (a chain never pays for a task).
+                    step = graph.steps[ready.pop()]
+                    self._publish(step, await self._step(step, tensors, request), tensors, waiting, ready)
+                    continue
+                while ready:
+                    step = graph.steps[ready.pop()]
+                    running[asyncio.ensure_future(self._step(step, tensors, request))] = step
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    step = running.pop(task)
+                    self._publish(step, task.result(), tensors, waiting, ready)
+        except BaseException:
+            # A step failed or the request was cancelled: the other steps run for nobody.
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+            raise
+        return {name: tensors[name] for name in graph.outputs}
+
+    def _publish(self, step: Step, outputs: dict[str, np.ndarray], tensors: dict[str, np.ndarray],
+                 waiting: list[int], ready: list[int]) -> None:
+        consumers = self.graph.consumers
+        for key, tensor in step.output_map:
+            tensors[tensor] = outputs[key]
+            for c in consumers.get(tensor, ()):
+                waiting[c] -= 1
+                if waiting[c] == 0:
+                    ready.append(c)
+
+    def _model(self, step: Step):  # type: ignore[no-untyped-def]
+        try:
+            return self._resolve(step.model_name, step.model_version)
+        except InferdError as exc:
+            raise self._wrap(step, exc) from None
+
+    def _wrap(self, step: Step, exc: InferdError) -> InferdError:
+        version = "" if step.model_version == 0 else f" version {step.model_version}"
+        error = type(exc)(f"ensemble '{self.graph.name}' step {step.index} (model '{step.model_name}'{version}): "
+                          f"{exc.message}")
+        return error
+
+    async def _step(self, step: Step, tensors: dict[str, np.ndarray], request: InferenceRequest) -> dict[str, np.ndarray]:
+        """One step, after a max_inflight_requests slot when the ensemble sets a limit."""
+        if self._slots is None:
+            return await self._call(step, tensors, request)
+        slot = self._slots[step.index]
+        deadline = request.deadline
+        if deadline is None or not slot.locked():  # free now: no timer needed
+            await slot.acquire()
+        else:
+            try:
+                async with asyncio.timeout(max(0.0, deadline - self._clock.now())):
+                    await slot.acquire()
+            except TimeoutError:
+                raise DeadlineExceeded(
+                    f"ensemble '{self.graph.name}': the request's deadline passed while {step.label} waited "
+                    f"for one of its {self.graph.max_inflight_requests} max_inflight_requests slots") from None
+        try:
+            return await self._call(step, tensors, request)
+        finally:
+            slot.release()
+
+    async def _call(self, step: Step, tensors: dict[str, np.ndarray], request: InferenceRequest) -> dict[str, np.ndarray]:
+        """One step through its composing model's own path, as the data plane runs a request."""
+        deadline = request.deadline
+        if deadline is not None and self._clock.now() >= deadline:
+            raise DeadlineExceeded(
+                f"ensemble '{self.graph.name}': the request's deadline passed before {step.label} could start")
+        model = self._model(step)  # now: version -1 is the latest loaded at this moment
+        sub = InferenceRequest(
+            model_name=step.model_name,
+            inputs={key: tensors[tensor] for key, tensor in step.input_map},
+            model_version=step.model_version,
+            id=request.id,
+            requested_outputs=self._requested[step.index],
+            parameters=request.parameters,
+            priority=request.priority,
+            timeout_us=request.timeout_us,
+            deadline=request.deadline,
+            trace=request.trace,
+        )
+        spec = model.spec
+        stats = model.stats
+        clock = self._clock
+        start = time.perf_counter_ns()
+        try:
+            inputs, rows = prepare_inputs(spec, sub)
+            sub.inputs = inputs
+            outputs = await model.scheduler.infer(sub, rows)
+            result = shape_outputs(spec, outputs, sub.requested_outputs)
+        except asyncio.CancelledError:
+            stats.record_failure(time.perf_counter_ns() - start, "CANCELED", clock.now())
+            raise
+        except InferdError as exc:
+            reason = "TIMEOUT" if isinstance(exc, DeadlineExceeded) else exc.grpc_code.name
+            stats.record_failure(time.perf_counter_ns() - start, reason, clock.now())
+            raise self._wrap(step, exc) from None
+        except Exception as exc:
+            stats.record_failure(time.perf_counter_ns() - start, "INTERNAL", clock.now())
+            raise self._wrap(step, ModelExecutionError(
+                f"model '{step.model_name}' failed: {type(exc).__name__}: {exc}")) from exc
+        stats.record_success(time.perf_counter_ns() - start, clock.now())
+        return result

@@ -1,0 +1,687 @@
+"""Issue #4: ensembles, end to end through tritonclient against a real ``inferd serve``,
+plus unit tests of :class:`EnsembleScheduler` with fake composing models.
+
+Scenarios that need a busy composing model send a "blocker" straight to it: a
+big request to an MLP large enough that one execution takes a few hundred
+milliseconds; a test knows it is executing when the model's statistics count it
+as dispatched (``inference_stats.queue.count``). Timing claims are never
+absolute: concurrency is shown with the server's own durations (an ensemble
+whose branches overlap takes less than the sum of its steps; a chain takes at
+least the sum).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aioclient
+from onnx import TensorProto, helper, numpy_helper
+from tritonclient.utils import InferenceServerException
+
+from conftest import ServerProcess
+from inferd.clock import FakeClock
+from inferd.config import model_spec, parse_config_text
+from inferd.ensemble import EnsembleScheduler, build_graph
+from inferd.errors import DeadlineExceeded, InvalidArgument, ModelExecutionError, Unavailable
+from inferd.examples import onnx_models as om
+from inferd.observability.stats import ModelStats
+from inferd.types import InferenceRequest
+from repo_builder import add_model
+
+D = 256
+BIG_HIDDEN = 16384
+BLOCKER_ROWS = 512  # one execution of the big MLP: ~0.1 s or more
+LONG_ROWS = 2048  # a blocker that outlasts a 100 ms queue timeout with room to spare
+PRIO_ROWS = 128
+THREAD = 'parameters { key: "inferd.execution" value { string_value: "thread" } }\n'
+
+
+def io(inputs=(("INPUT0", "TYPE_FP32", [D]),), outputs=(("OUTPUT0", "TYPE_FP32", [D]),)) -> str:  # type: ignore[no-untyped-def]
+    text = ""
+    for kind, items in (("input", inputs), ("output", outputs)):
+        text += "".join(f'{kind} {{ name: "{n}" data_type: {t} dims: [ {", ".join(map(str, d))} ] }}\n'
+                        for n, t, d in items)
+    return text
+
+
+def onnx_config(name: str, max_batch_size: int, extra: str = "", **kw) -> str:  # type: ignore[no-untyped-def]
+    return f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch_size}\n' + io(**kw) + extra
+
+
+def steps_text(steps, max_inflight: int = 0) -> str:  # type: ignore[no-untyped-def]
+    text = "ensemble_scheduling {\n"
+    if max_inflight:
+        text += f"  max_inflight_requests: {max_inflight}\n"
+    for model, inputs, outputs in steps:
+        text += f'  step {{ model_name: "{model}" model_version: -1\n'
+        text += "".join(f'    input_map {{ key: "{k}" value: "{v}" }}\n' for k, v in inputs.items())
+        text += "".join(f'    output_map {{ key: "{k}" value: "{v}" }}\n' for k, v in outputs.items())
+        text += "  }\n"
+    return text + "}\n"
+
+
+def ensemble_config(name: str, max_batch_size: int, steps, extra: str = "", **kw) -> str:  # type: ignore[no-untyped-def]
+    return (f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: {max_batch_size}\n' + io(**kw)
+            + extra + steps_text(steps))
+
+
+def add_ensemble(repo: Path, name: str, text: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(text)
+
+
+def chain(*models: str) -> list:
+    """Steps INPUT0 -> models[0] -> ... -> OUTPUT0, each model with INPUT0/OUTPUT0."""
+    steps, prev = [], "INPUT0"
+    for i, m in enumerate(models):
+        nxt = "OUTPUT0" if i == len(models) - 1 else f"t{i}"
+        steps.append((m, {"INPUT0": prev}, {"OUTPUT0": nxt}))
+        prev = nxt
+    return steps
+
+
+def picky_model():  # type: ignore[no-untyped-def]
+    """Non-batching FP32 [-1] -> [4]: a Reshape that fails at run time unless the input has 4 elements."""
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["INPUT0", "shape"], ["OUTPUT0"])],
+        "picky",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [4])],
+        initializer=[numpy_helper.from_array(np.array([4], np.int64), "shape")],
+    )
+    return om._model(graph)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("ensemble_repo")
+    small = om.serialize(om.mlp(D, 1024, D))
+    big = om.serialize(om.mlp(D, BIG_HIDDEN, D))
+    plain = {
+        # the scale -> mlp -> relu chain and its fused counterpart
+        "scale": (om.scale(D, 2.0), onnx_config("scale", 64, "dynamic_batching { }\n")),
+        "mlp": (small, onnx_config("mlp", 64, "dynamic_batching { }\n")),
+        "relu": (om.relu(D), onnx_config("relu", 64, "dynamic_batching { }\n")),
+        "fused": (om.fused_scale_mlp_relu(D, 1024, D, factor=2.0), onnx_config("fused", 64, "dynamic_batching { }\n")),
+        "add": (om.add_sub(np.float32, D), onnx_config(
+            "add", 512, "dynamic_batching { }\n", inputs=(("INPUT0", "TYPE_FP32", [D]), ("INPUT1", "TYPE_FP32", [D])),
+            outputs=(("OUTPUT0", "TYPE_FP32", [D]), ("OUTPUT1", "TYPE_FP32", [D])))),
+        # two slow branches, each on its own instance thread
+        "slow_a": (big, onnx_config("slow_a", BLOCKER_ROWS, "dynamic_batching { }\n" + THREAD)),
+        "slow_b": (big, onnx_config("slow_b", BLOCKER_ROWS, "dynamic_batching { }\n" + THREAD)),
+        # batches only in pairs (or after 5 s): shows ensemble and direct traffic sharing one execution
+        "pairs": (small, onnx_config("pairs", 2, "dynamic_batching { max_queue_delay_microseconds: 5000000 }\n")),
+        "mixed": (small, onnx_config("mixed", 32, "dynamic_batching { max_queue_delay_microseconds: 20000 }\n")),
+        # queue policies the ensemble request's priority and timeout must reach
+        "busy": (big, onnx_config("busy", LONG_ROWS, THREAD + "dynamic_batching { default_queue_policy { "
+                                  "timeout_action: REJECT default_timeout_microseconds: 30000000 "
+                                  "allow_timeout_override: true } }\n")),
+        "prio": (big, onnx_config("prio", PRIO_ROWS, THREAD + "dynamic_batching { priority_levels: 2 "
+                                  "default_priority_level: 2 }\n")),
+        "head": (big, onnx_config("head", LONG_ROWS, THREAD + "dynamic_batching { }\n")),
+        "tail": (om.relu(D), onnx_config("tail", LONG_ROWS, "dynamic_batching { }\n")),
+        # a step that fails at run time for inputs of the wrong length
+        "flat_scale": (om.scale(-1, 2.0, batch=False), onnx_config(
+            "flat_scale", 0, inputs=(("INPUT0", "TYPE_FP32", [-1]),), outputs=(("OUTPUT0", "TYPE_FP32", [-1]),))),
+        "picky": (picky_model(), onnx_config(
+            "picky", 0, inputs=(("INPUT0", "TYPE_FP32", [-1]),), outputs=(("OUTPUT0", "TYPE_FP32", [4]),))),
+        # fails to load: its config contradicts the model file
+        "broken": (om.relu(D), onnx_config("broken", 64, inputs=(("INPUT0", "TYPE_FP32", [D + 1]),),
+                                           outputs=(("OUTPUT0", "TYPE_FP32", [D + 1]),))),
+    }
+    for name, (model, text) in plain.items():
+        add_model(repo, name, model, text)
+    ensembles = {
+        "chain": ensemble_config("chain", 64, chain("scale", "mlp", "relu")),
+        "nested": ensemble_config("nested", 64, [("chain", {"INPUT0": "INPUT0"}, {"OUTPUT0": "c"}),
+                                                 ("scale", {"INPUT0": "c"}, {"OUTPUT0": "OUTPUT0"})]),
+        "nested2": ensemble_config("nested2", 64, [("nested", {"INPUT0": "INPUT0"}, {"OUTPUT0": "n"}),
+                                                   ("chain", {"INPUT0": "INPUT0"}, {"OUTPUT0": "c"}),
+                                                   ("add", {"INPUT0": "n", "INPUT1": "c"}, {"OUTPUT0": "OUTPUT0"})]),
+        "fork": ensemble_config("fork", BLOCKER_ROWS, [("slow_a", {"INPUT0": "INPUT0"}, {"OUTPUT0": "a"}),
+                                                       ("slow_b", {"INPUT0": "INPUT0"}, {"OUTPUT0": "b"}),
+                                                       ("add", {"INPUT0": "a", "INPUT1": "b"}, {"OUTPUT0": "OUTPUT0"})]),
+        "line": ensemble_config("line", BLOCKER_ROWS, chain("slow_a", "slow_b")),
+        "pairs_ens": ensemble_config("pairs_ens", 2, chain("pairs")),
+        "mixed_ens": ensemble_config("mixed_ens", 32, chain("scale", "mixed")),
+        "busy_ens": ensemble_config("busy_ens", 8, chain("relu", "busy")),
+        "prio_ens": ensemble_config("prio_ens", PRIO_ROWS, chain("prio")),
+        "deadline_ens": ensemble_config("deadline_ens", LONG_ROWS, chain("head", "tail")),
+        "failing": ensemble_config("failing", 0, chain("flat_scale", "picky"), inputs=(("INPUT0", "TYPE_FP32", [-1]),),
+                                   outputs=(("OUTPUT0", "TYPE_FP32", [4]),)),
+        # refused at load, each with its reason in RepositoryIndex
+        "bad_missing": ensemble_config("bad_missing", 8, chain("scale", "nope")),
+        "bad_failed": ensemble_config("bad_failed", 8, chain("scale", "broken")),
+        "bad_cycle_a": ensemble_config("bad_cycle_a", 8, chain("scale", "bad_cycle_b")),
+        "bad_cycle_b": ensemble_config("bad_cycle_b", 8, chain("bad_cycle_a")),
+        "bad_self": ensemble_config("bad_self", 8, chain("bad_self")),
+        "bad_user": ensemble_config("bad_user", 8, chain("bad_failed")),
+        "bad_dtype": ensemble_config("bad_dtype", 8, chain("scale"), inputs=(("INPUT0", "TYPE_FP16", [D]),)),
+        "bad_batch": ensemble_config("bad_batch", 128, chain("scale")),
+        "bad_instances": ensemble_config("bad_instances", 8, chain("scale"),
+                                         extra="instance_group [ { count: 1 kind: KIND_CPU } ]\n"),
+        "bad_unused": ensemble_config("bad_unused", 8, chain("scale"),
+                                      inputs=(("INPUT0", "TYPE_FP32", [D]), ("SPARE", "TYPE_FP32", [D]))),
+    }
+    for name, text in ensembles.items():
+        add_ensemble(repo, name, text)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repo: Path, tmp_path_factory: pytest.TempPathFactory):
+    srv = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+async def client(server: ServerProcess):
+    c = aioclient.InferenceServerClient(server.url)
+    yield c
+    await c.close()
+
+
+def inputs(x: np.ndarray, name: str = "INPUT0") -> list[aioclient.InferInput]:
+    i = aioclient.InferInput(name, list(x.shape), "FP32")
+    i.set_data_from_numpy(x)
+    return [i]
+
+
+def rows(n: int, value: float | None = None) -> np.ndarray:
+    if value is not None:
+        return np.full((n, D), value, np.float32)
+    return np.random.default_rng(n).standard_normal((n, D), dtype=np.float32)
+
+
+def infer(client, model: str, x: np.ndarray, **kw) -> asyncio.Future:  # type: ignore[no-untyped-def]
+    return asyncio.ensure_future(client.infer(model, inputs(x), **kw))
+
+
+async def stats(client, model: str):  # type: ignore[no-untyped-def]
+    return (await client.get_inference_statistics(model)).model_stats[0]
+
+
+async def dispatched(client, model: str, n: int) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + 60
+    while (await stats(client, model)).inference_stats.queue.count < n:
+        assert time.monotonic() < deadline, f"{model}: {n} requests never dispatched"
+        await asyncio.sleep(0.005)
+
+
+async def failure(call) -> InferenceServerException:  # type: ignore[no-untyped-def]
+    with pytest.raises(InferenceServerException) as info:
+        await call
+    return info.value
+
+
+# -- results ---------------------------------------------------------------------------
+
+
+async def test_chain_equals_the_fused_model(client):
+    x = rows(5)
+    got = (await infer(client, "chain", x)).as_numpy("OUTPUT0")
+    want = (await infer(client, "fused", x)).as_numpy("OUTPUT0")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    reference = np.maximum(om.mlp_reference(2.0 * x, om.mlp_weights(D, 1024, D)), 0)
+    np.testing.assert_allclose(got, reference, rtol=1e-4, atol=1e-4)
+
+
+async def test_nested_ensembles(client):
+    x = rows(3)
+    fused = (await infer(client, "fused", x)).as_numpy("OUTPUT0")
+    nested = (await infer(client, "nested", x)).as_numpy("OUTPUT0")
+    np.testing.assert_allclose(nested, 2.0 * fused, rtol=1e-5, atol=1e-5)
+    twice = (await infer(client, "nested2", x)).as_numpy("OUTPUT0")
+    np.testing.assert_allclose(twice, 3.0 * fused, rtol=1e-5, atol=1e-5)
+
+
+async def test_metadata_config_and_statistics(client):
+    md = await client.get_model_metadata("chain")
+    assert md.platform == "ensemble" and md.versions == ["1"]
+    assert [(t.name, t.datatype, list(t.shape)) for t in md.inputs] == [("INPUT0", "FP32", [-1, D])]
+    config = (await client.get_model_config("chain")).config
+    assert config.platform == "ensemble" and not config.instance_group  # no default instance group
+    assert [s.model_name for s in config.ensemble_scheduling.step] == ["scale", "mlp", "relu"]
+    assert await client.is_model_ready("chain") and await client.is_model_ready("nested2")
+
+    before = {m: await stats(client, m) for m in ("chain", "scale", "mlp", "relu")}
+    for n in (1, 2, 3):
+        await infer(client, "chain", rows(n))
+    after = {m: await stats(client, m) for m in ("chain", "scale", "mlp", "relu")}
+    ens, ens0 = after["chain"], before["chain"]
+    assert ens.inference_count - ens0.inference_count == 6
+    assert ens.execution_count - ens0.execution_count == 3
+    assert ens.inference_stats.success.count - ens0.inference_stats.success.count == 3
+    assert ens.inference_stats.queue.count - ens0.inference_stats.queue.count == 3  # one zero-length queue stage
+    assert ens.inference_stats.queue.ns == 0
+    assert ens.inference_stats.compute_infer.count == 0
+    for m in ("scale", "mlp", "relu"):  # each composing model counts its step requests as usual
+        s, s0 = after[m], before[m]
+        assert s.inference_stats.success.count - s0.inference_stats.success.count == 3
+        assert s.inference_count - s0.inference_count == 6
+
+
+# -- concurrency and batching ---------------------------------------------------------------
+
+
+async def test_parallel_branches_run_concurrently(client):
+    """Server-side durations: with overlapping branches the ensemble takes less than its
+    two slow steps added up; the same two steps as a chain take at least that."""
+    x = rows(BLOCKER_ROWS, 0.5)
+
+    async def run(ensemble: str) -> tuple[int, int]:
+        before = {m: (await stats(client, m)).inference_stats.success.ns for m in (ensemble, "slow_a", "slow_b")}
+        await infer(client, ensemble, x)
+        after = {m: (await stats(client, m)).inference_stats.success.ns for m in (ensemble, "slow_a", "slow_b")}
+        return after[ensemble] - before[ensemble], sum(after[m] - before[m] for m in ("slow_a", "slow_b"))
+
+    await infer(client, "fork", x)  # warm both instances
+    fork_ns, fork_steps_ns = await run("fork")
+    line_ns, line_steps_ns = await run("line")
+    assert line_ns >= 0.95 * line_steps_ns, (line_ns, line_steps_ns)  # the control: a chain adds up
+    assert fork_ns < 0.8 * fork_steps_ns, (fork_ns, fork_steps_ns)  # the branches overlapped
+    result = (await infer(client, "fork", rows(2))).as_numpy("OUTPUT0")
+    a = (await infer(client, "slow_a", rows(2))).as_numpy("OUTPUT0")
+    np.testing.assert_allclose(result, 2 * a, rtol=1e-5, atol=1e-5)
+
+
+async def test_ensemble_steps_share_batches_with_direct_traffic(client):
+    before = await stats(client, "pairs")
+    started = time.monotonic()
+    ens, direct = await asyncio.gather(infer(client, "pairs_ens", rows(1)), infer(client, "pairs", rows(1)))
+    # A batch of 2 runs at once; alone, each would have waited out the 5 s queue delay.
+    assert time.monotonic() - started < 4.5
+    after = await stats(client, "pairs")
+    assert after.execution_count - before.execution_count == 1
+    assert after.inference_count - before.inference_count == 2
+    np.testing.assert_allclose(ens.as_numpy("OUTPUT0"), direct.as_numpy("OUTPUT0"))
+
+
+async def test_mixed_concurrent_traffic_is_batched(client):
+    before = await stats(client, "mixed")
+    calls = [infer(client, "mixed_ens", rows(1)) for _ in range(12)]
+    calls += [infer(client, "mixed", rows(1)) for _ in range(12)]
+    await asyncio.gather(*calls)
+    after = await stats(client, "mixed")
+    inference = after.inference_count - before.inference_count
+    executions = after.execution_count - before.execution_count
+    assert inference == 24
+    assert executions < inference
+
+
+# -- priority, timeout, deadline --------------------------------------------------------------
+
+
+async def test_timeout_reaches_the_step_queue_policy(client):
+    blocker = infer(client, "busy", rows(LONG_ROWS, 0.1))
+    await dispatched(client, "busy", 1)
+    err = await failure(infer(client, "busy_ens", rows(1), timeout=100_000))  # microseconds
+    assert err.status() == "StatusCode.UNAVAILABLE"
+    assert err.message().startswith("ensemble 'busy_ens' step 1 (model 'busy'): ")
+    assert "timed out in the queue" in err.message() and "100000 us" in err.message()
+    assert not blocker.done()  # the step's own 30 s default did not apply
+    await blocker
+    ok = await infer(client, "busy_ens", rows(1), timeout=10_000_000)
+    assert ok.as_numpy("OUTPUT0").shape == (1, D)
+
+
+async def test_priority_reaches_the_step_queue(client):
+    order: list[str] = []
+
+    def track(name: str, call: asyncio.Future) -> asyncio.Future:
+        call.add_done_callback(lambda _: order.append(name))
+        return call
+
+    lows = [track(f"low{i}", infer(client, "prio", rows(PRIO_ROWS, 0.1))) for i in range(8)]
+    await dispatched(client, "prio", 1)  # one low executes, seven queue at the default level 2
+    high = track("high", infer(client, "prio_ens", rows(PRIO_ROWS, 0.1), priority=1))
+    await asyncio.gather(high, *lows)
+    assert order.index("high") <= 2, order
+    assert len(order[order.index("high") + 1:]) >= 5
+
+
+async def test_a_passed_deadline_stops_the_next_step(client):
+    before_tail = await stats(client, "tail")
+    before_head = await stats(client, "head")
+    err = await failure(infer(client, "deadline_ens", rows(LONG_ROWS, 0.1), client_timeout=0.05))
+    assert err.status() == "StatusCode.DEADLINE_EXCEEDED"
+    # The head step was executing when the deadline passed; wait until it is done.
+    deadline = time.monotonic() + 60
+    while (await stats(client, "head")).inference_count == before_head.inference_count:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.2)
+    after_tail = await stats(client, "tail")
+    assert after_tail.inference_count == before_tail.inference_count  # the tail step never ran
+    ens = await stats(client, "deadline_ens")
+    assert ens.inference_stats.fail.count >= 1
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+
+async def test_a_failing_step_fails_only_its_request(client):
+    bad = np.arange(3, dtype=np.float32)  # picky needs 4 elements
+    good = np.arange(4, dtype=np.float32)
+    calls = [infer(client, "failing", bad), infer(client, "failing", good), infer(client, "failing", good)]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    err = results[0]
+    assert isinstance(err, InferenceServerException), results[0]
+    assert err.status() == "StatusCode.INTERNAL"
+    assert err.message().startswith("ensemble 'failing' step 1 (model 'picky'): model 'picky' failed to execute")
+    for ok in results[1:]:
+        np.testing.assert_allclose(ok.as_numpy("OUTPUT0"), 2 * good)
+    s = await stats(client, "failing")
+    assert s.inference_stats.fail.count >= 1 and s.inference_stats.success.count >= 2
+
+
+async def test_ensemble_request_errors_name_the_ensemble(client):
+    err = await failure(infer(client, "chain", rows(1)[:, :7]))
+    assert err.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "model 'chain'" in err.message()
+
+
+def test_refused_ensembles_in_the_repository_index(server):
+    with grpcclient.InferenceServerClient(server.url) as c:
+        index = {m.name: m for m in c.get_model_repository_index().models}
+        for name in ("chain", "nested", "nested2", "fork", "failing"):
+            assert index[name].state == "READY", (name, index[name].reason)
+        reasons = {name: m.reason for name, m in index.items() if name.startswith("bad_")}
+        assert all(index[n].state == "UNAVAILABLE" for n in reasons)
+        assert not c.is_model_ready("bad_missing")
+    assert reasons["bad_missing"] == (
+        "ensemble 'bad_missing' step 1 (model 'nope'): model 'nope' is not in the model repository")
+    assert reasons["bad_failed"].startswith(
+        "ensemble 'bad_failed' step 1 (model 'broken'): composing model 'broken' failed to load: model 'broken'")
+    assert reasons["bad_cycle_a"] == ("ensembles form a cycle: ensemble 'bad_cycle_a' step 1 -> ensemble "
+                                      "'bad_cycle_b' step 0 -> ensemble 'bad_cycle_a'")
+    assert reasons["bad_cycle_b"].startswith("ensembles form a cycle: ensemble 'bad_cycle_b' step 0")
+    assert reasons["bad_self"] == "ensemble 'bad_self' step 0 names the ensemble itself: a cycle"
+    assert reasons["bad_user"].startswith(
+        "ensemble 'bad_user' step 0 (model 'bad_failed'): composing model 'bad_failed' failed to load: "
+        "ensemble 'bad_failed' step 1 (model 'broken')")
+    assert reasons["bad_dtype"] == (
+        "ensemble 'bad_dtype': tensor 'INPUT0': data type TYPE_FP32 of step 0 (model 'scale') input 'INPUT0' "
+        "does not match TYPE_FP16 of ensemble input 'INPUT0'")
+    assert reasons["bad_batch"] == ("ensemble 'bad_batch' step 0 (model 'scale'): the ensemble's max_batch_size "
+                                    "128 is larger than model 'scale' allows (max_batch_size 64)")
+    assert reasons["bad_instances"].startswith("ensemble 'bad_instances': field 'instance_group' is not allowed")
+    assert reasons["bad_unused"] == "ensemble 'bad_unused': ensemble input 'SPARE' is not consumed by any step"
+
+
+def test_server_log_has_no_traceback(server):
+    assert "Traceback" not in server.log()
+
+
+# -- unload and recovery (in process: the explicit load/unload RPCs come later) -----------------
+
+
+def _unload(manager, name: str) -> None:  # type: ignore[no-untyped-def]
+    """What unloading one model leaves behind (as ModelManager.stop does for every model)."""
+    entry = manager._entries[name]
+    entry.set_versions({})
+    entry.state, entry.reason = "UNAVAILABLE", "unloaded"
+
+
+async def test_ensemble_follows_its_composing_models_unload_and_reload(tmp_path: Path):
+    from inferd.repository import ModelManager
+    from inferd.server.dataplane import DataPlane
+
+    add_model(tmp_path, "scale", om.scale(D, 2.0), onnx_config("scale", 8))
+    add_model(tmp_path, "relu", om.relu(D), onnx_config("relu", 8))
+    add_ensemble(tmp_path, "pipe", ensemble_config("pipe", 8, chain("scale", "relu")))
+    add_ensemble(tmp_path, "outer", ensemble_config("outer", 8, chain("pipe")))
+    manager = ModelManager([tmp_path])
+    await manager.load_all()
+    dp = DataPlane(manager)
+    x = rows(2)
+    try:
+        assert manager.is_ready("outer") and manager.all_ready()
+        out = await dp.infer(InferenceRequest("outer", {"INPUT0": x}))
+        np.testing.assert_allclose(out.outputs["OUTPUT0"], np.maximum(2 * x, 0))
+
+        _unload(manager, "relu")
+        assert not manager.is_ready("pipe") and not manager.is_ready("outer") and not manager.all_ready()
+        assert manager.ensemble_problem("pipe") == (
+            "ensemble 'pipe' step 1 (model 'relu'): composing model 'relu' is not ready: unloaded")
+        index = {e.name: e for e in manager.index()}
+        assert index["outer"].state == "UNAVAILABLE"
+        assert index["outer"].reason.startswith("ensemble 'outer' step 0 (model 'pipe'): composing ensemble 'pipe'")
+        with pytest.raises(Unavailable) as info:
+            await dp.infer(InferenceRequest("pipe", {"INPUT0": x}))
+        assert info.value.message == "ensemble 'pipe' step 1 (model 'relu'): model 'relu' is not ready: unloaded"
+        assert manager.get("scale").stats.inference_count == 2  # nothing ran for the refused request
+
+        await manager.load("relu")
+        assert manager.is_ready("outer") and manager.all_ready()
+        out = await dp.infer(InferenceRequest("outer", {"INPUT0": x}))
+        np.testing.assert_allclose(out.outputs["OUTPUT0"], np.maximum(2 * x, 0))
+    finally:
+        await manager.stop()
+
+
+# -- EnsembleScheduler with fake composing models ----------------------------------------------
+
+
+@dataclass
+class FakeScheduler:
+    fn: object  # async (request) -> outputs
+    calls: list = field(default_factory=list)
+    cancelled: int = 0
+    active: int = 0
+    peak: int = 0
+
+    async def infer(self, request, rows):  # type: ignore[no-untyped-def]
+        self.calls.append(request)
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            return await self.fn(request)  # type: ignore[operator]
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
+
+
+@dataclass
+class FakeModel:
+    spec: object
+    scheduler: FakeScheduler
+    stats: ModelStats
+    version: int = 1
+
+
+def fake_model(name: str, fn, n_inputs: int = 1) -> FakeModel:  # type: ignore[no-untyped-def]
+    ins = tuple((f"INPUT{i}", "TYPE_FP32", [4]) for i in range(n_inputs))
+    text = f'name: "{name}" max_batch_size: 8\n' + io(inputs=ins, outputs=(("OUTPUT0", "TYPE_FP32", [4]),))
+    return FakeModel(model_spec(parse_config_text(text, model=name)), FakeScheduler(fn), ModelStats(name, 1))
+
+
+def identity_fn(delay: float = 0.0):  # type: ignore[no-untyped-def]
+    async def fn(request):  # type: ignore[no-untyped-def]
+        if delay:
+            await asyncio.sleep(delay)
+        return {"OUTPUT0": request.inputs["INPUT0"]}
+    return fn
+
+
+def make_ensemble(models: dict, steps, max_inflight: int = 0, clock=None):  # type: ignore[no-untyped-def]
+    text = 'name: "ens" platform: "ensemble" max_batch_size: 8\n' + io(
+        inputs=(("INPUT0", "TYPE_FP32", [4]),), outputs=(("OUTPUT0", "TYPE_FP32", [4]),))
+    config = parse_config_text(text + steps_text(steps, max_inflight), model="ens")
+
+    def resolve(name: str, version: int):  # type: ignore[no-untyped-def]
+        if name not in models:
+            raise Unavailable(f"model '{name}' is not ready: unloaded")
+        return models[name]
+
+    stats = ModelStats("ens", 1)
+    return EnsembleScheduler(model_spec(config), build_graph(config), resolve, stats, clock), stats
+
+
+def request(x: np.ndarray, **kw) -> InferenceRequest:  # type: ignore[no-untyped-def]
+    return InferenceRequest("ens", {"INPUT0": x}, **kw)
+
+
+async def test_intermediate_tensors_are_not_copied():
+    a, b = fake_model("a", identity_fn()), fake_model("b", identity_fn())
+    sched, stats = make_ensemble({"a": a, "b": b}, chain("a", "b"))
+    x = np.ones((2, 4), np.float32)
+    out = await sched.infer(request(x), 2)
+    assert out["OUTPUT0"] is x
+    assert b.scheduler.calls[0].inputs["INPUT0"] is x
+    assert stats.inference_count == 2 and stats.execution_count == 1
+    assert stats.queue.count == 1 and stats.queue.ns == 0
+    assert a.stats.success.count == 1 and b.stats.success.count == 1
+
+
+async def test_priority_timeout_deadline_and_id_reach_every_step():
+    a, b = fake_model("a", identity_fn()), fake_model("b", identity_fn())
+    sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
+    deadline = time.monotonic() + 60
+    await sched.infer(request(np.ones((1, 4), np.float32), priority=3, timeout_us=1234, deadline=deadline, id="r7"), 1)
+    for m in (a, b):
+        sub = m.scheduler.calls[0]
+        assert (sub.priority, sub.timeout_us, sub.deadline, sub.id) == (3, 1234, deadline, "r7")
+        assert sub.model_name == m.spec.name
+
+
+async def test_deadline_passed_during_a_step_stops_the_next():
+    clock = FakeClock()
+
+    async def slow(request):  # type: ignore[no-untyped-def]
+        clock.advance(5.0)  # the step takes 5 s of the fake clock
+        return {"OUTPUT0": request.inputs["INPUT0"]}
+
+    a, b = fake_model("a", slow), fake_model("b", identity_fn())
+    sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"), clock=clock)
+    with pytest.raises(DeadlineExceeded) as info:
+        await sched.infer(request(np.ones((1, 4), np.float32), deadline=clock.now() + 1.0), 1)
+    assert info.value.message == "ensemble 'ens': the request's deadline passed before step 1 (model 'b') could start"
+    assert len(a.scheduler.calls) == 1 and not b.scheduler.calls
+
+
+async def test_failing_step_names_ensemble_step_and_model_and_cancels_its_siblings():
+    async def boom(request):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0.01)
+        raise ModelExecutionError("model 'bad' failed to execute: kaput")
+
+    slow = fake_model("slow", identity_fn(delay=30))
+    bad = fake_model("bad", boom)
+    join = fake_model("join", identity_fn(), n_inputs=2)
+    steps = [("slow", {"INPUT0": "INPUT0"}, {"OUTPUT0": "x"}), ("bad", {"INPUT0": "INPUT0"}, {"OUTPUT0": "y"}),
+             ("join", {"INPUT0": "x", "INPUT1": "y"}, {"OUTPUT0": "OUTPUT0"})]
+    sched, stats = make_ensemble({"slow": slow, "bad": bad, "join": join}, steps)
+    with pytest.raises(ModelExecutionError) as info:
+        await sched.infer(request(np.ones((1, 4), np.float32)), 1)
+    assert info.value.message == "ensemble 'ens' step 1 (model 'bad'): model 'bad' failed to execute: kaput"
+    assert slow.scheduler.cancelled == 1 and not join.scheduler.calls
+    assert bad.stats.fail.count == 1 and slow.stats.fail_reasons == {"CANCELED": 1}
+    assert sched.inflight() == 0 and stats.inference_count == 0
+
+
+async def test_cancelling_the_request_cancels_its_running_steps():
+    started = asyncio.Event()
+
+    async def hang(request):  # type: ignore[no-untyped-def]
+        started.set()
+        await asyncio.sleep(60)
+
+    a, b = fake_model("a", hang), fake_model("b", hang)
+    join = fake_model("join", identity_fn(), n_inputs=2)
+    steps = [("a", {"INPUT0": "INPUT0"}, {"OUTPUT0": "x"}), ("b", {"INPUT0": "INPUT0"}, {"OUTPUT0": "y"}),
+             ("join", {"INPUT0": "x", "INPUT1": "y"}, {"OUTPUT0": "OUTPUT0"})]
+    sched, _ = make_ensemble({"a": a, "b": b, "join": join}, steps)
+    task = asyncio.ensure_future(sched.infer(request(np.ones((1, 4), np.float32)), 1))
+    await started.wait()
+    await asyncio.sleep(0)
+    assert a.scheduler.active == 1 and b.scheduler.active == 1  # both branches run at once
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert a.scheduler.cancelled == 1 and b.scheduler.cancelled == 1
+    assert sched.inflight() == 0
+
+
+async def test_request_time_resolution_and_unavailable_model():
+    a = fake_model("a", identity_fn())
+    sched, _ = make_ensemble({"a": a}, chain("a", "b"))
+    with pytest.raises(Unavailable) as info:
+        await sched.infer(request(np.ones((1, 4), np.float32)), 1)
+    assert info.value.message == "ensemble 'ens' step 1 (model 'b'): model 'b' is not ready: unloaded"
+    assert not a.scheduler.calls  # refused before any step ran
+
+
+async def test_step_input_validation_errors_are_wrapped():
+    a = fake_model("a", identity_fn())
+    sched, _ = make_ensemble({"a": a}, chain("a"))
+    with pytest.raises(InvalidArgument) as info:
+        await sched.infer(request(np.ones((1, 5), np.float32)), 1)
+    assert info.value.message.startswith("ensemble 'ens' step 0 (model 'a'): unexpected shape for input 'INPUT0'")
+
+
+async def test_max_inflight_requests_applies_back_pressure():
+    gate = asyncio.Event()
+
+    async def held(request):  # type: ignore[no-untyped-def]
+        await gate.wait()
+        return {"OUTPUT0": request.inputs["INPUT0"]}
+
+    a, b = fake_model("a", held), fake_model("b", identity_fn())
+    sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"), max_inflight=2)
+    tasks = [asyncio.ensure_future(sched.infer(request(np.full((1, 4), i, np.float32)), 1)) for i in range(5)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert a.scheduler.active == 2 and sched.inflight() == 5  # three wait for a slot, outside the model
+    gate.set()
+    results = await asyncio.gather(*tasks)
+    assert [r["OUTPUT0"][0, 0] for r in results] == [0, 1, 2, 3, 4]
+    assert a.scheduler.peak == 2 and len(a.scheduler.calls) == 5
+
+
+async def test_waiting_for_a_slot_honours_the_deadline():
+    gate = asyncio.Event()
+
+    async def held(request):  # type: ignore[no-untyped-def]
+        await gate.wait()
+        return {"OUTPUT0": request.inputs["INPUT0"]}
+
+    a = fake_model("a", held)
+    sched, _ = make_ensemble({"a": a}, chain("a"), max_inflight=1)
+    first = asyncio.ensure_future(sched.infer(request(np.ones((1, 4), np.float32)), 1))
+    await asyncio.sleep(0)
+    with pytest.raises(DeadlineExceeded) as info:
+        await sched.infer(request(np.ones((1, 4), np.float32), deadline=time.monotonic() + 0.05), 1)
+    assert "waited for one of its 1 max_inflight_requests slots" in info.value.message
+    gate.set()
+    await first
+    assert len(a.scheduler.calls) == 1
+
+
+async def test_stop_waits_for_in_flight_requests_and_refuses_new_ones():
+    gate = asyncio.Event()
+
+    async def held(request):  # type: ignore[no-untyped-def]
+        await gate.wait()
+        return {"OUTPUT0": request.inputs["INPUT0"]}
+
+    sched, _ = make_ensemble({"a": fake_model("a", held)}, chain("a"))
+    running = asyncio.ensure_future(sched.infer(request(np.ones((1, 4), np.float32)), 1))
+    await asyncio.sleep(0)
+    stopping = asyncio.ensure_future(sched.stop())
+    await asyncio.sleep(0)
+    assert not stopping.done()
+    with pytest.raises(Unavailable):
+        await sched.infer(request(np.ones((1, 4), np.float32)), 1)
+    gate.set()
+    await running
+    await stopping
+
