@@ -323,17 +323,21 @@ def add_ratios(name: str, result: dict) -> None:
                 ratios[f"c={c}: batching on / off"] = f"{on['infer_per_s'] / off['infer_per_s']:.2f}x"
                 ratios[f"c={c}: batching on / raw batch-64 ceiling"] = f"{on['infer_per_s'] / ceiling:.2f}x"
     if name == "ensemble":
-        e1, f1, s1 = find("ensemble_mlp (ensemble)", 1), find("mlp_fused (one model)", 1), find(SEQUENCE_LABEL, 1)
-        e16, f16, s16 = find("ensemble_mlp (ensemble)", 16), find("mlp_fused (one model)", 16), find(SEQUENCE_LABEL, 16)
-        if e1 and f1 and e1["p50_us"] and f1["p50_us"]:
-            ratios["c=1: ensemble p50 - fused p50"] = (
-                f"{e1['p50_us'] - f1['p50_us']:+.0f} us ({e1['p50_us']:.0f} vs {f1['p50_us']:.0f} us)")
-        if e16 and f16 and f16["infer_per_s"]:
-            ratios["c=16: ensemble / fused throughput"] = f"{e16['infer_per_s'] / f16['infer_per_s']:.2f}x"
-        if e1 and s1 and s1["p50_us"] and e1["p50_us"]:
-            ratios["c=1: client's 3 calls p50 - ensemble p50"] = f"{s1['p50_us'] - e1['p50_us']:+.0f} us"
-        if e16 and s16 and s16["infer_per_s"]:
-            ratios["c=16: ensemble / client's 3 calls throughput"] = f"{e16['infer_per_s'] / s16['infer_per_s']:.2f}x"
+        def got(label: str, c: int) -> dict | None:
+            m = find(label, c)
+            return m if m and m["infer_per_s"] > 0 and m["p50_us"] > 0 else None  # None: failed or unstable
+
+        e1, f1, s1 = got("ensemble_mlp (ensemble)", 1), got("mlp_fused (one model)", 1), got(SEQUENCE_LABEL, 1)
+        e16, f16, s16 = got("ensemble_mlp (ensemble)", 16), got("mlp_fused (one model)", 16), got(SEQUENCE_LABEL, 16)
+        na = "n/a (a measurement failed or was unstable)"
+        ratios["c=1: ensemble p50 - fused p50"] = (
+            f"{e1['p50_us'] - f1['p50_us']:+.0f} us ({e1['p50_us']:.0f} vs {f1['p50_us']:.0f} us)" if e1 and f1 else na)
+        ratios["c=16: ensemble / fused throughput"] = (
+            f"{e16['infer_per_s'] / f16['infer_per_s']:.2f}x" if e16 and f16 else na)
+        ratios["c=1: client's 3 calls p50 - ensemble p50"] = (
+            f"{s1['p50_us'] - e1['p50_us']:+.0f} us" if s1 and e1 else na)
+        ratios["c=16: ensemble / client's 3 calls throughput"] = (
+            f"{e16['infer_per_s'] / s16['infer_per_s']:.2f}x" if e16 and s16 else na)
     result["ratios"] = ratios
 
 
