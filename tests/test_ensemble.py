@@ -294,10 +294,9 @@ async def test_parallel_branches_run_concurrently(client):
 
 async def test_ensemble_steps_share_batches_with_direct_traffic(client):
     before = await stats(client, "pairs")
-    started = time.monotonic()
+    # "pairs" runs a batch when 2 rows are queued (or after 5 s): one execution for both
+    # requests means the ensemble's step and the direct request shared it.
     ens, direct = await asyncio.gather(infer(client, "pairs_ens", rows(1)), infer(client, "pairs", rows(1)))
-    # A batch of 2 runs at once; alone, each would have waited out the 5 s queue delay.
-    assert time.monotonic() - started < 4.5
     after = await stats(client, "pairs")
     assert after.execution_count - before.execution_count == 1
     assert after.inference_count - before.inference_count == 2
