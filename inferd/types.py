@@ -36,6 +36,13 @@ class InferenceRequest:
     deadline: float | None = None
     cancelled: bool = False  # set by the frontend when the client goes away
     trace: Any = None  # a tracing context, when tracing is on
+    # Stateful sequences: set by the sequence batcher from the request's
+    # sequence_id / sequence_start / sequence_end parameters (pb_utils reads them).
+    correlation_id: int | str = 0
+    flags: int = 0  # 1: sequence start, 2: sequence end (TRITONSERVER_REQUEST_FLAG_*)
+    # A decoupled model's responses go here (an inferd.streaming.ResponseSink,
+    # set by DataPlane.infer_stream); None for one-response requests.
+    responder: Any = None
 
 
 @dataclass(slots=True, eq=False)

@@ -49,7 +49,8 @@ BROKEN = {
     "wrong_name": ["wrong_name", "'other_name'", "must match its folder"],
     "no_version": ["no_version", "no version folder"],
     "no_file": ["no_file", "no model file 'model.onnx'"],
-    "sequence": ["sequence", "sequence_batching", "not supported"],
+    "sequence": ["sequence", "sequence_batching.control_input 'START'", "CONTROL_SEQUENCE_START",
+                 "int32_false_true"],
     "warmup": ["warmup", "model_warmup", "not supported"],
     "unknown_param": ["unknown_param", "inferd.bogus"],
     "missing_input": ["missing_input", "INPUT1", "does not list"],
@@ -86,7 +87,8 @@ def build(repo):
     add_model(repo, "no_version", None, config("no_version", INT16, OUT16, 8))
     add_model(repo, "no_file", None, config("no_file", INT16, OUT16, 8))
     (repo / "no_file" / "1").mkdir()
-    add_model(repo, "sequence", _add_sub(), config("sequence", INT16, OUT16, 8, extra="sequence_batching { }\n"))
+    add_model(repo, "sequence", _add_sub(), config("sequence", INT16, OUT16, 8, extra=(
+        'sequence_batching { control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START } ] } ] }\n')))
     add_model(repo, "warmup", _add_sub(),
               config("warmup", INT16, OUT16, 8, extra='model_warmup [ { name: "w" batch_size: 1 } ]\n'))
     add_model(repo, "unknown_param", _add_sub(), config(

@@ -384,22 +384,20 @@ def test_unimplemented(client, call):
     assert client.is_server_live()
 
 
-def test_stream_infer_unimplemented(client):
+def test_stream_infer(client):
     import queue
 
-    errors: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: errors.put(error))
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
     try:
         a, b = _ab(1)
-        try:
-            client.async_stream_infer("simple", _inputs(a, b))
-        except InferenceServerException:
-            pass  # the server may end the stream before the request is sent; the callback has why
-        error = errors.get(timeout=30)
+        client.async_stream_infer("simple", _inputs(a, b), request_id="s1")
+        result, error = results.get(timeout=30)
     finally:
         client.stop_stream()
-    assert isinstance(error, InferenceServerException)
-    assert error.status() == "StatusCode.UNIMPLEMENTED" and "ModelStreamInfer" in error.message()
+    assert error is None
+    assert result.get_response().id == "s1"
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
 
 
 # -- the aio client -------------------------------------------------------------------

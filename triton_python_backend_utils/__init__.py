@@ -8,9 +8,11 @@ pb_utils`` and keep working unchanged: this module provides the same names
 :class:`ModelConfig`, the ``get_*_by_name`` helpers and the type tables).
 
 inferd runs a model in the server process, on its instance's worker thread,
-so tensors are plain numpy arrays (always in CPU memory). What inferd does not
-provide (decoupled response senders, custom metrics) raises
-:class:`TritonModelException` saying so.
+so tensors are plain numpy arrays (always in CPU memory). A decoupled model
+(``model_transaction_policy { decoupled: true }``) answers through
+``request.get_response_sender()`` (:class:`InferenceResponseSender`). What
+inferd does not provide (custom metrics, BLS calls to decoupled models)
+raises :class:`TritonModelException` saying so.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ except ImportError:  # pragma: no cover
     _BF16 = None
 
 __all__ = [
-    "InferenceRequest", "InferenceResponse", "LogLevel", "Logger", "ModelConfig", "Tensor", "TritonError",
+    "InferenceRequest", "InferenceResponse", "InferenceResponseSender", "LogLevel", "Logger", "ModelConfig", "Tensor", "TritonError",
     "TritonModelException", "deserialize_bytes_tensor", "get_input_config_by_name", "get_input_tensor_by_name",
     "get_output_config_by_name", "get_output_tensor_by_name", "numpy_to_triton_type", "serialize_byte_tensor",
     "triton_string_to_numpy", "triton_to_numpy_type", "using_decoupled_model_transaction_policy",
@@ -298,6 +300,50 @@ class InferenceResponse:
         return p if isinstance(p, str) else json.dumps(p or {})
 
 
+class InferenceResponseSender:
+    """A decoupled model's way to answer one request: ``send`` any number of
+    responses, from any thread and at any time (also after ``execute``
+    returned), then the final flag, on the last response or alone::
+
+        sender = request.get_response_sender()
+        for i in range(n):
+            sender.send(pb_utils.InferenceResponse(output_tensors=[...]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    Responses reach the client in the order they are sent.
+    """
+
+    def __init__(self, deliver: Any, request: "InferenceRequest | None" = None) -> None:
+        self._deliver = deliver  # deliver(response or None, final: bool), set by inferd
+        self._request = request
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def send(self, response: "InferenceResponse | None" = None, flags: int = 0) -> None:
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if response is None and not final:
+            raise TritonModelException("Inference Response object is needed when the flags is not FINAL.")
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}")
+        with self._lock:  # concurrent senders: one at a time, in order
+            if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            if final:
+                self._closed = True
+            self._deliver(response, final)
+
+    def is_cancelled(self) -> bool:
+        return self._request is not None and self._request.is_cancelled()
+
+    def _close(self) -> bool:
+        """Close the sender (inferd: the execution failed); True if it was open."""
+        with self._lock:
+            was_open = not self._closed
+            self._closed = True
+            return was_open
+
+
 class InferenceRequest:
     """A request to this model (``execute`` receives a list of them), or a
     BLS request to another model built by the model itself::
@@ -339,6 +385,7 @@ class InferenceRequest:
             parameters = json.loads(parameters) if parameters else {}
         self._parameters: dict[str, Any] = dict(parameters or {})
         self._cancelled: Any = None  # the server's request, for is_cancelled()
+        self._sender: InferenceResponseSender | None = None
 
     @classmethod
     def _of_server(cls, inputs: list[Tensor], request_id: str, requested: list[str],
@@ -354,6 +401,10 @@ class InferenceRequest:
         r._timeout = 0
         r._parameters = parameters
         r._cancelled = source
+        r._sender = None
+        if source is not None:
+            r._correlation_id = getattr(source, "correlation_id", 0)
+            r._flags = getattr(source, "flags", 0)
         return r
 
     def inputs(self) -> list[Tensor]:
@@ -382,16 +433,20 @@ class InferenceRequest:
         source = self._cancelled
         return bool(source is not None and getattr(source, "cancelled", False))
 
-    def get_response_sender(self) -> Any:
-        raise TritonModelException(
-            "get_response_sender(): decoupled models are not supported by inferd; return one "
-            "InferenceResponse per request from execute()"
-        )
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException(
+                "get_response_sender(): only a decoupled model (model_transaction_policy { decoupled: true }) "
+                "answers through a response sender in inferd; return one InferenceResponse per request from "
+                "execute()"
+            )
+        return self._sender
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         """Run this request on the named model and wait for its response (BLS)."""
         if decoupled:
-            raise TritonModelException("exec(decoupled=True): decoupled models are not supported by inferd")
+            raise TritonModelException(
+                "exec(decoupled=True): BLS calls to decoupled models are not supported by inferd")
         from inferd.backends.python import bls_exec
 
         return bls_exec(self)
@@ -400,7 +455,8 @@ class InferenceRequest:
         """Start this request on the named model; returns an awaitable for its
         response. Use from ``async def execute``."""
         if decoupled:
-            raise TritonModelException("async_exec(decoupled=True): decoupled models are not supported by inferd")
+            raise TritonModelException(
+                "async_exec(decoupled=True): BLS calls to decoupled models are not supported by inferd")
         from inferd.backends.python import bls_async_exec
 
         return bls_async_exec(self)
@@ -498,9 +554,15 @@ class ModelConfig:
                     f"model transaction property in auto-complete-config function for model '{self._name}' "
                     "contains property other than 'decoupled'."
                 )
-        if transaction_policy_dict.get("decoupled"):
-            raise ValueError(f"model '{self._name}': decoupled models are not supported by inferd")
-        self._model_config.setdefault("model_transaction_policy", {})["decoupled"] = False
+        policy = self._model_config.setdefault("model_transaction_policy", {})
+        if "decoupled" in transaction_policy_dict:
+            wanted = bool(transaction_policy_dict["decoupled"])
+            if "decoupled" in policy and bool(policy["decoupled"]) != wanted:
+                raise ValueError(
+                    f"trying to change decoupled property in auto-complete-config for model '{self._name}', "
+                    f"which is already set to '{policy['decoupled']}'."
+                )
+            policy["decoupled"] = wanted
 
     def _add(self, kind: str, tensor: dict, allowed: Iterable[str]) -> None:
         if not isinstance(tensor, dict):

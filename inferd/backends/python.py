@@ -17,6 +17,18 @@ works, see that package):
   awaited together);
 - ``finalize()`` (optional): at unload.
 
+A decoupled model (``model_transaction_policy { decoupled: true }``) returns
+None from ``execute`` and answers each request through
+``request.get_response_sender()``: any number of responses, from any thread,
+even after ``execute`` returned, then the final flag. They go to the
+request's :class:`~inferd.streaming.ResponseSink` (streamed to the client as
+sent); ``execute`` raising ends every request still open with its error.
+Such a model can only be reached through a stream (ModelStreamInfer).
+
+A sequence model (``sequence_batching``) sees each request's
+``correlation_id()`` and ``flags()`` (START 1, END 2) and its control and
+state inputs as input tensors; its state outputs are read back by the batcher.
+
 Where Triton runs each instance in a stub process, inferd runs it in the
 server process on the instance's worker thread. Each instance imports its
 ``model.py`` as a module of its own (a unique name per model, version and
@@ -63,10 +75,12 @@ import triton_python_backend_utils as pb_utils
 from inferd._proto import model_config_pb2 as mc
 from inferd.backends.base import Backend, BatchResult, ExecutionTimes, InstanceSpec, ModelInstance, RequestInputs
 from inferd.config import ModelSpec
+from inferd.config._sequence import sequence_tensor_names
 from inferd.errors import (
     AlreadyExists, Cancelled, ConfigError, InferdError, InvalidArgument, ModelExecutionError, NotFound,
     Unavailable, Unimplemented,
 )
+from inferd.streaming import ResponseSink, StreamEvent
 from inferd.types import InferenceRequest, RequestedOutput
 
 log = logging.getLogger(__name__)
@@ -261,11 +275,16 @@ class PythonInstance(ModelInstance):
             raise
         outputs = list(spec.outputs)
         self._all_outputs = outputs
-        self._known_outputs = set(outputs)
+        # A sequence model's state outputs are read back by the sequence batcher.
+        self._known_outputs = set(outputs) | sequence_tensor_names(spec.config)[1]
+        self._decoupled = bool(spec.config.model_transaction_policy.decoupled)
+        self._warned_return = False
 
     # -- execution -------------------------------------------------------------------
 
     def execute(self, inputs: Sequence[dict[str, np.ndarray]], output_names: Sequence[str]) -> BatchResult:
+        if self._decoupled:
+            return self._execute_decoupled(inputs)
         name = self.model.name
         times = ExecutionTimes()
         t0 = time.perf_counter_ns()
@@ -309,38 +328,98 @@ class PythonInstance(ModelInstance):
                 f"it got {len(requests)} request(s) and returned {got}"
             )
             return [error] * len(requests)
-        results: list[dict[str, np.ndarray] | InferdError] = []
-        for i, (request, response) in enumerate(zip(requests, responses)):
-            if not isinstance(response, pb_utils.InferenceResponse):
-                results.append(ModelExecutionError(
-                    f"model '{name}': execute() returned {type(response).__name__} for request {i}; "
-                    "expected pb_utils.InferenceResponse"
-                ))
+        return [self._convert(i, request, response) for i, (request, response) in enumerate(zip(requests, responses))]
+
+    def _convert(self, i: int, request: pb_utils.InferenceRequest, response: Any) -> dict[str, np.ndarray] | InferdError:
+        """One response of the model: its outputs, or the error it carries."""
+        name = self.model.name
+        if not isinstance(response, pb_utils.InferenceResponse):
+            return ModelExecutionError(
+                f"model '{name}': execute() returned {type(response).__name__} for request {i}; "
+                "expected pb_utils.InferenceResponse"
+            )
+        error = response.error()
+        if error is not None:
+            return _error_from_triton(f"model '{name}': ", error)
+        outputs: dict[str, np.ndarray] = {}
+        for tensor in response.output_tensors():
+            if not isinstance(tensor, pb_utils.Tensor):
+                return ModelExecutionError(
+                    f"model '{name}': the response to request {i} holds {type(tensor).__name__}, not pb_utils.Tensor"
+                )
+            if tensor.name() in self._known_outputs:
+                outputs[tensor.name()] = tensor._array
+        missing = [n for n in request.requested_output_names() if n not in outputs]
+        if missing:
+            return ModelExecutionError(
+                f"model '{name}': the response to request {i} has no output {', '.join(map(repr, missing))} "
+                f"(it has {sorted(t.name() for t in response.output_tensors())})"
+            )
+        return outputs
+
+    # -- decoupled models ------------------------------------------------------------------
+
+    def _execute_decoupled(self, inputs: Sequence[dict[str, np.ndarray]]) -> BatchResult:
+        """Hand the requests, each with a response sender, to the model. The
+        result only says which requests reached it; responses go to the sinks."""
+        name = self.model.name
+        times = ExecutionTimes()
+        t0 = time.perf_counter_ns()
+        results: list[dict[str, np.ndarray] | InferdError] = [{} for _ in inputs]
+        requests: list[pb_utils.InferenceRequest] = []
+        senders: list[tuple[pb_utils.InferenceResponseSender, ResponseSink | None]] = []
+        for i, item in enumerate(inputs):
+            source = item.request if isinstance(item, RequestInputs) else None
+            sink = source.responder if source is not None else None
+            if source is not None and sink is None:
+                results[i] = Unimplemented(
+                    f"model '{name}' is decoupled (model_transaction_policy.decoupled): its responses can only "
+                    "be streamed to a client (ModelStreamInfer), not returned to this caller"
+                )
                 continue
-            error = response.error()
-            if error is not None:
-                results.append(_error_from_triton(f"model '{name}': ", error))
-                continue
-            outputs: dict[str, np.ndarray] = {}
-            for tensor in response.output_tensors():
-                if not isinstance(tensor, pb_utils.Tensor):
-                    outputs = {}
-                    results.append(ModelExecutionError(
-                        f"model '{name}': the response to request {i} holds {type(tensor).__name__}, not pb_utils.Tensor"
-                    ))
-                    break
-                if tensor.name() in self._known_outputs:
-                    outputs[tensor.name()] = tensor._array
+            request = self._request(item)
+            sender = pb_utils.InferenceResponseSender(self._deliverer(request, sink), request)
+            request._sender = sender
+            requests.append(request)
+            senders.append((sender, sink))
+        t1 = time.perf_counter_ns()
+        if requests:
+            pb_utils._set_current_model(name)
+            try:
+                returned = self._execute(requests)
+                if inspect.isawaitable(returned):
+                    returned = self._run_async(returned)
+                if returned is not None and not self._warned_return:
+                    self._warned_return = True
+                    log.warning("model '%s' is decoupled: execute() should return None; what it returned "
+                                "is ignored (responses go through request.get_response_sender())", name)
+            except Exception as exc:
+                log.error("model '%s': execute raised", name, exc_info=True)
+                error = ModelExecutionError(f"model '{name}' failed to execute: {type(exc).__name__}: {exc}")
+                for sender, sink in senders:
+                    if sender._close() and sink is not None:
+                        sink.put(StreamEvent(error=error, final=True))
+            finally:
+                pb_utils._set_current_model(None)
+        times.input_ns = t1 - t0
+        times.infer_ns = time.perf_counter_ns() - t1
+        return BatchResult(results, times)
+
+    def _deliverer(self, request: pb_utils.InferenceRequest, sink: ResponseSink | None) -> Any:
+        def deliver(response: pb_utils.InferenceResponse | None, final: bool) -> None:
+            if sink is None:  # a filler row of a sequence batch: nobody asked
+                return
+            if response is None:
+                sink.put(StreamEvent(final=True))
+                return
+            out = self._convert(0, request, response)
+            if isinstance(out, InferdError):
+                sink.put(StreamEvent(error=out, final=final))
             else:
-                missing = [n for n in request.requested_output_names() if n not in outputs]
-                if missing:
-                    results.append(ModelExecutionError(
-                        f"model '{name}': the response to request {i} has no output {', '.join(map(repr, missing))} "
-                        f"(it has {sorted(t.name() for t in response.output_tensors())})"
-                    ))
-                else:
-                    results.append(outputs)
-        return results
+                # Copied now: the model may reuse its arrays before the loop encodes them.
+                sink.put(StreamEvent(outputs={k: np.array(v, copy=True) for k, v in out.items()}, final=final))
+
+        return deliver
 
     def _run_async(self, awaitable: Any) -> Any:
         loop = self._loop

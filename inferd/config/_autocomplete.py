@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from inferd._proto import model_config_pb2 as mc
 from inferd.dtypes import DataType
+from inferd.config._sequence import sequence_tensor_names
 
 DEFAULT_MAX_BATCH_SIZE = 4  # Triton's --backend-config default-max-batch-size
 
@@ -46,13 +47,16 @@ def autocomplete(config: mc.ModelConfig, signature: ModelSignature) -> None:
             if not config.HasField("dynamic_batching") and not config.HasField("sequence_batching"):
                 config.dynamic_batching.SetInParent()
     strip = 1 if config.max_batch_size > 0 else 0
+    # The sequence batcher supplies control and state inputs and consumes state outputs.
+    supplied, consumed = sequence_tensor_names(config)
     if not config.input:
         for t in signature.inputs:
-            if not t.optional:
+            if not t.optional and t.name not in supplied:
                 _add(config.input.add(), t, strip)
     if not config.output:
         for t in signature.outputs:
-            _add(config.output.add(), t, strip)
+            if t.name not in consumed:
+                _add(config.output.add(), t, strip)
 
 
 def _add(target: mc.ModelInput | mc.ModelOutput, t: SignatureTensor, strip: int) -> None:

@@ -13,19 +13,20 @@ from pathlib import Path
 
 from inferd._proto import model_config_pb2 as mc
 from inferd.config._autocomplete import ModelSignature, SignatureTensor
+from inferd.config._sequence import (
+    check_sequence_signature, decoupled_problem, normalize_sequence_batching, sequence_policy, sequence_tensor_names,
+)
 from inferd.config._spec import ModelSpec, model_spec
 from inferd.errors import ConfigError
 
 _HONOURED = {
     "name", "platform", "backend", "version_policy", "max_batch_size", "input", "output",
     "instance_group", "default_model_filename", "parameters", "dynamic_batching", "optimization",
-    "runtime",
+    "runtime", "sequence_batching", "model_transaction_policy",
 }
 _REFUSED = {
-    "sequence_batching": "stateful sequence batching is not supported by this inferd version",
     "ensemble_scheduling": "ensemble_scheduling is only valid with platform: \"ensemble\"",
     "model_warmup": "model_warmup is not supported by this inferd version",
-    "model_transaction_policy": "decoupled models are not supported by this inferd version",
     "response_cache": "the response cache is not supported by inferd",
     "model_repository_agents": "repository agents are not supported by inferd",
     "batch_input": "batch_input (ragged batching) is not supported by inferd",
@@ -79,7 +80,14 @@ def validate(
         if t.label_filename:
             labels[t.name] = _read_labels(name, t, model_dir)
     _check_instance_groups(config)
+    problem = decoupled_problem(config)
+    if problem:
+        raise ConfigError(problem)
+    normalize_sequence_batching(config)
+    sequence = sequence_policy(config, model_dir)
     if signature is not None:
+        if sequence is not None:
+            check_sequence_signature(config, sequence, signature)
         _check_against_signature(config, signature)
     del both  # an input and an output may share a name (Triton allows it)
     return model_spec(config, labels)
@@ -209,7 +217,7 @@ def _check_against_signature(config: mc.ModelConfig, signature: ModelSignature) 
                     f"{where} is not in the model file, whose {kind}s are {sorted(available) or 'none'}"
                 )
             _compare(where, config, t, found, batch)
-    listed = {t.name for t in config.input}
+    listed = {t.name for t in config.input} | sequence_tensor_names(config)[0]
     for name, t in model_inputs.items():
         if name not in listed and not t.optional:
             raise ConfigError(f"model '{config.name}': the model file has input '{name}' that the config does not list")

@@ -268,6 +268,11 @@ def check_against_models(
             )
         m = found.spec
         models[step.index] = m
+        if m.config.model_transaction_policy.decoupled:
+            raise ConfigError(
+                f"{at}: model '{m.name}' is decoupled (model_transaction_policy.decoupled): it may answer a "
+                "request with any number of responses, and an ensemble step needs exactly one"
+            )
         for key, tensor in step.input_map:
             if key not in m.inputs:
                 raise ConfigError(

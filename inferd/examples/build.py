@@ -316,6 +316,51 @@ MODELS += [
 ]
 
 
+# Stateful sequences and decoupled models. simple_sequence is Triton's
+# simple_sequence as ONNX: OUTPUT is the running sum of INPUT over the sequence,
+# reset by START. ONNX graphs hold no state between runs, so the sum lives in
+# implicit state (sequence_batching.state: ACC_OUT fed back as ACC_IN, zeros on
+# START) that the sequence batcher keeps per sequence. repeat_decoupled streams
+# REPEAT copies of IN (decoupled: model_transaction_policy { decoupled: true }).
+
+SEQUENCE_IDLE_US = 5_000_000
+
+_SIMPLE_SEQUENCE_BATCHING = f"""sequence_batching {{
+  max_sequence_idle_microseconds: {SEQUENCE_IDLE_US}
+  direct {{ }}
+  state [
+    {{
+      input_name: "ACC_IN"
+      output_name: "ACC_OUT"
+      data_type: TYPE_INT32
+      dims: [ 1 ]
+      initial_state {{ name: "zero" data_type: TYPE_INT32 dims: [ 1 ] zero_data: true }}
+    }}
+  ]
+}}
+"""
+
+MODELS += [
+    ModelSpec(
+        "simple_sequence",
+        triton_config("simple_sequence", [("INPUT", "TYPE_INT32", [1])], [("OUTPUT", "TYPE_INT32", [1])],
+                      max_batch_size=8, extra=_SIMPLE_SEQUENCE_BATCHING),
+        {"1/model.onnx": onnx_file(lambda: om.accumulator(np.int32))},
+    ),
+    ModelSpec(
+        "repeat_decoupled",
+        triton_config(
+            "repeat_decoupled",
+            [("IN", "TYPE_INT32", [-1]), ("REPEAT", "TYPE_INT32", [1])],
+            [("OUT", "TYPE_INT32", [-1]), ("IDX", "TYPE_UINT32", [1])],
+            max_batch_size=0, platform=None, backend="python",
+            extra="model_transaction_policy { decoupled: true }",
+        ),
+        {"1/model.py": _python_file("repeat_decoupled")},
+    ),
+]
+
+
 # --------------------------------------------------------------------------- writing
 
 

@@ -266,3 +266,25 @@ def fused_scale_mlp_relu(
         initializer=[f, *_initializers(w)],
     )
     return _model(graph)
+
+
+# --------------------------------------------------------------------------- stateful sequences
+
+
+def accumulator(dtype: Any = np.int32, batch: bool = True, name_in: str = "INPUT", name_out: str = "OUTPUT",
+                state_in: str = "ACC_IN", state_out: str = "ACC_OUT") -> onnx.ModelProto:
+    """A running sum kept in implicit state (``sequence_batching.state``):
+    ``OUTPUT = ACC_OUT = INPUT + ACC_IN``. The sequence batcher feeds ACC_OUT back
+    as ACC_IN on the sequence's next request and zeros on its START."""
+    et = elem_type(dtype)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", [name_in, state_in], ["sum"], name="add"),
+            helper.make_node("Identity", ["sum"], [name_out], name="output"),
+            helper.make_node("Identity", ["sum"], [state_out], name="state"),
+        ],
+        "accumulator",
+        [_vi(name_in, et, 1, batch), _vi(state_in, et, 1, batch)],
+        [_vi(name_out, et, 1, batch), _vi(state_out, et, 1, batch)],
+    )
+    return _model(graph)

@@ -12,12 +12,14 @@ from inferd._proto import model_config_pb2 as mc
 from inferd.backends import Backend, Device, InstanceSpec
 from inferd.clock import Clock
 from inferd.config import ModelSpec
+from inferd.config._sequence import sequence_policy
 from inferd.errors import ConfigError
 from inferd.observability.stats import ModelStats
 from inferd.scheduling.base import Scheduler
 from inferd.scheduling.batcher import BatchScheduler
 from inferd.scheduling.instances import InstanceWorker
 from inferd.scheduling.policy import batching_policy
+from inferd.scheduling.sequence import SequenceScheduler, sequence_sample
 
 
 @dataclass(eq=False)
@@ -27,6 +29,7 @@ class Model:
     scheduler: Scheduler
     stats: ModelStats
     model_dir: Path
+    decoupled: bool = False  # model_transaction_policy.decoupled: responses only stream
 
     @property
     def name(self) -> str:
@@ -90,6 +93,7 @@ def build_model(
     params = spec.params
     policy = batching_policy(spec.config, aging_us=params.priority_aging_microseconds,
                              split=params.split_large_requests)
+    sequence = sequence_policy(spec.config, model_dir)  # None without sequence_batching
     instances = []
     try:
         for ispec in instance_specs(spec, backend, model_dir, version, model_file):
@@ -102,9 +106,16 @@ def build_model(
                for i in instances]
     if any(w.mode == "auto" for w in workers):
         sample = sample_inputs(spec)
+        if sequence is not None:
+            sample.update(sequence_sample(sequence))
         for worker in workers:
             if worker.mode == "auto":
                 worker.calibrate(sample, list(spec.outputs))
     stats = ModelStats(spec.name, version)
-    scheduler = BatchScheduler(spec.name, policy, workers, list(spec.outputs), stats, clock)
-    return Model(spec=spec, version=version, scheduler=scheduler, stats=stats, model_dir=model_dir)
+    scheduler: Scheduler
+    if sequence is not None:
+        scheduler = SequenceScheduler(spec.name, sequence, workers, list(spec.outputs), stats, clock)
+    else:
+        scheduler = BatchScheduler(spec.name, policy, workers, list(spec.outputs), stats, clock)
+    return Model(spec=spec, version=version, scheduler=scheduler, stats=stats, model_dir=model_dir,
+                 decoupled=bool(spec.config.model_transaction_policy.decoupled))

@@ -10,16 +10,20 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import AsyncIterator
 
 from inferd.clock import Clock, MonotonicClock
-from inferd.errors import DeadlineExceeded, InferdError
+from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError, Unimplemented
 from inferd.repository import ModelManager
 from inferd.repository.model import Model
 from inferd.server.validation import check_requested_outputs, prepare_inputs, shape_outputs
 from inferd.types import InferenceRequest, InferenceResponse
+from inferd.streaming import ResponseSink, StreamEvent, StreamResponse
 
 SERVER_NAME = "inferd"
 SERVER_VERSION = "0.1.0"
+# Triton's words for a one-response call to a decoupled model (clients match on it).
+DECOUPLED_UNARY = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 EXTENSIONS = ["classification", "model_repository", "schedule_policy", "model_configuration", "statistics"]
 
 
@@ -77,6 +81,8 @@ class DataPlane:
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         model = self.manager.get(request.model_name, request.model_version)
+        if model.decoupled:
+            raise Unimplemented(DECOUPLED_UNARY)
         spec = model.spec
         stats = model.stats
         start = time.perf_counter_ns()
@@ -101,6 +107,87 @@ class DataPlane:
             model_name=spec.name, model_version=model.version, outputs=result, id=request.id
         )
 
+
+    async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
+        """Run one request and yield its responses as they come (ModelStreamInfer).
+
+        A plain model gives one response, final. A decoupled model gives what
+        its Python code sends: zero or more responses (or errors), then the
+        final flag (on the last response, or alone). Errors are yielded, as
+        final responses where they end the request; only cancellation raises.
+        """
+        try:
+            model = self.manager.get(request.model_name, request.model_version)
+        except InferdError as exc:
+            yield StreamResponse(error=exc, final=True)
+            return
+        if not model.decoupled:
+            try:
+                response = await self.infer(request)
+            except InferdError as exc:
+                yield StreamResponse(error=exc, final=True)
+                return
+            yield StreamResponse(response=response, final=True)
+            return
+        async for item in self._infer_decoupled(model, request):
+            yield item
+
+    async def _infer_decoupled(self, model: Model, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
+        spec, stats = model.spec, model.stats
+        start = time.perf_counter_ns()
+        loop = asyncio.get_running_loop()
+        sink = ResponseSink(loop)
+        request.responder = sink
+        try:
+            inputs, rows = prepare_inputs(spec, request)
+            check_requested_outputs(spec, request.requested_outputs)
+        except InferdError as exc:
+            stats.record_failure(time.perf_counter_ns() - start, exc.grpc_code.name, self.clock.now())
+            yield StreamResponse(error=exc, final=True)
+            return
+        request.inputs = inputs
+        task = loop.create_task(model.scheduler.infer(request, rows))
+
+        def executed(t: asyncio.Task) -> None:
+            # The request never reached the model (refused, queue full, ...): that ends it.
+            if not t.cancelled() and t.exception() is not None:
+                exc = t.exception()
+                error = exc if isinstance(exc, InferdError) else ModelExecutionError(
+                    f"model '{spec.name}' failed to execute: {type(exc).__name__}: {exc}")
+                sink.put(StreamEvent(error=error, final=True))
+
+        task.add_done_callback(executed)
+        failure = ""
+        try:
+            while True:
+                event = await sink.get()
+                if event.error is not None:
+                    failure = failure or event.error.grpc_code.name
+                    yield StreamResponse(error=event.error, final=event.final)
+                elif event.outputs is not None:
+                    try:
+                        result = shape_outputs(spec, event.outputs, request.requested_outputs)
+                    except InferdError as exc:
+                        failure = failure or exc.grpc_code.name
+                        yield StreamResponse(error=exc, final=event.final)
+                    else:
+                        response = InferenceResponse(model_name=spec.name, model_version=model.version,
+                                                     outputs=result, id=request.id)
+                        yield StreamResponse(response=response, final=event.final)
+                else:
+                    yield StreamResponse(final=True)
+                if event.final:
+                    break
+        except BaseException:  # cancelled, or the consumer closed the stream
+            request.cancelled = sink.cancelled = True
+            if not task.done():
+                task.cancel()
+            stats.record_failure(time.perf_counter_ns() - start, "CANCELED", self.clock.now())
+            raise
+        if failure:
+            stats.record_failure(time.perf_counter_ns() - start, failure, self.clock.now())
+        else:
+            stats.record_success(time.perf_counter_ns() - start, self.clock.now())
 
 def _platform(model: Model) -> str:
     # Triton reports the platform for ONNX/TorchScript/ensembles, and the

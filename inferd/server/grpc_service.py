@@ -7,6 +7,7 @@ Nothing here decides anything about models or scheduling.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -141,7 +142,72 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         await self._abort(context, Unimplemented(f"{what} is not supported by this inferd version"))
 
     async def ModelStreamInfer(self, request_iterator, context):  # type: ignore[no-untyped-def]
-        await self._unimplemented(context, "ModelStreamInfer (streaming inference)")
+        """The bidirectional stream. Each request runs as soon as it arrives,
+        concurrently with the others (in arrival order into its model's queue);
+        responses are written as they complete, a decoupled model's as it sends
+        them. A failed request answers with ``error_message`` and the stream
+        carries on, as Triton's does."""
+        out: asyncio.Queue = asyncio.Queue()
+        tasks: set[asyncio.Task] = set()
+        finished = object()  # one per request, and one for the reader
+        pending = 1
+
+        async def run(msg):  # type: ignore[no-untyped-def]
+            try:
+                async for message in self._stream_one(msg):
+                    out.put_nowait(message)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                out.put_nowait(_stream_error(msg, exc))
+            finally:
+                out.put_nowait(finished)
+
+        async def read() -> None:
+            nonlocal pending
+            try:
+                async for msg in request_iterator:
+                    pending += 1
+                    task = asyncio.ensure_future(run(msg))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+            finally:
+                out.put_nowait(finished)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while pending:
+                message = await out.get()
+                if message is finished:
+                    pending -= 1
+                    continue
+                yield message
+        finally:
+            reader.cancel()
+            for task in list(tasks):
+                task.cancel()
+
+    async def _stream_one(self, msg):  # type: ignore[no-untyped-def]
+        """The stream messages answering one request."""
+        req = codec.decode_infer_request(msg)
+        # Triton's flag: mark each response final or not, and send an empty final
+        # response when a decoupled model ends without one.
+        flagged = req.parameters.pop(EMPTY_FINAL, False) is True
+        async for item in self.dp.infer_stream(req):
+            if item.error is not None:
+                message = _stream_error(msg, item.error)
+            elif item.response is not None:
+                message = pb.ModelStreamInferResponse()
+                message.infer_response.CopyFrom(codec.encode_infer_response(item.response))
+            elif flagged:
+                message = pb.ModelStreamInferResponse()
+                r = message.infer_response
+                r.model_name, r.model_version, r.id = msg.model_name, msg.model_version, msg.id
+            else:
+                continue
+            if flagged:
+                message.infer_response.parameters[FINAL_RESPONSE].bool_param = item.final
+            yield message
 
     async def RepositoryModelLoad(self, request, context):  # type: ignore[no-untyped-def]
         await self._unimplemented(context, "RepositoryModelLoad (explicit model control)")
@@ -172,6 +238,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def LogSettings(self, request, context):  # type: ignore[no-untyped-def]
         await self._unimplemented(context, "LogSettings")
+
+
+EMPTY_FINAL = "triton_enable_empty_final_response"  # a stream request's parameter
+FINAL_RESPONSE = "triton_final_response"  # then set on every response of the stream
+
+
+def _stream_error(msg: Any, exc: BaseException) -> Any:
+    """A failed stream request's answer: its error in ``error_message``."""
+    _, message = grpc_status(exc)
+    if not isinstance(exc, InferdError):
+        log.exception("unexpected error in a stream request", exc_info=exc)
+    response = pb.ModelStreamInferResponse(error_message=message)
+    r = response.infer_response
+    r.model_name, r.model_version, r.id = msg.model_name, msg.model_version, msg.id
+    return response
 
 
 def add_to_server(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
