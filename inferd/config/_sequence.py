@@ -123,6 +123,11 @@ def sequence_policy(config: mc.ModelConfig, model_dir: Path | None = None) -> Se
         kwargs.update(max_queue_delay_us=int(d.max_queue_delay_microseconds), minimum_slot_utilization=util)
     else:
         o = sb.oldest
+        if o.preserve_ordering:
+            raise ConfigError(
+                f"{where}.oldest.preserve_ordering is not supported by inferd (requests of one sequence always "
+                "run and answer in order; responses of different sequences are sent as they complete)"
+            )
         if o.max_candidate_sequences < 1:
             raise ConfigError(
                 f"{where}.oldest.max_candidate_sequences must be >= 1 (the sequences each instance batches "
