@@ -4,24 +4,46 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
 from pathlib import Path
 
 
+def _flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve a model repository over gRPC",
-                       description="Serve one or more Triton-layout model repositories.")
+    p = sub.add_parser("serve", help="serve a model repository over gRPC and HTTP/REST",
+                       description="Serve one or more Triton-layout model repositories: KServe v2 gRPC "
+                                   "(with grpc.health.v1 and server reflection), KServe v2 HTTP/REST and "
+                                   "Prometheus metrics, each on its own port.")
     p.add_argument("--model-repository", "--model-store", action="append", type=Path, required=True,
                    dest="model_repository", metavar="DIR",
                    help="model repository folder (repeatable)")
     p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001; 0 picks a free one)")
     p.add_argument("--http-port", type=int, default=8000,
-                   help="HTTP/REST port (default 8000); accepted for Triton compatibility, the HTTP frontend is not in this version")
+                   help="KServe v2 HTTP/REST port (default 8000; 0 picks a free one)")
     p.add_argument("--metrics-port", type=int, default=8002,
-                   help="Prometheus metrics port (default 8002); accepted for Triton compatibility, metrics are not in this version")
+                   help="Prometheus metrics port, served on /metrics (default 8002; 0 picks a free one)")
+    p.add_argument("--allow-grpc", type=_flag, default=True, metavar="true|false",
+                   help="serve gRPC, with grpc.health.v1 and reflection (default true)")
+    p.add_argument("--allow-http", type=_flag, default=True, metavar="true|false",
+                   help="serve HTTP/REST (default true)")
+    p.add_argument("--allow-metrics", type=_flag, default=True, metavar="true|false",
+                   help="serve Prometheus metrics (default true)")
     p.add_argument("--grpc-address", "--address", dest="address", default="0.0.0.0",
-                   help="address to bind (default 0.0.0.0)")
+                   help="address to bind gRPC to (default 0.0.0.0)")
+    p.add_argument("--http-address", default=None,
+                   help="address to bind HTTP/REST to (default: as --grpc-address)")
+    p.add_argument("--metrics-address", default=None,
+                   help="address to bind metrics to (default: as --http-address)")
     p.add_argument("--grpc-max-message-bytes", type=int, default=2**31 - 1, dest="max_message_bytes",
                    help="largest gRPC message accepted or sent, in bytes")
     p.add_argument("--exit-timeout-secs", type=float, default=30.0, dest="grace",
@@ -32,7 +54,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="accepted for Triton compatibility; configs are always auto-completed from the model file")
     p.add_argument("--log-verbose", type=int, default=0, help="0: info, >=1: debug")
     p.add_argument("--port-file", type=Path, default=None,
-                   help="write the bound gRPC port to this file once serving (for tests and scripts)")
+                   help='once ready, write the bound ports to this file as JSON: {"grpc": P, "http": P, '
+                        '"metrics": P}, null for a frontend that is off (for tests and scripts)')
 
 
 def _check_parser(sub: argparse._SubParsersAction) -> None:
@@ -72,12 +95,20 @@ def _serve(args: argparse.Namespace) -> int:
         if not 0 <= port <= 65535:
             print(f"inferd: {name} must be in 0..65535, got {port}", file=sys.stderr)
             return 2
+    if not (args.allow_grpc or args.allow_http):
+        print("inferd: --allow-grpc and --allow-http are both false: nothing would take requests", file=sys.stderr)
+        return 2
     options = ServerOptions(
         model_repositories=args.model_repository,
         grpc_port=args.grpc_port,
         http_port=args.http_port,
         metrics_port=args.metrics_port,
         address=args.address,
+        http_address=args.http_address,
+        metrics_address=args.metrics_address,
+        allow_grpc=args.allow_grpc,
+        allow_http=args.allow_http,
+        allow_metrics=args.allow_metrics,
         max_message_bytes=args.max_message_bytes,
         grace_seconds=args.grace,
         exit_on_error=args.exit_on_error,
@@ -90,7 +121,9 @@ def _serve(args: argparse.Namespace) -> int:
 
             async def start_and_record() -> None:
                 await original()
-                args.port_file.write_text(str(server.grpc_port))
+                tmp = args.port_file.with_name(args.port_file.name + ".tmp")
+                tmp.write_text(json.dumps(server.ports()))
+                tmp.replace(args.port_file)  # readers never see a half-written file
 
             server.start = start_and_record  # type: ignore[method-assign]
         await server.serve_forever()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,7 +17,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class ServerProcess:
-    """An ``inferd serve`` subprocess; ``url`` is host:port for gRPC clients."""
+    """An ``inferd serve`` subprocess on loopback.
+
+    ``url`` is host:port for gRPC clients, ``http_url`` host:port for
+    ``tritonclient.http``, ``metrics_url`` the full ``http://.../metrics`` URL
+    (each None when its frontend is turned off by ``extra_args``).
+    """
 
     def __init__(self, repository: Path | list[Path], extra_args: list[str] | None = None,
                  log_path: Path | None = None, env: dict[str, str] | None = None) -> None:
@@ -25,7 +31,8 @@ class ServerProcess:
         self.port_file = self.log_path.with_suffix(".port")
         self.port_file.unlink(missing_ok=True)
         args = [sys.executable, "-m", "inferd.cli", "serve", "--grpc-address", "127.0.0.1", "--grpc-port", "0",
-                "--http-port", "0", "--metrics-port", "0", "--port-file", str(self.port_file)]
+                "--http-address", "127.0.0.1", "--http-port", "0", "--metrics-port", "0",
+                "--port-file", str(self.port_file)]
         for repo in repos:
             args += ["--model-repository", str(repo)]
         args += extra_args or []
@@ -33,14 +40,18 @@ class ServerProcess:
         full_env = dict(os.environ)
         full_env.update(env or {})
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, env=full_env)
-        self.port = self._wait_for_port(timeout=120)
-        self.url = f"127.0.0.1:{self.port}"
+        ports = self._wait_for_ports(timeout=120)
+        self.port, self.http_port, self.metrics_port = ports.get("grpc"), ports.get("http"), ports.get("metrics")
+        self.url = f"127.0.0.1:{self.port}" if self.port else None
+        self.http_url = f"127.0.0.1:{self.http_port}" if self.http_port else None
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics" if self.metrics_port else None
 
-    def _wait_for_port(self, timeout: float) -> int:
+    def _wait_for_ports(self, timeout: float) -> dict[str, int | None]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.port_file.exists() and self.port_file.read_text().strip():
-                return int(self.port_file.read_text())
+            text = self.port_file.read_text().strip() if self.port_file.exists() else ""
+            if text:  # {"grpc": P, "http": P, "metrics": P}; a bare number is the gRPC port
+                return json.loads(text) if text.startswith("{") else {"grpc": int(text)}
             if self.proc.poll() is not None:
                 raise RuntimeError(f"inferd exited with {self.proc.returncode}:\n{self.log()}")
             time.sleep(0.05)

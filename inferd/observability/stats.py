@@ -39,6 +39,10 @@ def wall_ms(monotonic_s: float) -> int:
 
 Observer = Callable[[str, "ModelStats", dict], None]
 
+# Called with each new ModelStats (a model version being built, before it
+# takes requests): the metrics exporter attaches its observer here.
+on_create: list[Callable[["ModelStats"], None]] = []
+
 
 class ModelStats:
     """Counters of one model version, as ModelStatistics reports them."""
@@ -65,6 +69,8 @@ class ModelStats:
         self.fail_reasons: dict[str, int] = {}
         self.observers: list[Observer] = []
         self.pending = 0  # requests admitted and not yet answered
+        for hook in on_create:
+            hook(self)
 
     def _notify(self, event: str, data: dict) -> None:
         for observer in self.observers:

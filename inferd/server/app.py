@@ -1,9 +1,13 @@
 """Wiring: build the manager, data plane and frontends; run until a signal.
 
-Start-up loads every model (a broken one is reported, not fatal, unless
-``exit_on_error``), then opens the ports. SIGINT/SIGTERM start a graceful
-stop: readiness turns false, new RPCs are refused, in-flight requests finish
-(up to ``grace`` seconds), then the models are released.
+Start-up opens the ports (gRPC with health and reflection, HTTP/REST,
+metrics; each can be turned off), then loads every model (a broken one is
+reported, not fatal, unless ``exit_on_error``): the server is live but not
+ready while models load. SIGINT/SIGTERM start a graceful stop: readiness turns
+false and gRPC health NOT_SERVING at once, new inference requests are refused
+while the ports stay open, accepted ones finish (up to ``grace`` seconds in
+all), then the ports close and the models are released; metrics answer until
+the end.
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ from pathlib import Path
 
 import grpc
 
+from inferd.observability.metrics import ServerMetrics
 from inferd.repository import ModelManager
 from inferd.server import context
+from inferd.server.asgi import AsgiServer
 from inferd.server.dataplane import DataPlane
 from inferd.server.grpc_service import InferenceServicer, add_to_server
+from inferd.server.health import Health, enable_reflection
+from inferd.server.http_service import HttpFrontend
 
 log = logging.getLogger("inferd")
 
@@ -30,7 +38,12 @@ class ServerOptions:
     grpc_port: int = 8001
     http_port: int = 8000
     metrics_port: int = 8002
-    address: str = "0.0.0.0"
+    address: str = "0.0.0.0"  # gRPC
+    http_address: str | None = None  # None: as ``address``
+    metrics_address: str | None = None  # None: as the HTTP address
+    allow_grpc: bool = True
+    allow_http: bool = True
+    allow_metrics: bool = True
     max_message_bytes: int = 2**31 - 1
     grace_seconds: float = 30.0
     exit_on_error: bool = False
@@ -44,18 +57,74 @@ class InferenceServer:
         self.dataplane = DataPlane(self.manager)
         self._grpc: grpc.aio.Server | None = None
         self.grpc_port: int = 0
+        self.health: Health | None = None
+        self.metrics: ServerMetrics | None = None
+        self._http: AsgiServer | None = None
+        self._metrics_server: AsgiServer | None = None
         self._stopping = asyncio.Event()
+
+    @property
+    def http_address(self) -> str:
+        return self.options.http_address or self.options.address
+
+    @property
+    def metrics_address(self) -> str:
+        return self.options.metrics_address or self.http_address
+
+    @property
+    def http_port(self) -> int:
+        return self._http.port if self._http is not None else 0
+
+    @property
+    def metrics_port(self) -> int:
+        return self._metrics_server.port if self._metrics_server is not None else 0
+
+    def ports(self) -> dict[str, int | None]:
+        """The bound ports, None for a frontend that is off (the --port-file contents)."""
+        o = self.options
+        return {
+            "grpc": self.grpc_port if o.allow_grpc else None,
+            "http": self.http_port if o.allow_http else None,
+            "metrics": self.metrics_port if o.allow_metrics else None,
+        }
 
     async def start(self) -> None:
         # Published before loading: a Python model may call other models (BLS).
         context.set_current(context.ServerContext(self.dataplane, asyncio.get_running_loop()))
+        o = self.options
+        self.dataplane.loading = True  # live, not ready, until the models are in
+        try:
+            await self._open_ports()
+        except BaseException:
+            await self.stop()
+            raise
         await self.manager.load_all()
-        if self.options.exit_on_error and not self.manager.all_ready():
+        self.dataplane.loading = False
+        if self.health is not None:
+            self.health.refresh()
+        if o.exit_on_error and not self.manager.all_ready():
             broken = [e for e in self.manager.index() if e.state != "READY"]
+            await self.stop()
             raise SystemExit(
                 "exit-on-error: models failed to load: "
                 + "; ".join(f"{e.name}: {e.reason}" for e in broken)
             )
+
+    async def _open_ports(self) -> None:
+        o = self.options
+        if o.allow_metrics:
+            self.metrics = ServerMetrics(self.dataplane)  # before loading: histograms attach as models build
+            self._metrics_server = AsgiServer(self.metrics.asgi_app(), self.metrics_address, o.metrics_port, "metrics")
+            await self._metrics_server.start()
+            log.info("serving metrics on %s:%d/metrics", self.metrics_address, self.metrics_port)
+        if o.allow_grpc:
+            await self._start_grpc()
+        if o.allow_http:
+            self._http = AsgiServer(HttpFrontend(self.dataplane).app(), self.http_address, o.http_port, "HTTP")
+            await self._http.start()
+            log.info("serving HTTP on %s:%d", self.http_address, self.http_port)
+
+    async def _start_grpc(self) -> None:
         size = self.options.max_message_bytes
         server = grpc.aio.server(
             options=[
@@ -65,20 +134,41 @@ class InferenceServer:
             ]
         )
         add_to_server(InferenceServicer(self.dataplane), server)
+        self.health = Health(self.dataplane)
+        self.health.add_to_server(server)
+        enable_reflection(server)
         address = f"{self.options.address}:{self.options.grpc_port}"
         self.grpc_port = server.add_insecure_port(address)
         if self.grpc_port == 0:
             raise SystemExit(f"cannot listen for gRPC on {address}")
         await server.start()
         self._grpc = server
+        await self.health.start()
         log.info("serving gRPC on %s:%d", self.options.address, self.grpc_port)
 
     async def stop(self) -> None:
-        """Graceful stop: refuse new work, let accepted requests finish, release models."""
+        """Graceful stop: not ready at once, refuse new work, let accepted requests finish, release models."""
         self.dataplane.draining = True
+        if self.health is not None:
+            self.health.drain()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.grace_seconds
+        # The ports stay open meanwhile: health, readiness and metadata answer, inference is refused.
+        while self.dataplane.inflight() and loop.time() < deadline:
+            await asyncio.sleep(0.005)
+        grace = max(deadline - loop.time(), 0.0)
+        closing = []
         if self._grpc is not None:
-            await self._grpc.stop(self.options.grace_seconds)
+            self.health.close()  # type: ignore[union-attr]
+            closing.append(self._grpc.stop(grace))
+        if self._http is not None:
+            closing.append(self._http.stop(grace))
+        await asyncio.gather(*closing)
         await self.manager.stop()
+        if self._metrics_server is not None:
+            await self._metrics_server.stop(1.0)
+        if self.metrics is not None:
+            self.metrics.close()
         current = context.current()
         if current is not None and current.dataplane is self.dataplane:
             context.set_current(None)
@@ -92,7 +182,11 @@ class InferenceServer:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.request_stop)
         await self.start()
-        print(f"inferd: ready, gRPC on {self.options.address}:{self.grpc_port}", flush=True)
+        o = self.options
+        where = [f"gRPC on {o.address}:{self.grpc_port}" if o.allow_grpc else "",
+                 f"HTTP on {self.http_address}:{self.http_port}" if o.allow_http else "",
+                 f"metrics on {self.metrics_address}:{self.metrics_port}/metrics" if o.allow_metrics else ""]
+        print(f"inferd: ready, {', '.join(w for w in where if w)}", flush=True)
         await self._stopping.wait()
         log.info("stopping: finishing in-flight requests")
         await self.stop()

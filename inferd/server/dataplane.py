@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator
 
 from inferd.clock import Clock, MonotonicClock
-from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError, Unimplemented
+from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError, Unavailable, Unimplemented
 from inferd.repository import ModelManager
 from inferd.repository.model import Model
 from inferd.server.validation import check_requested_outputs, prepare_inputs, shape_outputs
@@ -24,7 +24,10 @@ SERVER_NAME = "inferd"
 SERVER_VERSION = "0.1.0"
 # Triton's words for a one-response call to a decoupled model (clients match on it).
 DECOUPLED_UNARY = "ModelInfer RPC doesn't support models with decoupled transaction policy"
-EXTENSIONS = ["classification", "model_repository", "schedule_policy", "model_configuration", "statistics"]
+EXTENSIONS = [
+    "classification", "model_repository", "schedule_policy", "model_configuration", "statistics",
+    "binary_tensor_data",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +52,12 @@ class DataPlane:
         self.clock = clock or MonotonicClock()
         self.live = True
         self.draining = False
+        self.loading = False  # the server's start-up loading: not ready yet
 
     # -- health and metadata ---------------------------------------------------
 
     def server_ready(self) -> bool:
-        return self.live and not self.draining and self.manager.all_ready()
+        return self.live and not self.draining and not self.loading and self.manager.all_ready()
 
     def model_ready(self, name: str, version: int = 0) -> bool:
         return not self.draining and self.manager.is_ready(name, version)
@@ -63,6 +67,18 @@ class DataPlane:
 
     def model(self, name: str, version: int = 0) -> Model:
         return self.manager.get(name, version)
+
+    def statistics_models(self, name: str, version: int = 0) -> list[Model]:
+        """The model versions a statistics request names: all, one model's, or one version."""
+        if not name:
+            models = self.manager.models()
+        elif version:
+            models = [self.manager.get(name, version)]
+        else:
+            models = [m for m in self.manager.models() if m.name == name]
+            if not models:
+                self.manager.get(name)  # raises the right error
+        return sorted(models, key=lambda m: (m.name, m.version))
 
     def model_metadata(self, name: str, version: int = 0) -> ModelMetadata:
         model = self.manager.get(name, version)
@@ -78,6 +94,17 @@ class DataPlane:
         )
 
     # -- inference -----------------------------------------------------------------
+
+    def refuse_if_draining(self) -> None:
+        """Frontends call this before taking a client's inference request. A
+        drain refuses new ones and lets accepted ones finish; in-process calls
+        (a Python model's BLS) are not refused, they serve accepted requests."""
+        if self.draining:
+            raise Unavailable("inferd is shutting down and takes no new inference requests")
+
+    def inflight(self) -> int:
+        """Requests accepted by a scheduler and not yet answered, over every model."""
+        return sum(m.scheduler.inflight() for m in self.manager.models())
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         model = self.manager.get(request.model_name, request.model_version)

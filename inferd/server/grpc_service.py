@@ -81,19 +81,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStatistics(self, request, context):  # type: ignore[no-untyped-def]
         try:
-            version = codec.parse_version(request.name, request.version)
-            if request.name:
-                models = [self.dp.model(request.name, version)] if version else [
-                    m for m in self.dp.manager.models() if m.name == request.name
-                ]
-                if not models:
-                    self.dp.model(request.name)  # raises the right error
-            else:
-                models = self.dp.manager.models()
+            models = self.dp.statistics_models(request.name, codec.parse_version(request.name, request.version))
         except Exception as exc:
             return await self._abort(context, exc)
         response = pb.ModelStatisticsResponse()
-        for model in sorted(models, key=lambda m: (m.name, m.version)):
+        for model in models:
             s = model.stats
             out = response.model_stats.add()
             out.name = model.name
@@ -127,6 +119,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
         try:
+            self.dp.refuse_if_draining()
             req = codec.decode_infer_request(request)
             remaining = context.time_remaining()
             if remaining is not None:
@@ -189,6 +182,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _stream_one(self, msg):  # type: ignore[no-untyped-def]
         """The stream messages answering one request."""
+        self.dp.refuse_if_draining()
         req = codec.decode_infer_request(msg)
         # Triton's flag: mark each response final or not, and send an empty final
         # response when a decoupled model ends without one.

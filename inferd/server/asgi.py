@@ -1,0 +1,106 @@
+"""An ASGI app on its own port, served by uvicorn inside the server's event loop.
+
+The HTTP/REST frontend and the metrics endpoint each run one of these next to
+the grpc.aio server: ``uvicorn.Server.serve()`` as a task on the same loop, no
+thread. The socket is bound here (so port 0 reports the port it got, and a
+port in use fails start-up with a clear message), and uvicorn is kept away
+from the process's signals: SIGINT/SIGTERM belong to :class:`InferenceServer`,
+which stops every frontend in its own order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from typing import Any, Iterator
+
+import uvicorn
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:  # the application owns SIGINT/SIGTERM
+        yield
+
+
+def bind(host: str, port: int, what: str) -> socket.socket:
+    """A listening-ready TCP socket on ``host:port`` (0: a free port)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise SystemExit(f"cannot listen for {what} on {host}:{port}: {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(address)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"cannot listen for {what} on {host}:{port}: {exc}") from None
+    return sock
+
+
+class AsgiServer:
+    """``app`` served on ``host:port``; :meth:`start` returns the bound port."""
+
+    def __init__(self, app: Any, host: str, port: int, what: str) -> None:
+        self.app = app
+        self.host = host
+        self.requested_port = port
+        self.what = what
+        self.port = 0
+        self._server: _Server | None = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> int:
+        sock = bind(self.host, self.requested_port, self.what)
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app,
+            lifespan="off",
+            log_config=None,  # leave the process's logging alone
+            log_level="warning",
+            access_log=False,
+            proxy_headers=False,
+            server_header=False,
+            ws="none",
+            timeout_keep_alive=75,  # clients (perf_analyzer, tritonclient) keep connections open
+        )
+        server = _Server(config)
+        self._server = server
+        self._task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name=f"inferd {self.what}")
+        while not server.started:
+            if self._task.done():
+                sock.close()
+                exc = self._task.exception()
+                raise SystemExit(f"cannot serve {self.what} on {self.host}:{self.port}: {exc!r}")
+            await asyncio.sleep(0.005)
+        return self.port
+
+    async def stop(self, grace: float) -> None:
+        """Close the port and idle connections; let requests being answered finish (up to ``grace`` s)."""
+        server, task = self._server, self._task
+        if server is None or task is None:
+            return
+        server.config.timeout_graceful_shutdown = max(grace, 0.0)
+        server.should_exit = True
+        try:
+            # uvicorn notices should_exit within 0.1 s and waits up to the grace itself.
+            await asyncio.wait_for(asyncio.shield(task), timeout=grace + 2.0)
+        except asyncio.TimeoutError:
+            server.force_exit = True
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        except Exception:
+            log.exception("%s server failed while stopping", self.what)
+        self._server = self._task = None

@@ -1,0 +1,398 @@
+"""KServe v2 HTTP/REST bodies <-> numpy, done once per request at the HTTP edge.
+
+The JSON side of the protocol, plus Triton's binary tensor data extension: a
+request whose ``Inference-Header-Content-Length`` header says how many leading
+bytes of the body are JSON carries the rest as the raw data of the inputs
+that give ``parameters.binary_data_size``, in input order; a response does
+the same for outputs asked for with ``binary_data`` (or, by default, with the
+request's ``binary_data_output``). Raw data uses the gRPC framing
+(:mod:`inferd.server.codec`): little-endian values, BYTES elements 4-byte
+length-prefixed. JSON ``data`` may be flat or nested; BYTES elements are
+strings.
+
+Nothing here depends on the web framework: bytes and header values in,
+:class:`InferenceRequest` out; :class:`InferenceResponse` in, body parts out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from inferd.dtypes import BY_NAME, DataType, from_numpy
+from inferd.errors import InvalidArgument, Unimplemented
+from inferd.server.codec import array_from_raw, encode_bytes, parse_version
+from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
+
+HEADER_LENGTH = "inference-header-content-length"
+
+# Request parameters that shape the HTTP answer; they are not passed to the model.
+_PROTOCOL_PARAMS = ("binary_data_output",)
+# json.dumps with arguments builds an encoder per call; this one is built once.
+dumps = json.JSONEncoder(separators=(",", ":")).encode
+_SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+@dataclass(slots=True)
+class HttpInferRequest:
+    """A decoded request, and how each output is to be sent back."""
+
+    request: InferenceRequest
+    binary_default: bool = False  # the request's binary_data_output
+    binary: dict[str, bool] = field(default_factory=dict)  # per requested output, when it says
+
+
+# -- requests --------------------------------------------------------------
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[bytes | memoryview, memoryview]:
+    """The JSON part of a body and the binary part after it."""
+    if header_length is None:
+        return body, memoryview(b"")
+    try:
+        n = int(header_length)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= len(body):
+        raise InvalidArgument(
+            f"Inference-Header-Content-Length is '{header_length}' but the request body has {len(body)} bytes; "
+            "it must give the length of the JSON header that starts the body"
+        )
+    view = memoryview(body)
+    return view[:n], view[n:]
+
+
+def load_json(data: bytes | memoryview, what: str) -> Any:
+    try:
+        return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"{what}: the body is not valid JSON: {exc}") from None
+
+
+def decode_infer_request(model: str, version: str, body: bytes, header_length: str | None = None) -> HttpInferRequest:
+    """An inference request from its body (JSON header, then any binary data)."""
+    head, binary = split_body(body, header_length)
+    doc = load_json(head, f"inference request for model '{model}'")
+    if not isinstance(doc, dict):
+        raise InvalidArgument(f"inference request for model '{model}': the JSON body must be an object")
+    request = InferenceRequest(model_name=model, inputs={}, model_version=parse_version(model, version))
+    rid = doc.get("id", "")
+    if not isinstance(rid, str):
+        raise InvalidArgument(f"model '{model}': request 'id' must be a string, got {rid!r}")
+    request.id = rid
+    out = HttpInferRequest(request)
+
+    params = _object(doc.get("parameters"), f"model '{model}': request 'parameters'")
+    if params:
+        binary_default = params.get("binary_data_output", False)
+        if not isinstance(binary_default, bool):
+            raise InvalidArgument(f"model '{model}': request parameter 'binary_data_output' must be a boolean")
+        out.binary_default = binary_default
+        request.parameters = {k: v for k, v in params.items() if k not in _PROTOCOL_PARAMS}
+        request.priority = _int_param(model, params, "priority")
+        request.timeout_us = _int_param(model, params, "timeout")
+
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list):
+        raise InvalidArgument(f"model '{model}': the request must have an 'inputs' array")
+    offset = 0
+    for i, t in enumerate(inputs):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            raise InvalidArgument(f"model '{model}': inputs[{i}] must be an object with a 'name'")
+        name = t["name"]
+        where = f"input '{name}' for model '{model}'"
+        if name in request.inputs:
+            raise InvalidArgument(f"{where}: the input is given twice")
+        dtype = BY_NAME.get(t.get("datatype"))  # type: ignore[arg-type]
+        if dtype is None:
+            raise InvalidArgument(f"{where}: unknown data type {t.get('datatype')!r}")
+        shape = _shape(t.get("shape"), where)
+        tparams = _object(t.get("parameters"), f"{where}: 'parameters'")
+        _refuse_shared_memory(tparams, where)
+        size = tparams.get("binary_data_size") if tparams else None
+        if size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise InvalidArgument(f"{where}: 'binary_data_size' must be a non-negative integer, got {size!r}")
+            if "data" in t:
+                raise InvalidArgument(f"{where}: give either 'data' or 'binary_data_size', not both")
+            if offset + size > len(binary):
+                raise InvalidArgument(
+                    f"{where}: 'binary_data_size' is {size} but only {len(binary) - offset} bytes of binary data "
+                    "remain after the JSON header (is Inference-Header-Content-Length set?)"
+                )
+            request.inputs[name] = array_from_raw(binary[offset:offset + size], dtype, shape, where)  # type: ignore[arg-type]
+            offset += size
+        elif "data" in t:
+            request.inputs[name] = array_from_json(t["data"], dtype, shape, where)
+        else:
+            raise InvalidArgument(f"{where}: the input has neither 'data' nor 'binary_data_size'")
+    if offset != len(binary):
+        raise InvalidArgument(
+            f"model '{model}': {len(binary) - offset} bytes of binary data left over after the inputs "
+            f"(their binary_data_size add up to {offset})"
+        )
+
+    outputs = doc.get("outputs")
+    if outputs is not None:
+        if not isinstance(outputs, list):
+            raise InvalidArgument(f"model '{model}': 'outputs' must be an array")
+        requested = []
+        for i, o in enumerate(outputs):
+            if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+                raise InvalidArgument(f"model '{model}': outputs[{i}] must be an object with a 'name'")
+            r = RequestedOutput(o["name"])
+            oparams = _object(o.get("parameters"), f"output '{r.name}' for model '{model}': 'parameters'")
+            if oparams:
+                _refuse_shared_memory(oparams, f"output '{r.name}' for model '{model}'")
+                flag = oparams.get("binary_data")
+                if flag is not None:
+                    if not isinstance(flag, bool):
+                        raise InvalidArgument(
+                            f"output '{r.name}' for model '{model}': 'binary_data' must be a boolean, got {flag!r}"
+                        )
+                    out.binary[r.name] = flag
+                r.parameters = {k: v for k, v in oparams.items() if k != "binary_data"}
+                r.class_count = _int_param(model, oparams, "classification")
+            requested.append(r)
+        request.requested_outputs = requested or None
+    return out
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _shape(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in value):
+        raise InvalidArgument(f"{where}: 'shape' must be an array of integers, got {value!r}")
+    if any(d < 0 for d in value):
+        raise InvalidArgument(f"{where}: shape {value} has a negative dimension")
+    return tuple(value)
+
+
+def _int_param(model: str, params: dict[str, Any], key: str) -> int:
+    value = params.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(f"model '{model}': request parameter '{key}' must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _refuse_shared_memory(params: dict[str, Any], where: str) -> None:
+    for key in _SHM_KEYS:
+        if key in params:
+            raise Unimplemented(
+                f"{where}: parameter '{key}': shared memory is not supported by this inferd version over HTTP; "
+                "send the tensor data in the request"
+            )
+
+
+def _flatten(data: Any) -> list[Any]:
+    if not isinstance(data, list):
+        return [data]
+    if not any(isinstance(x, list) for x in data):
+        return data
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for x in stack[-1]:
+            if isinstance(x, list):
+                stack.append(iter(x))
+                break
+            out.append(x)
+        else:
+            stack.pop()
+    return out
+
+
+def array_from_json(data: Any, dtype: DataType, shape: tuple[int, ...], where: str) -> np.ndarray:
+    """A JSON ``data`` value (flat or nested, row-major) as an array of ``shape``."""
+    count = 1
+    for d in shape:
+        count *= d
+    flat = _flatten(data)
+    if len(flat) != count:
+        raise InvalidArgument(f"{where}: {len(flat)} values in 'data' for shape {list(shape)}, expecting {count}")
+    name = dtype.name
+    if name == "BYTES":
+        out = np.empty(count, dtype=np.object_)
+        for i, x in enumerate(flat):
+            if not isinstance(x, str):
+                raise InvalidArgument(f"{where}: BYTES data must be strings, element {i} is {x!r}")
+            out[i] = x.encode()
+        return out.reshape(shape)
+    if dtype.numpy is None:
+        raise InvalidArgument(f"{where}: data type {name} is not supported on this server")
+    if count == 0:
+        return np.empty(shape, dtype=dtype.numpy)
+    try:
+        values = np.asarray(flat)
+    except (ValueError, TypeError, OverflowError):
+        values = np.asarray(flat, dtype=np.object_)
+    kind = values.dtype.kind
+    if name == "BOOL":
+        if kind != "b":
+            raise InvalidArgument(f"{where}: BOOL data must be true/false, got {_first_bad(flat, bool)!r}")
+    elif dtype.numpy.kind in "iu":
+        if kind in "iu":
+            lo, hi = int(values.min()), int(values.max())
+        else:  # numpy found no one integer type for them all (values past int64), or not integers
+            bad = _first_bad(flat, int)
+            if not (isinstance(bad, int) and not isinstance(bad, bool)):
+                raise InvalidArgument(f"{where}: {name} data must be integers, got {bad!r}")
+            lo, hi = min(flat), max(flat)
+            values = np.asarray(flat, dtype=np.object_)
+        info = np.iinfo(dtype.numpy)
+        if lo < info.min or hi > info.max:
+            bad = lo if lo < info.min else hi
+            raise InvalidArgument(f"{where}: value {bad} is out of range for {name} ({info.min}..{info.max})")
+    elif kind not in "iuf":
+        raise InvalidArgument(f"{where}: {name} data must be numbers, got {_first_bad(flat, float)!r}")
+    return values.astype(dtype.numpy, copy=False).reshape(shape)
+
+
+def _first_bad(flat: list[Any], kind: type) -> Any:
+    for x in flat:
+        if kind is bool:
+            ok = isinstance(x, bool)
+        elif kind is int:
+            ok = isinstance(x, int) and not isinstance(x, bool)
+        else:
+            ok = isinstance(x, (int, float)) and not isinstance(x, bool)
+        if not ok:
+            return x
+    return flat[0]
+
+
+# -- responses -------------------------------------------------------------
+
+
+def encode_infer_response(response: InferenceResponse, how: HttpInferRequest) -> tuple[bytes, int | None]:
+    """The response body, and the JSON header's length when binary data follows it (else None)."""
+    outputs = []
+    chunks: list[bytes] = []
+    binary_default, binary = how.binary_default, how.binary
+    for name, array in response.outputs.items():
+        wire = "BYTES" if array.dtype.kind in "OSU" else from_numpy(array.dtype).name
+        out: dict[str, Any] = {"name": name, "datatype": wire, "shape": list(array.shape)}
+        if binary.get(name, binary_default):
+            raw = encode_bytes(array) if wire == "BYTES" else array.tobytes()
+            out["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            out["data"] = json_values(array, wire, name, response.model_name)
+        outputs.append(out)
+    doc: dict[str, Any] = {"model_name": response.model_name, "model_version": str(response.model_version)}
+    if response.id:
+        doc["id"] = response.id
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    doc["outputs"] = outputs
+    head = dumps(doc).encode()
+    if not chunks:
+        return head, None
+    return b"".join([head, *chunks]), len(head)
+
+
+def json_values(array: np.ndarray, wire: str, name: str, model: str) -> list[Any]:
+    flat = array.reshape(-1)
+    if wire == "BYTES":
+        try:
+            return [x.decode() if isinstance(x, bytes) else str(x) for x in flat]
+        except UnicodeDecodeError:
+            raise InvalidArgument(
+                f"output '{name}' of model '{model}' holds BYTES that are not valid UTF-8 and cannot be sent "
+                "as JSON; ask for it with \"binary_data\": true"
+            ) from None
+    if wire == "BF16":
+        flat = flat.astype(np.float32)
+    return flat.tolist()
+
+
+# -- other JSON answers ----------------------------------------------------
+
+
+def message_to_json(message: Message) -> dict[str, Any]:
+    """A protobuf message as Triton's HTTP API writes it: proto field names,
+    every field present, and 64-bit integers as JSON numbers (not strings)."""
+    doc = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    _ints(message.DESCRIPTOR, doc)
+    return doc
+
+
+_INT64 = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
+
+
+def _ints(descriptor: Any, doc: dict[str, Any]) -> None:
+    for f in descriptor.fields:
+        value = doc.get(f.name)
+        if value is None:
+            continue
+        if f.message_type is not None:
+            if f.message_type.GetOptions().map_entry:
+                vf = f.message_type.fields_by_name["value"]
+                if vf.message_type is not None:
+                    for item in value.values():
+                        _ints(vf.message_type, item)
+                elif vf.cpp_type in _INT64:
+                    for k in value:
+                        value[k] = int(value[k])
+            elif isinstance(value, list):
+                for item in value:
+                    _ints(f.message_type, item)
+            elif isinstance(value, dict):
+                _ints(f.message_type, value)
+        elif f.cpp_type in _INT64:
+            doc[f.name] = [int(v) for v in value] if isinstance(value, list) else int(value)
+
+
+def _duration(d: Any) -> dict[str, int]:
+    return {"count": d.count, "ns": d.ns}
+
+
+def statistics_json(models: list[Any]) -> dict[str, Any]:
+    """The statistics extension's answer for ``models`` (loaded model versions)."""
+    out = []
+    for model in models:
+        s = model.stats
+        zero = {"count": 0, "ns": 0}
+        out.append({
+            "name": model.name,
+            "version": str(model.version),
+            "last_inference": s.last_inference_ms,
+            "inference_count": s.inference_count,
+            "execution_count": s.execution_count,
+            "inference_stats": {
+                "success": _duration(s.success),
+                "fail": _duration(s.fail),
+                "queue": _duration(s.queue),
+                "compute_input": _duration(s.compute_input),
+                "compute_infer": _duration(s.compute_infer),
+                "compute_output": _duration(s.compute_output),
+                "cache_hit": dict(zero),
+                "cache_miss": dict(zero),
+            },
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": _duration(b.compute_input),
+                    "compute_infer": _duration(b.compute_infer),
+                    "compute_output": _duration(b.compute_output),
+                }
+                for size, b in sorted(s.batch_stats.items())
+            ],
+        })
+    return {"model_stats": out}

@@ -1,0 +1,251 @@
+"""The HTTP/REST frontend: KServe v2 routes (and Triton's extensions) over the data plane.
+
+A Starlette app, served by uvicorn on the server's event loop
+(:mod:`inferd.server.asgi`). Each route decodes (:mod:`inferd.server.http_codec`),
+calls the same :class:`DataPlane` as gRPC and encodes; errors are
+``{"error": "..."}`` with the status of :func:`inferd.errors.http_status`.
+Health and readiness answer 200 for true and 400 for false, as Triton does.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import zlib
+from typing import Any, Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from inferd.errors import InferdError, InvalidArgument, Unimplemented, http_status
+from inferd.server import http_codec
+from inferd.server.codec import parse_version
+from inferd.server.dataplane import DataPlane
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def json_response(doc: Any, status: int = 200) -> Response:
+    return Response(http_codec.dumps(doc), status_code=status, media_type=JSON)
+
+
+def error_response(exc: BaseException) -> Response:
+    status, message = http_status(exc)
+    if not isinstance(exc, InferdError):
+        log.exception("unexpected error", exc_info=exc)
+    return json_response({"error": message}, status)
+
+
+def _guarded(handler: Handler) -> Handler:
+    async def run(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except Exception as exc:
+            return error_response(exc)
+
+    run.__name__ = handler.__name__
+    return run
+
+
+def _decompress(body: bytes, encoding: str) -> bytes:
+    encoding = encoding.strip().lower()
+    try:
+        if encoding == "gzip":
+            return gzip.decompress(body)
+        if encoding == "deflate":
+            return zlib.decompress(body)
+    except (OSError, zlib.error, EOFError) as exc:
+        raise InvalidArgument(f"the request body is not valid {encoding} data: {exc}") from None
+    if encoding in ("", "identity"):
+        return body
+    raise Unimplemented(f"Content-Encoding '{encoding}' is not supported; use gzip or deflate")
+
+
+def _compress(body: bytes, accept: str | None) -> tuple[bytes, str | None]:
+    if not accept:
+        return body, None
+    offered = [part.split(";")[0].strip().lower() for part in accept.split(",")]
+    for name in offered:
+        if name == "gzip":
+            return gzip.compress(body, compresslevel=1), "gzip"
+        if name == "deflate":
+            return zlib.compress(body, 1), "deflate"
+    return body, None
+
+
+async def _json_body(request: Request, what: str) -> dict[str, Any]:
+    body = await request.body()
+    encoding = request.headers.get("content-encoding")
+    if encoding:
+        body = _decompress(body, encoding)
+    if not body.strip():
+        return {}
+    doc = http_codec.load_json(body, what)
+    if not isinstance(doc, dict):
+        raise InvalidArgument(f"{what}: the JSON body must be an object")
+    return doc
+
+
+class HttpFrontend:
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dp = dataplane
+
+    def app(self) -> Starlette:
+        r: list[Route] = []
+
+        def route(path: str, handler: Handler, method: str = "GET", versioned: bool = False) -> None:
+            r.append(Route(path, _guarded(handler), methods=[method]))
+            if versioned:
+                at = path.index("{model}") + len("{model}")
+                r.append(Route(path[:at] + "/versions/{version}" + path[at:], _guarded(handler), methods=[method]))
+
+        route("/v2/models/{model}/infer", self.infer, "POST", versioned=True)  # first: the hot path
+        route("/v2/health/live", self.live)
+        route("/v2/health/ready", self.ready)
+        route("/v2", self.server_metadata)
+        route("/v2/models/stats", self.statistics)
+        route("/v2/models/{model}", self.model_metadata, versioned=True)
+        route("/v2/models/{model}/ready", self.model_ready, versioned=True)
+        route("/v2/models/{model}/config", self.model_config, versioned=True)
+        route("/v2/models/{model}/stats", self.statistics, versioned=True)
+        route("/v2/repository/index", self.repository_index, "POST")
+        route("/v2/repository/models/{model}/load", self.load, "POST")
+        route("/v2/repository/models/{model}/unload", self.unload, "POST")
+        for path, what in (
+            ("/v2/systemsharedmemory/status", "system shared memory"),
+            ("/v2/systemsharedmemory/region/{region}/status", "system shared memory"),
+            ("/v2/cudasharedmemory/status", "CUDA shared memory"),
+            ("/v2/cudasharedmemory/region/{region}/status", "CUDA shared memory"),
+            ("/v2/trace/setting", "trace settings"),
+            ("/v2/models/{model}/trace/setting", "trace settings"),
+            ("/v2/logging", "log settings"),
+        ):
+            r.append(Route(path, _guarded(self._unimplemented(what)), methods=["GET", "POST"]))
+        for path, what in (
+            ("/v2/systemsharedmemory/region/{region}/register", "system shared memory"),
+            ("/v2/systemsharedmemory/region/{region}/unregister", "system shared memory"),
+            ("/v2/systemsharedmemory/unregister", "system shared memory"),
+            ("/v2/cudasharedmemory/region/{region}/register", "CUDA shared memory"),
+            ("/v2/cudasharedmemory/region/{region}/unregister", "CUDA shared memory"),
+            ("/v2/cudasharedmemory/unregister", "CUDA shared memory"),
+        ):
+            r.append(Route(path, _guarded(self._unimplemented(what)), methods=["POST"]))
+
+        async def not_found(request: Request, exc: Exception) -> Response:
+            status = exc.status_code if isinstance(exc, HTTPException) else 404
+            what = "method not allowed" if status == 405 else "no such endpoint"
+            return json_response({"error": f"{what}: {request.method} {request.url.path}"}, status)
+
+        return Starlette(routes=r, exception_handlers={404: not_found, 405: not_found})
+
+    # -- health and metadata ---------------------------------------------------
+
+    async def live(self, request: Request) -> Response:
+        return Response(status_code=200 if self.dp.live else 400)
+
+    async def ready(self, request: Request) -> Response:
+        return Response(status_code=200 if self.dp.server_ready() else 400)
+
+    async def server_metadata(self, request: Request) -> Response:
+        name, version, extensions = self.dp.server_metadata()
+        return json_response({"name": name, "version": version, "extensions": extensions})
+
+    @staticmethod
+    def _target(request: Request) -> tuple[str, int]:
+        name = request.path_params["model"]
+        return name, parse_version(name, request.path_params.get("version", ""))
+
+    async def model_ready(self, request: Request) -> Response:
+        name, version = self._target(request)
+        return Response(status_code=200 if self.dp.model_ready(name, version) else 400)
+
+    async def model_metadata(self, request: Request) -> Response:
+        md = self.dp.model_metadata(*self._target(request))
+        tensors = lambda ts: [{"name": t.name, "datatype": t.datatype, "shape": t.shape} for t in ts]  # noqa: E731
+        return json_response({
+            "name": md.name, "versions": md.versions, "platform": md.platform,
+            "inputs": tensors(md.inputs), "outputs": tensors(md.outputs),
+        })
+
+    async def model_config(self, request: Request) -> Response:
+        model = self.dp.model(*self._target(request))
+        return json_response(http_codec.message_to_json(model.config))
+
+    async def statistics(self, request: Request) -> Response:
+        name = request.path_params.get("model", "")
+        version = parse_version(name, request.path_params.get("version", ""))
+        return json_response(http_codec.statistics_json(self.dp.statistics_models(name, version)))
+
+    # -- model repository --------------------------------------------------------
+
+    async def repository_index(self, request: Request) -> Response:
+        doc = await _json_body(request, "repository index request")
+        ready = doc.get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidArgument(f"repository index request: 'ready' must be a boolean, got {ready!r}")
+        out = []
+        for e in self.dp.manager.index(ready_only=ready):
+            item = {"name": e.name}
+            if e.version:
+                item["version"] = e.version
+            item["state"] = e.state
+            if e.reason:
+                item["reason"] = e.reason
+            out.append(item)
+        return json_response(out)
+
+    async def load(self, request: Request) -> Response:
+        return await self._control(request, "load_model", "RepositoryModelLoad")
+
+    async def unload(self, request: Request) -> Response:
+        return await self._control(request, "unload_model", "RepositoryModelUnload")
+
+    async def _control(self, request: Request, method: str, rpc: str) -> Response:
+        """Explicit model control, through the data plane as gRPC does; the body's
+        ``parameters`` (``config``, ``unload_dependents``) go as they are."""
+        doc = await _json_body(request, f"model {method.split('_')[0]} request")
+        params = doc.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise InvalidArgument(f"{rpc}: 'parameters' must be a JSON object")
+        control = getattr(self.dp, method, None)
+        if control is None:  # a data plane without model control
+            raise Unimplemented(f"{rpc} (explicit model control) is not supported by this inferd version")
+        await control(request.path_params["model"], params)
+        return Response(status_code=200)
+
+    @staticmethod
+    def _unimplemented(what: str) -> Handler:
+        async def unimplemented(request: Request) -> Response:
+            raise Unimplemented(f"{what} is not supported by this inferd version over HTTP")
+
+        return unimplemented
+
+    # -- inference -----------------------------------------------------------------
+
+    async def infer(self, request: Request) -> Response:
+        body = await request.body()
+        self.dp.refuse_if_draining()
+        headers = request.headers
+        encoding = headers.get("content-encoding")
+        if encoding:
+            body = _decompress(body, encoding)
+        name = request.path_params["model"]
+        decoded = http_codec.decode_infer_request(
+            name, request.path_params.get("version", ""), body, headers.get(http_codec.HEADER_LENGTH)
+        )
+        response = await self.dp.infer(decoded.request)
+        content, header_length = http_codec.encode_infer_response(response, decoded)
+        out_headers = {}
+        if header_length is not None:
+            out_headers["Inference-Header-Content-Length"] = str(header_length)
+        content, compressed = _compress(content, headers.get("accept-encoding"))
+        if compressed:
+            out_headers["Content-Encoding"] = compressed
+        media = JSON if header_length is None else "application/octet-stream"
+        return Response(content, headers=out_headers, media_type=media)
