@@ -53,6 +53,18 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strict-model-config", action=argparse.BooleanOptionalAction, default=False,
                    help="accepted for Triton compatibility; configs are always auto-completed from the model file")
     p.add_argument("--log-verbose", type=int, default=0, help="0: info, >=1: debug")
+    from inferd.observability import log_settings, tracing
+
+    log_settings.add_arguments(p)
+    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none",
+                   help="none: load every model at start-up; explicit: load the --load-model ones, then as "
+                        "RepositoryModelLoad/Unload ask; poll: load every model and rescan the repositories "
+                        "every --repository-poll-secs (default none)")
+    p.add_argument("--load-model", action="append", default=[], metavar="NAME", dest="load_models",
+                   help="explicit mode: a model to load at start-up (repeatable; '*' loads all)")
+    p.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECONDS",
+                   help="poll mode: seconds between rescans (default 15)")
+    tracing.add_arguments(p)
     p.add_argument("--port-file", type=Path, default=None,
                    help='once ready, write the bound ports to this file as JSON: {"grpc": P, "http": P, '
                         '"metrics": P}, null for a frontend that is off (for tests and scripts)')
@@ -87,10 +99,26 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from inferd.server.app import InferenceServer, ServerOptions
 
+    from inferd.observability.log_settings import LogSettings
+    from inferd.observability.tracing import TraceConfig, Tracing
+    from inferd.repository.control import check_arguments
+
     logging.basicConfig(
         level=logging.DEBUG if args.log_verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logs = LogSettings(verbose=args.log_verbose, info=args.log_info, warning=args.log_warning,
+                       error=args.log_error, format=args.log_format)
+    logs.apply()
+    problem = check_arguments(args.model_control_mode, args.load_models, args.repository_poll_secs)
+    if problem:
+        print(f"inferd: {problem}", file=sys.stderr)
+        return 2
+    try:
+        tracer = Tracing(TraceConfig.parse(args.trace_config)) if args.trace_config else None
+    except ValueError as exc:
+        print(f"inferd: {exc}", file=sys.stderr)
+        return 2
     for port, name in ((args.grpc_port, "--grpc-port"), (args.http_port, "--http-port"), (args.metrics_port, "--metrics-port")):
         if not 0 <= port <= 65535:
             print(f"inferd: {name} must be in 0..65535, got {port}", file=sys.stderr)
@@ -112,6 +140,11 @@ def _serve(args: argparse.Namespace) -> int:
         max_message_bytes=args.max_message_bytes,
         grace_seconds=args.grace,
         exit_on_error=args.exit_on_error,
+        model_control_mode=args.model_control_mode,
+        load_models=args.load_models,
+        repository_poll_secs=args.repository_poll_secs,
+        tracing=tracer,
+        log_settings=logs,
     )
 
     async def run() -> None:

@@ -14,6 +14,7 @@ class RequestedOutput:
     name: str
     class_count: int = 0  # > 0: the classification extension's top-k
     parameters: dict[str, Any] = field(default_factory=dict)
+    shared_memory: Any = None  # a ShmRef: the data plane writes the result there, not in the response
 
 
 @dataclass(slots=True, eq=False)

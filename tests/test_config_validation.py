@@ -51,7 +51,7 @@ BROKEN = {
     "no_file": ["no_file", "no model file 'model.onnx'"],
     "sequence": ["sequence", "sequence_batching.control_input 'START'", "CONTROL_SEQUENCE_START",
                  "int32_false_true"],
-    "warmup": ["warmup", "model_warmup", "not supported"],
+    "warmup": ["warmup", "model_warmup 'w'", "no data for inputs", "INPUT0"],
     "unknown_param": ["unknown_param", "inferd.bogus"],
     "missing_input": ["missing_input", "INPUT1", "does not list"],
     "bad_onnx": ["bad_onnx", "cannot load"],

@@ -290,8 +290,8 @@ def test_classification_of_bytes_output(stub):
     _fails(stub, request, INVALID, "strings", "OUTPUT0", "BYTES")
 
 
-def test_shared_memory_tensors_refused(client):
-    """Shared memory is not implemented: a tensor in a region is refused, not read as empty."""
+def test_shared_memory_tensors_in_unregistered_regions_refused(client):
+    """A tensor in a region nobody registered is refused, not read as empty (tests/test_shared_memory.py has the rest)."""
     inputs = []
     for name in ("INPUT0", "INPUT1"):
         i = grpcclient.InferInput(name, [1, 16], "INT32")
@@ -300,14 +300,14 @@ def test_shared_memory_tensors_refused(client):
     inputs[1].set_shared_memory("region0", 64)
     with pytest.raises(InferenceServerException) as exc:
         client.infer("simple", inputs)
-    assert exc.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert "INPUT1" in exc.value.message() and "simple" in exc.value.message() and "shared memory" in exc.value.message()
+    assert exc.value.status() == "StatusCode.NOT_FOUND"
+    assert "INPUT1" in exc.value.message() and "simple" in exc.value.message() and "region0" in exc.value.message()
     inputs[1].set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
     out = grpcclient.InferRequestedOutput("OUTPUT0")
     out.set_shared_memory("region1", 64)
     with pytest.raises(InferenceServerException) as exc:
         client.infer("simple", inputs, outputs=[out])
-    assert exc.value.status() == "StatusCode.UNIMPLEMENTED" and "OUTPUT0" in exc.value.message()
+    assert exc.value.status() == "StatusCode.NOT_FOUND" and "OUTPUT0" in exc.value.message()
 
 
 # -- the model fails at run time ------------------------------------------------------

@@ -22,11 +22,10 @@ from inferd.errors import ConfigError
 _HONOURED = {
     "name", "platform", "backend", "version_policy", "max_batch_size", "input", "output",
     "instance_group", "default_model_filename", "parameters", "dynamic_batching", "optimization",
-    "runtime", "sequence_batching", "model_transaction_policy",
+    "runtime", "model_warmup", "sequence_batching", "model_transaction_policy",
 }
 _REFUSED = {
     "ensemble_scheduling": "ensemble_scheduling is only valid with platform: \"ensemble\"",
-    "model_warmup": "model_warmup is not supported by this inferd version",
     "response_cache": "the response cache is not supported by inferd",
     "model_repository_agents": "repository agents are not supported by inferd",
     "batch_input": "batch_input (ragged batching) is not supported by inferd",
@@ -80,6 +79,7 @@ def validate(
         if t.label_filename:
             labels[t.name] = _read_labels(name, t, model_dir)
     _check_instance_groups(config)
+    _check_warmup(config)
     problem = decoupled_problem(config)
     if problem:
         raise ConfigError(problem)
@@ -199,6 +199,42 @@ def _check_instance_groups(config: mc.ModelConfig) -> None:
                 field not in ("passive", "host_policy") and (value if not hasattr(value, "ListFields") else value.ListFields())
             ):
                 raise ConfigError(f"{where}: {field} is not supported by inferd")
+
+
+def _check_warmup(config: mc.ModelConfig) -> None:
+    """Triton's ModelWarmup: each sample names real inputs with their type, concrete
+    dims and one data source; its batch fits the model. Files are read at load."""
+    inputs = {t.name: t for t in config.input}
+    for i, w in enumerate(config.model_warmup):
+        where = f"model '{config.name}': model_warmup[{i}]"
+        if not w.name:
+            raise ConfigError(f"{where}: name is required")
+        where = f"model '{config.name}': model_warmup '{w.name}'"
+        if config.max_batch_size > 0 and w.batch_size > config.max_batch_size:
+            raise ConfigError(f"{where}: batch_size {w.batch_size} exceeds max_batch_size {config.max_batch_size}")
+        if config.max_batch_size == 0 and w.batch_size > 1:
+            raise ConfigError(f"{where}: batch_size must be 1 for a model that does not batch (max_batch_size 0), "
+                              f"got {w.batch_size}")
+        for name in sorted(w.inputs):
+            inp = w.inputs[name]
+            t = inputs.get(name)
+            at = f"{where}: input '{name}'"
+            if t is None:
+                raise ConfigError(f"{at} is not an input of the model (its inputs are {sorted(inputs)})")
+            if inp.data_type != t.data_type:
+                raise ConfigError(f"{at}: data_type {mc.DataType.Name(inp.data_type)} does not match the input's "
+                                  f"{mc.DataType.Name(t.data_type)}")
+            dims = list(inp.dims)
+            want = list(t.dims)
+            if any(d < 1 for d in dims) or len(dims) != len(want) or any(
+                    w_ != -1 and d != w_ for d, w_ in zip(dims, want)):
+                raise ConfigError(f"{at}: dims {dims} must be concrete (each >= 1) and match the input's dims {want}"
+                                  " (without the batch dimension)")
+            if inp.WhichOneof("input_data_type") is None:
+                raise ConfigError(f"{at}: give one of zero_data, random_data or input_data_file")
+        missing = [n for n, t in inputs.items() if n not in w.inputs and not getattr(t, "optional", False)]
+        if missing:
+            raise ConfigError(f"{where}: no data for inputs {missing}; a warm-up sample gives every input")
 
 
 def _check_against_signature(config: mc.ModelConfig, signature: ModelSignature) -> None:

@@ -3,6 +3,7 @@ version folders, and which versions a ``version_policy`` selects."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from inferd._proto import model_config_pb2 as mc
@@ -54,3 +55,21 @@ def select_versions(config: mc.ModelConfig, available: list[int]) -> list[int]:
         return wanted
     count = policy.latest.num_versions if kind == "latest" else 1
     return available[-count:]
+
+
+def fingerprint(model_dir: Path) -> tuple[tuple[str, int, int], ...]:
+    """What a model folder holds: every file's path (relative, '/'-separated),
+    size and modification time. Poll mode reloads a model when it changes."""
+    items = []
+    for root, dirs, files in os.walk(model_dir):
+        dirs.sort()
+        rel = os.path.relpath(root, model_dir)
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            try:
+                st = os.stat(path)
+            except OSError:  # removed while we looked
+                continue
+            key = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
+            items.append((key, st.st_size, st.st_mtime_ns))
+    return tuple(items)

@@ -5,11 +5,23 @@ reason, LOADING, UNLOADING) so that one broken model never stops the others:
 it is reported, with its reason, by RepositoryIndex and by requests for it.
 Loading blocks (runtimes read files and compile graphs), so it runs on a
 worker thread; the event loop only swaps finished models in.
+
+Model control (Triton's ``--model-control-mode``): ``none`` loads everything
+at start-up; ``explicit`` loads the ``--load-model`` ones and then what
+RepositoryModelLoad asks; ``poll`` also rescans the repositories
+(:mod:`inferd.repository.control`). A (re)load builds and warms up the new
+versions before swapping them in, in one step on the event loop, so a request
+always finds a ready version; the old ones then finish what they accepted
+and close. Versions whose files and config did not change are kept, not
+rebuilt. A failed reload leaves the old versions serving (READY, the reason
+says what failed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,14 +33,16 @@ from inferd.clock import Clock
 from inferd.config import ModelSpec, autocomplete, parse_config_file, validate
 from inferd.ensemble import loader as ensemble_loader
 from inferd.ensemble.graph import EnsembleGraph, build_graph, find_cycle, load_order
-from inferd.errors import ConfigError, InferdError, Unavailable, unknown_model
-from inferd.repository.layout import available_versions, scan, select_versions
+from inferd.errors import ConfigError, InferdError, NotFound, Unavailable, unknown_model
+from inferd.repository.layout import available_versions, fingerprint, scan, select_versions
 from inferd.repository.model import Model, build_model
 from inferd.scheduling.policy import batching_policy
 
 log = logging.getLogger(__name__)
 
 READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
+NOT_LOADED = ""  # explicit mode: in the repository, never asked for
+MODES = ("none", "poll", "explicit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +61,10 @@ class _Entry:
     reason: str = ""
     versions: dict[int, Model] = field(default_factory=dict)
     latest: Model | None = None
+    wanted: bool = True  # loaded or asked for (not unloaded): counts for server readiness
+    sources: dict[int, tuple] = field(default_factory=dict)  # version -> what it was built from
+    fingerprint: tuple = ()  # the model folder as last (re)loaded: poll mode's change test
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one load/unload at a time
     ensemble: Any = None  # an ensemble's PreparedEnsemble, once loaded
 
     def set_versions(self, versions: dict[int, Model]) -> None:
@@ -63,10 +81,15 @@ class Prepared:
     files: dict[int, Path]  # version -> model file
 
 
-def prepare(name: str, model_dir: Path) -> Prepared:
-    """Read, auto-complete and validate one model folder. Blocking."""
+def prepare(name: str, model_dir: Path, override: mc.ModelConfig | None = None) -> Prepared:
+    """Read, auto-complete and validate one model folder. Blocking.
+
+    ``override``: a config to use instead of ``config.pbtxt`` (RepositoryModelLoad's ``config``)."""
     config_path = model_dir / "config.pbtxt"
-    if config_path.exists():
+    if override is not None:
+        config = mc.ModelConfig()
+        config.CopyFrom(override)
+    elif config_path.exists():
         config = parse_config_file(config_path, model=name)
     else:
         config = mc.ModelConfig()
@@ -118,9 +141,14 @@ def load_versions(prepared: Prepared, model_dir: Path, clock: Clock | None = Non
 
 
 class ModelManager:
-    def __init__(self, repositories: list[Path], clock: Clock | None = None) -> None:
+    def __init__(self, repositories: list[Path], clock: Clock | None = None, *, mode: str = "none",
+                 startup_models: list[str] | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"model control mode must be one of {MODES}, got '{mode}'")
         self.repositories = repositories
         self.clock = clock
+        self.mode = mode
+        self.startup_models = list(startup_models or [])  # explicit mode: --load-model ("*": all)
         self._entries: dict[str, _Entry] = {}
 
     # -- lookup (hot path) ---------------------------------------------------
@@ -138,7 +166,7 @@ class ModelManager:
             return model
         model = entry.latest
         if model is None:
-            raise Unavailable(f"model '{name}' is not ready: {entry.reason or entry.state.lower()}")
+            raise Unavailable(f"model '{name}' is not ready: {entry.reason or entry.state.lower() or 'not loaded'}")
         return model
 
     def is_ready(self, name: str, version: int = 0) -> bool:
@@ -149,7 +177,7 @@ class ModelManager:
         return self.ensemble_problem(name) is None
 
     def all_ready(self) -> bool:
-        return all(e.state == READY and self.ensemble_problem(e.name) is None for e in self._entries.values())
+        return all(e.state == READY and self.ensemble_problem(e.name) is None for e in self._entries.values() if e.wanted)
 
     def ensemble_problem(self, name: str) -> str | None:
         """Why a loaded ensemble cannot serve now (a composing model, maybe nested, is
@@ -182,44 +210,168 @@ class ModelManager:
         found = scan(self.repositories)
         for name, path in found.items():
             self._entries.setdefault(name, _Entry(name, path))
+        if self.mode == "explicit":
+            found = self._startup_selection(found)
         # Ensembles after the models they compose (nested ones in dependency order).
         graphs = {name: g for name in found if (g := self._ensemble_graph(name)) is not None}
         await asyncio.gather(*(self.load(name) for name in found if name not in graphs))
         for name in load_order(graphs):
             await self.load(name)
 
-    async def load(self, name: str) -> None:
+    async def load(self, name: str, config: mc.ModelConfig | None = None) -> InferdError | None:
+        """(Re)load ``name``; never raises: returns the error when it failed.
+        ``config``: use it instead of config.pbtxt (RepositoryModelLoad)."""
         entry = self._entries[name]
         entry.state = LOADING if not entry.versions else entry.state
         try:
             ensemble_config = ensemble_loader.read_config(name, entry.path)
         except InferdError:
             ensemble_config = None  # prepare() reports the broken config
-        if ensemble_config is not None:
+        if ensemble_config is not None and config is None:
             await self._load_ensemble(entry, ensemble_config)
-            return
+            return None
         loop = asyncio.get_running_loop()
         try:
-            models = await loop.run_in_executor(None, self._load_blocking, name, entry.path)
+            models, sources = await loop.run_in_executor(None, self._load_blocking, entry, config)
         except InferdError as exc:
-            entry.state, entry.reason = UNAVAILABLE, exc.message
             log.error("failed to load model '%s': %s", name, exc.message)
-            return
+            return self._failed(entry, exc)
         except Exception as exc:  # a backend bug must not take the server down
-            entry.state, entry.reason = UNAVAILABLE, f"{type(exc).__name__}: {exc}"
             log.exception("failed to load model '%s'", name)
-            return
+            return self._failed(entry, InferdError(f"{type(exc).__name__}: {exc}"))
         old = entry.versions
         entry.ensemble = None
         entry.set_versions(models)
+        entry.sources = sources
         entry.state, entry.reason = READY, ""
         log.info("loaded model '%s' versions %s", name, sorted(models))
-        for model in old.values():
-            await model.scheduler.stop()
+        kept = set(map(id, models.values()))
+        await asyncio.gather(*(m.scheduler.stop() for m in old.values() if id(m) not in kept))
+        return None
 
-    def _load_blocking(self, name: str, path: Path) -> dict[int, Model]:
-        prepared = prepare(name, path)
-        return load_versions(prepared, path, self.clock)
+    def _failed(self, entry: _Entry, exc: InferdError) -> InferdError:
+        if entry.versions:  # a failed reload: the versions loaded before keep serving
+            entry.state = READY
+            entry.reason = f"reload failed, serving the previous version: {exc.message}"
+        else:
+            entry.state, entry.reason = UNAVAILABLE, exc.message
+        return exc
+
+    def _load_blocking(self, entry: _Entry, config: mc.ModelConfig | None) -> tuple[dict[int, Model], dict[int, tuple]]:
+        """Build the selected versions; a version whose files and config are those
+        it was built from is kept as it is. Blocking (runs on a worker thread)."""
+        path = entry.path
+        entry.fingerprint = folder = fingerprint(path)  # first: a change during the load is seen next poll
+        prepared = prepare(entry.name, path, config)
+        config_bytes = prepared.spec.config.SerializeToString(deterministic=True)
+        shared = tuple(f for f in folder if not f[0].split("/", 1)[0].isdigit())
+        old, old_sources = entry.versions, entry.sources
+        models: dict[int, Model] = {}
+        sources: dict[int, tuple] = {}
+        try:
+            for version, file in prepared.files.items():
+                prefix = f"{version}/"
+                sources[version] = source = (config_bytes, shared, tuple(f for f in folder if f[0].startswith(prefix)))
+                if version in old and old_sources.get(version) == source:
+                    models[version] = old[version]
+                else:
+                    models[version] = build_model(prepared.spec, prepared.backend, path, version, file, self.clock)
+        except BaseException:
+            for version, model in models.items():
+                if model is not old.get(version):
+                    for worker in getattr(model.scheduler, "workers", []):
+                        worker.close()
+            raise
+        return models, sources
+
+    # -- model control ---------------------------------------------------------------
+
+    def _startup_selection(self, found: dict[str, Path]) -> dict[str, Path]:
+        """Explicit mode: the ``--load-model`` models (and what ensembles among them
+        use); the others are listed by RepositoryIndex, not loaded."""
+        names = list(found) if "*" in self.startup_models else list(dict.fromkeys(self.startup_models))
+        unknown = [n for n in names if n not in found]
+        if unknown:
+            raise ConfigError(f"--load-model {', '.join(unknown)}: no such model in the model repositories "
+                              f"(found: {', '.join(sorted(found)) or 'none'})")
+        selected = set(names)
+        graph_of = getattr(self, "_ensemble_graph", None)
+        pending = list(names)
+        while pending and graph_of is not None:
+            graph = graph_of(pending.pop())
+            for used in graph.composing_models() if graph is not None else ():
+                if used in found and used not in selected:
+                    selected.add(used)
+                    pending.append(used)
+        for name, entry in self._entries.items():
+            if name not in selected and not entry.versions:
+                entry.state, entry.wanted = NOT_LOADED, False
+        return {n: p for n, p in found.items() if n in selected}
+
+    def dependents(self, name: str) -> list[str]:
+        """Loaded models that use ``name``: ensembles, directly or through other
+        ensembles, outermost last (unload_dependents unloads them first)."""
+        graphs = [e.ensemble.graph for e in self._entries.values()
+                  if getattr(e, "ensemble", None) is not None and e.versions]
+        if not graphs:
+            return []
+        from inferd.ensemble.graph import dependents
+
+        return dependents(name, graphs)
+
+    async def load_model(self, name: str, config: mc.ModelConfig | None = None) -> None:
+        """Load or reload ``name`` (RepositoryModelLoad, poll mode); raises when it fails."""
+        entry = self._entries.get(name)
+        if entry is None:
+            loop = asyncio.get_running_loop()
+            found = await loop.run_in_executor(None, scan, self.repositories)
+            if name not in found:
+                raise NotFound(f"failed to load '{name}': no such model in the model repositories")
+            entry = self._entries.setdefault(name, _Entry(name, found[name]))
+        async with entry.lock:
+            entry.wanted = True
+            error = await self.load(name, config)
+        if error is not None:
+            raise type(error)(f"failed to load '{name}': {error.message}")
+        if entry.state != READY or entry.reason:  # an ensemble reports through its entry
+            raise Unavailable(f"failed to load '{name}': {entry.reason or entry.state}")
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload every version of ``name`` (RepositoryModelUnload): new requests are
+        refused at once, accepted ones finish, then the instances close."""
+        if name not in self._entries:
+            raise NotFound(f"failed to unload '{name}': no such model")
+        if unload_dependents:
+            for dependent in reversed(self.dependents(name)):
+                await self._unload(dependent)
+        await self._unload(name)
+
+    async def _unload(self, name: str) -> None:
+        entry = self._entries[name]
+        async with entry.lock:
+            entry.wanted = False
+            old = entry.versions
+            entry.state, entry.reason = UNLOADING, ""
+            entry.set_versions({})
+            entry.sources = {}
+            if getattr(entry, "ensemble", None) is not None:
+                entry.ensemble = None
+            await asyncio.gather(*(m.scheduler.stop() for m in old.values()))
+            entry.state, entry.reason = UNAVAILABLE, "unloaded"
+        if old:
+            log.info("unloaded model '%s' versions %s", name, sorted(old))
+            del old
+            _release_memory()
+
+    async def forget(self, name: str) -> None:
+        """Poll mode: the model's folder is gone; unload it and drop it from the index."""
+        if name in self._entries:
+            await self._unload(name)
+            self._entries.pop(name, None)
+
+    def entries(self) -> dict[str, tuple[Path, tuple, bool]]:
+        """name -> (folder, fingerprint when last loaded, wanted): what poll mode compares."""
+        return {n: (e.path, e.fingerprint, e.wanted) for n, e in self._entries.items()}
 
     async def _load_ensemble(self, entry: _Entry, config: Any) -> None:
         """Check an ensemble against its (already loaded) composing models; nothing blocks."""
@@ -272,3 +424,14 @@ class ModelManager:
         for entry in self._entries.values():
             entry.set_versions({})
             entry.state, entry.reason = UNAVAILABLE, "unloaded"
+
+
+def _release_memory() -> None:
+    """Give the memory of unloaded models back to the system: collect what
+    reference cycles hold, then ask glibc to return freed heap pages (a
+    runtime's arenas otherwise stay mapped, and RSS only grows)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass

@@ -18,6 +18,7 @@ from inferd.observability.stats import ModelStats
 from inferd.scheduling.base import Scheduler
 from inferd.scheduling.batcher import BatchScheduler
 from inferd.scheduling.instances import InstanceWorker
+from inferd.repository.warmup import run_warmup, warmup_samples
 from inferd.scheduling.policy import batching_policy
 from inferd.scheduling.sequence import SequenceScheduler, sequence_sample
 
@@ -98,6 +99,10 @@ def build_model(
     try:
         for ispec in instance_specs(spec, backend, model_dir, version, model_file):
             instances.append(backend.create_instance(spec, ispec))
+        if spec.config.model_warmup:  # before the version can report ready
+            samples = warmup_samples(spec, model_dir)
+            for instance in instances:
+                run_warmup(spec, instance, samples)
     except BaseException:
         for instance in instances:
             instance.close()

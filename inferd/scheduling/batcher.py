@@ -9,6 +9,7 @@ stepped together, so they can share a batch even with no queue delay.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from typing import Any
 
@@ -28,21 +29,25 @@ from inferd.types import InferenceRequest
 class _Job:
     """What the driver keeps for a queued request."""
 
-    __slots__ = ("request", "future", "enqueued")
+    __slots__ = ("request", "future", "enqueued", "traced_ns")
 
     def __init__(self, request: InferenceRequest, future: asyncio.Future, enqueued: float) -> None:
         self.request = request
         self.future = future
         self.enqueued = enqueued
+        # A traced request's wall-clock time (ns) when queued, then when dispatched.
+        self.traced_ns = time.time_ns() if request.trace is not None else 0
 
 
 class _Batch:
-    __slots__ = ("items", "rows", "result")
+    __slots__ = ("items", "rows", "result", "traced", "instance")
 
-    def __init__(self, items: list[Pending], rows: int) -> None:
+    def __init__(self, items: list[Pending], rows: int, traced: bool = False, instance: str = "") -> None:
         self.items = items
         self.rows = rows
         self.result: BatchResult | BaseException | None = None
+        self.traced = traced  # some request of the batch is traced
+        self.instance = instance
 
 
 class BatchScheduler(Scheduler):
@@ -127,6 +132,17 @@ class BatchScheduler(Scheduler):
 
     async def _infer_split(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
         """Run a too-large request as several executions; reassemble in order."""
+        # In flight as a whole: its parts start on a later loop turn, and
+        # stop() must not close the instances before they do.
+        self._inflight += 1
+        try:
+            return await self._run_split(request, rows)
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0 and self._idle is not None:
+                self._idle.set()
+
+    async def _run_split(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
         parts = []
         for start, stop in split_rows(rows, self.policy.max_batch_size):
             sub = InferenceRequest(
@@ -137,6 +153,7 @@ class BatchScheduler(Scheduler):
                 priority=request.priority,
                 timeout_us=request.timeout_us,
                 deadline=request.deadline,
+                trace=request.trace,
             )
             parts.append(asyncio.ensure_future(self._infer_one(sub, stop - start)))
         try:
@@ -209,12 +226,17 @@ class BatchScheduler(Scheduler):
         rows = 0
         inputs = []
         wants_requests = getattr(worker.instance, "wants_requests", False)
+        traced = False
         for item in items:
             job = item.payload
             stats.record_queue(int((now - job.enqueued) * 1e9))
             rows += item.rows
             inputs.append(RequestInputs(job.request) if wants_requests else job.request.inputs)
-        batch = _Batch(items, rows)
+            if job.traced_ns:
+                traced = True
+        batch = _Batch(items, rows, traced, worker.name)
+        if traced:
+            _trace_queued(batch)
         if self._ordered is not None:
             self._ordered.append(batch)
         worker.run(inputs, self._outputs, lambda w, result: self._done(w, batch, result), loop)
@@ -225,6 +247,8 @@ class BatchScheduler(Scheduler):
             t = result.times
             self._stats.record_execution(batch.rows, len(batch.items), t.input_ns, t.infer_ns, t.output_ns)
         batch.result = result
+        if batch.traced:
+            _trace_executed(batch)
         if self._ordered is None:
             _resolve(self.model, batch)
         else:
@@ -233,6 +257,26 @@ class BatchScheduler(Scheduler):
                 _resolve(self.model, self._ordered.popleft())
         if not self._pumping:
             self._pump()
+
+
+def _trace_queued(batch: _Batch) -> None:
+    now = time.time_ns()
+    for item in batch.items:
+        job = item.payload
+        if job.traced_ns:
+            job.request.trace.record("queue", job.traced_ns, now)
+            job.traced_ns = now
+
+
+def _trace_executed(batch: _Batch) -> None:
+    now = time.time_ns()
+    attributes = {"batch_size": batch.rows, "batch_requests": len(batch.items), "instance": batch.instance}
+    if isinstance(batch.result, BaseException):
+        attributes["error"] = f"{type(batch.result).__name__}: {batch.result}"
+    for item in batch.items:
+        job = item.payload
+        if job.traced_ns:
+            job.request.trace.record("compute", job.traced_ns, now, attributes)
 
 
 def _resolve(model: str, batch: _Batch) -> None:

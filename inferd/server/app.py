@@ -20,8 +20,12 @@ from pathlib import Path
 
 import grpc
 
+from inferd.errors import InferdError
+from inferd.observability.log_settings import LogSettings
 from inferd.observability.metrics import ServerMetrics
+from inferd.observability.tracing import Tracing
 from inferd.repository import ModelManager
+from inferd.repository.control import RepositoryPoller
 from inferd.server import context
 from inferd.server.asgi import AsgiServer
 from inferd.server.dataplane import DataPlane
@@ -48,13 +52,25 @@ class ServerOptions:
     grace_seconds: float = 30.0
     exit_on_error: bool = False
     grpc_options: list[tuple[str, object]] = field(default_factory=list)
+    model_control_mode: str = "none"  # none | explicit | poll
+    load_models: list[str] = field(default_factory=list)  # explicit mode, at start-up ("*": all)
+    repository_poll_secs: float = 15.0
+    tracing: Tracing | None = None  # None: off
+    log_settings: LogSettings | None = None
 
 
 class InferenceServer:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
-        self.manager = ModelManager(options.model_repositories)
+        self.manager = ModelManager(options.model_repositories, mode=options.model_control_mode,
+                                    startup_models=options.load_models)
         self.dataplane = DataPlane(self.manager)
+        if options.tracing is not None:
+            self.dataplane.tracing = options.tracing
+        if options.log_settings is not None:
+            self.dataplane.log_settings = options.log_settings
+        self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
+                       if options.model_control_mode == "poll" else None)
         self._grpc: grpc.aio.Server | None = None
         self.grpc_port: int = 0
         self.health: Health | None = None
@@ -98,7 +114,12 @@ class InferenceServer:
         except BaseException:
             await self.stop()
             raise
-        await self.manager.load_all()
+        try:
+            await self.manager.load_all()
+        except InferdError as exc:  # a --load-model that names no model
+            raise SystemExit(exc.message) from None
+        if self.poller is not None:
+            self.poller.start()
         self.dataplane.loading = False
         if self.health is not None:
             self.health.refresh()
@@ -149,6 +170,8 @@ class InferenceServer:
     async def stop(self) -> None:
         """Graceful stop: not ready at once, refuse new work, let accepted requests finish, release models."""
         self.dataplane.draining = True
+        if self.poller is not None:
+            await self.poller.stop()
         if self.health is not None:
             self.health.drain()
         loop = asyncio.get_running_loop()
@@ -165,6 +188,8 @@ class InferenceServer:
             closing.append(self._http.stop(grace))
         await asyncio.gather(*closing)
         await self.manager.stop()
+        self.dataplane.shared_memory.close()
+        self.dataplane.tracing.shutdown()
         if self._metrics_server is not None:
             await self._metrics_server.stop(1.0)
         if self.metrics is not None:

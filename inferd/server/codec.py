@@ -8,6 +8,7 @@ length-prefixed framing.
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,6 +16,9 @@ from inferd._proto import grpc_service_pb2 as pb
 from inferd.dtypes import BY_NAME, DataType
 from inferd.errors import InvalidArgument, Unimplemented
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
+
+if TYPE_CHECKING:
+    from inferd.server.shared_memory import SharedMemoryManager
 
 _TYPED_FIELD = {
     "BOOL": "bool_contents",
@@ -135,8 +139,9 @@ _SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_o
 
 
 def _refuse_shared_memory(model: str, kind: str, name: str, params) -> None:  # type: ignore[no-untyped-def]
-    # Shared memory is a later feature: data left in a region must not be
-    # silently taken as empty contents (or results silently sent inline).
+    # Without a shared memory manager (a caller that does not serve the
+    # extension), data left in a region must not be silently taken as empty
+    # contents (or results silently sent inline).
     for key in _SHM_KEYS:
         if key in params:
             raise Unimplemented(
@@ -145,20 +150,36 @@ def _refuse_shared_memory(model: str, kind: str, name: str, params) -> None:  # 
             )
 
 
-def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
+def _shm_ref(shm: "SharedMemoryManager | None", model: str, kind: str, name: str, params: dict):  # type: ignore[no-untyped-def]
+    """The tensor's shared memory reference (a ShmRef), or None; ``params``: plain values."""
+    if shm is None:
+        _refuse_shared_memory(model, kind, name, params)
+        return None
+    return shm.ref(params, f"{kind} '{name}' for model '{model}'")
+
+
+def decode_infer_request(msg: pb.ModelInferRequest, shm: "SharedMemoryManager | None" = None) -> InferenceRequest:
+    """The request as plain data; ``shm`` resolves tensors in registered shared memory regions."""
     model = msg.model_name
-    for t in msg.inputs:
-        _refuse_shared_memory(model, "input", t.name, t.parameters)
-    for o in msg.outputs:
-        _refuse_shared_memory(model, "output", o.name, o.parameters)
     raw = msg.raw_input_contents
-    if raw and len(raw) != len(msg.inputs):
+    in_shm: dict[str, object] = {}
+    for t in msg.inputs:
+        if t.parameters:
+            ref = _shm_ref(shm, model, "input", t.name, {k: param_value(v) for k, v in t.parameters.items()})
+            if ref is not None:
+                in_shm[t.name] = ref
+    for o in msg.outputs:
+        if o.parameters and shm is None:
+            _refuse_shared_memory(model, "output", o.name, o.parameters)
+    if raw and len(raw) != len(msg.inputs) - len(in_shm):
         raise InvalidArgument(
-            f"model '{model}': {len(raw)} raw_input_contents for {len(msg.inputs)} inputs; "
-            "give one raw content per input, in order"
+            f"model '{model}': {len(raw)} raw_input_contents for {len(msg.inputs) - len(in_shm)} inputs"
+            + (f" not in shared memory" if in_shm else "")
+            + "; give one raw content per input, in order"
         )
     inputs: dict[str, np.ndarray] = {}
-    for i, t in enumerate(msg.inputs):
+    ri = 0
+    for t in msg.inputs:
         where = f"input '{t.name}' for model '{model}'"
         dtype = BY_NAME.get(t.datatype)
         if dtype is None:
@@ -168,12 +189,17 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
             raise InvalidArgument(f"{where}: shape {list(shape)} has a negative dimension")
         if t.name in inputs:
             raise InvalidArgument(f"{where}: the input is given twice")
-        if raw:
+        if in_shm and t.name in in_shm:
+            if t.HasField("contents"):
+                raise InvalidArgument(f"{where}: contents field must not be specified for an input in shared memory")
+            inputs[t.name] = in_shm[t.name].read(dtype, shape, where)  # type: ignore[attr-defined]
+        elif raw:
             if t.HasField("contents"):
                 raise InvalidArgument(
                     f"{where}: contents field must not be specified when using raw_input_contents"
                 )
-            inputs[t.name] = array_from_raw(raw[i], dtype, shape, where)
+            inputs[t.name] = array_from_raw(raw[ri], dtype, shape, where)
+            ri += 1
         else:
             inputs[t.name] = array_from_contents(t, dtype, shape, where)
     request = InferenceRequest(
@@ -194,6 +220,7 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
             if o.parameters:
                 r.parameters = {k: param_value(v) for k, v in o.parameters.items()}
                 r.class_count = _int_param(model, r.parameters, "classification")
+                r.shared_memory = _shm_ref(shm, model, "output", o.name, r.parameters)
             requested.append(r)
         request.requested_outputs = requested
     return request
@@ -208,21 +235,29 @@ def _int_param(model: str, params: dict[str, object], key: str) -> int:
     return value
 
 
-def encode_infer_response(response: InferenceResponse) -> pb.ModelInferResponse:
+def encode_infer_response(response: InferenceResponse,
+                          requested: list[RequestedOutput] | None = None) -> pb.ModelInferResponse:
+    """``requested``: the request's outputs; those written to shared memory carry no data here."""
     msg = pb.ModelInferResponse(
         model_name=response.model_name, model_version=str(response.model_version), id=response.id
     )
+    in_shm = {r.name for r in requested if r.shared_memory is not None} if requested else None
     raw = msg.raw_output_contents
     for name, array in response.outputs.items():
         out = msg.outputs.add()
         out.name = name
         if array.dtype.kind in "OSU":
             out.datatype = "BYTES"
-            raw.append(encode_bytes(array))
         else:
             out.datatype = _NUMPY_NAME.get(array.dtype) or _dtype_name(array.dtype)
-            raw.append(array.tobytes())
         out.shape.extend(array.shape)
+        if in_shm and name in in_shm:
+            # As Triton: an (empty) raw entry for every output keeps them aligned by index.
+            raw.append(b"")
+        elif out.datatype == "BYTES":
+            raw.append(encode_bytes(array))
+        else:
+            raw.append(array.tobytes())
     for key, value in response.parameters.items():
         set_param(msg.parameters[key], value)
     return msg

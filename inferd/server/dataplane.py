@@ -10,14 +10,20 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Mapping
+
+import numpy as np
 
 from inferd.clock import Clock, MonotonicClock
-from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError, Unavailable, Unimplemented
-from inferd.repository import ModelManager
+from inferd.errors import DeadlineExceeded, InferdError, InvalidArgument, ModelExecutionError, Unavailable, Unimplemented
+from inferd.observability.log_settings import LogSettings
+from inferd.observability.tracing import Tracing
+from inferd.repository import IndexEntry, ModelManager, control
 from inferd.repository.model import Model
+from inferd.server.codec import encode_bytes
+from inferd.server.shared_memory import SharedMemoryManager
 from inferd.server.validation import check_requested_outputs, prepare_inputs, shape_outputs
-from inferd.types import InferenceRequest, InferenceResponse
+from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
 from inferd.streaming import ResponseSink, StreamEvent, StreamResponse
 
 SERVER_NAME = "inferd"
@@ -26,7 +32,7 @@ SERVER_VERSION = "0.1.0"
 DECOUPLED_UNARY = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 EXTENSIONS = [
     "classification", "model_repository", "schedule_policy", "model_configuration", "statistics",
-    "binary_tensor_data",
+    "binary_tensor_data", "model_repository(unload_dependents)", "system_shared_memory", "trace", "logging",
 ]
 
 
@@ -52,6 +58,9 @@ class DataPlane:
         self.clock = clock or MonotonicClock()
         self.live = True
         self.draining = False
+        self.shared_memory = SharedMemoryManager()
+        self.tracing = Tracing()  # off; the server replaces it from --trace-config
+        self.log_settings = LogSettings()
         self.loading = False  # the server's start-up loading: not ready yet
 
     # -- health and metadata ---------------------------------------------------
@@ -93,6 +102,27 @@ class DataPlane:
             outputs=[TensorMetadata(t.name, t.datatype.name, lead + list(t.dims)) for t in spec.outputs.values()],
         )
 
+    # -- model repository (model control) ------------------------------------------
+
+    def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
+        return self.manager.index(ready_only=ready_only)
+
+    async def load_model(self, name: str, parameters: Mapping[str, object] | None = None,
+                         repository: str = "") -> None:
+        """RepositoryModelLoad: (re)load ``name``; ``parameters``: plain values
+        (``config``: a JSON ModelConfig; ``file:`` ones are refused). Explicit mode only."""
+        control.require_explicit(self.manager, f"failed to load '{name}'")
+        _check_repository(repository, name)
+        config = control.load_parameters(name, parameters or {})
+        await self.manager.load_model(name, config)
+
+    async def unload_model(self, name: str, parameters: Mapping[str, object] | None = None,
+                           repository: str = "") -> None:
+        """RepositoryModelUnload (``unload_dependents``: also the ensembles that use it). Explicit mode only."""
+        control.require_explicit(self.manager, f"failed to unload '{name}'")
+        _check_repository(repository, name)
+        await self.manager.unload_model(name, control.unload_parameters(name, parameters or {}))
+
     # -- inference -----------------------------------------------------------------
 
     def refuse_if_draining(self) -> None:
@@ -107,7 +137,16 @@ class DataPlane:
         return sum(m.scheduler.inflight() for m in self.manager.models())
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
-        model = self.manager.get(request.model_name, request.model_version)
+        """Run one request. A frontend that started a trace (``request.trace``)
+        leaves ending it to this method; outputs requested into shared memory
+        are written there (the frontend then sends no data for them)."""
+        trace = request.trace
+        try:
+            model = self.manager.get(request.model_name, request.model_version)
+        except InferdError as exc:
+            if trace is not None:
+                trace.end(exc)
+            raise
         if model.decoupled:
             raise Unimplemented(DECOUPLED_UNARY)
         spec = model.spec
@@ -117,19 +156,33 @@ class DataPlane:
             inputs, rows = prepare_inputs(spec, request)
             check_requested_outputs(spec, request.requested_outputs)
             request.inputs = inputs
+            if trace is not None:
+                trace.set("triton.model_version", model.version)
+                trace.tensors_attributes("input", inputs)
             outputs = await model.scheduler.infer(request, rows)
             result = shape_outputs(spec, outputs, request.requested_outputs)
-        except asyncio.CancelledError:
+            if request.requested_outputs:
+                _write_shared_memory(spec.name, result, request.requested_outputs)
+        except asyncio.CancelledError as exc:
             stats.record_failure(time.perf_counter_ns() - start, "CANCELED", self.clock.now())
+            if trace is not None:
+                trace.end(exc)
             raise
         except InferdError as exc:
             reason = "TIMEOUT" if isinstance(exc, DeadlineExceeded) else exc.grpc_code.name
             stats.record_failure(time.perf_counter_ns() - start, reason, self.clock.now())
+            if trace is not None:
+                trace.end(exc)
             raise
-        except Exception:
+        except Exception as exc:
             stats.record_failure(time.perf_counter_ns() - start, "INTERNAL", self.clock.now())
+            if trace is not None:
+                trace.end(exc)
             raise
         stats.record_success(time.perf_counter_ns() - start, self.clock.now())
+        if trace is not None:
+            trace.tensors_attributes("output", result)
+            trace.end()
         return InferenceResponse(
             model_name=spec.name, model_version=model.version, outputs=result, id=request.id
         )
@@ -215,6 +268,23 @@ class DataPlane:
             stats.record_failure(time.perf_counter_ns() - start, failure, self.clock.now())
         else:
             stats.record_success(time.perf_counter_ns() - start, self.clock.now())
+
+
+def _check_repository(repository: str, name: str) -> None:
+    # One namespace over every --model-repository, as Triton without named repositories.
+    if repository:
+        raise InvalidArgument(f"model '{name}': repository_name '{repository}': named repositories are not "
+                              "supported; leave it empty")
+
+
+def _write_shared_memory(model: str, result: dict[str, np.ndarray], requested: list[RequestedOutput]) -> None:
+    for r in requested:
+        ref = r.shared_memory
+        if ref is not None:
+            array = result[r.name]
+            ref.write(encode_bytes(array) if array.dtype.kind in "OSU" else array,
+                      f"output '{r.name}' for model '{model}'")
+
 
 def _platform(model: Model) -> str:
     # Triton reports the platform for ONNX/TorchScript/ensembles, and the

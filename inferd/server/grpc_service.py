@@ -15,8 +15,8 @@ import grpc
 
 from inferd._proto import grpc_service_pb2 as pb
 from inferd._proto import grpc_service_pb2_grpc as pb_grpc
-from inferd.errors import InferdError, Unimplemented, grpc_status
-from inferd.server import codec
+from inferd.errors import InferdError, NotFound, Unimplemented, grpc_status
+from inferd.server import codec, shared_memory
 from inferd.server.dataplane import DataPlane
 
 log = logging.getLogger(__name__)
@@ -120,12 +120,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
         try:
             self.dp.refuse_if_draining()
-            req = codec.decode_infer_request(request)
+            req = codec.decode_infer_request(request, self.dp.shared_memory)
             remaining = context.time_remaining()
             if remaining is not None:
                 req.deadline = self.dp.clock.now() + remaining
+            if self.dp.tracing.enabled:
+                req.trace = self.dp.tracing.start(req.model_name, req.id, lambda: _metadata(context))
             response = await self.dp.infer(req)
-            return codec.encode_infer_response(response)
+            return codec.encode_infer_response(response, req.requested_outputs)
         except Exception as exc:
             return await self._abort(context, exc)
 
@@ -183,7 +185,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def _stream_one(self, msg):  # type: ignore[no-untyped-def]
         """The stream messages answering one request."""
         self.dp.refuse_if_draining()
-        req = codec.decode_infer_request(msg)
+        req = codec.decode_infer_request(msg, self.dp.shared_memory)
         # Triton's flag: mark each response final or not, and send an empty final
         # response when a decoupled model ends without one.
         flagged = req.parameters.pop(EMPTY_FINAL, False) is True
@@ -192,7 +194,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 message = _stream_error(msg, item.error)
             elif item.response is not None:
                 message = pb.ModelStreamInferResponse()
-                message.infer_response.CopyFrom(codec.encode_infer_response(item.response))
+                message.infer_response.CopyFrom(codec.encode_infer_response(item.response, req.requested_outputs))
             elif flagged:
                 message = pb.ModelStreamInferResponse()
                 r = message.infer_response
@@ -204,34 +206,102 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             yield message
 
     async def RepositoryModelLoad(self, request, context):  # type: ignore[no-untyped-def]
-        await self._unimplemented(context, "RepositoryModelLoad (explicit model control)")
+        try:
+            params = {k: codec.param_value(v) for k, v in request.parameters.items()}
+            await self.dp.load_model(request.model_name, params, repository=request.repository_name)
+        except Exception as exc:
+            return await self._abort(context, exc)
+        return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request, context):  # type: ignore[no-untyped-def]
-        await self._unimplemented(context, "RepositoryModelUnload (explicit model control)")
+        try:
+            params = {k: codec.param_value(v) for k, v in request.parameters.items()}
+            await self.dp.unload_model(request.model_name, params, repository=request.repository_name)
+        except Exception as exc:
+            return await self._abort(context, exc)
+        return pb.RepositoryModelUnloadResponse()
+
+    # -- shared memory ---------------------------------------------------------------
 
     async def SystemSharedMemoryStatus(self, request, context):  # type: ignore[no-untyped-def]
-        await self._unimplemented(context, "system shared memory")
+        try:
+            regions = self.dp.shared_memory.status(request.name)
+        except Exception as exc:
+            return await self._abort(context, exc)
+        response = pb.SystemSharedMemoryStatusResponse()
+        for r in regions:
+            out = response.regions[r.name]
+            out.name, out.key, out.offset, out.byte_size = r.name, r.key, r.offset, r.byte_size
+        return response
 
     async def SystemSharedMemoryRegister(self, request, context):  # type: ignore[no-untyped-def]
-        await self._unimplemented(context, "system shared memory")
+        try:
+            self.dp.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+        except Exception as exc:
+            return await self._abort(context, exc)
+        return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request, context):  # type: ignore[no-untyped-def]
-        await self._unimplemented(context, "system shared memory")
+        self.dp.shared_memory.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request, context):  # type: ignore[no-untyped-def]
-        await self._unimplemented(context, "CUDA shared memory")
+        # No CUDA region can exist (registration is refused): all of none, or not found.
+        if request.name:
+            return await self._abort(context, NotFound(f"Unable to find cuda shared memory region: '{request.name}'"))
+        return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request, context):  # type: ignore[no-untyped-def]
-        await self._unimplemented(context, "CUDA shared memory")
+        await self._abort(context, shared_memory.cuda_register_error(request.name))
 
     async def CudaSharedMemoryUnregister(self, request, context):  # type: ignore[no-untyped-def]
-        await self._unimplemented(context, "CUDA shared memory")
+        # Clients clear every region at start-up; there is none to clear.
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # -- tracing and logging ---------------------------------------------------------------
 
     async def TraceSetting(self, request, context):  # type: ignore[no-untyped-def]
-        await self._unimplemented(context, "TraceSetting (tracing)")
+        try:
+            tracing = self.dp.tracing
+            if request.settings:
+                settings = tracing.update(request.model_name, {k: list(v.value) for k, v in request.settings.items()})
+            else:
+                settings = tracing.settings(request.model_name)
+        except Exception as exc:
+            return await self._abort(context, exc)
+        response = pb.TraceSettingResponse()
+        for key, values in settings.items():
+            response.settings[key].value.extend(values)
+        return response
 
     async def LogSettings(self, request, context):  # type: ignore[no-untyped-def]
-        await self._unimplemented(context, "LogSettings")
+        try:
+            logs = self.dp.log_settings
+            if request.settings:
+                changes = {}
+                for key, v in request.settings.items():
+                    kind = v.WhichOneof("parameter_choice")
+                    changes[key] = getattr(v, kind) if kind else None
+                settings = logs.update(changes)
+            else:
+                settings = logs.get()
+        except Exception as exc:
+            return await self._abort(context, exc)
+        response = pb.LogSettingsResponse()
+        for key, value in settings.items():
+            out = response.settings[key]
+            if isinstance(value, bool):
+                out.bool_param = value
+            elif isinstance(value, int):
+                out.uint32_param = value
+            else:
+                out.string_param = value
+        return response
+
+
+def _metadata(context) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """The request's gRPC metadata as a carrier for the W3C trace context."""
+    return {m.key: m.value for m in context.invocation_metadata() or () if isinstance(m.value, str)}
 
 
 EMPTY_FINAL = "triton_enable_empty_final_response"  # a stream request's parameter

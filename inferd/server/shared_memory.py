@@ -1,0 +1,277 @@
+"""Triton's system shared memory extension.
+
+A client creates a POSIX shared memory object (``shm_open(key)``, which is
+``/dev/shm/<key>`` on Linux), registers a window of it under a name
+(SystemSharedMemoryRegister: name, key, offset, byte_size), then sends
+tensors that say "my data is in region R at offset O, B bytes" instead of
+carrying the bytes, and asks for outputs to be written into a region the
+same way. The server maps the window once, at registration.
+
+Safety: a request names a *registered region*, never a key or a path, and
+every tensor's offset and size must lie inside that region's window, so a
+request reaches only memory its client registered. Keys are single names
+under /dev/shm (no ``/`` after the leading one, no ``..``), opened without
+following symlinks, and must be regular files at least as large as the
+window asked for.
+
+Inputs are zero-copy where that is safe: a numeric tensor becomes a
+read-only ``np.frombuffer`` view on the mapping (its values are never
+validated, so a client that writes the region during the request can only
+change its own results). BYTES tensors are decoded into Python objects, which
+copies by nature.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from inferd.dtypes import DataType
+from inferd.errors import AlreadyExists, InvalidArgument, NotFound, Unimplemented
+
+SHM_DIR = Path("/dev/shm")
+_KEY = re.compile(r"^/?([A-Za-z0-9_.\-]{1,255})$")
+PARAM_REGION = "shared_memory_region"
+PARAM_OFFSET = "shared_memory_offset"
+PARAM_BYTE_SIZE = "shared_memory_byte_size"
+PARAM_KEYS = (PARAM_REGION, PARAM_OFFSET, PARAM_BYTE_SIZE)
+
+
+@dataclass(frozen=True, slots=True)
+class RegionStatus:
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+
+
+class Region:
+    """One registered window ``[offset, offset + byte_size)`` of a shm object, mapped."""
+
+    __slots__ = ("name", "key", "offset", "byte_size", "_map", "_base", "closed")
+
+    def __init__(self, name: str, key: str, offset: int, byte_size: int, mapping: mmap.mmap, base: int) -> None:
+        self.name = name
+        self.key = key
+        self.offset = offset
+        self.byte_size = byte_size
+        self._map = mapping
+        self._base = base  # where the window starts inside the mapping (mmap offsets are page-aligned)
+        self.closed = False
+
+    def status(self) -> RegionStatus:
+        return RegionStatus(self.name, self.key, self.offset, self.byte_size)
+
+    def _span(self, offset: int, size: int, where: str) -> int:
+        if self.closed:
+            raise NotFound(f"{where}: shared memory region '{self.name}' was unregistered")
+        if offset < 0 or size < 0 or offset + size > self.byte_size:
+            raise InvalidArgument(
+                f"{where}: invalid offset + byte size for shared memory region '{self.name}': "
+                f"offset {offset} + byte size {size} is outside the region's {self.byte_size} bytes"
+            )
+        return self._base + offset
+
+    def read(self, dtype: DataType, shape: tuple[int, ...], offset: int, size: int, where: str) -> np.ndarray:
+        start = self._span(offset, size, where)
+        count = 1
+        for d in shape:
+            count *= d
+        if dtype.name == "BYTES":
+            from inferd.server.codec import decode_bytes
+
+            return decode_bytes(memoryview(self._map)[start:start + size], count, where).reshape(shape)
+        if dtype.numpy is None:
+            raise InvalidArgument(f"{where}: data type {dtype.name} is not supported on this server")
+        expected = count * dtype.itemsize
+        if size != expected:
+            raise InvalidArgument(
+                f"{where}: shared memory region '{self.name}': byte size {size} does not match the tensor's "
+                f"{expected} bytes (shape {list(shape)} of {dtype.name})"
+            )
+        array = np.frombuffer(self._map, dtype=dtype.numpy, count=count, offset=start)
+        if start % array.dtype.alignment:
+            # An unaligned view is legal numpy, but runtimes read tensors through
+            # typed pointers and may copy (or fault) anyway; copy once, here.
+            array = array.copy()
+        else:
+            array.flags.writeable = False  # a model must never write into the client's memory
+        return array.reshape(shape)
+
+    def write(self, data: np.ndarray | bytes, offset: int, size: int, where: str) -> None:
+        start = self._span(offset, size, where)
+        if isinstance(data, np.ndarray):
+            data = np.ascontiguousarray(data)
+            nbytes = data.nbytes
+            view: Any = memoryview(data).cast("B") if nbytes else b""
+        else:
+            nbytes = len(data)
+            view = data
+        if nbytes > size:
+            raise InvalidArgument(
+                f"{where}: shared memory region '{self.name}': byte size {size} given for the output is too "
+                f"small; the result needs {nbytes} bytes"
+            )
+        self._map[start:start + nbytes] = view
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            self._map.close()
+        except BufferError:
+            # Arrays of requests still in flight view the mapping: it is
+            # released when the last of them is freed.
+            pass
+
+
+class SharedMemoryManager:
+    """The registered system shared memory regions, by name."""
+
+    def __init__(self, shm_dir: Path = SHM_DIR) -> None:
+        self.shm_dir = shm_dir
+        self._regions: dict[str, Region] = {}
+
+    def __len__(self) -> int:
+        return len(self._regions)
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        if not name:
+            raise InvalidArgument("system shared memory region: a name is required")
+        if name in self._regions:
+            raise AlreadyExists(f"shared memory region '{name}' is already registered")
+        m = _KEY.match(key)
+        if m is None or m.group(1) in (".", ".."):
+            raise InvalidArgument(
+                f"shared memory region '{name}': key '{key}' is not a shared memory object name "
+                "(one name under /dev/shm, e.g. '/my_region': letters, digits, '_', '-', '.')"
+            )
+        if byte_size <= 0:
+            raise InvalidArgument(f"shared memory region '{name}': byte_size must be > 0, got {byte_size}")
+        path = self.shm_dir / m.group(1)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise InvalidArgument(
+                f"unable to open shared memory region '{name}': key '{key}': {exc.strerror}"
+            ) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise InvalidArgument(f"shared memory region '{name}': key '{key}' is not a shared memory object")
+            if offset + byte_size > st.st_size:
+                raise InvalidArgument(
+                    f"shared memory region '{name}': offset {offset} + byte_size {byte_size} is beyond the end "
+                    f"of '{key}' ({st.st_size} bytes)"
+                )
+            start = offset - offset % mmap.ALLOCATIONGRANULARITY
+            mapping = mmap.mmap(fd, offset + byte_size - start, mmap.MAP_SHARED,
+                                mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
+        finally:
+            os.close(fd)  # the mapping keeps its own reference
+        self._regions[name] = Region(name, key, offset, byte_size, mapping, offset - start)
+
+    def unregister(self, name: str = "") -> None:
+        """Unregister ``name``, or every region when ``name`` is empty; an unknown name is not an error (as Triton)."""
+        names = [name] if name else list(self._regions)
+        for n in names:
+            region = self._regions.pop(n, None)
+            if region is not None:
+                region.close()
+
+    def status(self, name: str = "") -> list[RegionStatus]:
+        if not name:
+            return [r.status() for r in self._regions.values()]
+        region = self._regions.get(name)
+        if region is None:
+            raise NotFound(f"Unable to find system shared memory region: '{name}'")
+        return [region.status()]
+
+    def region(self, name: str, where: str) -> Region:
+        region = self._regions.get(name)
+        if region is None:
+            raise NotFound(f"{where}: Unable to find shared memory region: '{name}'")
+        return region
+
+    def close(self) -> None:
+        self.unregister("")
+
+    # -- tensors -------------------------------------------------------------
+
+    def ref(self, params: Mapping[str, object], where: str) -> "ShmRef | None":
+        """The shared memory reference in a tensor's parameters (plain values), or None.
+
+        The region must be registered; offset and byte size must lie inside it."""
+        name = params.get(PARAM_REGION)
+        if name is None:
+            for key in (PARAM_OFFSET, PARAM_BYTE_SIZE):
+                if key in params:
+                    raise InvalidArgument(f"{where}: parameter '{key}' given without '{PARAM_REGION}'")
+            return None
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"{where}: parameter '{PARAM_REGION}' must be a region name, got {name!r}")
+        size = params.get(PARAM_BYTE_SIZE)
+        offset = params.get(PARAM_OFFSET, 0)
+        if type(size) is not int or size < 0 or type(offset) is not int or offset < 0:
+            if size is None:
+                raise InvalidArgument(f"{where}: shared memory region '{name}': parameter '{PARAM_BYTE_SIZE}' is required")
+            _non_negative(size, PARAM_BYTE_SIZE, name, where)
+            _non_negative(offset, PARAM_OFFSET, name, where)
+        region = self._regions.get(name)
+        if region is None:
+            raise NotFound(f"{where}: Unable to find shared memory region: '{name}'")
+        region._span(offset, size, where)  # type: ignore[arg-type]
+        return ShmRef(region, offset, size)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class ShmRef:
+    """Where one tensor lies: a registered region, an offset in it, a byte size."""
+
+    region: Region
+    offset: int
+    byte_size: int
+
+    def read(self, dtype: DataType, shape: tuple[int, ...], where: str) -> np.ndarray:
+        return self.region.read(dtype, shape, self.offset, self.byte_size, where)
+
+    def write(self, data: np.ndarray | bytes, where: str) -> None:
+        self.region.write(data, self.offset, self.byte_size, where)
+
+
+def _non_negative(value: object, key: str, region: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(
+            f"{where}: shared memory region '{region}': parameter '{key}' must be a non-negative integer, got {value!r}"
+        )
+    return value
+
+
+# -- CUDA shared memory ------------------------------------------------------------
+
+
+def cuda_available() -> bool:
+    try:
+        import torch  # the only CUDA-aware library the server may have
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def cuda_register_error(name: str) -> Unimplemented:
+    if not cuda_available():
+        return Unimplemented(
+            f"CUDA shared memory region '{name}': this server has no CUDA device; "
+            "use system shared memory (SystemSharedMemoryRegister) instead"
+        )
+    return Unimplemented(
+        f"CUDA shared memory region '{name}': CUDA shared memory is not supported by this inferd version; "
+        "use system shared memory (SystemSharedMemoryRegister) instead"
+    )

@@ -1,0 +1,334 @@
+"""Issue #7: OpenTelemetry tracing (in-process with an in-memory exporter, and
+over gRPC: TraceSetting, W3C traceparent, the file destination) and LogSettings."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tritonclient.utils import InferenceServerException
+
+from conftest import ROOT, ServerProcess
+from inferd.errors import InvalidArgument
+from inferd.examples import onnx_models as om
+from inferd.observability.tracing import ROOT_SPAN, TraceConfig, Tracing, ensemble_step
+from inferd.repository import ModelManager
+from inferd.server.dataplane import DataPlane
+from inferd.types import InferenceRequest
+from repo_builder import add_model, config
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
+INT16 = [("INPUT0", "TYPE_INT32", [16]), ("INPUT1", "TYPE_INT32", [16])]
+OUT16 = [("OUTPUT0", "TYPE_INT32", [16]), ("OUTPUT1", "TYPE_INT32", [16])]
+
+
+def _repo(tmp_path):
+    repo = tmp_path / "repo"
+    # A queue delay long enough that requests sent together share one execution.
+    add_model(repo, "simple", om.add_sub(), config(
+        "simple", INT16, OUT16, 8, extra="dynamic_batching { max_queue_delay_microseconds: 50000 }\n"))
+    return repo
+
+
+def _request(rows: int = 1, model: str = "simple") -> InferenceRequest:
+    a = np.arange(16 * rows, dtype=np.int32).reshape(rows, 16)
+    return InferenceRequest(model_name=model, inputs={"INPUT0": a, "INPUT1": a}, id="req-1")
+
+
+@pytest.fixture
+async def plane(tmp_path):
+    manager = ModelManager([_repo(tmp_path)])
+    await manager.load_all()
+    exporter = InMemorySpanExporter()
+    dp = DataPlane(manager)
+    dp.tracing = Tracing(TraceConfig(level=("TIMESTAMPS",), rate=1), processor=SimpleSpanProcessor(exporter))
+    yield dp, exporter
+    await manager.stop()
+    dp.tracing.shutdown()
+
+
+def _by_name(spans):
+    out: dict[str, list] = {}
+    for s in spans:
+        out.setdefault(s.name, []).append(s)
+    return out
+
+
+# -- in-process ------------------------------------------------------------------------------
+
+
+async def test_request_span_with_queue_and_compute_children(plane):
+    dp, exporter = plane
+    req = _request()
+    req.trace = dp.tracing.start("simple", req.id, lambda: {"traceparent": TRACEPARENT})
+    await dp.infer(req)
+    spans = _by_name(exporter.get_finished_spans())
+    root, = spans[ROOT_SPAN]
+    queue, = spans["queue"]
+    compute, = spans["compute"]
+    # The caller's W3C context is the request span's parent.
+    assert format(root.context.trace_id, "032x") == TRACE_ID
+    assert format(root.parent.span_id, "016x") == PARENT_ID
+    assert root.attributes["triton.model_name"] == "simple" and root.attributes["triton.model_version"] == 1
+    for child in (queue, compute):
+        assert child.parent.span_id == root.context.span_id and child.context.trace_id == root.context.trace_id
+    assert compute.attributes["batch_size"] == 1 and compute.attributes["instance"]
+    # In order, inside the request: queued, then executed.
+    assert root.start_time <= queue.start_time <= queue.end_time <= compute.start_time <= compute.end_time <= root.end_time
+    assert queue.end_time - queue.start_time >= 40_000_000  # the 50 ms queue delay
+
+
+async def test_one_compute_span_per_request_of_a_shared_batch(plane):
+    dp, exporter = plane
+    reqs = [_request(rows=r) for r in (1, 2, 3)]
+    for r in reqs:
+        r.trace = dp.tracing.start("simple", r.id)
+    await asyncio.gather(*(dp.infer(r) for r in reqs))
+    spans = _by_name(exporter.get_finished_spans())
+    assert len(spans[ROOT_SPAN]) == 3 and len(spans["queue"]) == 3
+    assert sorted(s.attributes["batch_size"] for s in spans["compute"]) == [6, 6, 6]
+    assert {s.attributes["batch_requests"] for s in spans["compute"]} == {3}
+    roots = {s.context.span_id for s in spans[ROOT_SPAN]}
+    assert {s.parent.span_id for s in spans["compute"]} == roots  # each under its own request
+
+
+async def test_failed_request_span_has_an_error_status(plane):
+    dp, exporter = plane
+    req = _request()
+    req.inputs["INPUT1"] = req.inputs["INPUT1"][:, :8]
+    req.trace = dp.tracing.start("simple", req.id)
+    with pytest.raises(InvalidArgument):
+        await dp.infer(req)
+    root, = exporter.get_finished_spans()
+    assert root.name == ROOT_SPAN and not root.status.is_ok and "INPUT1" in root.status.description
+
+
+async def test_ensemble_step_hook_nests_the_composing_models_spans(plane):
+    dp, exporter = plane
+    req = _request()
+    req.trace = dp.tracing.start("simple", req.id)
+    sub = _request()
+    sub.trace = ensemble_step(req.trace, "add", "simple", 1)
+    await dp.infer(sub)  # ends the step's span, as for any request it runs
+    req.trace.end()
+    spans = _by_name(exporter.get_finished_spans())
+    root, = spans[ROOT_SPAN]
+    step, = spans["ensemble step add"]
+    assert step.parent.span_id == root.context.span_id and step.attributes["triton.model_name"] == "simple"
+    assert spans["queue"][0].parent.span_id == step.context.span_id
+    assert spans["compute"][0].parent.span_id == step.context.span_id
+    assert ensemble_step(None, "add", "simple") is None
+
+
+async def test_rate_count_and_tensors_level(plane):
+    dp, exporter = plane
+    tracing = dp.tracing
+    tracing.update("", {"trace_rate": ["3"], "trace_count": ["2"], "trace_level": ["TIMESTAMPS", "TENSORS"]})
+    started = [tracing.start("simple") for _ in range(9)]
+    assert [t is not None for t in started] == [False, False, True, False, False, True, False, False, False]
+    assert tracing.settings()["trace_count"] == ["0"] and not tracing.enabled
+    for t in started:
+        if t is not None:
+            t.end()
+    tracing.update("", {"trace_count": ["-1"], "trace_rate": ["1"]})
+    assert tracing.enabled
+    exporter.clear()
+    req = _request()
+    req.trace = tracing.start("simple")
+    await dp.infer(req)
+    root = _by_name(exporter.get_finished_spans())[ROOT_SPAN][0]
+    assert root.attributes["triton.input.INPUT0"] == "int32 [1, 16]"
+    assert root.attributes["triton.output.OUTPUT1"] == "int32 [1, 16]"
+
+
+def test_off_costs_nothing_and_starts_nothing():
+    tracing = Tracing()
+    assert not tracing.enabled and tracing.start("simple") is None
+    req = _request()
+    assert req.trace is None
+
+
+def test_per_model_settings_and_clearing():
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(TraceConfig(rate=10), processor=SimpleSpanProcessor(exporter))
+    assert tracing.settings()["trace_level"] == ["OFF"] and not tracing.enabled
+    s = tracing.update("simple", {"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"]})
+    assert s["trace_level"] == ["TIMESTAMPS"] and s["trace_rate"] == ["1"]
+    assert tracing.enabled and tracing.start("other") is None and tracing.start("simple") is not None
+    s = tracing.update("simple", {"trace_rate": []})  # cleared: the global value again
+    assert s["trace_rate"] == ["10"] and s["trace_level"] == ["TIMESTAMPS"]
+    s = tracing.update("", {"trace_rate": ["5"]})
+    assert s["trace_rate"] == ["5"] and tracing.settings()["trace_level"] == ["OFF"]
+    tracing.update("", {"trace_rate": []})
+    assert tracing.settings()["trace_rate"] == ["10"]
+    for changes, word in [
+        ({"trace_level": ["LOUD"]}, "LOUD"),
+        ({"trace_level": ["OFF", "TIMESTAMPS"]}, "OFF cannot be combined"),
+        ({"trace_rate": ["0"]}, ">= 1"),
+        ({"trace_rate": ["x"]}, "not an integer"),
+        ({"trace_count": ["-2"]}, ">= -1"),
+        ({"trace_file": ["/etc/evil"]}, "cannot be changed at run time"),
+        ({"bogus": ["1"]}, "unknown trace setting 'bogus'"),
+    ]:
+        with pytest.raises(InvalidArgument, match=re.escape(word)):
+            tracing.update("", changes)
+    tracing.shutdown()
+
+
+def test_no_destination_refuses_to_turn_on():
+    tracing = Tracing()
+    with pytest.raises(InvalidArgument, match="no destination"):
+        tracing.update("", {"trace_level": ["TIMESTAMPS"]})
+    assert tracing.settings()["trace_level"] == ["OFF"]
+    with pytest.raises(ValueError, match="no destination"):
+        Tracing(TraceConfig(level=("TIMESTAMPS",)))
+
+
+def test_trace_config_parsing():
+    c = TraceConfig.parse(["rate=5", "level=TIMESTAMPS", "level=TENSORS", "count=3", "triton,file=/tmp/t.json",
+                           "triton,log-frequency=2", "opentelemetry,url=collector:4318/v1/traces",
+                           "opentelemetry,resource=deployment=test"])
+    assert (c.rate, c.level, c.count, c.file, c.log_frequency) == (5, ("TIMESTAMPS", "TENSORS"), 3, "/tmp/t.json", 2)
+    assert c.url == "http://collector:4318/v1/traces" and c.resource == {"deployment": "test"}
+    for spec, word in [
+        ("rate=0", ">= 1"), ("level=LOUD", "LOUD"), ("mode=jaeger", "mode must be"), ("file=/x", "triton,file"),
+        ("zipkin,url=x", "unknown trace mode"), ("triton,url=x", "unknown triton-mode setting"),
+        ("nonsense", "key=value"), ("opentelemetry,resource=x", "key=value"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(word)):
+            TraceConfig.parse([spec])
+
+
+def test_opentelemetry_mode_without_the_otlp_package_is_refused(tmp_path):
+    pytest.importorskip("opentelemetry.sdk")
+    try:
+        import opentelemetry.exporter.otlp.proto.http  # noqa: F401
+
+        pytest.skip("the OTLP exporter is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(ValueError, match="opentelemetry-exporter-otlp-proto-http"):
+        Tracing(TraceConfig.parse(["mode=opentelemetry", "level=TIMESTAMPS"]))
+    result = subprocess.run(
+        [sys.executable, "-m", "inferd.cli", "serve", "--model-repository", str(tmp_path),
+         "--trace-config", "mode=opentelemetry"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 2 and "pip install opentelemetry-exporter-otlp-proto-http" in result.stderr
+
+
+def test_file_destination_writes_json_lines(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    tracing = Tracing(TraceConfig(level=("TIMESTAMPS",), rate=1, file=str(path), log_frequency=0))
+    trace = tracing.start("simple", "r1")
+    trace.record("queue", time.time_ns() - 1000, time.time_ns())
+    trace.end()
+    tracing.shutdown()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert {line["name"] for line in lines} == {ROOT_SPAN, "queue"}
+
+
+# -- over gRPC ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def traced_server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("traced")
+    trace_file = tmp / "trace.jsonl"
+    server = ServerProcess(_repo(tmp), ["--trace-config", f"triton,file={trace_file}", "--trace-config", "rate=1"])
+    yield server, trace_file
+    server.stop()
+
+
+def test_trace_setting_rpc_and_traceparent(traced_server):
+    server, trace_file = traced_server
+    client = grpcclient.InferenceServerClient(server.url)
+    settings = client.get_trace_settings().settings
+    assert list(settings["trace_level"].value) == ["OFF"] and list(settings["trace_rate"].value) == ["1"]
+    assert list(settings["trace_file"].value) == [str(trace_file)] and list(settings["trace_mode"].value) == ["triton"]
+
+    a = np.ones((1, 16), dtype=np.int32)
+    inputs = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+    for i in inputs:
+        i.set_data_from_numpy(a)
+    client.infer("simple", inputs, headers={"traceparent": f"00-{'1' * 32}-{'2' * 16}-01"})  # off: no trace
+
+    updated = client.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"], "log_frequency": ["1"]}).settings
+    assert list(updated["trace_level"].value) == ["TIMESTAMPS"] and list(updated["log_frequency"].value) == ["1"]
+    client.infer("simple", inputs, headers={"traceparent": TRACEPARENT}, request_id="traced-1")
+    model = client.update_trace_settings("simple", settings={"trace_rate": ["7"]}).settings
+    assert list(model["trace_rate"].value) == ["7"]
+    assert list(client.get_trace_settings().settings["trace_rate"].value) == ["1"]  # global unchanged
+
+    with pytest.raises(InferenceServerException) as exc:
+        client.update_trace_settings(settings={"trace_rate": ["-3"]})
+    assert exc.value.status() == "StatusCode.INVALID_ARGUMENT" and "trace_rate" in exc.value.message()
+    with pytest.raises(InferenceServerException) as exc:
+        client.update_trace_settings(settings={"trace_file": ["/tmp/elsewhere"]})
+    assert exc.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+    # log_frequency 1: written after each trace (the exporter batches in the background).
+    deadline = time.monotonic() + 30
+    spans = []
+    while time.monotonic() < deadline:
+        if trace_file.exists():
+            spans = [json.loads(line) for line in trace_file.read_text().splitlines()]
+            if {"InferRequest", "queue", "compute"} <= {s["name"] for s in spans}:
+                break
+        time.sleep(0.2)
+    names = {s["name"]: s for s in spans}
+    assert {"InferRequest", "queue", "compute"} <= set(names), spans
+    root = names["InferRequest"]
+    assert root["context"]["trace_id"] == f"0x{TRACE_ID}" and root["parent_id"] == f"0x{PARENT_ID}"
+    assert root["attributes"]["triton.request_id"] == "traced-1"
+    assert names["compute"]["parent_id"] == root["context"]["span_id"]
+    assert names["compute"]["attributes"]["batch_size"] == 1
+    assert all(s["context"]["trace_id"] == f"0x{TRACE_ID}" for s in spans)  # the untraced request left nothing
+    client.close()
+
+
+def test_trace_setting_without_destination(example_server):
+    client = grpcclient.InferenceServerClient(example_server.url)
+    assert list(client.get_trace_settings().settings["trace_level"].value) == ["OFF"]
+    with pytest.raises(InferenceServerException) as exc:
+        client.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
+    assert exc.value.status() == "StatusCode.INVALID_ARGUMENT" and "no destination" in exc.value.message()
+    client.close()
+
+
+def test_log_settings_change_level_and_format(start_server, tmp_path):
+    repo = _repo(tmp_path)
+    server = start_server(repo, ["--model-control-mode", "explicit"])
+    client = grpcclient.InferenceServerClient(server.url)
+    settings = client.get_log_settings().settings
+    assert settings["log_info"].bool_param is True and settings["log_format"].string_param == "default"
+    assert settings["log_verbose_level"].uint32_param == 0 and settings["log_file"].string_param == ""
+
+    updated = client.update_log_settings({"log_info": False}).settings
+    assert updated["log_info"].bool_param is False and updated["log_warning"].bool_param is True
+    client.load_model("simple")
+    client.update_log_settings({"log_info": True, "log_format": "ISO8601"})
+    client.unload_model("simple")
+    client.update_log_settings({"log_verbose_level": 1})
+    assert client.get_log_settings().settings["log_verbose_level"].uint32_param == 1
+
+    for bad, word in [({"log_info": None}, "must be a bool"), ({"log_format": "xml"}, "log_format"),
+                      ({"log_file": "/tmp/x.log"}, "cannot be changed"), ({"colour": True}, "unknown log setting")]:
+        with pytest.raises(InferenceServerException) as exc:
+            client.update_log_settings(bad)
+        assert exc.value.status() == "StatusCode.INVALID_ARGUMENT" and word in exc.value.message()
+    client.close()
+    server.stop()
+    log = server.log()
+    assert "manager: loaded model 'simple'" not in log  # info was off while it loaded
+    unloaded = next(line for line in log.splitlines() if "unloaded model 'simple'" in line)
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", unloaded), unloaded  # ISO 8601 from then on
