@@ -136,10 +136,11 @@ class DataPlane:
         """Requests accepted by a scheduler and not yet answered, over every model."""
         return sum(m.scheduler.inflight() for m in self.manager.models())
 
-    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+    async def infer(self, request: InferenceRequest, decoupled_error: str = DECOUPLED_UNARY) -> InferenceResponse:
         """Run one request. A frontend that started a trace (``request.trace``)
         leaves ending it to this method; outputs requested into shared memory
-        are written there (the frontend then sends no data for them)."""
+        are written there (the frontend then sends no data for them).
+        ``decoupled_error``: the frontend's words refusing a decoupled model."""
         trace = request.trace
         try:
             model = self.manager.get(request.model_name, request.model_version)
@@ -148,7 +149,10 @@ class DataPlane:
                 trace.end(exc)
             raise
         if model.decoupled:
-            raise Unimplemented(DECOUPLED_UNARY)
+            exc = Unimplemented(decoupled_error)
+            if trace is not None:
+                trace.end(exc)
+            raise exc
         spec = model.spec
         stats = model.stats
         start = time.perf_counter_ns()

@@ -8,7 +8,10 @@ the same for outputs asked for with ``binary_data`` (or, by default, with the
 request's ``binary_data_output``). Raw data uses the gRPC framing
 (:mod:`inferd.server.codec`): little-endian values, BYTES elements 4-byte
 length-prefixed. JSON ``data`` may be flat or nested; BYTES elements are
-strings.
+strings. A tensor whose parameters name a registered system shared memory
+region (``shared_memory_region`` / ``_offset`` / ``_byte_size``) is read from
+(input) or written to (output, by the data plane) that region, with the checks
+gRPC makes; such an output carries no data in the response, as Triton's.
 
 Nothing here depends on the web framework: bytes and header values in,
 :class:`InferenceRequest` out; :class:`InferenceResponse` in, body parts out.
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from google.protobuf import json_format
@@ -29,6 +32,9 @@ from inferd.dtypes import BY_NAME, DataType, from_numpy
 from inferd.errors import InvalidArgument, Unimplemented
 from inferd.server.codec import array_from_raw, encode_bytes, parse_version
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
+
+if TYPE_CHECKING:
+    from inferd.server.shared_memory import SharedMemoryManager
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -75,8 +81,13 @@ def load_json(data: bytes | memoryview, what: str) -> Any:
         raise InvalidArgument(f"{what}: the body is not valid JSON: {exc}") from None
 
 
-def decode_infer_request(model: str, version: str, body: bytes, header_length: str | None = None) -> HttpInferRequest:
-    """An inference request from its body (JSON header, then any binary data)."""
+def decode_infer_request(model: str, version: str, body: bytes, header_length: str | None = None,
+                         shm: "SharedMemoryManager | None" = None) -> HttpInferRequest:
+    """An inference request from its body (JSON header, then any binary data).
+
+    ``shm`` resolves tensors that name a registered system shared memory region
+    (``shared_memory_region`` / ``_offset`` / ``_byte_size`` parameters), with the
+    checks gRPC makes (:meth:`SharedMemoryManager.ref`); without it they are refused."""
     head, binary = split_body(body, header_length)
     doc = load_json(head, f"inference request for model '{model}'")
     if not isinstance(doc, dict):
@@ -114,9 +125,16 @@ def decode_infer_request(model: str, version: str, body: bytes, header_length: s
             raise InvalidArgument(f"{where}: unknown data type {t.get('datatype')!r}")
         shape = _shape(t.get("shape"), where)
         tparams = _object(t.get("parameters"), f"{where}: 'parameters'")
-        _refuse_shared_memory(tparams, where)
+        ref = _shm_ref(shm, tparams, where) if tparams else None
         size = tparams.get("binary_data_size") if tparams else None
-        if size is not None:
+        if ref is not None:
+            if "data" in t or size is not None:
+                raise InvalidArgument(
+                    f"{where}: the input is in shared memory region '{ref.region.name}'; it must not also "
+                    "give 'data' or 'binary_data_size'"
+                )
+            request.inputs[name] = ref.read(dtype, shape, where)
+        elif size is not None:
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise InvalidArgument(f"{where}: 'binary_data_size' must be a non-negative integer, got {size!r}")
             if "data" in t:
@@ -149,7 +167,7 @@ def decode_infer_request(model: str, version: str, body: bytes, header_length: s
             r = RequestedOutput(o["name"])
             oparams = _object(o.get("parameters"), f"output '{r.name}' for model '{model}': 'parameters'")
             if oparams:
-                _refuse_shared_memory(oparams, f"output '{r.name}' for model '{model}'")
+                r.shared_memory = _shm_ref(shm, oparams, f"output '{r.name}' for model '{model}'")
                 flag = oparams.get("binary_data")
                 if flag is not None:
                     if not isinstance(flag, bool):
@@ -189,13 +207,17 @@ def _int_param(model: str, params: dict[str, Any], key: str) -> int:
     return value
 
 
-def _refuse_shared_memory(params: dict[str, Any], where: str) -> None:
+def _shm_ref(shm: "SharedMemoryManager | None", params: dict[str, Any], where: str) -> Any:
+    """The tensor's shared memory reference (a ShmRef) or None, as over gRPC."""
+    if shm is not None:
+        return shm.ref(params, where)
     for key in _SHM_KEYS:
         if key in params:
             raise Unimplemented(
-                f"{where}: parameter '{key}': shared memory is not supported by this inferd version over HTTP; "
+                f"{where}: parameter '{key}': shared memory is not supported by this caller; "
                 "send the tensor data in the request"
             )
+    return None
 
 
 def _flatten(data: Any) -> list[Any]:
@@ -283,10 +305,14 @@ def encode_infer_response(response: InferenceResponse, how: HttpInferRequest) ->
     outputs = []
     chunks: list[bytes] = []
     binary_default, binary = how.binary_default, how.binary
+    requested = how.request.requested_outputs
+    in_shm = {r.name for r in requested if r.shared_memory is not None} if requested else None
     for name, array in response.outputs.items():
         wire = "BYTES" if array.dtype.kind in "OSU" else from_numpy(array.dtype).name
         out: dict[str, Any] = {"name": name, "datatype": wire, "shape": list(array.shape)}
-        if binary.get(name, binary_default):
+        if in_shm and name in in_shm:
+            pass  # written to the client's region by the data plane: no data here, as Triton
+        elif binary.get(name, binary_default):
             raw = encode_bytes(array) if wire == "BYTES" else array.tobytes()
             out["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)

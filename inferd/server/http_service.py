@@ -5,6 +5,9 @@ A Starlette app, served by uvicorn on the server's event loop
 calls the same :class:`DataPlane` as gRPC and encodes; errors are
 ``{"error": "..."}`` with the status of :func:`inferd.errors.http_status`.
 Health and readiness answer 200 for true and 400 for false, as Triton does.
+Triton's extensions use the data plane's own state, so both frontends see one
+set of shared memory regions, trace settings and log settings; a W3C
+``traceparent`` header parents a traced request's span as gRPC metadata does.
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from inferd.errors import InferdError, InvalidArgument, Unimplemented, http_status
-from inferd.server import http_codec
+from inferd.errors import InferdError, InvalidArgument, NotFound, Unimplemented, http_status
+from inferd.server import http_codec, shared_memory
 from inferd.server.codec import parse_version
 from inferd.server.dataplane import DataPlane
+
+# Triton's words for an HTTP inference request to a decoupled model (clients match on them).
+DECOUPLED_HTTP = "HTTP end point doesn't support models with decoupled transaction policy"
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +46,19 @@ def error_response(exc: BaseException) -> Response:
     if not isinstance(exc, InferdError):
         log.exception("unexpected error", exc_info=exc)
     return json_response({"error": message}, status)
+
+
+def _trace_values(key: str, value: Any) -> list[str]:
+    """A trace setting's JSON value as the TraceSetting RPC takes it (an empty list clears)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [str(value)]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise InvalidArgument(f"trace setting '{key}' must be a string, an array of strings or null, got {value!r}")
 
 
 def _guarded(handler: Handler) -> Handler:
@@ -117,25 +136,20 @@ class HttpFrontend:
         route("/v2/repository/index", self.repository_index, "POST")
         route("/v2/repository/models/{model}/load", self.load, "POST")
         route("/v2/repository/models/{model}/unload", self.unload, "POST")
-        for path, what in (
-            ("/v2/systemsharedmemory/status", "system shared memory"),
-            ("/v2/systemsharedmemory/region/{region}/status", "system shared memory"),
-            ("/v2/cudasharedmemory/status", "CUDA shared memory"),
-            ("/v2/cudasharedmemory/region/{region}/status", "CUDA shared memory"),
-            ("/v2/trace/setting", "trace settings"),
-            ("/v2/models/{model}/trace/setting", "trace settings"),
-            ("/v2/logging", "log settings"),
-        ):
-            r.append(Route(path, _guarded(self._unimplemented(what)), methods=["GET", "POST"]))
-        for path, what in (
-            ("/v2/systemsharedmemory/region/{region}/register", "system shared memory"),
-            ("/v2/systemsharedmemory/region/{region}/unregister", "system shared memory"),
-            ("/v2/systemsharedmemory/unregister", "system shared memory"),
-            ("/v2/cudasharedmemory/region/{region}/register", "CUDA shared memory"),
-            ("/v2/cudasharedmemory/region/{region}/unregister", "CUDA shared memory"),
-            ("/v2/cudasharedmemory/unregister", "CUDA shared memory"),
-        ):
-            r.append(Route(path, _guarded(self._unimplemented(what)), methods=["POST"]))
+        route("/v2/systemsharedmemory/status", self.shm_status)
+        route("/v2/systemsharedmemory/region/{region}/status", self.shm_status)
+        route("/v2/systemsharedmemory/region/{region}/register", self.shm_register, "POST")
+        route("/v2/systemsharedmemory/region/{region}/unregister", self.shm_unregister, "POST")
+        route("/v2/systemsharedmemory/unregister", self.shm_unregister, "POST")
+        route("/v2/cudasharedmemory/status", self.cuda_status)
+        route("/v2/cudasharedmemory/region/{region}/status", self.cuda_status)
+        route("/v2/cudasharedmemory/region/{region}/register", self.cuda_register, "POST")
+        route("/v2/cudasharedmemory/region/{region}/unregister", self.cuda_unregister, "POST")
+        route("/v2/cudasharedmemory/unregister", self.cuda_unregister, "POST")
+        for method in ("GET", "POST"):
+            route("/v2/trace/setting", self.trace_setting, method)
+            route("/v2/models/{model}/trace/setting", self.trace_setting, method)
+            route("/v2/logging", self.log_settings, method)
 
         async def not_found(request: Request, exc: Exception) -> Response:
             status = exc.status_code if isinstance(exc, HTTPException) else 404
@@ -219,12 +233,74 @@ class HttpFrontend:
         await control(request.path_params["model"], params)
         return Response(status_code=200)
 
-    @staticmethod
-    def _unimplemented(what: str) -> Handler:
-        async def unimplemented(request: Request) -> Response:
-            raise Unimplemented(f"{what} is not supported by this inferd version over HTTP")
+    # -- shared memory (Triton's extension; the data plane's regions, shared with gRPC) ------------
 
-        return unimplemented
+    async def shm_status(self, request: Request) -> Response:
+        regions = self.dp.shared_memory.status(request.path_params.get("region", ""))
+        return json_response([{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+                              for r in regions])
+
+    async def shm_register(self, request: Request) -> Response:
+        name = request.path_params["region"]
+        doc = await _json_body(request, f"system shared memory register request for region '{name}'")
+        key = doc.get("key")
+        if not isinstance(key, str):
+            raise InvalidArgument(f"system shared memory region '{name}': 'key' must be a string, got {key!r}")
+        sizes = {}
+        for field, default in (("offset", 0), ("byte_size", None)):
+            value = doc.get(field, default)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgument(f"system shared memory region '{name}': '{field}' must be a non-negative "
+                                      f"integer, got {value!r}")
+            sizes[field] = value
+        self.dp.shared_memory.register(name, key, sizes["offset"], sizes["byte_size"])
+        return Response(status_code=200)
+
+    async def shm_unregister(self, request: Request) -> Response:
+        self.dp.shared_memory.unregister(request.path_params.get("region", ""))
+        return Response(status_code=200)
+
+    async def cuda_status(self, request: Request) -> Response:
+        # No CUDA region can exist (registration is refused): all of none, or not found.
+        name = request.path_params.get("region", "")
+        if name:
+            raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
+        return json_response([])
+
+    async def cuda_register(self, request: Request) -> Response:
+        raise shared_memory.cuda_register_error(request.path_params["region"])
+
+    async def cuda_unregister(self, request: Request) -> Response:
+        return Response(status_code=200)  # clients clear every region at start-up; there is none
+
+    # -- tracing and logging -------------------------------------------------------------------
+
+    async def trace_setting(self, request: Request) -> Response:
+        """GET reads, POST changes (as the TraceSetting RPC): a setting's value is a
+        string, an array of strings, or null (clears it)."""
+        model = request.path_params.get("model", "")
+        tracing = self.dp.tracing
+        changes = None
+        if request.method == "POST":
+            doc = await _json_body(request, "trace setting request")
+            changes = {key: _trace_values(key, value) for key, value in doc.items()}
+        settings = tracing.update(model, changes) if changes else tracing.settings(model)
+        # Triton's JSON: trace_level is an array, the others single strings (left out when unset).
+        out: dict[str, Any] = {}
+        for key, values in settings.items():
+            if key == "trace_level":
+                out[key] = values
+            elif values:
+                out[key] = values[0]
+        return json_response(out)
+
+    async def log_settings(self, request: Request) -> Response:
+        """GET reads, POST changes (as the LogSettings RPC)."""
+        logs = self.dp.log_settings
+        if request.method == "POST":
+            doc = await _json_body(request, "log setting request")
+            return json_response(logs.update(doc) if doc else logs.get())
+        return json_response(logs.get())
 
     # -- inference -----------------------------------------------------------------
 
@@ -237,9 +313,14 @@ class HttpFrontend:
             body = _decompress(body, encoding)
         name = request.path_params["model"]
         decoded = http_codec.decode_infer_request(
-            name, request.path_params.get("version", ""), body, headers.get(http_codec.HEADER_LENGTH)
+            name, request.path_params.get("version", ""), body, headers.get(http_codec.HEADER_LENGTH),
+            self.dp.shared_memory,
         )
-        response = await self.dp.infer(decoded.request)
+        req = decoded.request
+        if self.dp.tracing.enabled:
+            # A W3C traceparent (and tracestate) header makes the request span a child of the caller's.
+            req.trace = self.dp.tracing.start(req.model_name, req.id, lambda: headers)
+        response = await self.dp.infer(req, decoupled_error=DECOUPLED_HTTP)
         content, header_length = http_codec.encode_infer_response(response, decoded)
         out_headers = {}
         if header_length is not None:
