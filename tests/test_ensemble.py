@@ -587,6 +587,41 @@ async def test_failing_step_names_ensemble_step_and_model_and_cancels_its_siblin
     assert sched.inflight() == 0 and stats.inference_count == 0
 
 
+async def test_traced_steps_end_with_their_outcome():
+    """Each step's span ends with the step: ok, failed (with the wrapped error) or cancelled."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from inferd.observability.tracing import TraceConfig, Tracing
+
+    async def boom(request):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0.01)
+        raise ModelExecutionError("model 'bad' failed to execute: kaput")
+
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(TraceConfig(level=("TIMESTAMPS",), rate=1), processor=SimpleSpanProcessor(exporter))
+    slow, bad = fake_model("slow", identity_fn(delay=30)), fake_model("bad", boom)
+    ok, join = fake_model("ok", identity_fn()), fake_model("join", identity_fn(), n_inputs=2)
+    steps = [("ok", {"INPUT0": "INPUT0"}, {"OUTPUT0": "w"}), ("slow", {"INPUT0": "w"}, {"OUTPUT0": "x"}),
+             ("bad", {"INPUT0": "w"}, {"OUTPUT0": "y"}), ("join", {"INPUT0": "x", "INPUT1": "y"}, {"OUTPUT0": "OUTPUT0"})]
+    sched, _ = make_ensemble({"ok": ok, "slow": slow, "bad": bad, "join": join}, steps)
+    trace = tracing.start("ens")
+    with pytest.raises(ModelExecutionError):
+        await sched.infer(request(np.ones((1, 4), np.float32), trace=trace), 1)
+    trace.end()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {"InferRequest", "ensemble step 0 ok", "ensemble step 1 slow", "ensemble step 2 bad"}
+    assert spans["ensemble step 0 ok"].status.is_ok
+    assert spans["ensemble step 2 bad"].status.description.endswith(
+        "ensemble 'ens' step 2 (model 'bad'): model 'bad' failed to execute: kaput")
+    assert "CancelledError" in spans["ensemble step 1 slow"].status.description
+    root = spans["InferRequest"].context.span_id
+    assert all(s.parent.span_id == root for n, s in spans.items() if n != "InferRequest")
+    # The step's span went to the composing model's request (its scheduler records queue/compute there).
+    assert bad.scheduler.calls[0].trace.span is not None and bad.scheduler.calls[0].trace is not trace
+    tracing.shutdown()
+
+
 async def test_cancelling_the_request_cancels_its_running_steps():
     started = asyncio.Event()
 

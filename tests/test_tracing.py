@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tritonclient.utils import InferenceServerException
 
 from conftest import ROOT, ServerProcess
-from inferd.errors import InvalidArgument
+from inferd.errors import InvalidArgument, Unavailable
 from inferd.examples import onnx_models as om
 from inferd.observability.tracing import ROOT_SPAN, TraceConfig, Tracing, ensemble_step
 from inferd.repository import ModelManager
@@ -129,6 +129,68 @@ async def test_ensemble_step_hook_nests_the_composing_models_spans(plane):
     assert spans["queue"][0].parent.span_id == step.context.span_id
     assert spans["compute"][0].parent.span_id == step.context.span_id
     assert ensemble_step(None, "add", "simple") is None
+
+
+ENSEMBLE = """name: "twice"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 16 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 16 ] } ]
+ensemble_scheduling { step [
+  { model_name: "simple" model_version: -1
+    input_map { key: "INPUT0" value: "X" } input_map { key: "INPUT1" value: "X" }
+    output_map { key: "OUTPUT0" value: "sum" } },
+  { model_name: "simple" model_version: 1
+    input_map { key: "INPUT0" value: "sum" } input_map { key: "INPUT1" value: "X" }
+    output_map { key: "OUTPUT0" value: "Y" } }
+] }
+"""
+
+
+async def test_traced_ensemble_has_a_span_per_step_with_the_models_spans_under_it(tmp_path):
+    repo = _repo(tmp_path)
+    (repo / "twice" / "1").mkdir(parents=True)
+    (repo / "twice" / "config.pbtxt").write_text(ENSEMBLE)
+    manager = ModelManager([repo])
+    await manager.load_all()
+    exporter = InMemorySpanExporter()
+    dp = DataPlane(manager)
+    dp.tracing = Tracing(TraceConfig(level=("TIMESTAMPS", "TENSORS"), rate=1), processor=SimpleSpanProcessor(exporter))
+    try:
+        x = np.arange(16, dtype=np.int32).reshape(1, 16)
+        req = InferenceRequest(model_name="twice", inputs={"X": x}, id="ens-1")
+        req.trace = dp.tracing.start("twice", req.id, lambda: {"traceparent": TRACEPARENT})
+        out = await dp.infer(req)
+        np.testing.assert_array_equal(out.outputs["Y"], 3 * x)
+        spans = _by_name(exporter.get_finished_spans())
+        root, = spans[ROOT_SPAN]
+        assert root.attributes["triton.model_name"] == "twice" and format(root.parent.span_id, "016x") == PARENT_ID
+        first, = spans["ensemble step 0 simple"]
+        second, = spans["ensemble step 1 simple"]
+        for step in (first, second):
+            assert step.parent.span_id == root.context.span_id
+            assert step.attributes["triton.model_name"] == "simple" and step.attributes["triton.model_version"] == 1
+            assert step.attributes["triton.input.INPUT0"] == "int32 [1, 16]"  # level TENSORS: the step's tensors
+            assert step.attributes["triton.output.OUTPUT0"] == "int32 [1, 16]"
+            assert step.status.is_ok
+        # Each step's queue wait and execution nest under that step, not under the request.
+        assert sorted(s.parent.span_id for s in spans["queue"]) == sorted([first.context.span_id, second.context.span_id])
+        assert sorted(s.parent.span_id for s in spans["compute"]) == sorted([first.context.span_id, second.context.span_id])
+        assert root.start_time <= first.start_time <= first.end_time <= second.start_time <= second.end_time <= root.end_time
+
+        # Refused before any step runs (a composing model is gone): no step span, the request's span has the error.
+        exporter.clear()
+        bad = InferenceRequest(model_name="twice", inputs={"X": x}, id="ens-2")
+        bad.trace = dp.tracing.start("twice", bad.id)
+        await manager.unload_model("simple")
+        with pytest.raises(Unavailable):
+            await dp.infer(bad)
+        spans = _by_name(exporter.get_finished_spans())
+        root, = spans[ROOT_SPAN]
+        assert set(spans) == {ROOT_SPAN} and not root.status.is_ok and "simple" in root.status.description
+    finally:
+        await manager.stop()
+        dp.tracing.shutdown()
 
 
 async def test_rate_count_and_tensors_level(plane):

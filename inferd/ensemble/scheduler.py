@@ -21,6 +21,7 @@ from inferd.config import ModelSpec
 from inferd.ensemble.graph import EnsembleGraph, Step
 from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
+from inferd.observability.tracing import ensemble_step
 from inferd.scheduling.base import Scheduler
 from inferd.server.validation import prepare_inputs, shape_outputs
 from inferd.types import InferenceRequest, RequestedOutput
@@ -163,6 +164,8 @@ class EnsembleScheduler(Scheduler):
             raise DeadlineExceeded(
                 f"ensemble '{self.graph.name}': the request's deadline passed before {step.label} could start")
         model = self._model(step)  # now: version -1 is the latest loaded at this moment
+        # A traced request gets a span per step; the composing model's queue/compute spans nest under it.
+        trace = ensemble_step(request.trace, f"{step.index} {step.model_name}", step.model_name, model.version)
         sub = InferenceRequest(
             model_name=step.model_name,
             inputs={key: tensors[tensor] for key, tensor in step.input_map},
@@ -173,7 +176,7 @@ class EnsembleScheduler(Scheduler):
             priority=request.priority,
             timeout_us=request.timeout_us,
             deadline=request.deadline,
-            trace=request.trace,
+            trace=trace,
         )
         spec = model.spec
         stats = model.stats
@@ -182,18 +185,31 @@ class EnsembleScheduler(Scheduler):
         try:
             inputs, rows = prepare_inputs(spec, sub)
             sub.inputs = inputs
+            if trace is not None:
+                trace.tensors_attributes("input", inputs)
             outputs = await model.scheduler.infer(sub, rows)
             result = shape_outputs(spec, outputs, sub.requested_outputs)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             stats.record_failure(time.perf_counter_ns() - start, "CANCELED", clock.now())
+            if trace is not None:
+                trace.end(exc)
             raise
         except InferdError as exc:
             reason = "TIMEOUT" if isinstance(exc, DeadlineExceeded) else exc.grpc_code.name
             stats.record_failure(time.perf_counter_ns() - start, reason, clock.now())
-            raise self._wrap(step, exc) from None
+            error = self._wrap(step, exc)
+            if trace is not None:
+                trace.end(error)
+            raise error from None
         except Exception as exc:
             stats.record_failure(time.perf_counter_ns() - start, "INTERNAL", clock.now())
-            raise self._wrap(step, ModelExecutionError(
-                f"model '{step.model_name}' failed: {type(exc).__name__}: {exc}")) from exc
+            error = self._wrap(step, ModelExecutionError(
+                f"model '{step.model_name}' failed: {type(exc).__name__}: {exc}"))
+            if trace is not None:
+                trace.end(error)
+            raise error from exc
         stats.record_success(time.perf_counter_ns() - start, clock.now())
+        if trace is not None:
+            trace.tensors_attributes("output", result)
+            trace.end()
         return result
