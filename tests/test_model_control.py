@@ -455,3 +455,109 @@ def test_model_warmup_runs_before_ready(start_server, tmp_path):
         for word in words:
             assert word in reason, (name, reason)
     client.close()
+
+
+# -- ensembles under model control -------------------------------------------------------------------
+
+
+def ensemble_text(name: str = "ens", step_model: str = "scaler", max_batch_size: int = 8) -> str:
+    return f'''name: "{name}"
+platform: "ensemble"
+max_batch_size: {max_batch_size}
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 256 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 256 ] }} ]
+ensemble_scheduling {{ step [ {{ model_name: "{step_model}" model_version: -1
+  input_map {{ key: "INPUT0" value: "X" }} output_map {{ key: "OUTPUT0" value: "Y" }} }} ] }}
+'''
+
+
+def add_ensemble(repo: Path, name: str = "ens", step_model: str = "scaler") -> None:
+    add_model(repo, name, None, ensemble_text(name, step_model))
+    (repo / name / "1").mkdir()
+
+
+def infer_ens(client) -> float:
+    i = grpcclient.InferInput("X", [1, 256], "FP32")
+    i.set_data_from_numpy(np.ones((1, 256), dtype=np.float32))
+    return float(client.infer("ens", [i]).as_numpy("Y")[0, 0])
+
+
+def ensemble_json(**changes) -> str:
+    doc = {"name": "ens", "platform": "ensemble", "max_batch_size": 8,
+           "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [256]}],
+           "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [256]}],
+           "ensemble_scheduling": {"step": [{"model_name": "scaler", "model_version": -1,
+                                             "input_map": {"INPUT0": "X"}, "output_map": {"OUTPUT0": "Y"}}]}}
+    doc.update(changes)
+    return json.dumps(doc)
+
+
+def test_ensemble_reload_override_and_failed_reload(start_server, repo):
+    add_ensemble(repo)
+    server = start_server(repo, ["--model-control-mode", "explicit", "--load-model", "ens"])
+    client = grpcclient.InferenceServerClient(server.url)
+    assert infer_ens(client) == 1.0
+
+    # An unchanged reload keeps the loaded version: its statistics go on.
+    client.load_model("ens")
+    assert client.get_inference_statistics("ens").model_stats[0].inference_stats.success.count == 1
+
+    # RepositoryModelLoad's config for an ensemble goes through the ensemble loader.
+    client.load_model("ens", config=ensemble_json(max_batch_size=4))
+    assert client.get_model_config("ens").config.max_batch_size == 4
+    assert infer_ens(client) == 1.0
+
+    # A failed reload (a config override naming a missing model; then a broken config.pbtxt)
+    # keeps the previous version serving, as for any model.
+    for break_it in (
+        lambda: client.load_model("ens", config=ensemble_json(ensemble_scheduling={"step": [
+            {"model_name": "nope", "model_version": -1, "input_map": {"INPUT0": "X"},
+             "output_map": {"OUTPUT0": "Y"}}]})),
+        lambda: ((repo / "ens" / "config.pbtxt").write_text(ensemble_text(step_model="missing")),
+                 client.load_model("ens")),
+    ):
+        with pytest.raises(InferenceServerException) as exc:
+            break_it()
+        assert "failed to load 'ens'" in exc.value.message()
+        (version, state, reason), = index(client)["ens"]
+        assert (version, state) == ("1", "READY"), reason
+        assert reason.startswith("reload failed, serving the previous version: ")
+        assert client.is_model_ready("ens") and client.is_server_ready()
+        assert client.get_model_config("ens").config.max_batch_size == 4  # still the last good one
+        assert infer_ens(client) == 1.0
+
+    (repo / "ens" / "config.pbtxt").write_text(ensemble_text())
+    client.load_model("ens")
+    assert index(client)["ens"] == [("1", "READY", "")]
+    assert client.get_model_config("ens").config.max_batch_size == 8
+    client.close()
+
+
+# -- poll mode and ensembles -------------------------------------------------------------------------------
+
+
+async def test_poll_keeps_an_unchanged_ensemble_and_retries_a_failed_one(repo):
+    from inferd.repository.control import RepositoryPoller
+    from inferd.repository.manager import ModelManager
+
+    add_ensemble(repo, "ens", "scaler")
+    add_ensemble(repo, "waits", "late")  # its composing model is not there yet
+    manager = ModelManager([repo], mode="poll")
+    poller = RepositoryPoller(manager, 3600)
+    try:
+        await manager.load_all()
+        ens = manager.get("ens")
+        states = {e.name: e.state for e in manager.index()}
+        assert states["ens"] == "READY" and states["waits"] == "UNAVAILABLE"
+        await poller.poll()
+        await poller.poll()
+        assert manager.get("ens") is ens  # not rebuilt at every poll: its statistics go on
+        add_model(repo, "late", om.scale(factor=3.0), config("late", *SCALE_IO, max_batch_size=8))
+        await poller.poll()  # loads 'late'; 'waits' may come before it in this scan
+        await poller.poll()
+        assert {e.name: e.state for e in manager.index()}["waits"] == "READY"
+        (repo / "ens" / "config.pbtxt").write_text(ensemble_text("ens", "late"))  # a changed ensemble reloads
+        await poller.poll()
+        assert manager.get("ens") is not ens and manager.get("ens").spec.config.ensemble_scheduling.step[0].model_name == "late"
+    finally:
+        await manager.stop()

@@ -32,7 +32,7 @@ from inferd._proto import model_config_pb2 as mc
 from inferd.clock import Clock
 from inferd.config import ModelSpec, autocomplete, parse_config_file, validate
 from inferd.ensemble import loader as ensemble_loader
-from inferd.ensemble.graph import EnsembleGraph, build_graph, find_cycle, load_order
+from inferd.ensemble.graph import EnsembleGraph, build_graph, find_cycle, is_ensemble, load_order
 from inferd.errors import ConfigError, InferdError, NotFound, Unavailable, unknown_model
 from inferd.repository.layout import available_versions, fingerprint, scan, select_versions
 from inferd.repository.model import Model, build_model
@@ -223,13 +223,15 @@ class ModelManager:
         ``config``: use it instead of config.pbtxt (RepositoryModelLoad)."""
         entry = self._entries[name]
         entry.state = LOADING if not entry.versions else entry.state
-        try:
-            ensemble_config = ensemble_loader.read_config(name, entry.path)
-        except InferdError:
-            ensemble_config = None  # prepare() reports the broken config
-        if ensemble_config is not None and config is None:
-            await self._load_ensemble(entry, ensemble_config)
-            return None
+        if config is not None:  # RepositoryModelLoad's config replaces config.pbtxt, ensemble or not
+            ensemble_config = config if is_ensemble(config) else None
+        else:
+            try:
+                ensemble_config = ensemble_loader.read_config(name, entry.path)
+            except InferdError:
+                ensemble_config = None  # prepare() reports the broken config
+        if ensemble_config is not None:
+            return await self._load_ensemble(entry, ensemble_config)
         loop = asyncio.get_running_loop()
         try:
             models, sources = await loop.run_in_executor(None, self._load_blocking, entry, config)
@@ -373,9 +375,11 @@ class ModelManager:
         """name -> (folder, fingerprint when last loaded, wanted): what poll mode compares."""
         return {n: (e.path, e.fingerprint, e.wanted) for n, e in self._entries.items()}
 
-    async def _load_ensemble(self, entry: _Entry, config: Any) -> None:
-        """Check an ensemble against its (already loaded) composing models; nothing blocks."""
+    async def _load_ensemble(self, entry: _Entry, config: Any) -> InferdError | None:
+        """Check an ensemble against its (already loaded) composing models; nothing blocks.
+        As for any model, a failed reload leaves the versions loaded before serving."""
         name = entry.name
+        folder = fingerprint(entry.path)
         try:
             prepared = ensemble_loader.prepare(name, entry.path, config)
             problem = find_cycle(name, self._ensemble_graph) or ensemble_loader.dependency_problem(
@@ -383,22 +387,37 @@ class ModelManager:
             if problem:
                 raise Unavailable(problem)
             ensemble_loader.check_models(prepared, self._entries.get)
-            models = ensemble_loader.build_versions(prepared, entry.path, self.get, self.clock)
+            models = self._kept_ensemble_versions(entry, prepared)
+            if models is None:
+                models = ensemble_loader.build_versions(prepared, entry.path, self.get, self.clock)
         except InferdError as exc:
-            entry.state, entry.reason = UNAVAILABLE, exc.message
             log.error("failed to load ensemble '%s': %s", name, exc.message)
-            return
+            return self._failed(entry, exc)
         except Exception as exc:
-            entry.state, entry.reason = UNAVAILABLE, f"{type(exc).__name__}: {exc}"
             log.exception("failed to load ensemble '%s'", name)
-            return
+            return self._failed(entry, InferdError(f"{type(exc).__name__}: {exc}"))
+        # Poll mode reloads it when its folder changes; a failed one (its composing models may come
+        # up later) is tried again at every poll.
+        entry.fingerprint = folder
         old = entry.versions
         entry.ensemble = prepared
         entry.set_versions(models)
         entry.state, entry.reason = READY, ""
         log.info("loaded ensemble '%s' versions %s", name, sorted(models))
-        for model in old.values():
-            await model.scheduler.stop()
+        kept = set(map(id, models.values()))
+        await asyncio.gather(*(m.scheduler.stop() for m in old.values() if id(m) not in kept))
+        return None
+
+    @staticmethod
+    def _kept_ensemble_versions(entry: _Entry, prepared: Any) -> dict[int, Model] | None:
+        """The loaded versions, when the reload changes neither the config nor the versions
+        (as unchanged versions of other models are kept: their statistics go on)."""
+        old = entry.ensemble
+        if old is None or not entry.versions or sorted(entry.versions) != sorted(prepared.versions):
+            return None
+        same = (old.spec.config.SerializeToString(deterministic=True)
+                == prepared.spec.config.SerializeToString(deterministic=True))
+        return dict(entry.versions) if same else None
 
     def _ensemble_graph(self, name: str) -> EnsembleGraph | None:
         """An ensemble's wiring (None for other models, unknown names and broken configs)."""
