@@ -533,6 +533,90 @@ def test_ensemble_reload_override_and_failed_reload(start_server, repo):
     client.close()
 
 
+# -- start-up load vs RepositoryModelLoad ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("first", ["startup", "control"])
+async def test_load_during_startup_builds_each_model_once(repo, monkeypatch, first):
+    """A RepositoryModelLoad that arrives while start-up loading builds the same model
+    waits for it (one per-model lock), then keeps what was built."""
+    import asyncio
+
+    from inferd.repository import manager as manager_module
+
+    real = manager_module.build_model
+    builds: list[str] = []
+    started, gate = threading.Event(), threading.Event()
+
+    def gated_build(spec, *args, **kwargs):  # type: ignore[no-untyped-def]
+        builds.append(spec.name)
+        started.set()
+        assert gate.wait(60)
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(manager_module, "build_model", gated_build)
+    manager = manager_module.ModelManager([repo], mode="explicit", startup_models=["adder", "scaler"])
+
+    async def until(event: threading.Event) -> None:
+        for _ in range(6000):
+            if event.is_set():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("no build started")
+
+    try:
+        if first == "startup":
+            startup = asyncio.ensure_future(manager.load_all())
+            await until(started)
+            control = asyncio.ensure_future(manager.load_model("scaler"))
+        else:
+            control = asyncio.ensure_future(manager.load_model("scaler"))
+            await until(started)
+            startup = asyncio.ensure_future(manager.load_all())
+        await asyncio.sleep(0.2)  # both are under way
+        gate.set()
+        await asyncio.gather(startup, control)
+        assert sorted(builds) == ["adder", "scaler"]  # each built once
+        assert manager.all_ready() and manager.get("scaler").version == 1
+        assert {e.name: (e.state, e.reason) for e in manager.index()} == {
+            "adder": ("READY", ""), "scaler": ("READY", "")}
+    finally:
+        gate.set()
+        await manager.stop()
+
+
+async def test_control_load_of_an_unselected_model_during_startup_stays_wanted(repo, monkeypatch):
+    """Explicit mode marks the models start-up does not load as not loaded; not one that a
+    RepositoryModelLoad is loading at that moment."""
+    import asyncio
+
+    from inferd.repository import manager as manager_module
+
+    real = manager_module.build_model
+    started, gate = threading.Event(), threading.Event()
+
+    def gated_build(spec, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if spec.name == "scaler":
+            started.set()
+            assert gate.wait(60)
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(manager_module, "build_model", gated_build)
+    manager = manager_module.ModelManager([repo], mode="explicit", startup_models=["adder"])
+    try:
+        control = asyncio.ensure_future(manager.load_model("scaler"))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        await manager.load_all()
+        gate.set()
+        await control
+        assert {e.name: e.state for e in manager.index()} == {"adder": "READY", "scaler": "READY"}
+        assert manager._entries["scaler"].wanted  # asked for: it counts for server readiness
+    finally:
+        gate.set()
+        await manager.stop()
+
+
 # -- poll mode and ensembles -------------------------------------------------------------------------------
 
 

@@ -214,9 +214,16 @@ class ModelManager:
             found = self._startup_selection(found)
         # Ensembles after the models they compose (nested ones in dependency order).
         graphs = {name: g for name in found if (g := self._ensemble_graph(name)) is not None}
-        await asyncio.gather(*(self.load(name) for name in found if name not in graphs))
+        await asyncio.gather(*(self._load_locked(name) for name in found if name not in graphs))
         for name in load_order(graphs):
-            await self.load(name)
+            await self._load_locked(name)
+
+    async def _load_locked(self, name: str) -> InferdError | None:
+        """A start-up load, under the model's lock as RepositoryModelLoad's: one that
+        arrives meanwhile waits, then finds the versions built and keeps them."""
+        entry = self._entries[name]
+        async with entry.lock:
+            return await self.load(name)
 
     async def load(self, name: str, config: mc.ModelConfig | None = None) -> InferdError | None:
         """(Re)load ``name``; never raises: returns the error when it failed.
@@ -306,7 +313,8 @@ class ModelManager:
                     selected.add(used)
                     pending.append(used)
         for name, entry in self._entries.items():
-            if name not in selected and not entry.versions:
+            # Not one that a RepositoryModelLoad, arrived during start-up, is loading or has loaded.
+            if name not in selected and not entry.versions and not entry.lock.locked():
                 entry.state, entry.wanted = NOT_LOADED, False
         return {n: p for n, p in found.items() if n in selected}
 
