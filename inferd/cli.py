@@ -171,35 +171,47 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _check(repositories: list[Path]) -> int:
+    """Load every model as ``serve`` would (ModelManager.load_all: ensembles after their
+    composing models, checked against them), print one line per model, release them."""
     from inferd.errors import InferdError
     from inferd.repository.layout import scan
-    from inferd.repository.manager import load_versions, prepare
+    from inferd.repository.manager import READY, ModelManager
 
     try:
-        found = scan(repositories)
+        scan(repositories)
     except InferdError as exc:
         print(f"error: {exc}")
         return 1
-    broken = 0
-    for name, path in found.items():
+    # The report says why a model failed; the manager's own log lines would only repeat it.
+    logging.getLogger("inferd").setLevel(logging.CRITICAL)
+
+    async def run() -> tuple[list[str], int]:
+        manager = ModelManager(list(repositories))
         try:
-            prepared = prepare(name, path)
-            models = load_versions(prepared, path)
-        except InferdError as exc:
-            broken += 1
-            print(f"{name}: UNAVAILABLE: {exc.message}")
-            continue
-        except Exception as exc:
-            broken += 1
-            print(f"{name}: UNAVAILABLE: {type(exc).__name__}: {exc}")
-            continue
-        versions = ", ".join(str(v) for v in sorted(models))
-        spec = prepared.spec
-        print(f"{name}: READY (versions {versions}; {spec.platform or spec.backend}; max_batch_size {spec.max_batch_size})")
-        for model in models.values():
-            for worker in getattr(model.scheduler, "workers", []):
-                worker.close()
-    print(f"{len(found) - broken} of {len(found)} models ready")
+            await manager.load_all()
+            states: dict[str, tuple[str, str, list[int]]] = {}
+            for e in manager.index():
+                _, _, versions = states.get(e.name, (e.state, e.reason, []))
+                if e.version:
+                    versions.append(int(e.version))
+                states[e.name] = (e.state, e.reason, versions)
+            lines, broken = [], 0
+            for name, (state, reason, versions) in states.items():
+                if state != READY:
+                    broken += 1
+                    lines.append(f"{name}: UNAVAILABLE: {reason or state.lower()}")
+                    continue
+                spec = manager.get(name).spec
+                lines.append(f"{name}: READY (versions {', '.join(map(str, sorted(versions)))}; "
+                             f"{spec.platform or spec.backend}; max_batch_size {spec.max_batch_size})")
+            return lines, broken
+        finally:
+            await manager.stop()
+
+    lines, broken = asyncio.run(run())
+    for line in lines:
+        print(line)
+    print(f"{len(lines) - broken} of {len(lines)} models ready")
     return 1 if broken else 0
 
 

@@ -211,6 +211,40 @@ def test_check_exit_zero_when_all_good(tmp_path):
     assert "good: READY" in proc.stdout and "auto: READY" in proc.stdout and "2 of 2 models ready" in proc.stdout
 
 
+def _ensemble(repo, name: str, step_model: str, inputs=("INPUT0", "INPUT1"), output="OUTPUT0") -> None:  # type: ignore[no-untyped-def]
+    maps = " ".join(f'input_map {{ key: "{i}" value: "A" }}' for i in inputs)
+    add_model(repo, name, None, f'''name: "{name}"
+platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "A" data_type: TYPE_INT32 dims: [ 16 ] }} ]
+output [ {{ name: "S" data_type: TYPE_INT32 dims: [ 16 ] }} ]
+ensemble_scheduling {{ step [ {{ model_name: "{step_model}" model_version: -1
+  {maps} output_map {{ key: "{output}" value: "S" }} }} ] }}
+''')
+    (repo / name / "1").mkdir()
+
+
+def test_check_loads_ensembles_as_serve_does(tmp_path):
+    """Ensembles load after their composing models and are checked against them."""
+    add_model(tmp_path, "good", _add_sub(), config("good", INT16, OUT16, 8))
+    _ensemble(tmp_path, "ens", "good")
+    _ensemble(tmp_path, "outer", "ens", inputs=("A",), output="S")  # nested
+    proc = _check(tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
+    assert lines["ens"] == "READY (versions 1; ensemble; max_batch_size 8)"
+    assert lines["outer"] == "READY (versions 1; ensemble; max_batch_size 8)"
+    assert "3 of 3 models ready" in proc.stdout
+
+    _ensemble(tmp_path, "lost", "nope")  # names a model the repository lacks
+    proc = _check(tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
+    assert lines["lost"] == ("UNAVAILABLE: ensemble 'lost' step 0 (model 'nope'): model 'nope' is not in the "
+                             "model repository")
+    assert lines["ens"].startswith("READY") and "3 of 4 models ready" in proc.stdout
+
+
 def test_check_missing_repository(tmp_path):
     proc = _check(tmp_path / "nowhere")
     assert proc.returncode == 1
