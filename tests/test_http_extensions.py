@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from conftest import ServerProcess
 
+PERF_ANALYZER = Path("/work/shared/tools/perf_analyzer")
 TRACE_ID = "5bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "10f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
@@ -378,3 +381,20 @@ def test_decoupled_model_is_refused_with_tritons_words(client):
     with pytest.raises(InferenceServerException) as exc:
         client.infer("repeat_decoupled", inputs)
     assert _error(exc)[1] == "HTTP end point doesn't support models with decoupled transaction policy"
+
+
+# -- perf_analyzer -----------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not PERF_ANALYZER.exists(), reason="perf_analyzer is not installed here")
+def test_perf_analyzer_http_with_system_shared_memory(server, client):
+    result = subprocess.run(
+        [str(PERF_ANALYZER), "-m", "mlp", "-u", server.http_url, "-i", "http", "--shared-memory", "system",
+         "--concurrency-range", "2", "--measurement-mode", "count_windows", "--measurement-request-count", "100",
+         # This checks that it works, not how fast: a busy machine must not fail it for instability.
+         "--stability-percentage", "1000", "--max-trials", "3"],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Throughput" in result.stdout
+    assert client.get_system_shared_memory_status() == []  # it unregistered what it registered
