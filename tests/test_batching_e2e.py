@@ -23,8 +23,8 @@ from conftest import ServerProcess
 from inferd.examples import onnx_models as om
 
 D = 256  # the MLP's input and output width
-BIG_HIDDEN = 16384  # one 512-row execution: a few hundred ms on a CPU core or two
-BLOCKER_ROWS = 512
+BIG_HIDDEN = 16384  # with BLOCKER_ROWS rows: a few hundred ms on a CPU core or two
+BLOCKER_ROWS = 1536  # ~0.4 s: far longer than the 100 ms queue timeout, even on a quiet machine
 PRIO_ROWS = 64
 
 THREAD = 'parameters { key: "inferd.execution" value { string_value: "thread" } }'

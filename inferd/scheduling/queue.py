@@ -147,6 +147,8 @@ class BatchQueue:
     def step(self, now: float, can_dispatch: bool) -> Step:
         """Expire what timed out; then, if an instance is free, maybe form a batch."""
         out = Step()
+        if not self._size and not self._timers:
+            return out  # nothing queued, nothing to expire
         self._expire(now, out)
         self._compact()
         if can_dispatch and self._size:
