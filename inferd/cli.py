@@ -48,6 +48,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="largest gRPC message accepted or sent, in bytes")
     p.add_argument("--exit-timeout-secs", type=float, default=30.0, dest="grace",
                    help="on SIGINT/SIGTERM, seconds to let in-flight requests finish (default 30)")
+    p.add_argument("--gil-switch-interval-us", type=int, default=100, metavar="US",
+                   help="Python's GIL switch interval in microseconds (default 100; Python's own is 5000). "
+                        "An instance's worker thread needs the GIL around each runtime call; with the "
+                        "default interval it can wait up to 5 ms for the busy event loop to give it up")
     p.add_argument("--exit-on-error", action=argparse.BooleanOptionalAction, default=False,
                    help="exit if any model fails to load (default: serve the others)")
     p.add_argument("--strict-model-config", action=argparse.BooleanOptionalAction, default=False,
@@ -119,6 +123,13 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"inferd: {exc}", file=sys.stderr)
         return 2
+    if args.gil_switch_interval_us < 1:
+        print(f"inferd: --gil-switch-interval-us must be >= 1, got {args.gil_switch_interval_us}", file=sys.stderr)
+        return 2
+    # Measured on the 2048->8192->2048 MLP at concurrency 128 (perf/RESULTS.md): joining a
+    # batch's inputs on the worker thread waited ~19 ms per batch for the GIL at Python's
+    # default 5 ms; ~4 ms at 100 us.
+    sys.setswitchinterval(args.gil_switch_interval_us / 1e6)
     for port, name in ((args.grpc_port, "--grpc-port"), (args.http_port, "--http-port"), (args.metrics_port, "--metrics-port")):
         if not 0 <= port <= 65535:
             print(f"inferd: {name} must be in 0..65535, got {port}", file=sys.stderr)
