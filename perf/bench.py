@@ -70,11 +70,11 @@ class Proc:
         self._fh.close()
 
 
-def start_inferd(repo: Path) -> tuple[Proc, str]:
+def start_inferd(repo: Path, http_port: int = 0) -> tuple[Proc, str]:
     port = free_port()
     proc = Proc([sys.executable, "-m", "inferd.cli", "serve", "--model-repository", str(repo),
-                 "--grpc-address", "127.0.0.1", "--grpc-port", str(port), "--http-port", "0",
-                 "--metrics-port", "0"], "inferd: ready", "inferd")
+                 "--grpc-address", "127.0.0.1", "--grpc-port", str(port), "--http-address", "127.0.0.1",
+                 "--http-port", str(http_port), "--metrics-port", "0"], "inferd: ready", "inferd")
     return proc, f"127.0.0.1:{port}"
 
 
@@ -110,11 +110,12 @@ def perf_analyzer_available() -> bool:
 
 
 def run_pa(label: str, model: str, url: str, concurrency: int, *, shape: str | None = None,
-           batch: int = 1, window_ms: int = 2000, extra: list[str] | None = None) -> Measure:
+           batch: int = 1, window_ms: int = 2000, extra: list[str] | None = None,
+           protocol: str = "grpc") -> Measure:
     """One perf_analyzer run at one concurrency; medians of its stable windows."""
     with tempfile.TemporaryDirectory() as tmp:
         csv_path = Path(tmp) / "pa.csv"
-        args = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", "grpc",
+        args = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", protocol,
                 "--concurrency-range", str(concurrency), "-b", str(batch), "-p", str(window_ms),
                 "--max-trials", "8", "-s", "15", "-f", str(csv_path)]
         if shape:
@@ -161,7 +162,7 @@ def bench_repository(big: bool) -> Path:
     from inferd.examples import onnx_models as om
 
     repo = OUT / "repo"
-    specs = [s for s in b.MODELS if s.name in ("identity_fp32", "mlp", "mlp_nobatch")]
+    specs = [s for s in b.MODELS if s.name in ("identity_fp32", "mlp", "mlp_nobatch", "simple", "simple_sequence")]
     if big:
         io = ([("INPUT0", "TYPE_FP32", [2048])], [("OUTPUT0", "TYPE_FP32", [2048])])
         big_file = b.onnx_file(lambda: om.mlp(2048, 8192, 2048, seed=1))
@@ -253,10 +254,70 @@ def scenario_ensemble(quick: bool) -> dict:
     return out
 
 
+def scenario_clients(quick: bool) -> dict:
+    """The load client itself: `inferd perf` and perf_analyzer on mlp at concurrency 16,
+    one after the other against the same server (perf/compare_clients.py)."""
+    from perf.compare_clients import compare
+
+    repo = bench_repository(big=False)
+    server, url = start_inferd(repo)
+    try:
+        result = compare(url, model="mlp", concurrency=16, interval_ms=3000, stability=15.0)
+    finally:
+        server.stop()
+    out: dict = {"measures": [], "ceilings": {}}
+    for label, key in (("inferd perf (Python, 1 process)", "inferd_perf"), ("perf_analyzer (C++)", "perf_analyzer")):
+        r = result[key]
+        out["measures"].append(asdict(Measure(label, 16, 1, r.get("throughput", 0.0), r.get("p50_us", 0.0),
+                                              r.get("p99_us", 0.0), note=r.get("error", r.get("skipped", "")) or
+                                              f"client CPU {r.get('client_cpu_s', 0):.1f} s over {r.get('wall_s', 0):.0f} s")))
+    return out
+
+
+def scenario_protocols(quick: bool) -> dict:
+    """mlp over gRPC, HTTP/REST (JSON header + binary data) and gRPC with system shared memory,
+    and perf_analyzer -m simple --concurrency-range 1:8 (the README's newcomer check)."""
+    repo = bench_repository(big=False)
+    http_port = free_port()
+    server, url = start_inferd(repo, http_port=http_port)
+    http_url = f"127.0.0.1:{http_port}"
+    out: dict = {"measures": [], "ceilings": {}}
+    try:
+        for c in (1, 16):
+            out["measures"].append(asdict(run_pa("mlp gRPC", "mlp", url, c)))
+            out["measures"].append(asdict(run_pa("mlp HTTP", "mlp", http_url, c, protocol="http")))
+            out["measures"].append(asdict(run_pa("mlp gRPC --shared-memory system", "mlp", url, c,
+                                                 extra=["--shared-memory", "system"])))
+        for c in (1, 8):
+            out["measures"].append(asdict(run_pa("simple (add/sub INT32) gRPC", "simple", url, c)))
+    finally:
+        server.stop()
+    return out
+
+
+def scenario_sequence(quick: bool) -> dict:
+    """simple_sequence (the accumulator, implicit state) with --sequence-length 10, unary and --streaming."""
+    repo = bench_repository(big=False)
+    server, url = start_inferd(repo)
+    out: dict = {"measures": [], "ceilings": {}}
+    try:
+        for c in (1, 4):
+            out["measures"].append(asdict(run_pa("simple_sequence unary", "simple_sequence", url, c,
+                                                 extra=["--sequence-length", "10"])))
+            out["measures"].append(asdict(run_pa("simple_sequence --streaming", "simple_sequence", url, c,
+                                                 extra=["--sequence-length", "10", "--streaming"])))
+    finally:
+        server.stop()
+    return out
+
+
 SCENARIOS = {
     "request_path": scenario_request_path,
     "compute_bound": scenario_compute_bound,
     "ensemble": scenario_ensemble,
+    "clients": scenario_clients,
+    "protocols": scenario_protocols,
+    "sequence": scenario_sequence,
 }
 
 
@@ -338,6 +399,11 @@ def add_ratios(name: str, result: dict) -> None:
             f"{s1['p50_us'] - e1['p50_us']:+.0f} us" if s1 and e1 else na)
         ratios["c=16: ensemble / client's 3 calls throughput"] = (
             f"{e16['infer_per_s'] / s16['infer_per_s']:.2f}x" if e16 and s16 else na)
+    if name == "clients":
+        ours, theirs = find("inferd perf (Python, 1 process)", 16), find("perf_analyzer (C++)", 16)
+        if ours and theirs and theirs["infer_per_s"]:
+            ratios["inferd perf / perf_analyzer throughput, mlp c=16"] = (
+                f"{ours['infer_per_s'] / theirs['infer_per_s']:.3f}x (target: within 15%)")
     result["ratios"] = ratios
 
 
