@@ -11,7 +11,6 @@ runs inline in the request's own task.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Callable
 
 import numpy as np
@@ -23,7 +22,7 @@ from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError, Un
 from inferd.observability.stats import ModelStats
 from inferd.observability.tracing import ensemble_step
 from inferd.scheduling.base import Scheduler
-from inferd.server.validation import prepare_inputs, shape_outputs
+from inferd.server.model_path import run_model
 from inferd.types import InferenceRequest, RequestedOutput
 
 # (name, version; 0 = latest) -> the loaded model (inferd.repository.Model), or a domain error.
@@ -178,38 +177,9 @@ class EnsembleScheduler(Scheduler):
             deadline=request.deadline,
             trace=trace,
         )
-        spec = model.spec
-        stats = model.stats
-        clock = self._clock
-        start = time.perf_counter_ns()
-        try:
-            inputs, rows = prepare_inputs(spec, sub)
-            sub.inputs = inputs
-            if trace is not None:
-                trace.tensors_attributes("input", inputs)
-            outputs = await model.scheduler.infer(sub, rows)
-            result = shape_outputs(spec, outputs, sub.requested_outputs)
-        except asyncio.CancelledError as exc:
-            stats.record_failure(time.perf_counter_ns() - start, "CANCELED", clock.now())
-            if trace is not None:
-                trace.end(exc)
-            raise
-        except InferdError as exc:
-            reason = "TIMEOUT" if isinstance(exc, DeadlineExceeded) else exc.grpc_code.name
-            stats.record_failure(time.perf_counter_ns() - start, reason, clock.now())
-            error = self._wrap(step, exc)
-            if trace is not None:
-                trace.end(error)
-            raise error from None
-        except Exception as exc:
-            stats.record_failure(time.perf_counter_ns() - start, "INTERNAL", clock.now())
-            error = self._wrap(step, ModelExecutionError(
-                f"model '{step.model_name}' failed: {type(exc).__name__}: {exc}"))
-            if trace is not None:
-                trace.end(error)
-            raise error from exc
-        stats.record_success(time.perf_counter_ns() - start, clock.now())
-        if trace is not None:
-            trace.tensors_attributes("output", result)
-            trace.end()
-        return result
+        return await run_model(model, sub, self._clock, lambda exc: self._describe(step, exc))
+
+    def _describe(self, step: Step, exc: Exception) -> InferdError:
+        if isinstance(exc, InferdError):
+            return self._wrap(step, exc)
+        return self._wrap(step, ModelExecutionError(f"model '{step.model_name}' failed: {type(exc).__name__}: {exc}"))

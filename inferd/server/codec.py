@@ -174,7 +174,7 @@ def decode_infer_request(msg: pb.ModelInferRequest, shm: "SharedMemoryManager | 
     if raw and len(raw) != len(msg.inputs) - len(in_shm):
         raise InvalidArgument(
             f"model '{model}': {len(raw)} raw_input_contents for {len(msg.inputs) - len(in_shm)} inputs"
-            + (f" not in shared memory" if in_shm else "")
+            + (" not in shared memory" if in_shm else "")
             + "; give one raw content per input, in order"
         )
     inputs: dict[str, np.ndarray] = {}

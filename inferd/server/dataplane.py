@@ -12,18 +12,16 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Mapping
 
-import numpy as np
-
 from inferd.clock import Clock, MonotonicClock
-from inferd.errors import DeadlineExceeded, InferdError, InvalidArgument, ModelExecutionError, Unavailable, Unimplemented
+from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable, Unimplemented
 from inferd.observability.log_settings import LogSettings
 from inferd.observability.tracing import Tracing
 from inferd.repository import IndexEntry, ModelManager, control
 from inferd.repository.model import Model
-from inferd.server.codec import encode_bytes
 from inferd.server.shared_memory import SharedMemoryManager
+from inferd.server.model_path import run_model
 from inferd.server.validation import check_requested_outputs, prepare_inputs, shape_outputs
-from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
+from inferd.types import InferenceRequest, InferenceResponse
 from inferd.streaming import ResponseSink, StreamEvent, StreamResponse
 
 SERVER_NAME = "inferd"
@@ -153,44 +151,10 @@ class DataPlane:
             if trace is not None:
                 trace.end(exc)
             raise exc
-        spec = model.spec
-        stats = model.stats
-        start = time.perf_counter_ns()
-        try:
-            inputs, rows = prepare_inputs(spec, request)
-            check_requested_outputs(spec, request.requested_outputs)
-            request.inputs = inputs
-            if trace is not None:
-                trace.set("triton.model_version", model.version)
-                trace.tensors_attributes("input", inputs)
-            outputs = await model.scheduler.infer(request, rows)
-            result = shape_outputs(spec, outputs, request.requested_outputs)
-            if request.requested_outputs:
-                _write_shared_memory(spec.name, result, request.requested_outputs)
-        except asyncio.CancelledError as exc:
-            stats.record_failure(time.perf_counter_ns() - start, "CANCELED", self.clock.now())
-            if trace is not None:
-                trace.end(exc)
-            raise
-        except InferdError as exc:
-            reason = "TIMEOUT" if isinstance(exc, DeadlineExceeded) else exc.grpc_code.name
-            stats.record_failure(time.perf_counter_ns() - start, reason, self.clock.now())
-            if trace is not None:
-                trace.end(exc)
-            raise
-        except Exception as exc:
-            stats.record_failure(time.perf_counter_ns() - start, "INTERNAL", self.clock.now())
-            if trace is not None:
-                trace.end(exc)
-            raise
-        stats.record_success(time.perf_counter_ns() - start, self.clock.now())
-        if trace is not None:
-            trace.tensors_attributes("output", result)
-            trace.end()
+        result = await run_model(model, request, self.clock)
         return InferenceResponse(
-            model_name=spec.name, model_version=model.version, outputs=result, id=request.id
+            model_name=model.spec.name, model_version=model.version, outputs=result, id=request.id
         )
-
 
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
         """Run one request and yield its responses as they come (ModelStreamInfer).
@@ -279,15 +243,6 @@ def _check_repository(repository: str, name: str) -> None:
     if repository:
         raise InvalidArgument(f"model '{name}': repository_name '{repository}': named repositories are not "
                               "supported; leave it empty")
-
-
-def _write_shared_memory(model: str, result: dict[str, np.ndarray], requested: list[RequestedOutput]) -> None:
-    for r in requested:
-        ref = r.shared_memory
-        if ref is not None:
-            array = result[r.name]
-            ref.write(encode_bytes(array) if array.dtype.kind in "OSU" else array,
-                      f"output '{r.name}' for model '{model}'")
 
 
 def _platform(model: Model) -> str:
