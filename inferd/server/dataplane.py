@@ -29,8 +29,8 @@ SERVER_VERSION = "0.1.0"
 # Triton's words for a one-response call to a decoupled model (clients match on it).
 DECOUPLED_UNARY = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 EXTENSIONS = [
-    "classification", "model_repository", "schedule_policy", "model_configuration", "statistics",
-    "binary_tensor_data", "model_repository(unload_dependents)", "system_shared_memory", "trace", "logging",
+    "classification", "sequence", "model_repository", "schedule_policy", "model_configuration", "statistics",
+    "binary_tensor_data", "parameters", "model_repository(unload_dependents)", "system_shared_memory", "trace", "logging",
 ]
 
 
