@@ -90,12 +90,7 @@ class InstanceWorker:
         """
         self.busy = True
         if self.inline:
-            t0 = time.thread_time_ns()
-            try:
-                result: BatchResult | BaseException = self.instance.execute(inputs, outputs)
-            except BaseException as exc:  # every path resolves the batch
-                result = exc
-            self._observe(time.thread_time_ns() - t0)
+            result = self.run_inline(inputs, outputs)
             self.busy = False
             done(self, result)
             return
@@ -103,6 +98,16 @@ class InstanceWorker:
             self._start()
         assert self._jobs is not None
         self._jobs.put((inputs, outputs, done, loop))
+
+    def run_inline(self, inputs: Sequence[dict[str, np.ndarray]], outputs: Sequence[str]) -> BatchResult | BaseException:
+        """Execute a batch here, on the calling (loop) thread; never raises."""
+        t0 = time.thread_time_ns()
+        try:
+            result: BatchResult | BaseException = self.instance.execute(inputs, outputs)
+        except BaseException as exc:  # every path resolves the batch
+            result = exc
+        self._observe(time.thread_time_ns() - t0)
+        return result
 
     def _start(self) -> None:
         self._jobs = SimpleQueue()
