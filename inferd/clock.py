@@ -88,3 +88,38 @@ class FakeClock:
 
     def pending_timers(self) -> int:
         return sum(1 for _, _, t in self._timers if not t.cancelled)
+
+
+class Alarm:
+    """One pending wake-up on a :class:`Clock`, re-armed as a deadline moves.
+
+    A scheduler asks its pure decision when to step next and arms this with
+    the answer; arming the same time again costs nothing, arming None cancels.
+    """
+
+    __slots__ = ("_clock", "_callback", "_handle", "_when")
+
+    def __init__(self, clock: Clock, callback) -> None:  # type: ignore[no-untyped-def]
+        self._clock = clock
+        self._callback = callback
+        self._handle: TimerHandle | None = None
+        self._when: float | None = None
+
+    def arm(self, when: float | None) -> None:
+        if when == self._when:
+            return
+        self.cancel()
+        self._when = when
+        if when is not None:
+            self._handle = self._clock.call_at(when, self._fire)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._when = None
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._when = None
+        self._callback()

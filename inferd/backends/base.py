@@ -18,7 +18,7 @@ import numpy as np
 
 from inferd._proto import model_config_pb2 as mc
 from inferd.config import ModelSignature, ModelSpec
-from inferd.errors import InferdError, ModelExecutionError
+from inferd.errors import ConfigError, InferdError, ModelExecutionError
 from inferd.types import InferenceRequest
 
 
@@ -162,3 +162,17 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def create_instance(self, spec: ModelSpec, instance: InstanceSpec) -> ModelInstance:
         """Load the model onto ``instance.device``; blocking, called off the loop."""
+
+
+def int_parameter(model: str, params: dict[str, str], key: str, default: int) -> int:
+    """A config ``parameters`` value that must be an integer >= 0 (thread counts, ...)."""
+    raw = params.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(f"model '{model}': parameter '{key}' must be an integer >= 0, got '{raw}'")
+    return value

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from inferd.backends.base import Backend, InstanceSpec, ModelInstance, TensorInstance
+from inferd.backends.base import Backend, InstanceSpec, ModelInstance, TensorInstance, int_parameter
 from inferd.config import ModelSignature, ModelSpec, SignatureTensor
 from inferd.dtypes import BY_ONNX
 from inferd.errors import ConfigError, InvalidArgument
@@ -87,8 +87,8 @@ class OnnxInstance(TensorInstance):
         config = spec.config
         params = {k: v.string_value for k, v in config.parameters.items()}
         options = ort.SessionOptions()
-        options.intra_op_num_threads = _int_param(spec.name, params, "intra_op_thread_count", instance.threads)
-        options.inter_op_num_threads = _int_param(spec.name, params, "inter_op_thread_count", 1)
+        options.intra_op_num_threads = int_parameter(spec.name, params, "intra_op_thread_count", instance.threads)
+        options.inter_op_num_threads = int_parameter(spec.name, params, "inter_op_thread_count", 1)
         # onnxruntime's pool threads spin after each run by default. In a server
         # they would burn the cores the event loop and the other instances need
         # (measured: +~150 us of CPU per request on a small model); they block
@@ -179,16 +179,3 @@ def _to_str(model: str, name: str, array: np.ndarray) -> np.ndarray:
                 ) from None
         out[i] = item
     return out.reshape(array.shape)
-
-
-def _int_param(model: str, params: dict[str, str], key: str, default: int) -> int:
-    raw = params.get(key)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigError(f"model '{model}': parameter '{key}' must be an integer >= 0, got '{raw}'")
-    return value

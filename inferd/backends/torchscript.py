@@ -57,7 +57,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from inferd._proto import model_config_pb2 as mc
-from inferd.backends.base import Backend, InstanceSpec, ModelInstance, TensorInstance
+from inferd.backends.base import Backend, InstanceSpec, ModelInstance, TensorInstance, int_parameter
 from inferd.config import ModelSignature, ModelSpec
 from inferd.dtypes import BY_NAME
 from inferd.errors import ConfigError, ModelExecutionError
@@ -145,9 +145,9 @@ class TorchScriptInstance(TensorInstance):
         self._device = self._torch_device(backend, spec, instance)
         self._cuda = self._device.type == "cuda"
 
-        threads = _int_param(name, params, "INTRA_OP_THREAD_COUNT", 0)
+        threads = int_parameter(name, params, "INTRA_OP_THREAD_COUNT", 0)
         self._threads = threads or instance.threads
-        interop = _int_param(name, params, "INTER_OP_THREAD_COUNT", 0)
+        interop = int_parameter(name, params, "INTER_OP_THREAD_COUNT", 0)
         if interop:
             _set_interop_threads(name, interop)
         flags = {key: _bool_param(name, params, key, default=key == "INFERENCE_MODE") for key in _BOOL_PARAMS}
@@ -383,19 +383,6 @@ def _set_interop_threads(model: str, count: int) -> None:
                 "already has %d threads%s", model, count, current,
                 f" (set by model '{_interop_set_by}')" if _interop_set_by else "",
             )
-
-
-def _int_param(model: str, params: dict[str, str], key: str, default: int) -> int:
-    raw = params.get(key)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigError(f"model '{model}': parameter '{key}' must be an integer >= 0, got '{raw}'")
-    return value
 
 
 def _bool_param(model: str, params: dict[str, str], key: str, default: bool = False) -> bool:

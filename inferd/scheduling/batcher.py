@@ -11,12 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Any
 
 import numpy as np
 
 from inferd.backends.base import BatchResult, RequestInputs
-from inferd.clock import Clock, MonotonicClock
+from inferd.clock import Alarm, Clock, MonotonicClock
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
 from inferd.scheduling.base import Scheduler
@@ -70,8 +69,7 @@ class BatchScheduler(Scheduler):
         self._outputs = output_names
         self._stats = stats
         self._clock = clock or MonotonicClock()
-        self._timer: Any = None
-        self._timer_at: float | None = None
+        self._alarm = Alarm(self._clock, self._pump)
         self._pump_scheduled = False
         self._pumping = False
         self._inflight = 0
@@ -204,8 +202,7 @@ class BatchScheduler(Scheduler):
         if self._inflight:
             self._idle = asyncio.Event()
             await self._idle.wait()
-        if self._timer is not None:
-            self._timer.cancel()
+        self._alarm.cancel()
         await asyncio.get_running_loop().run_in_executor(None, self._close_workers)
 
     def _close_workers(self) -> None:
@@ -237,23 +234,8 @@ class BatchScheduler(Scheduler):
             if step.batch:
                 self._dispatch(self._free.popleft(), step.batch, now, loop)
                 continue
-            self._arm(step.wake_at)
+            self._alarm.arm(step.wake_at)
             return
-
-    def _arm(self, when: float | None) -> None:
-        if when == self._timer_at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._timer_at = when
-        if when is not None:
-            self._timer = self._clock.call_at(when, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._timer_at = None
-        self._pump()
 
     def _dispatch(self, worker: InstanceWorker, items: list[Pending], now: float, loop: asyncio.AbstractEventLoop) -> None:
         stats = self._stats

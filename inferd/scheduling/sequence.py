@@ -47,7 +47,7 @@ from typing import Any, Hashable, Iterable, Sequence as Seq
 import numpy as np
 
 from inferd.backends.base import BatchResult, RequestInputs
-from inferd.clock import Clock, MonotonicClock
+from inferd.clock import Alarm, Clock, MonotonicClock
 from inferd.config._sequence import CORRID, END, READY, START, SequencePolicy
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
@@ -430,8 +430,7 @@ class SequenceScheduler(Scheduler):
                 self._flags.append((c.kind, c.input, _const(c.false, c.datatype.numpy, shape),
                                     _const(c.true, c.datatype.numpy, shape)))
         self._initial = {s.input: _frozen(s.initial.reshape(self._lead + s.initial.shape)) for s in policy.states}
-        self._timer: Any = None
-        self._timer_at: float | None = None
+        self._alarm = Alarm(self._clock, self._pump)
         self._pump_scheduled = False
         self._pumping = False
         self._inflight = 0
@@ -491,8 +490,7 @@ class SequenceScheduler(Scheduler):
         if self._inflight:
             self._idle_event = asyncio.Event()
             await self._idle_event.wait()
-        if self._timer is not None:
-            self._timer.cancel()
+        self._alarm.cancel()
         await asyncio.get_running_loop().run_in_executor(None, self._close_workers)
 
     def _close_workers(self) -> None:
@@ -520,27 +518,12 @@ class SequenceScheduler(Scheduler):
                     log.info("model '%s': sequence %s released after %d us without a request",
                              self.model, seq.key, self.policy.idle_us)
                 if not step.batches:
-                    self._arm(step.wake_at)
+                    self._alarm.arm(step.wake_at)
                     return
                 for instance, rows in step.batches:
                     self._dispatch(instance, rows, now, loop)
         finally:
             self._pumping = False
-
-    def _arm(self, when: float | None) -> None:
-        if when == self._timer_at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._timer_at = when
-        if when is not None:
-            self._timer = self._clock.call_at(when, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._timer_at = None
-        self._pump()
 
     def _dispatch(self, instance: int, rows: list[Row], now: float, loop: asyncio.AbstractEventLoop) -> None:
         worker = self.workers[instance]

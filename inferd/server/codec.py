@@ -211,22 +211,23 @@ def decode_infer_request(msg: pb.ModelInferRequest, shm: "SharedMemoryManager | 
     if msg.parameters:
         params = {k: param_value(v) for k, v in msg.parameters.items()}
         request.parameters = params
-        request.priority = _int_param(model, params, "priority")
-        request.timeout_us = _int_param(model, params, "timeout")
+        request.priority = int_param(model, params, "priority")
+        request.timeout_us = int_param(model, params, "timeout")
     if msg.outputs:
         requested = []
         for o in msg.outputs:
             r = RequestedOutput(o.name)
             if o.parameters:
                 r.parameters = {k: param_value(v) for k, v in o.parameters.items()}
-                r.class_count = _int_param(model, r.parameters, "classification")
+                r.class_count = int_param(model, r.parameters, "classification")
                 r.shared_memory = _shm_ref(shm, model, "output", o.name, r.parameters)
             requested.append(r)
         request.requested_outputs = requested
     return request
 
 
-def _int_param(model: str, params: dict[str, object], key: str) -> int:
+def int_param(model: str, params: dict[str, object], key: str) -> int:
+    """A request parameter that must be a non-negative integer (priority, timeout, ...); 0 when absent."""
     value = params.get(key)
     if value is None:
         return 0

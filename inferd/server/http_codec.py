@@ -30,7 +30,7 @@ from google.protobuf.message import Message
 
 from inferd.dtypes import BY_NAME, DataType, from_numpy
 from inferd.errors import InvalidArgument, Unimplemented
-from inferd.server.codec import array_from_raw, encode_bytes, parse_version
+from inferd.server.codec import array_from_raw, encode_bytes, int_param, parse_version
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
 
 if TYPE_CHECKING:
@@ -106,8 +106,8 @@ def decode_infer_request(model: str, version: str, body: bytes, header_length: s
             raise InvalidArgument(f"model '{model}': request parameter 'binary_data_output' must be a boolean")
         out.binary_default = binary_default
         request.parameters = {k: v for k, v in params.items() if k not in _PROTOCOL_PARAMS}
-        request.priority = _int_param(model, params, "priority")
-        request.timeout_us = _int_param(model, params, "timeout")
+        request.priority = int_param(model, params, "priority")
+        request.timeout_us = int_param(model, params, "timeout")
 
     inputs = doc.get("inputs")
     if not isinstance(inputs, list):
@@ -176,7 +176,7 @@ def decode_infer_request(model: str, version: str, body: bytes, header_length: s
                         )
                     out.binary[r.name] = flag
                 r.parameters = {k: v for k, v in oparams.items() if k != "binary_data"}
-                r.class_count = _int_param(model, oparams, "classification")
+                r.class_count = int_param(model, oparams, "classification")
             requested.append(r)
         request.requested_outputs = requested or None
     return out
@@ -196,15 +196,6 @@ def _shape(value: Any, where: str) -> tuple[int, ...]:
     if any(d < 0 for d in value):
         raise InvalidArgument(f"{where}: shape {value} has a negative dimension")
     return tuple(value)
-
-
-def _int_param(model: str, params: dict[str, Any], key: str) -> int:
-    value = params.get(key)
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidArgument(f"model '{model}': request parameter '{key}' must be a non-negative integer, got {value!r}")
-    return value
 
 
 def _shm_ref(shm: "SharedMemoryManager | None", params: dict[str, Any], where: str) -> Any:
