@@ -69,12 +69,11 @@ from typing import Any, Sequence
 
 import numpy as np
 from google.protobuf import json_format
-from google.protobuf.descriptor import FieldDescriptor
 
 import triton_python_backend_utils as pb_utils
 from inferd._proto import model_config_pb2 as mc
 from inferd.backends.base import Backend, BatchResult, ExecutionTimes, InstanceSpec, ModelInstance, RequestInputs
-from inferd.config import ModelSpec
+from inferd.config import ModelSpec, message_to_dict
 from inferd.config._sequence import sequence_tensor_names
 from inferd.errors import (
     AlreadyExists, Cancelled, ConfigError, InferdError, InvalidArgument, ModelExecutionError, NotFound,
@@ -128,47 +127,6 @@ def _model_class(model: str, module: Any, path: Path) -> Any:
 
 # -- the config as Triton's JSON ------------------------------------------------------
 
-_INT64 = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
-
-
-def config_dict(config: mc.ModelConfig) -> dict:
-    """The config as Triton hands it to Python models: proto field names,
-    enum names, default values included, 64-bit integers as numbers."""
-    d = json_format.MessageToDict(config, preserving_proto_field_name=True,
-                                  always_print_fields_with_no_presence=True)
-    _int64_to_int(config.DESCRIPTOR, d)
-    return d
-
-
-def _repeated(field: FieldDescriptor) -> bool:
-    flag = getattr(field, "is_repeated", None)
-    if flag is not None:
-        return bool(flag)
-    return field.label == FieldDescriptor.LABEL_REPEATED
-
-
-def _int64_to_int(descriptor: Any, d: dict) -> None:
-    for key, value in d.items():
-        field = descriptor.fields_by_name.get(key)
-        if field is None:
-            continue
-        if field.message_type is not None:
-            if field.message_type.GetOptions().map_entry:
-                value_field = field.message_type.fields_by_name["value"]
-                if value_field.message_type is not None:
-                    for v in value.values():
-                        _int64_to_int(value_field.message_type, v)
-                elif value_field.cpp_type in _INT64:
-                    d[key] = {k: int(v) for k, v in value.items()}
-            elif _repeated(field):
-                for v in value:
-                    _int64_to_int(field.message_type, v)
-            else:
-                _int64_to_int(field.message_type, value)
-        elif field.cpp_type in _INT64:
-            d[key] = [int(v) for v in value] if _repeated(field) else int(value)
-
-
 # -- the backend ---------------------------------------------------------------------------
 
 
@@ -203,7 +161,7 @@ class PythonBackend(Backend):
             complete = getattr(cls, "auto_complete_config", None)
             if complete is None:
                 return
-            holder = pb_utils.ModelConfig(config_dict(config))
+            holder = pb_utils.ModelConfig(message_to_dict(config))
             pb_utils._set_current_model(name)
             try:
                 result = complete(holder)
@@ -249,7 +207,7 @@ class PythonInstance(ModelInstance):
             self._model = cls()
             self._execute = self._model.execute
             args = {
-                "model_config": json.dumps(config_dict(spec.config)),
+                "model_config": json.dumps(message_to_dict(spec.config)),
                 "model_instance_kind": "GPU" if instance.device.kind == "cuda" else "CPU",
                 "model_instance_name": instance.name,
                 "model_instance_device_id": str(instance.device.index),

@@ -5,7 +5,7 @@ The public surface is :func:`parse_config_text`, :func:`autocomplete`,
 :class:`ModelSpec`) that the layers below the config use instead of protobuf.
 """
 
-from inferd.config._parse import parse_config_file, parse_config_text, config_to_json
+from inferd.config._parse import config_to_json, message_to_dict, parse_config_file, parse_config_text
 from inferd.config._spec import ModelSpec, TensorSpec, model_spec
 from inferd.config._validate import validate
 from inferd.config._autocomplete import autocomplete, ModelSignature, SignatureTensor
@@ -19,6 +19,7 @@ __all__ = [
     "TensorSpec",
     "autocomplete",
     "config_to_json",
+    "message_to_dict",
     "model_spec",
     "parse_config_file",
     "parse_config_text",

@@ -21,7 +21,7 @@ from inferd.ensemble.graph import EnsembleGraph, Step
 from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
 from inferd.observability.tracing import ensemble_step
-from inferd.scheduling.base import Scheduler
+from inferd.scheduling.base import Inflight, Scheduler
 from inferd.server.model_path import run_model
 from inferd.types import InferenceRequest, RequestedOutput
 
@@ -39,9 +39,8 @@ class EnsembleScheduler(Scheduler):
         self._resolve = resolve
         self._stats = stats
         self._clock = clock or MonotonicClock()
-        self._inflight = 0
+        self._inflight = Inflight(stats)
         self._stopped = False
-        self._idle: asyncio.Event | None = None
         limit = graph.max_inflight_requests
         # Back-pressure: at most ``limit`` of this ensemble's requests inside each step at once.
         self._slots = [asyncio.Semaphore(limit) for _ in graph.steps] if limit else None
@@ -50,13 +49,11 @@ class EnsembleScheduler(Scheduler):
     # -- Scheduler ---------------------------------------------------------
 
     def inflight(self) -> int:
-        return self._inflight
+        return self._inflight.count
 
     async def stop(self) -> None:
         self._stopped = True
-        if self._inflight:
-            self._idle = asyncio.Event()
-            await self._idle.wait()
+        await self._inflight.drained()
 
     async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
         if self._stopped:
@@ -65,18 +62,14 @@ class EnsembleScheduler(Scheduler):
         # Fail fast, before any step runs, when a composing model is gone.
         for step in graph.steps:
             self._model(step)
-        self._inflight += 1
-        self._stats.pending += 1
+        self._inflight.enter()
         # An ensemble does not queue (its steps queue at their models): a queue stage of
         # zero length per request, which perf_analyzer also uses to find the version served.
         self._stats.record_queue(0)
         try:
             outputs = await self._run(request)
         finally:
-            self._inflight -= 1
-            self._stats.pending -= 1
-            if self._inflight == 0 and self._idle is not None:
-                self._idle.set()
+            self._inflight.leave()
         stats = self._stats
         stats.inference_count += rows
         stats.execution_count += 1

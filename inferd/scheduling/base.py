@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import abc
+import asyncio
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from inferd.types import InferenceRequest
+
+if TYPE_CHECKING:
+    from inferd.observability.stats import ModelStats
 
 
 class Scheduler(abc.ABC):
@@ -26,3 +31,36 @@ class Scheduler(abc.ABC):
     @abc.abstractmethod
     async def stop(self) -> None:
         """Finish every accepted request, then release the instances."""
+
+
+class Inflight:
+    """The requests a scheduler accepted and has not answered, and a way to
+    wait until there are none (``stop`` drains before releasing instances).
+
+    ``pending`` counts in the model's ``ModelStats.pending`` too (the queue
+    depth metric); a split request's parent is in flight but not pending.
+    """
+
+    __slots__ = ("count", "_stats", "_idle")
+
+    def __init__(self, stats: "ModelStats") -> None:
+        self.count = 0
+        self._stats = stats
+        self._idle: asyncio.Event | None = None
+
+    def enter(self, pending: bool = True) -> None:
+        self.count += 1
+        if pending:
+            self._stats.pending += 1
+
+    def leave(self, pending: bool = True) -> None:
+        self.count -= 1
+        if pending:
+            self._stats.pending -= 1
+        if self.count == 0 and self._idle is not None:
+            self._idle.set()
+
+    async def drained(self) -> None:
+        if self.count:
+            self._idle = asyncio.Event()
+            await self._idle.wait()

@@ -18,7 +18,7 @@ from inferd.backends.base import BatchResult, RequestInputs
 from inferd.clock import Alarm, Clock, MonotonicClock
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
-from inferd.scheduling.base import Scheduler
+from inferd.scheduling.base import Inflight, Scheduler
 from inferd.scheduling.instances import InstanceWorker
 from inferd.scheduling.policy import BatchingPolicy
 from inferd.scheduling.queue import BatchQueue, Pending, split_rows
@@ -72,15 +72,14 @@ class BatchScheduler(Scheduler):
         self._alarm = Alarm(self._clock, self._pump)
         self._pump_scheduled = False
         self._pumping = False
-        self._inflight = 0
+        self._inflight = Inflight(stats)
         self._ordered: deque[_Batch] | None = deque() if policy.preserve_ordering else None
-        self._idle: asyncio.Event | None = None
         self._stopped = False
 
     # -- Scheduler ---------------------------------------------------------
 
     def inflight(self) -> int:
-        return self._inflight
+        return self._inflight.count
 
     def queue_depth(self) -> int:
         return len(self._queue)
@@ -119,8 +118,7 @@ class BatchScheduler(Scheduler):
             payload=_Job(request, future, now),
         )
         self._queue.admit(item, now)  # raises Unavailable when the queue is full
-        self._inflight += 1
-        self._stats.pending += 1
+        self._inflight.enter()
         if not self._pump_scheduled:
             if _nothing_else_ready(loop):
                 # No other callback is waiting to run this turn, so no other
@@ -139,10 +137,7 @@ class BatchScheduler(Scheduler):
             self._queue.cancel(item)
             raise
         finally:
-            self._inflight -= 1
-            self._stats.pending -= 1
-            if self._inflight == 0 and self._idle is not None:
-                self._idle.set()
+            self._inflight.leave()
 
     def _run_now(self, worker: InstanceWorker, request: InferenceRequest, rows: int, arrived_ns: int) -> dict[str, np.ndarray]:
         stats = self._stats
@@ -166,13 +161,11 @@ class BatchScheduler(Scheduler):
         """Run a too-large request as several executions; reassemble in order."""
         # In flight as a whole: its parts start on a later loop turn, and
         # stop() must not close the instances before they do.
-        self._inflight += 1
+        self._inflight.enter(pending=False)
         try:
             return await self._run_split(request, rows)
         finally:
-            self._inflight -= 1
-            if self._inflight == 0 and self._idle is not None:
-                self._idle.set()
+            self._inflight.leave(pending=False)
 
     async def _run_split(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
         parts = []
@@ -199,9 +192,7 @@ class BatchScheduler(Scheduler):
 
     async def stop(self) -> None:
         self._stopped = True
-        if self._inflight:
-            self._idle = asyncio.Event()
-            await self._idle.wait()
+        await self._inflight.drained()
         self._alarm.cancel()
         await asyncio.get_running_loop().run_in_executor(None, self._close_workers)
 

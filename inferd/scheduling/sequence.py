@@ -51,7 +51,7 @@ from inferd.clock import Alarm, Clock, MonotonicClock
 from inferd.config._sequence import CORRID, END, READY, START, SequencePolicy
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
-from inferd.scheduling.base import Scheduler
+from inferd.scheduling.base import Inflight, Scheduler
 from inferd.scheduling.instances import InstanceWorker
 from inferd.types import InferenceRequest
 
@@ -433,14 +433,13 @@ class SequenceScheduler(Scheduler):
         self._alarm = Alarm(self._clock, self._pump)
         self._pump_scheduled = False
         self._pumping = False
-        self._inflight = 0
-        self._idle_event: asyncio.Event | None = None
+        self._inflight = Inflight(stats)
         self._stopped = False
 
     # -- Scheduler ---------------------------------------------------------
 
     def inflight(self) -> int:
-        return self._inflight
+        return self._inflight.count
 
     def queue_depth(self) -> int:
         return len(self._queue)
@@ -470,8 +469,7 @@ class SequenceScheduler(Scheduler):
         now = self._clock.now()
         item = SeqItem(key, start, end, _shape_key(request.inputs), _Job(request, future, now))
         seq = self._queue.admit(item, now)  # raises for a sequence that was never started
-        self._inflight += 1
-        self._stats.pending += 1
+        self._inflight.enter()
         self._schedule_pump(loop)
         try:
             return await future
@@ -480,16 +478,11 @@ class SequenceScheduler(Scheduler):
                 self._schedule_pump(loop)
             raise
         finally:
-            self._inflight -= 1
-            self._stats.pending -= 1
-            if self._inflight == 0 and self._idle_event is not None:
-                self._idle_event.set()
+            self._inflight.leave()
 
     async def stop(self) -> None:
         self._stopped = True
-        if self._inflight:
-            self._idle_event = asyncio.Event()
-            await self._idle_event.wait()
+        await self._inflight.drained()
         self._alarm.cancel()
         await asyncio.get_running_loop().run_in_executor(None, self._close_workers)
 

@@ -24,9 +24,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from google.protobuf import json_format
-from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
 
 from inferd.dtypes import BY_NAME, DataType, from_numpy
 from inferd.errors import InvalidArgument, Unimplemented
@@ -338,42 +335,6 @@ def json_values(array: np.ndarray, wire: str, name: str, model: str) -> list[Any
 
 
 # -- other JSON answers ----------------------------------------------------
-
-
-def message_to_json(message: Message) -> dict[str, Any]:
-    """A protobuf message as Triton's HTTP API writes it: proto field names,
-    every field present, and 64-bit integers as JSON numbers (not strings)."""
-    doc = json_format.MessageToDict(
-        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
-    _ints(message.DESCRIPTOR, doc)
-    return doc
-
-
-_INT64 = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
-
-
-def _ints(descriptor: Any, doc: dict[str, Any]) -> None:
-    for f in descriptor.fields:
-        value = doc.get(f.name)
-        if value is None:
-            continue
-        if f.message_type is not None:
-            if f.message_type.GetOptions().map_entry:
-                vf = f.message_type.fields_by_name["value"]
-                if vf.message_type is not None:
-                    for item in value.values():
-                        _ints(vf.message_type, item)
-                elif vf.cpp_type in _INT64:
-                    for k in value:
-                        value[k] = int(value[k])
-            elif isinstance(value, list):
-                for item in value:
-                    _ints(f.message_type, item)
-            elif isinstance(value, dict):
-                _ints(f.message_type, value)
-        elif f.cpp_type in _INT64:
-            doc[f.name] = [int(v) for v in value] if isinstance(value, list) else int(value)
 
 
 def _duration(d: Any) -> dict[str, int]:

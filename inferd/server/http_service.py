@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from inferd.config import message_to_dict
 from inferd.errors import InferdError, InvalidArgument, NotFound, Unimplemented, http_status
 from inferd.server import http_codec, shared_memory
 from inferd.server.codec import parse_version
@@ -189,7 +190,7 @@ class HttpFrontend:
 
     async def model_config(self, request: Request) -> Response:
         model = self.dp.model(*self._target(request))
-        return json_response(http_codec.message_to_json(model.config))
+        return json_response(message_to_dict(model.config))
 
     async def statistics(self, request: Request) -> Response:
         name = request.path_params.get("model", "")
