@@ -81,6 +81,12 @@ def test_chain_is_accepted_and_ordered():
     assert graph.producer == {"mid": 0, "OUT": 1}
     assert graph.consumers == {"IN": (0,), "mid": (1,)}
     assert [s.model_version for s in graph.steps] == [0, 0]  # -1: latest at request time
+    assert graph.sequence == (0, 1)  # a chain: the scheduler runs it step after step
+
+
+def test_a_chain_listed_out_of_order_runs_in_dependency_order():
+    config = ensemble(list(reversed(CHAIN)))
+    assert build_graph(config).sequence == (1, 0)
 
 
 def test_parallel_branches_start_together():
@@ -92,6 +98,7 @@ def test_parallel_branches_start_together():
     graph = build_graph(config)
     assert graph.start == (0, 1)
     assert graph.waits_for == (0, 0, 2)
+    assert graph.sequence == ()  # two steps can be ready at once: no fixed sequence
     join = model("join", inputs=(("INPUT0", FP, [4]), ("INPUT1", FP, [4])))
     check(config, {"a": A, "b": B, "join": join})
 

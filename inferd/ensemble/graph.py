@@ -19,7 +19,7 @@ and tensor where there is one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 from inferd._proto import model_config_pb2 as mc
@@ -71,6 +71,10 @@ class EnsembleGraph:
     waits_for: tuple[int, ...]  # per step: how many distinct tensors it needs from other steps
     start: tuple[int, ...]  # steps that need only ensemble inputs
     max_inflight_requests: int  # 0: unlimited
+    # The steps in order when only one can ever be ready at a time (a chain):
+    # the scheduler then runs them one after another with no bookkeeping.
+    # Empty when some steps can run concurrently.
+    sequence: tuple[int, ...] = ()
 
     def composing_models(self) -> set[str]:
         return {s.model_name for s in self.steps}
@@ -193,29 +197,32 @@ def build_graph(config: mc.ModelConfig) -> EnsembleGraph:
         start=tuple(i for i, n in enumerate(waits_for) if n == 0),
         max_inflight_requests=int(scheduling.max_inflight_requests),
     )
-    _check_acyclic(graph)
-    return graph
+    order, sequential = _check_acyclic(graph)
+    return replace(graph, sequence=order) if sequential else graph
 
 
 def _key_for(mapping: tuple[tuple[str, str], ...], tensor: str) -> str:
     return next((k for k, t in mapping if t == tensor), "?")
 
 
-def _check_acyclic(graph: EnsembleGraph) -> None:
-    """Kahn's order over the steps; the steps left over hold a cycle, reported as one."""
+def _check_acyclic(graph: EnsembleGraph) -> tuple[tuple[int, ...], bool]:
+    """Kahn's order over the steps, and whether no two steps were ever ready
+    at once (a chain); the steps left over hold a cycle, reported as one."""
     remaining = list(graph.waits_for)
     ready = list(graph.start)
-    done = 0
+    order: list[int] = []
+    sequential = True
     while ready:
+        sequential = sequential and len(ready) == 1
         i = ready.pop()
-        done += 1
+        order.append(i)
         for _, tensor in graph.steps[i].output_map:
             for c in graph.consumers.get(tensor, ()):
                 remaining[c] -= 1
                 if remaining[c] == 0:
                     ready.append(c)
-    if done == len(graph.steps):
-        return
+    if len(order) == len(graph.steps):
+        return tuple(order), sequential
     stuck = {i for i, n in enumerate(remaining) if n > 0}
     # Walk back from a stuck step through the producers of its stuck inputs until a step repeats.
     path: list[tuple[int, str]] = []

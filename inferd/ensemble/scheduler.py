@@ -11,6 +11,7 @@ runs inline in the request's own task.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -45,6 +46,9 @@ class EnsembleScheduler(Scheduler):
         # Back-pressure: at most ``limit`` of this ensemble's requests inside each step at once.
         self._slots = [asyncio.Semaphore(limit) for _ in graph.steps] if limit else None
         self._requested = [[RequestedOutput(key) for key, _ in s.output_map] for s in graph.steps]
+        self._describe_step = [partial(self._describe, s) for s in graph.steps]
+        # A step runs through _call directly, or through _limited when max_inflight_requests is set.
+        self._run_step = self._call if self._slots is None else self._limited
 
     # -- Scheduler ---------------------------------------------------------
 
@@ -67,7 +71,7 @@ class EnsembleScheduler(Scheduler):
         # zero length per request, which perf_analyzer also uses to find the version served.
         self._stats.record_queue(0)
         try:
-            outputs = await self._run(request)
+            outputs = await (self._run_sequence(request) if graph.sequence else self._run(request))
         finally:
             self._inflight.leave()
         stats = self._stats
@@ -76,6 +80,18 @@ class EnsembleScheduler(Scheduler):
         return outputs
 
     # -- the graph -----------------------------------------------------------
+
+    async def _run_sequence(self, request: InferenceRequest) -> dict[str, np.ndarray]:
+        """A chain: no two steps can ever be ready at once, so each runs in this task, in order."""
+        graph = self.graph
+        steps = graph.steps
+        tensors: dict[str, np.ndarray] = dict(request.inputs)
+        for i in graph.sequence:
+            step = steps[i]
+            outputs = await self._run_step(step, tensors, request)
+            for key, tensor in step.output_map:
+                tensors[tensor] = outputs[key]
+        return {name: tensors[name] for name in graph.outputs}
 
     async def _run(self, request: InferenceRequest) -> dict[str, np.ndarray]:
         graph = self.graph
@@ -86,13 +102,13 @@ class EnsembleScheduler(Scheduler):
         try:
             while ready or running:
                 if len(ready) == 1 and not running:
-                    # Only one step can run: run it in this task (a chain never pays for a task).
+                    # Only one step can run: run it in this task, not in a task of its own.
                     step = graph.steps[ready.pop()]
-                    self._publish(step, await self._step(step, tensors, request), tensors, waiting, ready)
+                    self._publish(step, await self._run_step(step, tensors, request), tensors, waiting, ready)
                     continue
                 while ready:
                     step = graph.steps[ready.pop()]
-                    running[asyncio.ensure_future(self._step(step, tensors, request))] = step
+                    running[asyncio.ensure_future(self._run_step(step, tensors, request))] = step
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     step = running.pop(task)
@@ -128,10 +144,9 @@ class EnsembleScheduler(Scheduler):
                           f"{exc.message}")
         return error
 
-    async def _step(self, step: Step, tensors: dict[str, np.ndarray], request: InferenceRequest) -> dict[str, np.ndarray]:
-        """One step, after a max_inflight_requests slot when the ensemble sets a limit."""
-        if self._slots is None:
-            return await self._call(step, tensors, request)
+    async def _limited(self, step: Step, tensors: dict[str, np.ndarray], request: InferenceRequest) -> dict[str, np.ndarray]:
+        """One step, after one of its max_inflight_requests slots."""
+        assert self._slots is not None
         slot = self._slots[step.index]
         deadline = request.deadline
         if deadline is None or not slot.locked():  # free now: no timer needed
@@ -156,8 +171,10 @@ class EnsembleScheduler(Scheduler):
             raise DeadlineExceeded(
                 f"ensemble '{self.graph.name}': the request's deadline passed before {step.label} could start")
         model = self._model(step)  # now: version -1 is the latest loaded at this moment
-        # A traced request gets a span per step; the composing model's queue/compute spans nest under it.
-        trace = ensemble_step(request.trace, f"{step.index} {step.model_name}", step.model_name, model.version)
+        trace = request.trace
+        if trace is not None:
+            # A span per step; the composing model's queue/compute spans nest under it.
+            trace = ensemble_step(trace, f"{step.index} {step.model_name}", step.model_name, model.version)
         sub = InferenceRequest(
             model_name=step.model_name,
             inputs={key: tensors[tensor] for key, tensor in step.input_map},
@@ -170,7 +187,7 @@ class EnsembleScheduler(Scheduler):
             deadline=request.deadline,
             trace=trace,
         )
-        return await run_model(model, sub, self._clock, lambda exc: self._describe(step, exc))
+        return await run_model(model, sub, self._clock, self._describe_step[step.index])
 
     def _describe(self, step: Step, exc: Exception) -> InferdError:
         if isinstance(exc, InferdError):
