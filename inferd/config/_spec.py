@@ -17,10 +17,10 @@ class TensorSpec:
     model_dims: tuple[int, ...]  # as the model sees it (reshape), without batch
     optional: bool = False
     labels: tuple[str, ...] = ()
+    reshaped: bool = field(init=False)  # the model sees other dims than the client (read per request)
 
-    @property
-    def reshaped(self) -> bool:
-        return self.dims != self.model_dims
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reshaped", self.dims != self.model_dims)
 
 
 @dataclass(frozen=True, slots=True)
