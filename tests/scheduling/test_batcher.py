@@ -510,7 +510,7 @@ async def test_auto_moves_a_fast_model_inline_and_back_after_a_slow_run(monkeypa
     fake = FakeNs()
     monkeypatch.setattr(instances_module, "time", fake)
     inst = Costly(fake)
-    sched, _, _ = make(policy(), inst, mode="auto")  # inline limit: 200 us
+    sched, _, _ = make(policy(), inst, mode="auto")  # inline limit: 400 us
     worker = sched.workers[0]
     loop_thread = threading.get_ident()
     for _ in range(PROBE_EXECUTIONS):
