@@ -4,6 +4,12 @@ It owns the model's instance workers. It steps the queue when a request
 arrives, when an instance frees up and when the deadline the queue asked for
 comes; it never polls. Requests arriving in the same event-loop tick are
 stepped together, so they can share a batch even with no queue delay.
+
+Waiting for the rest of the tick costs a request two loop turns. When it
+stops paying (the requests of a tick keep arriving alone, as unary gRPC calls
+mostly do) a request finding a free inline instance runs at once, and only
+every ``DEFER_PROBE_EVERY``-th one still waits, to notice when requests start
+arriving together again.
 """
 
 from __future__ import annotations
@@ -23,6 +29,13 @@ from inferd.scheduling.instances import InstanceWorker
 from inferd.scheduling.policy import BatchingPolicy
 from inferd.scheduling.queue import BatchQueue, Pending, split_rows
 from inferd.types import InferenceRequest
+
+
+# Deferred steps in a row that found their request alone before the idle
+# fast path stops waiting for the rest of the tick; then one request in this
+# many still waits (a probe): one that finds company resumes waiting.
+DEFER_MISSES = 16
+DEFER_PROBE_EVERY = 16
 
 
 class _Job:
@@ -72,6 +85,8 @@ class BatchScheduler(Scheduler):
         self._alarm = Alarm(self._clock, self._pump)
         self._pump_scheduled = False
         self._pumping = False
+        self._defer_misses = 0  # deferred steps in a row that found their request alone
+        self._defer_probe = 0
         self._inflight = Inflight(stats)
         self._ordered: deque[_Batch] | None = deque() if policy.preserve_ordering else None
         self._stopped = False
@@ -101,11 +116,12 @@ class BatchScheduler(Scheduler):
         loop = asyncio.get_running_loop()
         free = self._free
         if (not self._queue and free and free[0].inline and request.trace is None and not self._ordered
-                and _nothing_else_ready(loop)):
-            # The idle fast path: nothing is queued, nothing else is ready to run
-            # this loop turn (so no request could join a batch) and a free instance
-            # executes inline. Run it now, with none of the queue's bookkeeping; what
-            # a client sees (results, errors, statistics) is the same.
+                and (_nothing_else_ready(loop) or not self._worth_waiting())):
+            # The idle fast path: nothing is queued, a free instance executes
+            # inline, and no request could join a batch this loop turn (nothing
+            # else is ready to run, or recent turns brought none). Run it now,
+            # with none of the queue's bookkeeping; what a client sees (results,
+            # errors, statistics) is the same.
             return self._run_now(free.popleft(), request, rows, time.perf_counter_ns())
         future: asyncio.Future = loop.create_future()
         now = self._clock.now()
@@ -138,6 +154,19 @@ class BatchScheduler(Scheduler):
             raise
         finally:
             self._inflight.leave()
+
+    def _worth_waiting(self) -> bool:
+        """Whether to let the rest of this loop turn's requests join this one's batch."""
+        p = self.policy
+        if not p.batching:
+            return False  # one request per execution whatever arrives
+        if p.max_queue_delay_us or self._defer_misses < DEFER_MISSES:
+            return True  # a configured delay asks for batches at a latency cost
+        self._defer_probe += 1
+        if self._defer_probe < DEFER_PROBE_EVERY:
+            return False
+        self._defer_probe = 0
+        return True
 
     def _run_now(self, worker: InstanceWorker, request: InferenceRequest, rows: int, arrived_ns: int) -> dict[str, np.ndarray]:
         stats = self._stats
@@ -203,7 +232,10 @@ class BatchScheduler(Scheduler):
     # -- driving the queue ---------------------------------------------------
 
     def _pump(self) -> None:
-        self._pump_scheduled = False
+        if self._pump_scheduled:
+            # The end of the turn a request waited for: did other requests join it?
+            self._pump_scheduled = False
+            self._defer_misses = 0 if len(self._queue) > 1 else self._defer_misses + 1
         if self._pumping:
             return
         self._pumping = True

@@ -20,7 +20,7 @@ from inferd.clock import FakeClock
 from inferd.errors import DeadlineExceeded, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
 from inferd.scheduling import instances as instances_module
-from inferd.scheduling.batcher import BatchScheduler
+from inferd.scheduling.batcher import DEFER_MISSES, DEFER_PROBE_EVERY, BatchScheduler
 from inferd.scheduling.instances import MAX_FLIPS, PROBE_EXECUTIONS, InstanceWorker
 from inferd.scheduling.policy import REJECT, BatchingPolicy, QueuePolicy
 from inferd.types import InferenceRequest
@@ -149,6 +149,67 @@ async def test_concurrent_requests_are_batched():
     assert inst.batches[0] == [float(i) for i in range(8)]  # arrival order inside the batch
     for i, out in enumerate(outs):
         np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2.0 * i, np.float32))
+    await sched.stop()
+
+
+async def lone(sched: BatchScheduler, value: float = 1.0) -> bool:
+    """Submit one request while another callback (this test's own wake-up) is
+    ready on the loop; True when it waited for the rest of the loop turn
+    instead of running at once on the idle fast path."""
+    task = submit(sched, value)
+    await asyncio.sleep(0)  # the request's first step runs, with this task's wake-up queued behind it
+    waited = not task.done()
+    await result(task)
+    return waited
+
+
+async def test_waiting_for_the_rest_of_the_turn_stops_while_requests_keep_arriving_alone():
+    inst = Recording()
+    sched, _, _ = make(policy(max_batch_size=8), inst)
+    waited = [await lone(sched) for _ in range(DEFER_MISSES + 2 * DEFER_PROBE_EVERY)]
+    assert waited[:DEFER_MISSES] == [True] * DEFER_MISSES  # each waits, and each runs alone
+    rest = waited[DEFER_MISSES:]
+    # Then they run at once, but for a probe every DEFER_PROBE_EVERY requests.
+    probes = [i for i, w in enumerate(rest) if w]
+    assert probes == [DEFER_PROBE_EVERY - 1, 2 * DEFER_PROBE_EVERY - 1]
+    assert inst.rows() == [1] * len(waited)
+    await sched.stop()
+
+
+async def test_a_probe_that_finds_company_brings_batching_back():
+    inst = Recording()
+    sched, _, _ = make(policy(max_batch_size=8), inst)
+    for _ in range(DEFER_MISSES):
+        assert await lone(sched)
+    inst.batches.clear()
+    # A burst in one loop turn: the first ones run alone until the probe waits,
+    # and the requests behind it share batches.
+    burst = [submit(sched, float(i)) for i in range(DEFER_PROBE_EVERY + 15)]
+    outs = await asyncio.gather(*burst)
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2.0 * i, np.float32))
+    assert inst.rows() == [1] * (DEFER_PROBE_EVERY - 1) + [8, 8]
+    assert await lone(sched)  # waiting paid off: lone requests wait for their turn again
+    await sched.stop()
+
+
+async def test_a_model_without_dynamic_batching_never_waits_for_the_turn():
+    inst = Recording()
+    sched, _, _ = make(policy(batching=False, max_batch_size=8), inst)
+    assert [await lone(sched) for _ in range(3)] == [False] * 3
+    await sched.stop()
+
+
+async def test_a_configured_queue_delay_keeps_waiting_for_company():
+    inst = Recording()
+    clock = FakeClock()
+    sched, _, _ = make(policy(max_batch_size=8, max_queue_delay_us=100), inst, clock=clock)
+    for _ in range(DEFER_MISSES + DEFER_PROBE_EVERY):
+        task = submit(sched)
+        await asyncio.sleep(0)
+        assert not task.done()
+        clock.advance(0.001)  # past the delay: the lone request runs
+        await result(task)
     await sched.stop()
 
 
