@@ -466,6 +466,50 @@ async def test_ensemble_follows_its_composing_models_unload_and_reload(tmp_path:
         await manager.stop()
 
 
+async def test_a_composing_model_reloaded_with_other_tensors_makes_the_ensemble_unavailable(tmp_path: Path):
+    from inferd.repository import ModelManager
+    from inferd.server.dataplane import DataPlane
+
+    add_model(tmp_path, "scale", om.scale(D, 2.0), onnx_config("scale", 8))
+    add_model(tmp_path, "relu", om.relu(D), onnx_config("relu", 8))
+    add_ensemble(tmp_path, "pipe", ensemble_config("pipe", 8, chain("scale", "relu")))
+    add_ensemble(tmp_path, "outer", ensemble_config("outer", 8, chain("pipe")))
+    manager = ModelManager([tmp_path])
+    await manager.load_all()
+    dp = DataPlane(manager)
+    x = rows(2)
+    try:
+        await dp.infer(InferenceRequest("outer", {"INPUT0": x}))
+        # relu now takes and gives D + 1 values: a valid model, but not what scale produces.
+        wide = (("INPUT0", "TYPE_FP32", [D + 1]),)
+        add_model(tmp_path, "relu", om.relu(D + 1), onnx_config("relu", 8, inputs=wide,
+                                                                outputs=(("OUTPUT0", "TYPE_FP32", [D + 1]),)))
+        assert await manager.load("relu") is None
+        problem = manager.ensemble_problem("pipe")
+        assert problem == (
+            f"a composing model changed since the ensemble was loaded: ensemble 'pipe': tensor 't0': shape [{D + 1}] "
+            f"of step 1 (model 'relu') input 'INPUT0' does not match shape [{D}] of step 0 (model 'scale') output "
+            "'OUTPUT0' (without the batch dimension)")
+        assert not manager.is_ready("pipe") and not manager.is_ready("outer")
+        index = {e.name: e for e in manager.index()}
+        assert index["pipe"].state == "UNAVAILABLE" and index["pipe"].reason == problem
+        assert "composing ensemble 'pipe' is not ready: a composing model changed" in index["outer"].reason
+        for name in ("pipe", "outer"):
+            with pytest.raises(Unavailable) as info:
+                await dp.infer(InferenceRequest(name, {"INPUT0": x}))
+            assert "a composing model changed since the ensemble was loaded" in info.value.message
+            assert f"ensemble '{name}'" in info.value.message
+        assert manager.get("scale").stats.inference_count == 2  # refused before any step ran
+
+        add_model(tmp_path, "relu", om.relu(D), onnx_config("relu", 8))
+        assert await manager.load("relu") is None
+        assert manager.is_ready("outer") and manager.all_ready()
+        out = await dp.infer(InferenceRequest("outer", {"INPUT0": x}))
+        np.testing.assert_allclose(out.outputs["OUTPUT0"], np.maximum(2 * x, 0))
+    finally:
+        await manager.stop()
+
+
 # -- EnsembleScheduler with fake composing models ----------------------------------------------
 
 

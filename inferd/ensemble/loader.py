@@ -92,9 +92,19 @@ def dependency_problem(graph: EnsembleGraph, entry_of: Callable[[str], Any], _se
                     f"(loaded versions: {sorted(entry.versions)})")
         nested = getattr(entry, "ensemble", None)
         if nested is not None:
-            problem = dependency_problem(nested.graph, entry_of, seen)
+            problem = dependency_problem(nested.graph, entry_of, seen) or wiring_problem(nested, entry_of)
             if problem:
                 return f"{at}: composing ensemble '{step.model_name}' is not ready: {problem}"
+    return None
+
+
+def wiring_problem(prepared: PreparedEnsemble, entry_of: Callable[[str], Any]) -> str | None:
+    """Why the wiring no longer fits the composing models loaded now (one was
+    reloaded with other tensors since the ensemble was checked), or None."""
+    try:
+        check_models(prepared, entry_of)
+    except ConfigError as exc:
+        return f"a composing model changed since the ensemble was loaded: {exc.message}"
     return None
 
 
@@ -111,14 +121,16 @@ def check_models(prepared: PreparedEnsemble, entry_of: Callable[[str], Any]) -> 
     check_against_models(prepared.spec, prepared.graph, lookup)
 
 
-def build_versions(prepared: PreparedEnsemble, model_dir: Path, resolve: Resolver, clock: Clock | None = None) -> dict:
-    """One Model (an EnsembleScheduler and its own statistics) per selected version."""
+def build_versions(prepared: PreparedEnsemble, model_dir: Path, resolve: Resolver, clock: Clock | None = None,
+                   problem: Callable[[], str | None] | None = None) -> dict:
+    """One Model (an EnsembleScheduler and its own statistics) per selected version.
+    ``problem``: why the ensemble cannot serve now (ModelManager.ensemble_problem)."""
     from inferd.repository.model import Model
 
     models = {}
     for version in prepared.versions:
         stats = ModelStats(prepared.spec.name, version)
-        scheduler = EnsembleScheduler(prepared.spec, prepared.graph, resolve, stats, clock)
+        scheduler = EnsembleScheduler(prepared.spec, prepared.graph, resolve, stats, clock, problem)
         models[version] = Model(spec=prepared.spec, version=version, scheduler=scheduler, stats=stats,
                                 model_dir=model_dir)
     return models

@@ -33,11 +33,16 @@ Resolver = Callable[[str, int], object]
 class EnsembleScheduler(Scheduler):
     def __init__(
         self, spec: ModelSpec, graph: EnsembleGraph, resolve: Resolver, stats: ModelStats,
-        clock: Clock | None = None,
+        clock: Clock | None = None, problem: Callable[[], str | None] | None = None,
     ) -> None:
         self.spec = spec
         self.graph = graph
         self._resolve = resolve
+        # Why the ensemble cannot serve now (its wiring no longer fits a reloaded
+        # composing model, ...): asked until it answers None, then again only when
+        # the composing models change (a nested ensemble checks its own).
+        self._problem = problem
+        self._fits: tuple = ()  # the composing models _problem last found no problem with
         self._stats = stats
         self._clock = clock or MonotonicClock()
         self._inflight = Inflight(stats)
@@ -63,9 +68,14 @@ class EnsembleScheduler(Scheduler):
         if self._stopped:
             raise Unavailable(f"ensemble '{self.graph.name}' is unloading and takes no new requests")
         graph = self.graph
-        # Fail fast, before any step runs, when a composing model is gone.
-        for step in graph.steps:
-            self._model(step)
+        # Fail fast, before any step runs, when a composing model is gone or no longer fits.
+        models = tuple(self._model(step) for step in graph.steps)
+        fits = self._fits
+        if self._problem is not None and (len(fits) != len(models) or any(a is not b for a, b in zip(models, fits))):
+            problem = self._problem()
+            if problem:
+                raise Unavailable(f"ensemble '{graph.name}' is not ready: {problem}")
+            self._fits = models
         self._inflight.enter()
         # An ensemble does not queue (its steps queue at their models): a queue stage of
         # zero length per request, which perf_analyzer also uses to find the version served.

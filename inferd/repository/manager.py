@@ -186,7 +186,9 @@ class ModelManager:
         entry = self._entries.get(name)
         if entry is None or entry.ensemble is None or entry.state != READY:
             return None
-        return ensemble_loader.dependency_problem(entry.ensemble.graph, self._entries.get)
+        prepared = entry.ensemble
+        return (ensemble_loader.dependency_problem(prepared.graph, self._entries.get)
+                or ensemble_loader.wiring_problem(prepared, self._entries.get))
 
     def models(self) -> list[Model]:
         return [m for e in self._entries.values() for m in e.versions.values()]
@@ -397,7 +399,8 @@ class ModelManager:
             ensemble_loader.check_models(prepared, self._entries.get)
             models = self._kept_ensemble_versions(entry, prepared)
             if models is None:
-                models = ensemble_loader.build_versions(prepared, entry.path, self.get, self.clock)
+                models = ensemble_loader.build_versions(prepared, entry.path, self.get, self.clock,
+                                                        lambda: self.ensemble_problem(name))
         except InferdError as exc:
             log.error("failed to load ensemble '%s': %s", name, exc.message)
             return self._failed(entry, exc)
