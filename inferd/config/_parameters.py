@@ -26,7 +26,7 @@ class InferdParameters:
     # and slow ones on the instance's worker thread; "thread" or "inline" force it.
     execution: str = "auto"
     # "auto" mode: a model whose executions take longer than this runs on a thread.
-    inline_max_microseconds: int = 400
+    inline_max_microseconds: int = 1000
 
     @classmethod
     def from_config(cls, config: mc.ModelConfig) -> "InferdParameters":

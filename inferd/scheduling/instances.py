@@ -46,7 +46,7 @@ SLOW_FACTOR = 10  # one inline run this many times the limit moves the model off
 
 
 class InstanceWorker:
-    def __init__(self, instance: ModelInstance, mode: str = "auto", inline_max_us: int = 400) -> None:
+    def __init__(self, instance: ModelInstance, mode: str = "auto", inline_max_us: int = 1000) -> None:
         self.instance = instance
         self.name = instance.name
         self.mode = mode

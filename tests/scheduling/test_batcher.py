@@ -571,7 +571,7 @@ async def test_auto_moves_a_fast_model_inline_and_back_after_a_slow_run(monkeypa
     fake = FakeNs()
     monkeypatch.setattr(instances_module, "time", fake)
     inst = Costly(fake)
-    sched, _, _ = make(policy(), inst, mode="auto")  # inline limit: 400 us
+    sched, _, _ = make(policy(), inst, mode="auto")  # inline limit: 1000 us
     worker = sched.workers[0]
     loop_thread = threading.get_ident()
     for _ in range(PROBE_EXECUTIONS):
@@ -581,7 +581,7 @@ async def test_auto_moves_a_fast_model_inline_and_back_after_a_slow_run(monkeypa
     assert all(t != loop_thread for t in inst.threads)
     await result(submit(sched))
     assert inst.threads[-1] == loop_thread  # now on the loop
-    inst.cost_us = 5_000  # one execution far past the limit
+    inst.cost_us = 20_000  # one execution far past the limit (SLOW_FACTOR times it)
     await result(submit(sched))
     assert inst.threads[-1] == loop_thread and worker.inline is False
     inst.cost_us = 10
@@ -602,7 +602,7 @@ async def test_auto_stays_on_its_thread_after_max_flips(monkeypatch):
                 break
             await result(submit(sched))
         assert worker.inline
-        inst.cost_us = 5_000
+        inst.cost_us = 20_000
         await result(submit(sched))
         assert not worker.inline
         inst.cost_us = 10
@@ -616,7 +616,7 @@ async def test_thread_and_inline_modes_never_switch(monkeypatch):
     fake = FakeNs()
     monkeypatch.setattr(instances_module, "time", fake)
     fast, slow = Costly(fake), Costly(fake)
-    slow.cost_us = 5_000
+    slow.cost_us = 20_000
     s_thread, _, _ = make(policy(), fast, mode="thread")
     s_inline, _, _ = make(policy(), slow, mode="inline")
     for _ in range(2 * PROBE_EXECUTIONS):
