@@ -223,7 +223,23 @@ def scenario_compute_bound(quick: bool) -> dict:
 
 
 ENSEMBLE_MODELS = ("ens_scale", "ens_mlp", "ens_relu", "mlp_fused", "ensemble_mlp")
+ENSEMBLE_LABEL, FUSED_LABEL = "ensemble_mlp (ensemble)", "mlp_fused (one model)"
 SEQUENCE_LABEL = "3 calls one after another by a client"
+ENSEMBLE_ROUNDS = 3
+
+
+def server_time_us(url: str) -> dict[str, tuple[int, int, int]]:
+    """Per model, from ModelStatistics: successful requests, their total in-server
+    duration and their total compute-infer duration (the runtime's own call), in us."""
+    import grpc
+
+    from inferd._proto import grpc_service_pb2 as pb
+    from inferd._proto import grpc_service_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(url) as channel:
+        reply = pb_grpc.GRPCInferenceServiceStub(channel).ModelStatistics(pb.ModelStatisticsRequest())
+    return {m.name: (m.inference_stats.success.count, m.inference_stats.success.ns // 1000,
+                     m.inference_stats.compute_infer.ns // 1000) for m in reply.model_stats}
 
 
 def scenario_ensemble(quick: bool) -> dict:
@@ -231,19 +247,34 @@ def scenario_ensemble(quick: bool) -> dict:
     (three batching ONNX models), mlp_fused (the same graph as one ONNX model), and the three
     models called one after another by a client (inferd's own gRPC stubs in Python, each
     output's bytes forwarded as the next input; perf_analyzer cannot chain calls). The client
-    figures include a Python client's cost on the shared cores; perf_analyzer's are C++."""
+    figures include a Python client's cost on the shared cores; perf_analyzer's are C++.
+    The ensemble and the fused model are measured in alternating rounds (the order flips each
+    round) and compared round by round, since one measurement swings by hundreds of us here;
+    the in-server time per request of each model (ModelStatistics) is kept for the c=1 rounds."""
     from inferd.examples import build as b
     from perf.sequential_client import run_sequences
 
     repo = OUT / "repo_ensemble"
     b.build_repository(repo, models=[s for s in b.MODELS if s.name in ENSEMBLE_MODELS], log=None)
-    window_ms = 2000 if quick else 4000
-    out: dict = {"measures": [], "ceilings": {}}
+    window_ms = 2000 if quick else 3000
+    out: dict = {"measures": [], "ceilings": {}, "server_us": {}}
+    pair = [(ENSEMBLE_LABEL, "ensemble_mlp"), (FUSED_LABEL, "mlp_fused")]
     server, url = start_inferd(repo)
     try:
         for c in (1, 16):
-            out["measures"].append(asdict(run_pa("ensemble_mlp (ensemble)", "ensemble_mlp", url, c, window_ms=window_ms)))
-            out["measures"].append(asdict(run_pa("mlp_fused (one model)", "mlp_fused", url, c, window_ms=window_ms)))
+            for r in range(ENSEMBLE_ROUNDS):
+                for label, model in (pair if r % 2 == 0 else pair[::-1]):
+                    before = server_time_us(url)
+                    m = run_pa(label, model, url, c, window_ms=window_ms)
+                    after = server_time_us(url)
+                    m.note = (m.note + "; " if m.note else "") + f"round {r + 1}"
+                    out["measures"].append(asdict(m))
+                    if c == 1:
+                        for name, (n, us, infer_us) in after.items():
+                            n0, us0, infer0 = before.get(name, (0, 0, 0))
+                            if n > n0:
+                                out["server_us"].setdefault(name, []).append(
+                                    [round((us - us0) / (n - n0)), round((infer_us - infer0) / (n - n0))])
             seq = asyncio.run(run_sequences(url, ["ens_scale", "ens_mlp", "ens_relu"], c, seconds=3 * window_ms / 1000))
             out["measures"].append(asdict(Measure(SEQUENCE_LABEL, c, 1, seq.sequences_per_s, seq.p50_us, seq.p99_us,
                                                   note=f"python client, {seq.count} sequences")))
@@ -384,21 +415,34 @@ def add_ratios(name: str, result: dict) -> None:
                 ratios[f"c={c}: batching on / off"] = f"{on['infer_per_s'] / off['infer_per_s']:.2f}x"
                 ratios[f"c={c}: batching on / raw batch-64 ceiling"] = f"{on['infer_per_s'] / ceiling:.2f}x"
     if name == "ensemble":
-        def got(label: str, c: int) -> dict | None:
-            m = find(label, c)
-            return m if m and m["infer_per_s"] > 0 and m["p50_us"] > 0 else None  # None: failed or unstable
+        def ok(m: dict) -> bool:
+            return m["infer_per_s"] > 0 and m["p50_us"] > 0  # not failed or unstable
 
-        e1, f1, s1 = got("ensemble_mlp (ensemble)", 1), got("mlp_fused (one model)", 1), got(SEQUENCE_LABEL, 1)
-        e16, f16, s16 = got("ensemble_mlp (ensemble)", 16), got("mlp_fused (one model)", 16), got(SEQUENCE_LABEL, 16)
-        na = "n/a (a measurement failed or was unstable)"
-        ratios["c=1: ensemble p50 - fused p50"] = (
-            f"{e1['p50_us'] - f1['p50_us']:+.0f} us ({e1['p50_us']:.0f} vs {f1['p50_us']:.0f} us)" if e1 and f1 else na)
-        ratios["c=16: ensemble / fused throughput"] = (
-            f"{e16['infer_per_s'] / f16['infer_per_s']:.2f}x" if e16 and f16 else na)
-        ratios["c=1: client's 3 calls p50 - ensemble p50"] = (
-            f"{s1['p50_us'] - e1['p50_us']:+.0f} us" if s1 and e1 else na)
-        ratios["c=16: ensemble / client's 3 calls throughput"] = (
-            f"{e16['infer_per_s'] / s16['infer_per_s']:.2f}x" if e16 and s16 else na)
+        def rounds(label: str, c: int) -> list[dict]:
+            return [m for m in result["measures"] if m["label"] == label and m["concurrency"] == c]
+
+        def paired(c: int) -> list[tuple[dict, dict]]:
+            return [(e, f) for e, f in zip(rounds(ENSEMBLE_LABEL, c), rounds(FUSED_LABEL, c)) if ok(e) and ok(f)]
+
+        na = "n/a (every measurement failed or was unstable)"
+        diffs = [e["p50_us"] - f["p50_us"] for e, f in paired(1)]
+        ratios["c=1: ensemble p50 - fused p50, median of rounds"] = (
+            f"{float(np.median(diffs)):+.0f} us (rounds: {', '.join(f'{d:+.0f}' for d in diffs)})" if diffs else na)
+        shares = [e["infer_per_s"] / f["infer_per_s"] for e, f in paired(16)]
+        ratios["c=16: ensemble / fused throughput, median of rounds"] = (
+            f"{float(np.median(shares)):.2f}x (rounds: {', '.join(f'{x:.2f}' for x in shares)})" if shares else na)
+        seq1, seq16 = find(SEQUENCE_LABEL, 1), find(SEQUENCE_LABEL, 16)
+        e1 = [e["p50_us"] for e, _ in paired(1)]
+        e16 = [e["infer_per_s"] for e, _ in paired(16)]
+        if seq1 and seq1["p50_us"] and e1:
+            ratios["c=1: client's 3 calls p50 - ensemble p50"] = f"{seq1['p50_us'] - float(np.median(e1)):+.0f} us"
+        if seq16 and seq16["infer_per_s"] and e16:
+            ratios["c=16: ensemble / client's 3 calls throughput"] = f"{float(np.median(e16)) / seq16['infer_per_s']:.2f}x"
+        for model, values in sorted(result.get("server_us", {}).items()):
+            total, infer = (float(np.median([v[i] for v in values])) for i in (0, 1))
+            runtime = f", of which the runtime's call {infer:.0f} us" if infer else ""
+            ratios[f"c=1: in-server time per request, {model}"] = (
+                f"{total:.0f} us{runtime} (median of rounds: {', '.join(str(v[0]) for v in values)})")
     if name == "clients":
         ours, theirs = find("inferd perf (Python, 1 process)", 16), find("perf_analyzer (C++)", 16)
         if ours and theirs and theirs["infer_per_s"]:
