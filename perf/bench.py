@@ -70,9 +70,19 @@ class Proc:
         self._fh.close()
 
 
-def start_inferd(repo: Path, http_port: int = 0) -> tuple[Proc, str]:
+def pinned(cpus: str | None) -> list[str]:
+    """The command prefix that runs a process on ``cpus`` only (None: anywhere)."""
+    return ["taskset", "-c", cpus] if cpus is not None else []
+
+
+def can_pin() -> bool:
+    """Two cores or more and taskset: the server and the client can each get their own."""
+    return (os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None
+
+
+def start_inferd(repo: Path, http_port: int = 0, cpus: str | None = None) -> tuple[Proc, str]:
     port = free_port()
-    proc = Proc([sys.executable, "-m", "inferd.cli", "serve", "--model-repository", str(repo),
+    proc = Proc([*pinned(cpus), sys.executable, "-m", "inferd.cli", "serve", "--model-repository", str(repo),
                  "--grpc-address", "127.0.0.1", "--grpc-port", str(port), "--http-address", "127.0.0.1",
                  "--http-port", str(http_port), "--metrics-port", "0"], "inferd: ready", "inferd")
     return proc, f"127.0.0.1:{port}"
@@ -111,11 +121,11 @@ def perf_analyzer_available() -> bool:
 
 def run_pa(label: str, model: str, url: str, concurrency: int, *, shape: str | None = None,
            batch: int = 1, window_ms: int = 2000, extra: list[str] | None = None,
-           protocol: str = "grpc") -> Measure:
+           protocol: str = "grpc", cpus: str | None = None) -> Measure:
     """One perf_analyzer run at one concurrency; medians of its stable windows."""
     with tempfile.TemporaryDirectory() as tmp:
         csv_path = Path(tmp) / "pa.csv"
-        args = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", protocol,
+        args = [*pinned(cpus), str(PERF_ANALYZER), "-m", model, "-u", url, "-i", protocol,
                 "--concurrency-range", str(concurrency), "-b", str(batch), "-p", str(window_ms),
                 "--max-trials", "8", "-s", "15", "-f", str(csv_path)]
         if shape:
@@ -226,6 +236,9 @@ ENSEMBLE_MODELS = ("ens_scale", "ens_mlp", "ens_relu", "mlp_fused", "ensemble_ml
 ENSEMBLE_LABEL, FUSED_LABEL = "ensemble_mlp (ensemble)", "mlp_fused (one model)"
 SEQUENCE_LABEL = "3 calls one after another by a client"
 ENSEMBLE_ROUNDS = 3
+# (label suffix, server cores, perf_analyzer cores): the cores shared as in every scenario, then
+# the server on core 0 and perf_analyzer on core 1, so the client's work stops stretching the server's.
+ENSEMBLE_SETUPS = (("", None, None), (" [pinned]", "0", "1"))
 
 
 def server_time_us(url: str) -> dict[str, tuple[int, int, int]]:
@@ -250,7 +263,8 @@ def scenario_ensemble(quick: bool) -> dict:
     figures include a Python client's cost on the shared cores; perf_analyzer's are C++.
     The ensemble and the fused model are measured in alternating rounds (the order flips each
     round) and compared round by round, since one measurement swings by hundreds of us here;
-    the in-server time per request of each model (ModelStatistics) is kept for the c=1 rounds."""
+    the in-server time per request of each model (ModelStatistics) is kept for the c=1 rounds.
+    Then again with the server pinned to core 0 and perf_analyzer to core 1 (taskset): "[pinned]"."""
     from inferd.examples import build as b
     from perf.sequential_client import run_sequences
 
@@ -258,28 +272,31 @@ def scenario_ensemble(quick: bool) -> dict:
     b.build_repository(repo, models=[s for s in b.MODELS if s.name in ENSEMBLE_MODELS], log=None)
     window_ms = 2000 if quick else 3000
     out: dict = {"measures": [], "ceilings": {}, "server_us": {}}
-    pair = [(ENSEMBLE_LABEL, "ensemble_mlp"), (FUSED_LABEL, "mlp_fused")]
-    server, url = start_inferd(repo)
-    try:
-        for c in (1, 16):
-            for r in range(ENSEMBLE_ROUNDS):
-                for label, model in (pair if r % 2 == 0 else pair[::-1]):
-                    before = server_time_us(url)
-                    m = run_pa(label, model, url, c, window_ms=window_ms)
-                    after = server_time_us(url)
-                    m.note = (m.note + "; " if m.note else "") + f"round {r + 1}"
-                    out["measures"].append(asdict(m))
-                    if c == 1:
-                        for name, (n, us, infer_us) in after.items():
-                            n0, us0, infer0 = before.get(name, (0, 0, 0))
-                            if n > n0:
-                                out["server_us"].setdefault(name, []).append(
-                                    [round((us - us0) / (n - n0)), round((infer_us - infer0) / (n - n0))])
-            seq = asyncio.run(run_sequences(url, ["ens_scale", "ens_mlp", "ens_relu"], c, seconds=3 * window_ms / 1000))
-            out["measures"].append(asdict(Measure(SEQUENCE_LABEL, c, 1, seq.sequences_per_s, seq.p50_us, seq.p99_us,
-                                                  note=f"python client, {seq.count} sequences")))
-    finally:
-        server.stop()
+    for suffix, server_cpus, client_cpus in ENSEMBLE_SETUPS if can_pin() else ENSEMBLE_SETUPS[:1]:
+        pair = [(ENSEMBLE_LABEL + suffix, "ensemble_mlp"), (FUSED_LABEL + suffix, "mlp_fused")]
+        server, url = start_inferd(repo, cpus=server_cpus)
+        try:
+            for c in (1, 16):
+                for r in range(ENSEMBLE_ROUNDS):
+                    for label, model in (pair if r % 2 == 0 else pair[::-1]):
+                        before = server_time_us(url)
+                        m = run_pa(label, model, url, c, window_ms=window_ms, cpus=client_cpus)
+                        after = server_time_us(url)
+                        m.note = (m.note + "; " if m.note else "") + f"round {r + 1}"
+                        out["measures"].append(asdict(m))
+                        if c == 1:
+                            for name, (n, us, infer_us) in after.items():
+                                n0, us0, infer0 = before.get(name, (0, 0, 0))
+                                if n > n0:
+                                    out["server_us"].setdefault(name + suffix, []).append(
+                                        [round((us - us0) / (n - n0)), round((infer_us - infer0) / (n - n0))])
+                if not suffix:
+                    seq = asyncio.run(run_sequences(url, ["ens_scale", "ens_mlp", "ens_relu"], c,
+                                                    seconds=3 * window_ms / 1000))
+                    out["measures"].append(asdict(Measure(SEQUENCE_LABEL, c, 1, seq.sequences_per_s, seq.p50_us,
+                                                          seq.p99_us, note=f"python client, {seq.count} sequences")))
+        finally:
+            server.stop()
     x = np.random.default_rng(0).standard_normal((1, 256), dtype=np.float32)
     out["ceilings"]["mlp_fused raw onnxruntime, batch 1"] = raw_ceiling(repo / "mlp_fused/1/model.onnx", {"INPUT0": x})
     return out
@@ -421,16 +438,20 @@ def add_ratios(name: str, result: dict) -> None:
         def rounds(label: str, c: int) -> list[dict]:
             return [m for m in result["measures"] if m["label"] == label and m["concurrency"] == c]
 
-        def paired(c: int) -> list[tuple[dict, dict]]:
-            return [(e, f) for e, f in zip(rounds(ENSEMBLE_LABEL, c), rounds(FUSED_LABEL, c)) if ok(e) and ok(f)]
+        def paired(c: int, suffix: str = "") -> list[tuple[dict, dict]]:
+            return [(e, f) for e, f in zip(rounds(ENSEMBLE_LABEL + suffix, c), rounds(FUSED_LABEL + suffix, c))
+                    if ok(e) and ok(f)]
 
         na = "n/a (every measurement failed or was unstable)"
-        diffs = [e["p50_us"] - f["p50_us"] for e, f in paired(1)]
-        ratios["c=1: ensemble p50 - fused p50, median of rounds"] = (
-            f"{float(np.median(diffs)):+.0f} us (rounds: {', '.join(f'{d:+.0f}' for d in diffs)})" if diffs else na)
-        shares = [e["infer_per_s"] / f["infer_per_s"] for e, f in paired(16)]
-        ratios["c=16: ensemble / fused throughput, median of rounds"] = (
-            f"{float(np.median(shares)):.2f}x (rounds: {', '.join(f'{x:.2f}' for x in shares)})" if shares else na)
+        for suffix, _, _ in ENSEMBLE_SETUPS:
+            if not rounds(ENSEMBLE_LABEL + suffix, 1):
+                continue  # not measured here (no taskset, one core)
+            diffs = [e["p50_us"] - f["p50_us"] for e, f in paired(1, suffix)]
+            ratios[f"c=1: ensemble p50 - fused p50, median of rounds{suffix}"] = (
+                f"{float(np.median(diffs)):+.0f} us (rounds: {', '.join(f'{d:+.0f}' for d in diffs)})" if diffs else na)
+            shares = [e["infer_per_s"] / f["infer_per_s"] for e, f in paired(16, suffix)]
+            ratios[f"c=16: ensemble / fused throughput, median of rounds{suffix}"] = (
+                f"{float(np.median(shares)):.2f}x (rounds: {', '.join(f'{x:.2f}' for x in shares)})" if shares else na)
         seq1, seq16 = find(SEQUENCE_LABEL, 1), find(SEQUENCE_LABEL, 16)
         e1 = [e["p50_us"] for e, _ in paired(1)]
         e16 = [e["infer_per_s"] for e, _ in paired(16)]
