@@ -99,29 +99,16 @@ class ModelStats:
         self.execution_count += 1
         self.inference_count += batch_rows
         # Per-request compute durations: each request of the batch is charged
-        # the batch's time, as Triton reports them. (Fields updated in place:
-        # this runs once per execution of every model, ensemble steps included.)
-        d = self.compute_input
-        d.count += requests
-        d.ns += input_ns * requests
-        d = self.compute_infer
-        d.count += requests
-        d.ns += infer_ns * requests
-        d = self.compute_output
-        d.count += requests
-        d.ns += output_ns * requests
+        # the batch's time, as Triton reports them.
+        self.compute_input.add(input_ns * requests, requests)
+        self.compute_infer.add(infer_ns * requests, requests)
+        self.compute_output.add(output_ns * requests, requests)
         bs = self.batch_stats.get(batch_rows)
         if bs is None:
             bs = self.batch_stats[batch_rows] = BatchStat()
-        d = bs.compute_input
-        d.count += 1
-        d.ns += input_ns
-        d = bs.compute_infer
-        d.count += 1
-        d.ns += infer_ns
-        d = bs.compute_output
-        d.count += 1
-        d.ns += output_ns
+        bs.compute_input.add(input_ns)
+        bs.compute_infer.add(infer_ns)
+        bs.compute_output.add(output_ns)
         if self.observers:
             self._notify("execution", {"rows": batch_rows, "requests": requests,
                                        "input_ns": input_ns, "infer_ns": infer_ns, "output_ns": output_ns})
