@@ -429,17 +429,22 @@ def _unload(manager, name: str) -> None:  # type: ignore[no-untyped-def]
     entry.state, entry.reason = "UNAVAILABLE", "unloaded"
 
 
-async def test_ensemble_follows_its_composing_models_unload_and_reload(tmp_path: Path):
+async def nested_pipes(repo: Path):  # type: ignore[no-untyped-def]
+    """outer -> pipe -> (scale, relu) loaded from ``repo`` by a ModelManager: (manager, data plane)."""
     from inferd.repository import ModelManager
     from inferd.server.dataplane import DataPlane
 
-    add_model(tmp_path, "scale", om.scale(D, 2.0), onnx_config("scale", 8))
-    add_model(tmp_path, "relu", om.relu(D), onnx_config("relu", 8))
-    add_ensemble(tmp_path, "pipe", ensemble_config("pipe", 8, chain("scale", "relu")))
-    add_ensemble(tmp_path, "outer", ensemble_config("outer", 8, chain("pipe")))
-    manager = ModelManager([tmp_path])
+    add_model(repo, "scale", om.scale(D, 2.0), onnx_config("scale", 8))
+    add_model(repo, "relu", om.relu(D), onnx_config("relu", 8))
+    add_ensemble(repo, "pipe", ensemble_config("pipe", 8, chain("scale", "relu")))
+    add_ensemble(repo, "outer", ensemble_config("outer", 8, chain("pipe")))
+    manager = ModelManager([repo])
     await manager.load_all()
-    dp = DataPlane(manager)
+    return manager, DataPlane(manager)
+
+
+async def test_ensemble_follows_its_composing_models_unload_and_reload(tmp_path: Path):
+    manager, dp = await nested_pipes(tmp_path)
     x = rows(2)
     try:
         assert manager.is_ready("outer") and manager.all_ready()
@@ -467,16 +472,7 @@ async def test_ensemble_follows_its_composing_models_unload_and_reload(tmp_path:
 
 
 async def test_a_composing_model_reloaded_with_other_tensors_makes_the_ensemble_unavailable(tmp_path: Path):
-    from inferd.repository import ModelManager
-    from inferd.server.dataplane import DataPlane
-
-    add_model(tmp_path, "scale", om.scale(D, 2.0), onnx_config("scale", 8))
-    add_model(tmp_path, "relu", om.relu(D), onnx_config("relu", 8))
-    add_ensemble(tmp_path, "pipe", ensemble_config("pipe", 8, chain("scale", "relu")))
-    add_ensemble(tmp_path, "outer", ensemble_config("outer", 8, chain("pipe")))
-    manager = ModelManager([tmp_path])
-    await manager.load_all()
-    dp = DataPlane(manager)
+    manager, dp = await nested_pipes(tmp_path)
     x = rows(2)
     try:
         await dp.infer(InferenceRequest("outer", {"INPUT0": x}))
