@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -14,6 +17,14 @@ from typing import Iterator
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# The servers' logs and port files, kept for the session (a failing test prints its server's
+# log) and removed when it ends.
+LOG_DIR = Path(tempfile.mkdtemp(prefix="inferd-test-logs-"))
+_servers = itertools.count(1)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(LOG_DIR, ignore_errors=True)
 
 
 class ServerProcess:
@@ -27,7 +38,7 @@ class ServerProcess:
     def __init__(self, repository: Path | list[Path], extra_args: list[str] | None = None,
                  log_path: Path | None = None, env: dict[str, str] | None = None) -> None:
         repos = repository if isinstance(repository, list) else [repository]
-        self.log_path = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"inferd-test-{os.getpid()}-{id(self)}.log"
+        self.log_path = log_path or LOG_DIR / f"inferd-{next(_servers)}.log"
         self.port_file = self.log_path.with_suffix(".port")
         self.port_file.unlink(missing_ok=True)
         args = [sys.executable, "-m", "inferd.cli", "serve", "--grpc-address", "127.0.0.1", "--grpc-port", "0",
