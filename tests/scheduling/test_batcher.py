@@ -581,7 +581,7 @@ async def test_auto_moves_a_fast_model_inline_and_back_after_a_slow_run(monkeypa
     assert all(t != loop_thread for t in inst.threads)
     await result(submit(sched))
     assert inst.threads[-1] == loop_thread  # now on the loop
-    inst.cost_us = 20_000  # one execution far past the limit (SLOW_FACTOR times it)
+    inst.cost_us = 20_000  # one execution past SLOW_FACTOR times the limit
     await result(submit(sched))
     assert inst.threads[-1] == loop_thread and worker.inline is False
     inst.cost_us = 10
