@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -84,6 +85,40 @@ class ServerProcess:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+@contextmanager
+def running(repository: Path, *, exit_zero: bool = True, no_traceback: bool = True) -> Iterator[ServerProcess]:
+    """A server for a fixture's lifetime. At the end it is stopped and, as asked, must
+    have exited with status 0 and logged no traceback (no unexpected internal error)."""
+    server = ServerProcess(repository)
+    yield server
+    code = server.stop()
+    if exit_zero:
+        assert code == 0, server.log()
+    if no_traceback:
+        assert "Traceback" not in server.log(), server.log()
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> Iterator:
+    """A tritonclient gRPC client on the module's ``server`` (modules that need another kind define their own)."""
+    import tritonclient.grpc as grpcclient
+
+    c = grpcclient.InferenceServerClient(server.url)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def stub(server: ServerProcess) -> Iterator:
+    """A raw gRPC stub (tritonclient's generated one) on the module's ``server``."""
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    channel = grpc.insecure_channel(server.url)
+    yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    channel.close()
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ import pytest
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ServerProcess
+from conftest import ServerProcess, running
 from inferd.examples import onnx_models as om
 
 D = 256  # the MLP's input and output width
@@ -64,9 +64,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         (model_dir / "1").mkdir(parents=True)
         (model_dir / "config.pbtxt").write_text(model_config(name, mbs, db, count))
         (model_dir / "1" / "model.onnx").write_bytes(big if is_big else small)
-    srv = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
-    yield srv
-    srv.stop()
+    with running(repo, exit_zero=False, no_traceback=False) as srv:
+        yield srv
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, ServerProcess
+from conftest import ROOT, running
 from inferd.examples import onnx_models as om
 from repo_builder import add_model, config
 
@@ -155,18 +155,9 @@ def repo(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(repo, tmp_path_factory):
-    server = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
-    yield server
-    assert server.stop() == 0, server.log()
-    assert "Traceback" not in server.log(), server.log()  # no unexpected (internal) error was logged
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    c = grpcclient.InferenceServerClient(server.url)
-    yield c
-    c.close()
+def server(repo):
+    with running(repo) as server:
+        yield server
 
 
 def _check(*dirs) -> subprocess.CompletedProcess:

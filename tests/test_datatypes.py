@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
-from conftest import ServerProcess
+from conftest import running
 from inferd.examples import onnx_models as om
 from repo_builder import add_model, config
 
@@ -70,24 +70,8 @@ def server(tmp_path_factory):
     # Not batching, with a NaN-carrying float: exercised without a batch dimension.
     add_model(repo, "identity_fp32_nobatch", om.identity(np.float32, [3], batch=False),
               config("identity_fp32_nobatch", [("INPUT0", "TYPE_FP32", [3])], [("OUTPUT0", "TYPE_FP32", [3])], 0))
-    server = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
-    yield server
-    assert server.stop() == 0, server.log()
-    assert "Traceback" not in server.log(), server.log()  # no unexpected (internal) error was logged
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    c = grpcclient.InferenceServerClient(server.url)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def stub(server):
-    channel = grpc.insecure_channel(server.url)
-    yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
-    channel.close()
+    with running(repo) as server:
+        yield server
 
 
 def test_every_model_ready(client):

@@ -24,7 +24,7 @@ import tritonclient.grpc.aio as aioclient
 from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
-from conftest import ServerProcess
+from conftest import ServerProcess, running
 from inferd.clock import FakeClock
 from inferd.config import model_spec, parse_config_text
 from inferd.ensemble import EnsembleScheduler, build_graph
@@ -175,10 +175,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(repo: Path, tmp_path_factory: pytest.TempPathFactory):
-    srv = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
-    yield srv
-    srv.stop()
+def server(repo: Path):
+    with running(repo, exit_zero=False, no_traceback=False) as srv:
+        yield srv
 
 
 @pytest.fixture

@@ -11,10 +11,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from onnx import TensorProto, helper, numpy_helper
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
-from conftest import ServerProcess
+from conftest import running
 from inferd.examples import onnx_models as om
 from repo_builder import add_model, config
 
@@ -58,24 +58,8 @@ def server(tmp_path_factory):
     # Fails to load: its config names an output the model file does not have.
     add_model(repo, "not_ready", om.add_sub(np.int32, 16, batch=True),
               config("not_ready", INT16, [("OUTPUT9", "TYPE_INT32", [16])], 8))
-    server = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
-    yield server
-    assert server.stop() == 0, server.log()
-    assert "Traceback" not in server.log(), server.log()  # no unexpected (internal) error was logged
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    c = grpcclient.InferenceServerClient(server.url)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def stub(server):
-    channel = grpc.insecure_channel(server.url)
-    yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
-    channel.close()
+    with running(repo) as server:
+        yield server
 
 
 def _request(model: str = "simple", rows: int = 1, cols: int = 16, **kw) -> service_pb2.ModelInferRequest:

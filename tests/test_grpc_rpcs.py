@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import time
 
-import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
-from conftest import ServerProcess
+from conftest import running
 from inferd.examples import onnx_models as om
 from repo_builder import add_model, config
 
@@ -38,24 +37,8 @@ def server(tmp_path_factory):
     # dims contradict the model file ([16]): fails to load, the others serve.
     add_model(repo, "broken", om.add_sub(np.int32, 16, batch=True),
               config("broken", [("INPUT0", "TYPE_INT32", [15]), ("INPUT1", "TYPE_INT32", [16])], OUT16, 8))
-    server = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
-    yield server
-    assert server.stop() == 0, server.log()
-    assert "Traceback" not in server.log(), server.log()  # no unexpected (internal) error was logged
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    c = grpcclient.InferenceServerClient(server.url)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def stub(server):
-    channel = grpc.insecure_channel(server.url)
-    yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
-    channel.close()
+    with running(repo) as server:
+        yield server
 
 
 def _inputs(a: np.ndarray, b: np.ndarray) -> list[grpcclient.InferInput]:

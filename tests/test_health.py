@@ -26,7 +26,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, ServerProcess
+from conftest import ROOT, running
 from gated_model import add_gated_model, release, wait_started
 from inferd.examples import onnx_models as om
 from repo_builder import add_model, config
@@ -68,10 +68,8 @@ def _fp32(module, x):
 def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("health")
     _identity(repo)
-    server = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
-    yield server
-    assert server.stop() == 0, server.log()
-    assert "Traceback" not in server.log(), server.log()
+    with running(repo) as server:
+        yield server
 
 
 def test_serving_when_ready(server):

@@ -20,7 +20,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, ServerProcess
+from conftest import ROOT, running
 from inferd.examples import onnx_models as om
 from repo_builder import add_model, config
 
@@ -86,10 +86,8 @@ def server(tmp_path_factory):
         "add_sub", [("INPUT0", "TYPE_INT32", [4]), ("INPUT1", "TYPE_INT32", [4])],
         [("OUTPUT0", "TYPE_INT32", [4]), ("OUTPUT1", "TYPE_INT32", [4])], 0))
     add_model(repo, "broken", None, 'name: "broken"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n',)
-    server = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
-    yield server
-    assert server.stop() == 0, server.log()
-    assert "Traceback" not in server.log(), server.log()
+    with running(repo) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

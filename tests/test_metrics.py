@@ -17,7 +17,7 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from conftest import ServerProcess
+from conftest import running
 from gated_model import add_gated_model, release, wait_started
 from inferd.examples import onnx_models as om
 from repo_builder import add_model, config
@@ -40,10 +40,8 @@ def server(tmp_path_factory, gate):
               "instance_group [ { kind: KIND_CPU count: 1 } ]\n"))
     add_gated_model(repo, "gated", gate)
     add_model(repo, "broken", None, 'name: "broken"\nplatform: "onnxruntime_onnx"\n')
-    server = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
-    yield server
-    assert server.stop() == 0, server.log()
-    assert "Traceback" not in server.log(), server.log()
+    with running(repo) as server:
+        yield server
 
 
 def scrape(server) -> dict[tuple[str, tuple], float]:

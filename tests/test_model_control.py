@@ -306,14 +306,13 @@ def test_poll_mode_picks_up_changes(start_server, repo):
 
 
 def test_unload_dependents_unloads_the_ensembles_that_use_it(start_server, repo):
-    pytest.importorskip("inferd.ensemble")
-    add_model(repo, "ens", None, f'''name: "ens"
+    add_model(repo, "ens", None, '''name: "ens"
 platform: "ensemble"
 max_batch_size: 8
-input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 256 ] }} ]
-output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 256 ] }} ]
-ensemble_scheduling {{ step [ {{ model_name: "scaler" model_version: -1
-  input_map {{ key: "INPUT0" value: "X" }} output_map {{ key: "OUTPUT0" value: "Y" }} }} ] }}
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 256 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 256 ] } ]
+ensemble_scheduling { step [ { model_name: "scaler" model_version: -1
+  input_map { key: "INPUT0" value: "X" } output_map { key: "OUTPUT0" value: "Y" } } ] }
 ''')
     (repo / "ens" / "1").mkdir()
     server = start_server(repo, ["--model-control-mode", "explicit", "--load-model", "ens"])

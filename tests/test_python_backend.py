@@ -16,7 +16,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ServerProcess
+from conftest import running
 from inferd.examples import onnx_models as om
 from inferd.examples.build import TOKENIZER_LENGTH, build_repository, triton_config
 
@@ -362,17 +362,9 @@ def repo(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(repo, tmp_path_factory):
-    server = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
-    yield server
-    assert server.stop() == 0, server.log()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    c = grpcclient.InferenceServerClient(server.url)
-    yield c
-    c.close()
+def server(repo):
+    with running(repo, no_traceback=False) as server:
+        yield server
 
 
 def _input(name: str, array: np.ndarray) -> grpcclient.InferInput:

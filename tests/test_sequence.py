@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
-from conftest import ServerProcess
+from conftest import running
 from inferd.examples import onnx_models as om
 from inferd.examples.build import build_repository
 from repo_builder import add_model, config
@@ -129,17 +129,9 @@ def repo(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(repo, tmp_path_factory):
-    server = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
-    yield server
-    assert server.stop() == 0, server.log()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    c = grpcclient.InferenceServerClient(server.url)
-    yield c
-    c.close()
+def server(repo):
+    with running(repo, no_traceback=False) as server:
+        yield server
 
 
 def _input(value: int, batch: bool = True, rows: int = 1) -> list[grpcclient.InferInput]:

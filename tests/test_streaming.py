@@ -13,7 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ServerProcess
+from conftest import running
 from inferd.examples import onnx_models as om
 from inferd.examples.build import build_repository, ensemble_steps, triton_config
 from repo_builder import add_model, config
@@ -112,10 +112,9 @@ def repo(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(repo, tmp_path_factory):
-    server = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
-    yield server
-    assert server.stop() == 0, server.log()
+def server(repo):
+    with running(repo, no_traceback=False) as server:
+        yield server
 
 
 class Stream:

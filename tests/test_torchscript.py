@@ -13,7 +13,7 @@ import torch
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ServerProcess
+from conftest import running
 from inferd.examples import torch_models as tm
 from inferd.examples.build import (
     TORCH_MLP_D_IN, TORCH_MLP_D_OUT, TORCH_MLP_HIDDEN, TORCH_MLP_SEED, build_repository, triton_config,
@@ -91,17 +91,9 @@ parameters { key: "ENABLE_NVFUSER" value { string_value: "false" } }
 
 
 @pytest.fixture(scope="module")
-def server(repo, tmp_path_factory):
-    server = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
-    yield server
-    assert server.stop() == 0, server.log()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    c = grpcclient.InferenceServerClient(server.url)
-    yield c
-    c.close()
+def server(repo):
+    with running(repo, no_traceback=False) as server:
+        yield server
 
 
 def _input(name: str, array: np.ndarray, wire: str) -> grpcclient.InferInput:
