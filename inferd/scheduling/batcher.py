@@ -116,12 +116,13 @@ class BatchScheduler(Scheduler):
         loop = asyncio.get_running_loop()
         free = self._free
         if (not self._queue and free and free[0].inline and request.trace is None and not self._ordered
+                and not self.policy.max_queue_delay_us
                 and (_nothing_else_ready(loop) or not self._worth_waiting())):
             # The idle fast path: nothing is queued, a free instance executes
-            # inline, and no request could join a batch this loop turn (nothing
-            # else is ready to run, or recent turns brought none). Run it now,
-            # with none of the queue's bookkeeping; what a client sees (results,
-            # errors, statistics) is the same.
+            # inline, no queue delay asks to wait for company, and no request
+            # could join a batch this loop turn (nothing else is ready to run, or
+            # recent turns brought none). Run it now, with none of the queue's
+            # bookkeeping; what a client sees (results, errors, statistics) is the same.
             return self._run_now(free.popleft(), request, rows, time.perf_counter_ns())
         future: asyncio.Future = loop.create_future()
         now = self._clock.now()
@@ -160,8 +161,8 @@ class BatchScheduler(Scheduler):
         p = self.policy
         if not p.batching:
             return False  # one request per execution whatever arrives
-        if p.max_queue_delay_us or self._defer_misses < DEFER_MISSES:
-            return True  # a configured delay asks for batches at a latency cost
+        if self._defer_misses < DEFER_MISSES:
+            return True
         self._defer_probe += 1
         if self._defer_probe < DEFER_PROBE_EVERY:
             return False

@@ -213,6 +213,22 @@ async def test_a_configured_queue_delay_keeps_waiting_for_company():
     await sched.stop()
 
 
+async def test_a_lone_request_waits_out_a_configured_queue_delay():
+    inst = Recording()
+    clock = FakeClock()
+    sched, _, _ = make(policy(max_batch_size=8, max_queue_delay_us=100), inst, clock=clock)
+    assert not asyncio.get_running_loop()._ready  # nothing else ready: the idle fast path's condition
+    coro = sched.infer(request(1.0), 1)
+    waiting = coro.send(None)  # runs to its first suspension instead of executing at once
+    assert isinstance(waiting, asyncio.Future) and inst.rows() == []
+    clock.advance(0.001)  # past the delay: the lone request runs
+    assert inst.rows() == [1]
+    with pytest.raises(StopIteration) as done:
+        coro.send(None)
+    np.testing.assert_array_equal(done.value.value["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
+    await sched.stop()
+
+
 async def test_requests_queued_behind_a_busy_instance_run_as_one_batch():
     inst = Blocking()
     sched, stats, _ = make(policy(max_batch_size=8), inst, mode="thread")
