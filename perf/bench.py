@@ -367,6 +367,15 @@ SCENARIOS = {
     "protocols": scenario_protocols,
     "sequence": scenario_sequence,
 }
+# Scenarios in their own modules (perf/scenarios/<name>.py): each defines ``run(quick) -> dict``
+# (its docstring is the scenario's description) and may define ``ratios(result) -> dict``.
+MODULE_SCENARIOS = sorted(p.stem for p in (PERF / "scenarios").glob("*.py") if not p.stem.startswith("_"))
+
+
+def _scenario_module(name: str):  # type: ignore[no-untyped-def]
+    import importlib
+
+    return importlib.import_module(f"perf.scenarios.{name}")
 
 
 # -- report --------------------------------------------------------------------
@@ -418,6 +427,10 @@ def add_ratios(name: str, result: dict) -> None:
         return None
 
     ratios = {}
+    if name in MODULE_SCENARIOS:
+        module = _scenario_module(name)
+        if hasattr(module, "ratios"):
+            ratios.update(module.ratios(result))
     if name == "request_path":
         for c in sorted({m["concurrency"] for m in result["measures"]}):
             e, i = find("echo servicer (identity)", c), find("inferd identity_fp32", c)
@@ -475,7 +488,8 @@ def add_ratios(name: str, result: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m perf.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="default: all")
+    parser.add_argument("--scenario", action="append", choices=sorted([*SCENARIOS, *MODULE_SCENARIOS]),
+                        help="default: all")
     parser.add_argument("--quick", action="store_true", help="fewer load levels")
     parser.add_argument("--render-only", action="store_true", help="rewrite RESULTS.md from perf/results")
     args = parser.parse_args(argv)
@@ -484,12 +498,12 @@ def main(argv: list[str] | None = None) -> int:
         if not perf_analyzer_available():
             print("perf_analyzer cannot be installed or run here; nothing measured", file=sys.stderr)
             return 1
-        for name in args.scenario or list(SCENARIOS):
-            fn = SCENARIOS[name]
+        for name in args.scenario or [*SCENARIOS, *MODULE_SCENARIOS]:
+            fn = SCENARIOS[name] if name in SCENARIOS else _scenario_module(name).run
             print(f"== {name}", flush=True)
             result = fn(args.quick)
             add_ratios(name, result)
-            data = {"scenario": name, "doc": (fn.__doc__ or "").strip(), "result": result,
+            data = {"scenario": name, "doc": ((fn.__doc__ if name in SCENARIOS else _scenario_module(name).__doc__) or "").strip(), "result": result,
                     "when": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                     "machine": machine(),
                     "command": "python -m perf.bench --scenario " + name + (" --quick" if args.quick else "")}
