@@ -16,6 +16,15 @@ Tensor names follow Triton's pytorch backend:
 A TorchScript file has no signature inferd could read types and shapes from,
 so the config must list every input and output.
 
+Strings (TYPE_STRING), as Triton's pytorch backend takes them: a string input
+is passed to forward as one ``List[str]`` (a batch joined into one list), and
+a ``List[str]`` that forward returns (alone or in its tuple) is a string
+output. The list is the tensor's only dimension, so a string tensor must be
+one-dimensional as the model sees it: ``dims: [n]`` on a model that does not
+batch, ``dims: [1]`` with ``reshape: { shape: [] }`` on one that does. Bytes
+travel as UTF-8 text (TorchScript's ``str``); a request whose bytes are not
+UTF-8 is refused on its own (INVALID_ARGUMENT), the rest of its batch runs.
+
 Parameters (the keys of Triton's pytorch backend, ``parameters`` in the config):
 
 - ``INTRA_OP_THREAD_COUNT``: threads one execution may use. ``torch.set_num_threads``
@@ -57,10 +66,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from inferd._proto import model_config_pb2 as mc
-from inferd.backends.base import Backend, InstanceSpec, ModelInstance, TensorInstance, int_parameter
-from inferd.config import ModelSignature, ModelSpec
+from inferd.backends.base import (
+    Backend, BatchResult, ExecutionTimes, InstanceSpec, ModelInstance, TensorInstance, int_parameter,
+)
+from inferd.config import ModelSignature, ModelSpec, TensorSpec
 from inferd.dtypes import BY_NAME
-from inferd.errors import ConfigError, ModelExecutionError
+from inferd.errors import ConfigError, InferdError, InvalidArgument, ModelExecutionError
 
 log = logging.getLogger(__name__)
 
@@ -176,11 +187,13 @@ class TorchScriptInstance(TensorInstance):
         supported = torch_dtypes()
         for kind, tensors in (("input", spec.inputs), ("output", spec.outputs)):
             for t in tensors.values():
-                if t.datatype.name not in supported:
+                if t.datatype.name == "BYTES":
+                    _check_string_shape(spec, kind, t)
+                elif t.datatype.name not in supported:
                     raise ConfigError(
                         f"model '{spec.name}': {kind} '{t.name}' has data_type {t.datatype.config}, which the "
                         f"TorchScript backend does not support (supported: "
-                        f"{', '.join('TYPE_' + n for n in supported)})"
+                        f"{', '.join('TYPE_' + n for n in supported)}, and TYPE_STRING as List[str])"
                     )
 
     def _torch_device(self, backend: TorchScriptBackend, spec: ModelSpec, instance: InstanceSpec):  # type: ignore[no-untyped-def]
@@ -240,16 +253,26 @@ class TorchScriptInstance(TensorInstance):
             kind = args[i].type
             if isinstance(kind, torch._C.OptionalType):
                 kind = kind.getElementType()
-            if not isinstance(kind, torch._C.TensorType):
+            string = self.model.inputs[n].datatype.name == "BYTES"
+            if string and not _is_string_list(torch, kind):
+                raise ConfigError(
+                    f"model '{model}': input '{n}' is TYPE_STRING, so forward() argument '{args[i].name}' must be "
+                    f"List[str]; it is {args[i].type}"
+                )
+            if not string and not isinstance(kind, torch._C.TensorType):
                 raise ConfigError(
                     f"model '{model}': forward() argument '{args[i].name}' (input '{n}') has type "
-                    f"{args[i].type}; inferd passes each input as one Tensor"
+                    f"{args[i].type}; inferd passes each input as one Tensor (and a TYPE_STRING input as List[str])"
                 )
         # All of forward's arguments, in order, supplied by config inputs: call
         # positionally (the fast path); otherwise by keyword, so defaults apply.
         order = sorted(positions, key=positions.__getitem__)
         self._positional = order if [positions[n] for n in order] == list(range(len(args))) else None
         self._arg_of = {n: arg_names[i] for n, i in positions.items()}
+        self._string_inputs = tuple(n for n, t in self.model.inputs.items() if t.datatype.name == "BYTES")
+        # forward returning one List[str] returns a list: it is one output, not a list of results.
+        returns = list(schema.returns)
+        self._returns_one_list = len(returns) == 1 and _is_string_list(torch, returns[0].type)
 
     def _map_outputs(self) -> None:
         names = list(self.model.outputs)
@@ -267,15 +290,41 @@ class TorchScriptInstance(TensorInstance):
             mapping = {n: i for i, n in enumerate(names)}  # Triton: the config's order
         self._output_index: dict[str, int] = mapping  # type: ignore[assignment]
         dtypes = torch_dtypes()
-        self._output_dtypes = {n: dtypes[t.datatype.name] for n, t in self.model.outputs.items()}
+        self._output_dtypes = {n: dtypes.get(t.datatype.name) for n, t in self.model.outputs.items()}
 
     # -- execution ---------------------------------------------------------------
+
+    def execute(self, inputs: Sequence[dict[str, np.ndarray]], output_names: Sequence[str]) -> BatchResult:
+        """As TensorInstance, after refusing (each on its own) the requests whose
+        string inputs are not UTF-8: the others of the batch still run."""
+        if not self._string_inputs:
+            return super().execute(inputs, output_names)
+        problems = [self._undecodable(r) for r in inputs]
+        good = [r for r, p in zip(inputs, problems) if p is None]
+        result = super().execute(good, output_names) if good else BatchResult([], ExecutionTimes())
+        ran = iter(result.outputs)
+        outputs: list[dict[str, np.ndarray] | InferdError] = [next(ran) if p is None else p for p in problems]
+        return BatchResult(outputs, result.times)
+
+    def _undecodable(self, request: dict[str, np.ndarray]) -> InferdError | None:
+        for name in self._string_inputs:
+            for i, item in enumerate(request[name].reshape(-1)):
+                if isinstance(item, bytes):
+                    try:
+                        item.decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        return InvalidArgument(
+                            f"input '{name}' for model '{self.model.name}': element {i} is not UTF-8 text "
+                            f"({exc.reason} at byte {exc.start}); a TorchScript model takes TYPE_STRING as "
+                            "List[str], which holds UTF-8 text only"
+                        )
+        return None
 
     def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
         torch = self._torch
         if torch.get_num_threads() != self._threads:
             torch.set_num_threads(self._threads)
-        tensors = {n: self._to_torch(a) for n, a in inputs.items()}
+        tensors = {n: _to_strings(a) if a.dtype.kind == "O" else self._to_torch(a) for n, a in inputs.items()}
         grad_mode = torch.inference_mode() if self._inference_mode else torch.no_grad()
         with grad_mode:
             if self._optimized:
@@ -307,14 +356,14 @@ class TorchScriptInstance(TensorInstance):
     def _outputs(self, result: Any, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         torch = self._torch
         model = self.model.name
-        if isinstance(result, torch.Tensor):
+        if isinstance(result, torch.Tensor) or self._returns_one_list:
             results: Sequence[Any] = (result,)
         elif isinstance(result, (tuple, list)):
             results = result
         else:
             raise ModelExecutionError(
-                f"model '{model}': forward() returned {type(result).__name__}; inferd takes a Tensor or a "
-                "tuple/list of Tensors"
+                f"model '{model}': forward() returned {type(result).__name__}; inferd takes a Tensor, a List[str] "
+                "or a tuple/list of them"
             )
         rows = len(next(iter(inputs.values()))) if self.model.batching and inputs else None
         out: dict[str, np.ndarray] = {}
@@ -325,6 +374,9 @@ class TorchScriptInstance(TensorInstance):
                     f"{len(results)} result(s)"
                 )
             tensor = results[index]
+            if self.model.outputs[name].datatype.name == "BYTES":
+                out[name] = self._string_output(name, index, tensor, rows)
+                continue
             if not isinstance(tensor, torch.Tensor):
                 raise ModelExecutionError(
                     f"model '{model}': forward() result {index} (output '{name}') is {type(tensor).__name__}, not a Tensor"
@@ -343,6 +395,22 @@ class TorchScriptInstance(TensorInstance):
             out[name] = self._to_numpy(tensor)
         return out
 
+    def _string_output(self, name: str, index: int, value: Any, rows: int | None) -> np.ndarray:
+        model = self.model.name
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ModelExecutionError(
+                f"model '{model}': output '{name}' is TYPE_STRING, so forward() result {index} must be a List[str]; "
+                f"it is {type(value).__name__}"
+            )
+        if rows is not None and len(value) != rows:
+            raise ModelExecutionError(
+                f"model '{model}': output '{name}' is a List[str] of {len(value)} strings; with max_batch_size > 0 "
+                f"it must hold one string per batch row ({rows})"
+            )
+        out = np.empty(len(value), dtype=np.object_)
+        out[:] = [v.encode("utf-8") for v in value]
+        return out
+
     def _to_numpy(self, tensor) -> np.ndarray:  # type: ignore[no-untyped-def]
         torch = self._torch
         if tensor.device.type != "cpu":
@@ -355,6 +423,29 @@ class TorchScriptInstance(TensorInstance):
         del self.module
         if self._cuda:
             self._torch.cuda.empty_cache()
+
+
+def _check_string_shape(spec: ModelSpec, kind: str, t: TensorSpec) -> None:
+    """Triton's rule: a string tensor is one List[str], so one dimension in all as the model sees it."""
+    batching = spec.max_batch_size > 0
+    if len(t.model_dims) + (1 if batching else 0) > 1:
+        shape = f"reshape.shape {list(t.model_dims)}" if t.reshaped else f"dims {list(t.dims)}"
+        valid = ("dims: [1] with reshape: { shape: [] } (one string per batch row)" if batching
+                 else "dims: [n] or [-1]")
+        raise ConfigError(
+            f"model '{spec.name}': {kind} '{t.name}' is TYPE_STRING with {shape}"
+            f"{' and max_batch_size ' + str(spec.max_batch_size) if batching else ''}; a TorchScript model takes "
+            f"strings as one List[str], so the tensor must be one-dimensional as the model sees it: {valid}"
+        )
+
+
+def _is_string_list(torch: Any, kind: Any) -> bool:
+    return isinstance(kind, torch._C.ListType) and isinstance(kind.getElementType(), torch._C.StringType)
+
+
+def _to_strings(array: np.ndarray) -> list[str]:
+    # Decodability was checked per request in execute(); str items (from in-process callers) pass as they are.
+    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
 
 
 def _torchable(array: np.ndarray) -> np.ndarray:
