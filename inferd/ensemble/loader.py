@@ -27,6 +27,7 @@ from inferd.ensemble.graph import (
 )
 from inferd.ensemble.scheduler import EnsembleScheduler, Resolver
 from inferd.errors import ConfigError
+from inferd.model import Model
 from inferd.observability.stats import ModelStats
 from inferd.repository.layout import available_versions, select_versions
 
@@ -125,8 +126,6 @@ def build_versions(prepared: PreparedEnsemble, model_dir: Path, resolve: Resolve
                    problem: Callable[[], str | None] | None = None) -> dict:
     """One Model (an EnsembleScheduler and its own statistics) per selected version.
     ``problem``: why the ensemble cannot serve now (ModelManager.ensemble_problem)."""
-    from inferd.repository.model import Model
-
     models = {}
     for version in prepared.versions:
         stats = ModelStats(prepared.spec.name, version)

@@ -23,7 +23,7 @@ from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError, Un
 from inferd.observability.stats import ModelStats
 from inferd.observability.tracing import ensemble_step
 from inferd.scheduling.base import Inflight, Scheduler
-from inferd.server.model_path import run_model
+from inferd.model import run_model
 from inferd.types import InferenceRequest, RequestedOutput
 
 # (name, version; 0 = latest) -> the loaded model (inferd.repository.Model), or a domain error.

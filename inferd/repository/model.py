@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ from inferd.clock import Clock
 from inferd.config import ModelSpec
 from inferd.config._sequence import sequence_policy
 from inferd.errors import ConfigError
+from inferd.model import Model
 from inferd.observability.stats import ModelStats
 from inferd.scheduling.base import Scheduler
 from inferd.scheduling.batcher import BatchScheduler
@@ -21,24 +21,6 @@ from inferd.scheduling.instances import InstanceWorker
 from inferd.repository.warmup import run_warmup, warmup_samples
 from inferd.scheduling.policy import batching_policy
 from inferd.scheduling.sequence import SequenceScheduler, sequence_sample
-
-
-@dataclass(eq=False)
-class Model:
-    spec: ModelSpec
-    version: int
-    scheduler: Scheduler
-    stats: ModelStats
-    model_dir: Path
-    decoupled: bool = False  # model_transaction_policy.decoupled: responses only stream
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def config(self) -> mc.ModelConfig:
-        return self.spec.config
 
 
 def instance_specs(spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path) -> list[InstanceSpec]:

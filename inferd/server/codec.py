@@ -7,13 +7,12 @@ length-prefixed framing.
 
 from __future__ import annotations
 
-import struct
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from inferd._proto import grpc_service_pb2 as pb
-from inferd.dtypes import BY_NAME, DataType
+from inferd.dtypes import BY_NAME, DataType, decode_bytes, encode_bytes
 from inferd.errors import InvalidArgument, Unimplemented
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
 
@@ -62,36 +61,6 @@ def parse_version(model: str, version: str) -> int:
     if value < 0:
         raise InvalidArgument(f"model '{model}': version must be a non-negative integer, got '{version}'")
     return value
-
-
-def decode_bytes(raw: bytes | memoryview, count: int, where: str) -> np.ndarray:
-    """Length-prefixed BYTES elements into an object array of ``bytes``."""
-    out = np.empty(count, dtype=np.object_)
-    view = memoryview(raw)
-    pos, end = 0, len(view)
-    for i in range(count):
-        if pos + 4 > end:
-            raise InvalidArgument(f"{where}: BYTES data ends after {i} of {count} elements (malformed framing)")
-        (length,) = struct.unpack_from("<I", view, pos)
-        pos += 4
-        if pos + length > end:
-            raise InvalidArgument(
-                f"{where}: BYTES element {i} claims {length} bytes but only {end - pos} remain (malformed framing)"
-            )
-        out[i] = bytes(view[pos:pos + length])
-        pos += length
-    if pos != end:
-        raise InvalidArgument(f"{where}: {end - pos} bytes left over after {count} BYTES elements (malformed framing)")
-    return out
-
-
-def encode_bytes(array: np.ndarray) -> bytes:
-    parts = []
-    for item in array.reshape(-1):
-        data = item if isinstance(item, bytes) else (item.encode() if isinstance(item, str) else bytes(item))
-        parts.append(struct.pack("<I", len(data)))
-        parts.append(data)
-    return b"".join(parts)
 
 
 def array_from_raw(raw: bytes, dtype: DataType, shape: tuple[int, ...], where: str) -> np.ndarray:

@@ -17,10 +17,8 @@ from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Una
 from inferd.observability.log_settings import LogSettings
 from inferd.observability.tracing import Tracing
 from inferd.repository import IndexEntry, ModelManager, control
-from inferd.repository.model import Model
+from inferd.model import Model, check_requested_outputs, prepare_inputs, run_model, shape_outputs
 from inferd.server.shared_memory import SharedMemoryManager
-from inferd.server.model_path import run_model
-from inferd.server.validation import check_requested_outputs, prepare_inputs, shape_outputs
 from inferd.types import InferenceRequest, InferenceResponse
 from inferd.streaming import ResponseSink, StreamEvent, StreamResponse
 

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from inferd.dtypes import BY_NAME, DataType, from_numpy
+from inferd.dtypes import BY_NAME, DataType, encode_bytes, from_numpy
 from inferd.errors import InvalidArgument, Unimplemented
-from inferd.server.codec import array_from_raw, encode_bytes, int_param, parse_version
+from inferd.server.codec import array_from_raw, int_param, parse_version
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
 
 if TYPE_CHECKING:

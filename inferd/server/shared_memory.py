@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from inferd.dtypes import DataType
+from inferd.dtypes import DataType, decode_bytes
 from inferd.errors import AlreadyExists, InvalidArgument, NotFound, Unimplemented
 
 SHM_DIR = Path("/dev/shm")
@@ -85,8 +85,6 @@ class Region:
         for d in shape:
             count *= d
         if dtype.name == "BYTES":
-            from inferd.server.codec import decode_bytes
-
             return decode_bytes(memoryview(self._map)[start:start + size], count, where).reshape(shape)
         if dtype.numpy is None:
             raise InvalidArgument(f"{where}: data type {dtype.name} is not supported on this server")

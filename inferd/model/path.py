@@ -9,22 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 
 from inferd.clock import Clock
+from inferd.dtypes import encode_bytes
 from inferd.errors import DeadlineExceeded, InferdError
-from inferd.server.codec import encode_bytes
-from inferd.server.validation import check_requested_outputs, prepare_inputs, shape_outputs
+from inferd.model.model import Model
+from inferd.model.validation import check_requested_outputs, prepare_inputs, shape_outputs
 from inferd.types import InferenceRequest, RequestedOutput
-
-if TYPE_CHECKING:  # the repository imports the ensembles, which import this module
-    from inferd.repository.model import Model
 
 
 async def run_model(
-    model: "Model", request: InferenceRequest, clock: Clock,
+    model: Model, request: InferenceRequest, clock: Clock,
     describe: Callable[[Exception], Exception] | None = None,
 ) -> dict[str, np.ndarray]:
     """The request's outputs, shaped as the client asked. Records success or
