@@ -25,9 +25,9 @@ from inferd.ensemble.graph import (
     check_ensemble_config,
     is_ensemble,
 )
-from inferd.ensemble.scheduler import EnsembleScheduler, Resolver
+from inferd.ensemble.scheduler import EnsembleScheduler
 from inferd.errors import ConfigError
-from inferd.model import Model
+from inferd.model import Model, ModelLookup
 from inferd.observability.stats import ModelStats
 from inferd.repository.layout import available_versions, select_versions
 
@@ -122,7 +122,7 @@ def check_models(prepared: PreparedEnsemble, entry_of: Callable[[str], Any]) -> 
     check_against_models(prepared.spec, prepared.graph, lookup)
 
 
-def build_versions(prepared: PreparedEnsemble, model_dir: Path, resolve: Resolver, clock: Clock | None = None,
+def build_versions(prepared: PreparedEnsemble, model_dir: Path, resolve: ModelLookup, clock: Clock | None = None,
                    problem: Callable[[], str | None] | None = None) -> dict:
     """One Model (an EnsembleScheduler and its own statistics) per selected version.
     ``problem``: why the ensemble cannot serve now (ModelManager.ensemble_problem)."""

@@ -3,13 +3,15 @@
 :class:`Model` is a loaded version (spec, scheduler, statistics);
 :func:`run_model` is the one model path (validate, schedule, shape, count)
 that the data plane runs every client request through and that an ensemble
-runs each of its steps through. Nothing here imports the repository, the
+runs each of its steps through; :func:`infer` and :class:`ModelDispatcher`
+run a request on a model found through a :data:`ModelLookup` they are handed. Nothing here imports the repository, the
 data plane or a frontend.
 """
 
+from inferd.model.dispatch import DECOUPLED_UNARY, ModelDispatcher, ModelLookup, infer
 from inferd.model.model import Model
 from inferd.model.path import failure_reason, run_model
 from inferd.model.validation import check_requested_outputs, classify, prepare_inputs, shape_outputs
 
-__all__ = ["Model", "check_requested_outputs", "classify", "failure_reason", "prepare_inputs", "run_model",
+__all__ = ["DECOUPLED_UNARY", "Model", "ModelDispatcher", "ModelLookup", "infer", "check_requested_outputs", "classify", "failure_reason", "prepare_inputs", "run_model",
            "shape_outputs"]

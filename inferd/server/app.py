@@ -26,7 +26,6 @@ from inferd.observability.metrics import ServerMetrics
 from inferd.observability.tracing import Tracing
 from inferd.repository import ModelManager
 from inferd.repository.control import RepositoryPoller
-from inferd.server import context
 from inferd.server.asgi import AsgiServer
 from inferd.server.dataplane import DataPlane
 from inferd.server.grpc_service import InferenceServicer, add_to_server
@@ -105,8 +104,6 @@ class InferenceServer:
         }
 
     async def start(self) -> None:
-        # Published before loading: a Python model may call other models (BLS).
-        context.set_current(context.ServerContext(self.dataplane, asyncio.get_running_loop()))
         o = self.options
         self.dataplane.loading = True  # live, not ready, until the models are in
         try:
@@ -194,9 +191,6 @@ class InferenceServer:
             await self._metrics_server.stop(1.0)
         if self.metrics is not None:
             self.metrics.close()
-        current = context.current()
-        if current is not None and current.dataplane is self.dataplane:
-            context.set_current(None)
         log.info("stopped")
 
     def request_stop(self) -> None:

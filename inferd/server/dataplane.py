@@ -17,15 +17,14 @@ from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Una
 from inferd.observability.log_settings import LogSettings
 from inferd.observability.tracing import Tracing
 from inferd.repository import IndexEntry, ModelManager, control
-from inferd.model import Model, check_requested_outputs, prepare_inputs, run_model, shape_outputs
+from inferd.model import DECOUPLED_UNARY, Model, check_requested_outputs, prepare_inputs, shape_outputs
+from inferd.model import infer as model_infer
 from inferd.server.shared_memory import SharedMemoryManager
 from inferd.types import InferenceRequest, InferenceResponse
 from inferd.streaming import ResponseSink, StreamEvent, StreamResponse
 
 SERVER_NAME = "inferd"
 SERVER_VERSION = "0.1.0"
-# Triton's words for a one-response call to a decoupled model (clients match on it).
-DECOUPLED_UNARY = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 EXTENSIONS = [
     "classification", "sequence", "model_repository", "schedule_policy", "model_configuration", "statistics",
     "binary_tensor_data", "parameters", "model_repository(unload_dependents)", "system_shared_memory", "trace", "logging",
@@ -137,22 +136,7 @@ class DataPlane:
         leaves ending it to this method; outputs requested into shared memory
         are written there (the frontend then sends no data for them).
         ``decoupled_error``: the frontend's words refusing a decoupled model."""
-        trace = request.trace
-        try:
-            model = self.manager.get(request.model_name, request.model_version)
-        except InferdError as exc:
-            if trace is not None:
-                trace.end(exc)
-            raise
-        if model.decoupled:
-            exc = Unimplemented(decoupled_error)
-            if trace is not None:
-                trace.end(exc)
-            raise exc
-        result = await run_model(model, request, self.clock)
-        return InferenceResponse(
-            model_name=model.spec.name, model_version=model.version, outputs=result, id=request.id
-        )
+        return await model_infer(self.manager.get, request, self.clock, decoupled_error)
 
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
         """Run one request and yield its responses as they come (ModelStreamInfer).
