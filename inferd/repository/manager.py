@@ -31,11 +31,11 @@ from inferd import backends
 from inferd._proto import model_config_pb2 as mc
 from inferd.clock import Clock
 from inferd.config import ModelSpec, autocomplete, parse_config_file, validate
-from inferd.ensemble import loader as ensemble_loader
-from inferd.ensemble.graph import EnsembleGraph, build_graph, find_cycle, is_ensemble, load_order
+from inferd.ensemble.graph import EnsembleGraph, build_graph, dependents, find_cycle, is_ensemble, load_order
 from inferd.errors import ConfigError, InferdError, NotFound, Unavailable, unknown_model
-from inferd.repository.layout import available_versions, fingerprint, scan, select_versions
 from inferd.model import ModelDispatcher
+from inferd.repository import ensembles as ensemble_loader
+from inferd.repository.layout import available_versions, fingerprint, scan, select_versions
 from inferd.repository.model import Model, build_model
 from inferd.scheduling.policy import batching_policy
 
@@ -102,7 +102,7 @@ def prepare(name: str, model_dir: Path, override: mc.ModelConfig | None = None) 
     backend = backends.resolve(config, model_dir)
     if backend is None:
         raise ConfigError(f"model '{name}': an ensemble is checked against its composing models: "
-                          "the ModelManager loads it (inferd.ensemble.loader), not prepare()")
+                          "the ModelManager loads it (inferd.repository.ensembles), not prepare()")
     filename = config.default_model_filename or backend.default_filename
     files: dict[int, Path] = {}
     for version in versions:
@@ -330,11 +330,7 @@ class ModelManager:
         ensembles, outermost last (unload_dependents unloads them first)."""
         graphs = [e.ensemble.graph for e in self._entries.values()
                   if getattr(e, "ensemble", None) is not None and e.versions]
-        if not graphs:
-            return []
-        from inferd.ensemble.graph import dependents
-
-        return dependents(name, graphs)
+        return dependents(name, graphs) if graphs else []
 
     async def load_model(self, name: str, config: mc.ModelConfig | None = None) -> None:
         """Load or reload ``name`` (RepositoryModelLoad, poll mode); raises when it fails."""

@@ -1,4 +1,5 @@
-"""Loading an ensemble: what the ModelManager calls.
+"""Loading an ensemble: what the ModelManager calls (the repository's side of
+:mod:`inferd.ensemble`, which never imports the repository).
 
 An ensemble is loaded after its composing models (:func:`load_order`), on
 the event loop (it has no instances, nothing blocks). :func:`prepare` checks
