@@ -4,7 +4,8 @@ in-process callers (a Python model's BLS call) share.
 :func:`infer` looks the model up through the :data:`ModelLookup` it is
 handed (the repository's ``ModelManager.get``), refuses a decoupled model
 (its responses can only stream) and takes the model's path
-(:func:`~inferd.model.path.run_model`). :class:`ModelDispatcher` binds a
+(:func:`~inferd.model.path.run_model`); :func:`infer_stream` does the same for
+a stream's request, decoupled or not. :class:`ModelDispatcher` binds a
 lookup to the event loop the models run on; it implements the backends'
 :class:`~inferd.backends.base.InferenceDispatcher`, which is how the Python
 backend reaches other models without importing anything above it.
@@ -13,12 +14,13 @@ backend reaches other models without importing anything above it.
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from typing import AsyncIterator, Callable
 
 from inferd.clock import Clock, MonotonicClock
 from inferd.errors import InferdError, Unimplemented
 from inferd.model.model import Model
-from inferd.model.path import run_model
+from inferd.model.path import run_model, stream_model
+from inferd.streaming import StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse
 
 # (name, version; 0 = as the version policy chooses) -> the loaded model, or the domain error a client sees.
@@ -47,6 +49,18 @@ async def infer(lookup: ModelLookup, request: InferenceRequest, clock: Clock,
         raise exc
     result = await run_model(model, request, clock)
     return InferenceResponse(model_name=model.spec.name, model_version=model.version, outputs=result, id=request.id)
+
+
+async def infer_stream(lookup: ModelLookup, request: InferenceRequest, clock: Clock) -> AsyncIterator[StreamResponse]:
+    """Every response to one request as it comes (see :func:`~inferd.model.path.stream_model`);
+    a model that cannot be found is the one final error."""
+    try:
+        model = lookup(request.model_name, request.model_version)
+    except InferdError as exc:
+        yield StreamResponse(error=exc, final=True)
+        return
+    async for item in stream_model(model, request, clock):
+        yield item
 
 
 class ModelDispatcher:

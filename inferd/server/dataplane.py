@@ -7,21 +7,20 @@ validate, schedule, shape the outputs, count.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Mapping
 
 from inferd.clock import Clock, MonotonicClock
-from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable, Unimplemented
+from inferd.errors import InvalidArgument, Unavailable
 from inferd.observability.log_settings import LogSettings
 from inferd.observability.tracing import Tracing
-from inferd.repository import IndexEntry, ModelManager, control
-from inferd.model import DECOUPLED_UNARY, Model, check_requested_outputs, prepare_inputs, shape_outputs
+from inferd.model import DECOUPLED_UNARY, Model
 from inferd.model import infer as model_infer
+from inferd.model import infer_stream as model_infer_stream
+from inferd.repository import IndexEntry, ModelManager, control
 from inferd.server.shared_memory import SharedMemoryManager
 from inferd.types import InferenceRequest, InferenceResponse
-from inferd.streaming import ResponseSink, StreamEvent, StreamResponse
+from inferd.streaming import StreamResponse
 
 SERVER_NAME = "inferd"
 SERVER_VERSION = "0.1.0"
@@ -146,78 +145,8 @@ class DataPlane:
         final flag (on the last response, or alone). Errors are yielded, as
         final responses where they end the request; only cancellation raises.
         """
-        try:
-            model = self.manager.get(request.model_name, request.model_version)
-        except InferdError as exc:
-            yield StreamResponse(error=exc, final=True)
-            return
-        if not model.decoupled:
-            try:
-                response = await self.infer(request)
-            except InferdError as exc:
-                yield StreamResponse(error=exc, final=True)
-                return
-            yield StreamResponse(response=response, final=True)
-            return
-        async for item in self._infer_decoupled(model, request):
+        async for item in model_infer_stream(self.manager.get, request, self.clock):
             yield item
-
-    async def _infer_decoupled(self, model: Model, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
-        spec, stats = model.spec, model.stats
-        start = time.perf_counter_ns()
-        loop = asyncio.get_running_loop()
-        sink = ResponseSink(loop)
-        request.responder = sink
-        try:
-            inputs, rows = prepare_inputs(spec, request)
-            check_requested_outputs(spec, request.requested_outputs)
-        except InferdError as exc:
-            stats.record_failure(time.perf_counter_ns() - start, exc.grpc_code.name, self.clock.now())
-            yield StreamResponse(error=exc, final=True)
-            return
-        request.inputs = inputs
-        task = loop.create_task(model.scheduler.infer(request, rows))
-
-        def executed(t: asyncio.Task) -> None:
-            # The request never reached the model (refused, queue full, ...): that ends it.
-            if not t.cancelled() and t.exception() is not None:
-                exc = t.exception()
-                error = exc if isinstance(exc, InferdError) else ModelExecutionError(
-                    f"model '{spec.name}' failed to execute: {type(exc).__name__}: {exc}")
-                sink.put(StreamEvent(error=error, final=True))
-
-        task.add_done_callback(executed)
-        failure = ""
-        try:
-            while True:
-                event = await sink.get()
-                if event.error is not None:
-                    failure = failure or event.error.grpc_code.name
-                    yield StreamResponse(error=event.error, final=event.final)
-                elif event.outputs is not None:
-                    try:
-                        result = shape_outputs(spec, event.outputs, request.requested_outputs)
-                    except InferdError as exc:
-                        failure = failure or exc.grpc_code.name
-                        yield StreamResponse(error=exc, final=event.final)
-                    else:
-                        response = InferenceResponse(model_name=spec.name, model_version=model.version,
-                                                     outputs=result, id=request.id)
-                        yield StreamResponse(response=response, final=event.final)
-                else:
-                    yield StreamResponse(final=True)
-                if event.final:
-                    break
-        except BaseException:  # cancelled, or the consumer closed the stream
-            request.cancelled = sink.cancelled = True
-            if not task.done():
-                task.cancel()
-            stats.record_failure(time.perf_counter_ns() - start, "CANCELED", self.clock.now())
-            raise
-        if failure:
-            stats.record_failure(time.perf_counter_ns() - start, failure, self.clock.now())
-        else:
-            stats.record_success(time.perf_counter_ns() - start, self.clock.now())
 
 
 def _check_repository(repository: str, name: str) -> None:
