@@ -166,7 +166,7 @@ def failure_reason(exc: BaseException) -> str:
     if isinstance(exc, DeadlineExceeded):
         return "TIMEOUT"
     if isinstance(exc, InferdError):
-        return exc.grpc_code.name
+        return exc.kind
     return "INTERNAL"
 
 

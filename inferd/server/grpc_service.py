@@ -1,7 +1,7 @@
 """The gRPC frontend: GRPCInferenceService methods translate wire <-> domain.
 
 Each method decodes its request, calls the data plane and encodes the answer;
-domain errors become gRPC statuses through :func:`inferd.errors.grpc_status`.
+domain errors become gRPC statuses through :func:`inferd.server.status.grpc_status`.
 Nothing here decides anything about models or scheduling.
 """
 
@@ -17,8 +17,9 @@ from inferd._proto import grpc_service_pb2 as pb
 from inferd._proto import grpc_service_pb2_grpc as pb_grpc
 from inferd.clock import Clock, MonotonicClock
 from inferd.dataplane import DataPlaneAPI, shared_memory
-from inferd.errors import InferdError, NotFound, Unimplemented, grpc_status
+from inferd.errors import InferdError, NotFound, Unimplemented
 from inferd.server import codec
+from inferd.server.status import grpc_status
 
 log = logging.getLogger(__name__)
 

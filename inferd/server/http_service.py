@@ -3,7 +3,7 @@
 A Starlette app, served by uvicorn on the server's event loop
 (:mod:`inferd.server.asgi`). Each route decodes (:mod:`inferd.server.http_codec`),
 calls the same :class:`DataPlane` as gRPC and encodes; errors are
-``{"error": "..."}`` with the status of :func:`inferd.errors.http_status`.
+``{"error": "..."}`` with the status of :func:`inferd.server.status.http_status`.
 Health and readiness answer 200 for true and 400 for false, as Triton does.
 Triton's extensions use the data plane's own state, so both frontends see one
 set of shared memory regions, trace settings and log settings; a W3C
@@ -25,9 +25,10 @@ from starlette.routing import Route
 
 from inferd.config import message_to_dict
 from inferd.dataplane import DataPlaneAPI, shared_memory
-from inferd.errors import InferdError, InvalidArgument, NotFound, Unimplemented, http_status
+from inferd.errors import InferdError, InvalidArgument, NotFound, Unimplemented
 from inferd.server import http_codec
 from inferd.server.codec import parse_version
+from inferd.server.status import http_status
 
 # Triton's words for an HTTP inference request to a decoupled model (clients match on them).
 DECOUPLED_HTTP = "HTTP end point doesn't support models with decoupled transaction policy"
