@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+
 import triton_python_backend_utils as pb_utils
 from inferd.backends.base import (
     Backend, BatchResult, ExecutionTimes, InferenceDispatcher, InstanceSpec, ModelInstance, RequestInputs,
