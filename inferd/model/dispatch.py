@@ -41,10 +41,10 @@ def find(lookup: ModelLookup, request: InferenceRequest, decoupled_error: str = 
             trace.end(exc)
         raise
     if model.decoupled:
-        exc = Unimplemented(decoupled_error)
+        refused = Unimplemented(decoupled_error)
         if trace is not None:
-            trace.end(exc)
-        raise exc
+            trace.end(refused)
+        raise refused
     return model
 
 
