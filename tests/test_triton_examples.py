@@ -121,11 +121,12 @@ def results(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=scripts)
             return _client_id(client), proc
 
-        # The model-control clients change what the control server has loaded: one after the other.
-        plain = [c for c in CLIENTS if not c[2].startswith("control")]
+        # One after the other: the model-control clients change what the control server has loaded,
+        # and the shared-memory ones use the same region names and keys.
+        alone = [c for c in CLIENTS if c[2].startswith("control") or "_shm_" in c[0]]
         with ThreadPoolExecutor(4) as pool:
-            done = dict(pool.map(run, plain))
-        done.update(run(c) for c in CLIENTS if c[2].startswith("control"))
+            done = dict(pool.map(run, [c for c in CLIENTS if c not in alone]))
+        done.update(run(c) for c in alone)
     return done
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from inferd._proto import model_config_pb2 as mc
 from inferd.config._autocomplete import ModelSignature, SignatureTensor
+from inferd.config._batching import check_dynamic_batching
 from inferd.config._sequence import (
     check_sequence_signature, decoupled_problem, normalize_sequence_batching, sequence_policy, sequence_tensor_names,
 )
@@ -68,7 +69,7 @@ def check_declared(config: mc.ModelConfig, *, model_dir: Path | None = None,
     _check_tensors(name, "input", config.input, config.max_batch_size)
     _check_tensors(name, "output", config.output, config.max_batch_size)
     _check_instance_groups(config)
-    _check_preserve_ordering(config)
+    check_dynamic_batching(config)
     sequence_policy(config, model_dir)
 
 
@@ -106,7 +107,7 @@ def validate(
             check_sequence_signature(config, sequence, signature)
         _check_against_signature(config, signature)
     # An input and an output may share a name (Triton allows it).
-    return model_spec(config, labels)
+    return model_spec(config, labels, model_dir=model_dir, sequence=sequence)
 
 
 def _check_version_policy(config: mc.ModelConfig) -> None:
@@ -219,29 +220,6 @@ def _runs(dims: list[int]) -> list[int]:
         else:
             current *= d
     return runs + [current]
-
-
-def _check_preserve_ordering(config: mc.ModelConfig) -> None:
-    """Triton's rule: responses in arrival order rule out priorities and delayed requests."""
-    if not config.HasField("dynamic_batching") or not config.dynamic_batching.preserve_ordering:
-        return
-    db = config.dynamic_batching
-    where = f"model '{config.name}': dynamic_batching"
-    if db.priority_levels > 1:
-        raise ConfigError(
-            f"{where}.priority_levels is {db.priority_levels} with preserve_ordering true; responses sent in "
-            "arrival order allow one priority level only: set priority_levels to 0 or 1, or preserve_ordering "
-            "to false"
-        )
-    policies = [("default_queue_policy", db.default_queue_policy)] + [
-        (f"priority_queue_policy[{key}]", db.priority_queue_policy[key]) for key in sorted(db.priority_queue_policy)]
-    for field, policy in policies:
-        if policy.timeout_action == mc.ModelQueuePolicy.DELAY and policy.default_timeout_microseconds:
-            raise ConfigError(
-                f"{where}.{field} has timeout_action DELAY (default_timeout_microseconds "
-                f"{policy.default_timeout_microseconds}) with preserve_ordering true; a delayed request would "
-                "hold back every response behind it: use timeout_action REJECT, or preserve_ordering false"
-            )
 
 
 def _read_labels(model: str, t: mc.ModelOutput, model_dir: Path | None) -> tuple[str, ...]:
