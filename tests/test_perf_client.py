@@ -90,7 +90,7 @@ def test_http_protocol_counts_match_server_statistics(server, capsys, tmp_path) 
         assert "all 5 requests failed" in err and "HTTP" in err
 
 
-def test_closed_loop_shares_a_grpc_channel_six_ways() -> None:
+async def test_closed_loop_shares_a_grpc_channel_six_ways() -> None:
     """As tritonclient's C++ channel sharing (perf_analyzer's): 16 slots -> 3 connections."""
     from inferd.perf.transport import GrpcTransport
 
@@ -98,6 +98,7 @@ def test_closed_loop_shares_a_grpc_channel_six_ways() -> None:
     calls = [transport.caller(slot) for slot in range(16)]
     assert len(transport.channels) == 3
     assert calls[0] is calls[5] and calls[5] is not calls[6] and calls[12] is calls[15]
+    await transport.close()
 
 
 def test_percentiles_are_ordered(server, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
