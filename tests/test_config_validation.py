@@ -99,7 +99,12 @@ TRITON_ENSEMBLE = {
     "'OUTPUT1' is mapped to tensor 'unused', which no step consumes and which is not an ensemble output; leave "
     "the output out of output_map (a step maps only the outputs the ensemble uses), or list the tensor in output",
 }
-for _group in (TRITON_RESHAPE, TRITON_ORDERING, TRITON_CONTROL, TRITON_ENSEMBLE):
+# A plain model whose config is broken and which has no version folder: refused for the config.
+TRITON_CONFIG_FIRST = {
+    "priority_no_folder": "model 'priority_no_folder': dynamic_batching.default_priority_level must be in "
+    "1..priority_levels (3), got 0",
+}
+for _group in (TRITON_RESHAPE, TRITON_ORDERING, TRITON_CONTROL, TRITON_ENSEMBLE, TRITON_CONFIG_FIRST):
     BROKEN.update({name: [reason] for name, reason in _group.items()})
 
 GOOD = ["good", "auto_batch", "auto_nobatch", "auto_scalar", "v_latest", "v_all", "v_specific", "custom_file", "reshaped",
@@ -207,6 +212,8 @@ def _build_triton_refused(repo) -> None:
         "sequence_batching { control_input [ "
         "{ name: \"START\" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] }, "
         "{ name: \"START\" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] } ] }\n")))
+    add_model(repo, "priority_no_folder", None, config("priority_no_folder", *int1, 8, extra=(
+        "dynamic_batching { priority_levels: 3 }\n")))  # Triton's default_priority_level0, no version folder
     # An ensemble with no version folder: refused for its wiring, as Triton does, not for the folder.
     add_model(repo, "redundant_tensor_as_output", None, config(
         "redundant_tensor_as_output", INT16, [("OUTPUT0", "TYPE_INT32", [16])], 8, platform="ensemble", extra=(
@@ -345,6 +352,11 @@ def test_triton_refuses_preserve_ordering_with_priorities_or_delay(client):
 
 def test_triton_refuses_a_control_tensor_for_two_kinds(client):
     assert _reasons(client)["control_tensor_multiple"] == TRITON_CONTROL["control_tensor_multiple"]
+
+
+def test_a_broken_config_is_refused_for_itself_before_its_missing_folder(client, repo):
+    assert not (repo / "priority_no_folder").joinpath("1").exists()
+    assert _reasons(client)["priority_no_folder"] == TRITON_CONFIG_FIRST["priority_no_folder"]
 
 
 def test_triton_refuses_an_ensemble_for_its_config_before_its_missing_folder(client, repo):
