@@ -56,6 +56,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="exit if any model fails to load (default: serve the others)")
     p.add_argument("--strict-model-config", action=argparse.BooleanOptionalAction, default=False,
                    help="accepted for Triton compatibility; configs are always auto-completed from the model file")
+    p.add_argument("--server-name", default="triton", metavar="NAME",
+                   help="the name ServerMetadata (gRPC, GET /v2) answers (default 'triton', which Triton's own "
+                        "clients check for; the version it answers is inferd's)")
     p.add_argument("--log-verbose", type=int, default=0, help="0: info, >=1: debug")
     from inferd.observability import log_settings, tracing
 
@@ -156,6 +159,7 @@ def _serve(args: argparse.Namespace) -> int:
         repository_poll_secs=args.repository_poll_secs,
         tracing=tracer,
         log_settings=logs,
+        server_name=args.server_name,
     )
 
     async def run() -> None:

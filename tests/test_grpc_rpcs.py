@@ -68,7 +68,7 @@ def test_server_live_and_ready(client):
 
 def test_server_metadata(client):
     md = client.get_server_metadata()
-    assert md.name == "inferd"
+    assert md.name == "triton" and md.version == "0.1.0"
     assert md.version
     assert {"classification", "model_repository", "statistics", "model_configuration"} <= set(md.extensions)
 
@@ -386,7 +386,7 @@ async def test_aio_client(server):
     try:
         assert await client.is_server_live() is True
         assert await client.is_server_ready() is False
-        assert (await client.get_server_metadata()).name == "inferd"
+        assert (await client.get_server_metadata()).name == "triton"
         assert await client.is_model_ready("simple") is True
         assert await client.is_model_ready("broken") is False
         md = await client.get_model_metadata("simple")
@@ -420,3 +420,14 @@ async def test_aio_client(server):
         assert exc.value.status() == "StatusCode.UNIMPLEMENTED"
     finally:
         await client.close()
+
+
+def test_server_name_option(start_server, tmp_path):
+    """--server-name: the name ServerMetadata answers over gRPC and HTTP (default 'triton')."""
+    import tritonclient.http as httpclient
+
+    (tmp_path / "empty").mkdir()
+    server = start_server(tmp_path / "empty", ["--server-name", "inferd"])
+    assert grpcclient.InferenceServerClient(server.url).get_server_metadata().name == "inferd"
+    metadata = httpclient.InferenceServerClient(server.http_url).get_server_metadata()
+    assert metadata["name"] == "inferd" and metadata["version"] == "0.1.0"

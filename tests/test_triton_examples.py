@@ -134,8 +134,6 @@ def results(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
 PENDING = {
     "grpc_explicit_int_content_client.py": "the error for contents + raw_input_contents lacks Triton's wording",
     "grpc_explicit_int8_content_client.py": "the error for contents + raw_input_contents lacks Triton's wording",
-    "simple_grpc_health_metadata.py": "ServerMetadata names the server 'inferd'; the client wants 'triton'",
-    "simple_http_health_metadata.py": "ServerMetadata names the server 'inferd'; the client wants 'triton'",
     "simple_grpc_model_control.py": "RepositoryModelLoad with file: overrides is not implemented",
     "simple_http_model_control.py": "RepositoryModelLoad with file: overrides is not implemented",
 }

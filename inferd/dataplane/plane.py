@@ -26,7 +26,9 @@ from inferd.repository import IndexEntry, ModelManager, control
 from inferd.streaming import StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse
 
-SERVER_NAME = "inferd"
+# ServerMetadata's name: Triton's own clients check for "triton" (README, "Server name"); the
+# version is inferd's, so a client can still tell which server answers.
+SERVER_NAME = "triton"
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = [
     "classification", "sequence", "model_repository", "schedule_policy", "model_configuration", "statistics",
@@ -39,8 +41,9 @@ class DataPlane:
     """Implements :class:`~inferd.dataplane.api.DataPlaneAPI` over a :class:`ModelManager`."""
 
     def __init__(self, manager: ModelManager, clock: Clock | None = None, *, tracing: Tracing | None = None,
-                 logs: LogSettings | None = None) -> None:
+                 logs: LogSettings | None = None, server_name: str = SERVER_NAME) -> None:
         self.manager = manager
+        self.server_name = server_name
         self.clock = clock or MonotonicClock()
         self.live = True
         self.draining = False
@@ -89,7 +92,7 @@ class DataPlane:
         return not self.draining and self.manager.is_ready(name, version)
 
     async def server_metadata(self) -> ServerMetadata:
-        return ServerMetadata(SERVER_NAME, SERVER_VERSION, list(EXTENSIONS))
+        return ServerMetadata(self.server_name, SERVER_VERSION, list(EXTENSIONS))
 
     async def model_metadata(self, name: str, version: int = 0) -> ModelMetadata:
         model = self.manager.get(name, version)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import grpc
 
-from inferd.dataplane import DataPlane
+from inferd.dataplane import SERVER_NAME, DataPlane
 from inferd.errors import InferdError
 from inferd.observability.log_settings import LogSettings
 from inferd.observability.metrics import ServerMetrics
@@ -56,6 +56,7 @@ class ServerOptions:
     repository_poll_secs: float = 15.0
     tracing: Tracing | None = None  # None: off
     log_settings: LogSettings | None = None
+    server_name: str = SERVER_NAME  # ServerMetadata's name
 
 
 class InferenceServer:
@@ -63,7 +64,8 @@ class InferenceServer:
         self.options = options
         self.manager = ModelManager(options.model_repositories, mode=options.model_control_mode,
                                     startup_models=options.load_models)
-        self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings)
+        self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings,
+                                   server_name=options.server_name)
         self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
                        if options.model_control_mode == "poll" else None)
         self._grpc: grpc.aio.Server | None = None
