@@ -183,6 +183,33 @@ def test_infer_typed_contents(stub):
     np.testing.assert_array_equal(out, np.arange(32).reshape(2, 16) + 2)
 
 
+def test_typed_contents_with_raw_input_contents_is_refused_in_tritons_words(stub):
+    """Triton's explicit-content example clients match on this message."""
+    import grpc
+
+    request = service_pb2.ModelInferRequest(model_name="simple")
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="INT32", shape=[1, 16]).contents.int_contents.extend(range(16))
+    request.raw_input_contents.append(np.arange(8, dtype=np.int32).tobytes())
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(request)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == (
+        "contents field must not be specified when using raw_input_contents for 'INPUT0' for model 'simple'; "
+        "send every input as raw_input_contents, or every one in its contents")
+
+
+def test_a_version_that_is_not_a_number_is_refused_in_tritons_words(stub):
+    import grpc
+
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(service_pb2.ModelInferRequest(model_name="simple", model_version="wrong_specification"))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == (
+        "failed to get model version from specified version string 'wrong_specification' for model 'simple'; "
+        "a version is a non-negative integer, or empty for the model's latest")
+
+
 def test_infer_typed_bytes_contents(stub):
     request = service_pb2.ModelInferRequest(model_name="strings")
     t = request.inputs.add(name="INPUT0", datatype="BYTES", shape=[1, 3])

@@ -132,8 +132,6 @@ def results(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
 
 # Clients that still fail, with why (strict: one that starts passing must leave this list).
 PENDING = {
-    "grpc_explicit_int_content_client.py": "the error for contents + raw_input_contents lacks Triton's wording",
-    "grpc_explicit_int8_content_client.py": "the error for contents + raw_input_contents lacks Triton's wording",
     "simple_grpc_model_control.py": "RepositoryModelLoad with file: overrides is not implemented",
     "simple_http_model_control.py": "RepositoryModelLoad with file: overrides is not implemented",
 }
