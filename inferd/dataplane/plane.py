@@ -128,12 +128,13 @@ class DataPlane:
 
     async def load_model(self, name: str, parameters: Mapping[str, object] | None = None,
                          repository: str = "") -> None:
-        """RepositoryModelLoad: (re)load ``name``; ``parameters``: plain values
-        (``config``: a JSON ModelConfig; ``file:`` ones are refused). Explicit mode only."""
+        """RepositoryModelLoad: (re)load ``name``; ``parameters``: plain values (``config``: a
+        JSON ModelConfig; ``file:<path>``: bytes, the files of an override model folder).
+        Explicit mode only."""
         control.require_explicit(self.manager, f"failed to load '{name}'")
         _check_repository(repository, name)
-        config = control.load_parameters(name, parameters or {})
-        await self.manager.load_model(name, config)
+        config, files = control.load_parameters(name, parameters or {})
+        await self.manager.load_model(name, config, files)
 
     async def unload_model(self, name: str, parameters: Mapping[str, object] | None = None,
                            repository: str = "") -> None:

@@ -238,10 +238,12 @@ def models(with_repeat: bool = False) -> list[ModelSpec]:
     return out
 
 
-def build(root: str | os.PathLike[str], with_repeat: bool = False) -> list[str]:
-    """Write the repository under ``root``; returns the names written."""
+def build(root: str | os.PathLike[str], with_repeat: bool = False, leave_out: Sequence[str] = ()) -> list[str]:
+    """Write the repository under ``root`` (without the models in ``leave_out``); returns the names written."""
     names = []
     for spec in models(with_repeat):
+        if spec.name in leave_out:
+            continue
         write_model(spec, root)
         names.append(spec.name)
     return names

@@ -12,6 +12,9 @@ set of shared memory regions, trace settings and log settings; a W3C
 
 from __future__ import annotations
 
+import base64
+import binascii
+
 import gzip
 import logging
 import zlib
@@ -114,13 +117,25 @@ async def _json_body(request: Request, what: str) -> dict[str, Any]:
 
 
 async def _control_parameters(request: Request, what: str) -> dict[str, Any]:
-    """Explicit model control's body: its ``parameters`` (``config``, ``unload_dependents``), as they are."""
+    """Explicit model control's body: its ``parameters`` (``config``, ``unload_dependents``) as they
+    are, and the ``file:<path>`` ones base64-decoded (JSON carries a file's bytes as base64)."""
     doc = await _json_body(request, f"model {what} request")
     params = doc.get("parameters") or {}
+    rpc = "RepositoryModelLoad" if what == "load" else "RepositoryModelUnload"
     if not isinstance(params, dict):
-        rpc = "RepositoryModelLoad" if what == "load" else "RepositoryModelUnload"
         raise InvalidArgument(f"{rpc}: 'parameters' must be a JSON object")
-    return params
+    return {key: _file_content(rpc, key, value) if key.startswith("file:") else value
+            for key, value in params.items()}
+
+
+def _file_content(rpc: str, key: str, value: Any) -> bytes:
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            pass
+    raise InvalidArgument(f"{rpc}: parameter '{key}' must be the file's content, base64-encoded, as a JSON string; "
+                          f"got {str(value)[:40]!r}")
 
 
 class HttpFrontend:
