@@ -20,7 +20,8 @@ from inferd.config._ensemble import (
 )
 from inferd.config._parameters import InferdParameters
 from inferd.config._parse import (
-    config_from_dict, config_from_json, config_to_json, message_to_dict, parse_config_file, parse_config_text,
+    config_from_dict, config_from_json, config_to_json, config_to_text, message_to_dict, parse_config_file,
+    parse_config_text,
 )
 from inferd.config._prepare import (
     BackendResolver, ConfigCompleter, PreparedConfig, check_name, prepare_config, read_model_config, select_versions,
@@ -36,7 +37,8 @@ __all__ = [
     "BackendResolver", "ConfigCompleter", "Control", "DynamicBatching", "EnsembleConfig", "InferdParameters",
     "InstanceGroup", "ModelConfig", "ModelSignature", "ModelSpec", "PreparedConfig", "QueuePolicy",
     "SequencePolicy", "SignatureTensor", "StateSpec", "StepConfig", "TensorSpec", "WarmupInput", "WarmupSample",
-    "autocomplete", "check_declared", "check_ensemble_config", "check_name", "config_from_dict", "config_from_json", "config_to_json",
+    "autocomplete", "check_declared", "check_ensemble_config", "check_name", "config_from_dict", "config_from_json",
+    "config_to_json", "config_to_text",
     "dynamic_batching", "ensemble_config", "is_ensemble", "message_to_dict", "model_spec", "parse_config_file",
     "parse_config_text", "prepare_config", "prepare_ensemble_config", "read_ensemble_config", "read_model_config",
     "select_versions", "validate",

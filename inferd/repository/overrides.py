@@ -20,9 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from google.protobuf import text_format
-
-from inferd.config import ModelConfig
+from inferd.config import ModelConfig, config_to_text
 from inferd.errors import RepositoryPollError
 
 FILE_PREFIX = "file:"
@@ -53,7 +51,7 @@ class OverrideFolders:
         folder = self._root / f"{next(self._count)}"
         folder.mkdir()
         try:
-            (folder / "config.pbtxt").write_text(text_format.MessageToString(config))
+            (folder / "config.pbtxt").write_text(config_to_text(config))
             for key, content in files.items():
                 _write_file(folder, key, content, fail)
         except BaseException:
