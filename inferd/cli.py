@@ -79,8 +79,18 @@ def _check_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("repository", nargs="+", type=Path, help="model repository folder(s)")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("inferd")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="inferd", description="A multi-model inference server.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _check_parser(sub)
