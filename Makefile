@@ -10,7 +10,7 @@ GRPC_PORT ?= 8001
 HTTP_PORT ?= 8000
 METRICS_PORT ?= 8002
 
-.PHONY: serve test models proto bench check clean
+.PHONY: install serve test models proto bench check clean
 
 # The server with its TorchScript backend, the client package (clients/) and what the
 # README's examples import: every README example runs against `make serve` as written.
@@ -24,6 +24,8 @@ $(STAMP): pyproject.toml clients/pyproject.toml
 $(TEST_STAMP): $(STAMP)
 	$(PIP) install -q -e '.[torch,examples,test]' -e ./clients
 	touch $@
+
+install: $(STAMP)
 
 models: $(STAMP)
 	$(PY) -m inferd.examples.build --output $(REPO)
