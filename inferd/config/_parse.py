@@ -12,6 +12,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from inferd._proto import model_config_pb2 as mc
+from inferd.config._suggest import parse_problem
 from inferd.errors import ConfigError
 
 
@@ -20,7 +21,10 @@ def parse_config_text(text: str, *, model: str) -> mc.ModelConfig:
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
-        raise ConfigError(f"model '{model}': config.pbtxt is not a valid ModelConfig: {exc}") from None
+        problem = parse_problem(str(exc))
+        if problem is None:
+            raise ConfigError(f"model '{model}': config.pbtxt is not a valid ModelConfig: {exc}") from None
+        raise ConfigError(f"model '{model}': config.pbtxt line {exc.GetLine()}: {problem}") from None
     return config
 
 
@@ -38,7 +42,10 @@ def config_from_json(text: str, *, model: str) -> mc.ModelConfig:
     try:
         json_format.Parse(text, config)
     except (json_format.ParseError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"model '{model}': config override is not a valid ModelConfig JSON: {exc}") from None
+        problem = parse_problem(str(exc))
+        if problem is None:
+            raise ConfigError(f"model '{model}': config override is not a valid ModelConfig JSON: {exc}") from None
+        raise ConfigError(f"model '{model}': config override: {problem}") from None
     return config
 
 
