@@ -13,13 +13,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# Runs an inferd entry point in a process where ``import torch`` fails, as without the extra.
-_WITHOUT_TORCH = "import sys; sys.modules['torch'] = None; from {module} import main; sys.exit(main({argv!r}))"
+# Runs an inferd entry point in a process where ``import <missing>`` fails, as without the extra.
+_WITHOUT = "import sys; sys.modules[{missing!r}] = None; from {module} import main; sys.exit(main({argv!r}))"
+
+
+def _without(missing: str, module: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    code = _WITHOUT.format(missing=missing, module=module, argv=list(argv))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
 def _without_torch(module: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    code = _WITHOUT_TORCH.format(module=module, argv=list(argv))
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return _without("torch", module, *argv)
 
 
 def test_version_flag() -> None:
@@ -90,3 +94,13 @@ def test_the_client_wheel_builds_offline_and_carries_its_stubs(tmp_path: Path) -
     requires = {line.split(":", 1)[1].strip().split(">")[0].split("<")[0]
                 for line in _metadata(wheel) if line.startswith("Requires-Dist:")}
     assert requires == {"grpcio", "protobuf", "numpy"}
+
+
+def test_perf_plot_without_matplotlib_names_the_requirement_of_the_perf_extra(tmp_path: Path) -> None:
+    import tomllib
+
+    (requirement,) = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["perf"]
+    proc = _without("matplotlib", "inferd.cli", "perf", "-m", "simple", "-u", "127.0.0.1:1",
+                    "--plot", str(tmp_path / "plot.png"))
+    assert proc.returncode == 1
+    assert f"--plot needs matplotlib, which is not installed: pip install '{requirement}'" in proc.stderr

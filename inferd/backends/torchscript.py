@@ -128,7 +128,8 @@ class TorchScriptBackend(Backend):
         except ImportError as exc:
             raise ConfigError(
                 f"model '{config.name}': the TorchScript backend (platform pytorch_libtorch) needs PyTorch, "
-                f"which is not installed ({exc}); install it with: pip install 'inferd[torch]'"
+                f"which is not installed ({exc}); install it with: pip install 'inferd[torch]' "
+                "(in an inferd checkout: pip install -e '.[torch]')"
             ) from None
         missing = [kind for kind, tensors in (("input", config.input), ("output", config.output)) if not tensors]
         if missing:
