@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from inferd._proto import model_config_pb2 as mc
-from inferd.config._suggest import did_you_mean
 from inferd.errors import ConfigError
+from inferd.suggest import did_you_mean
 
 PREFIX = "inferd."
 

@@ -1,26 +1,19 @@
-"""Did-you-mean hints for config mistakes: a misspelt field, enum value or parameter key.
+"""Did-you-mean hints for config parse errors: a misspelt field or enum value.
 
-``difflib.get_close_matches`` ranks the candidates; protobuf's own parse errors name the
-message or enum type, whose descriptor (in inferd's private pool) gives the candidates.
+Protobuf's own parse errors name the message or enum type, whose descriptor (in
+inferd's private pool) gives the candidates for :func:`inferd.suggest.did_you_mean`.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
-from collections.abc import Iterable
 
 from inferd._proto._pool import POOL
+from inferd.suggest import did_you_mean
 
 _NO_FIELD = re.compile(r'Message type "([\w.]+)" has no field named "(\w+)"')
 _NO_ENUM_VALUE = re.compile(r'Enum type "([\w.]+)" has no value named (\w+)')
 _BAD_ENUM_JSON = re.compile(r"Invalid enum value (\w+) for enum type ([\w.]+)")
-
-
-def did_you_mean(word: str, candidates: Iterable[str]) -> str:
-    """``"; did you mean 'x'?"`` for the closest candidate, or "" when none is close."""
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def _short(full_name: str) -> str:
