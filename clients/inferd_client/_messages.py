@@ -170,8 +170,8 @@ def build_request(
         params["sequence_id"] = sequence_id
         params["sequence_start"] = sequence_start
         params["sequence_end"] = sequence_end
-    for key, value in params.items():
-        _set_param(msg.parameters[key], value)
+    for key, param in params.items():
+        _set_param(msg.parameters[key], param)
     for name, value in inputs.items():
         tensor = msg.inputs.add(name=name)
         if isinstance(value, ShmInput):
