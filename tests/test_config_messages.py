@@ -14,7 +14,7 @@ from repo_builder import add_model, config
 from inferd._proto import model_config_pb2 as mc
 from inferd.config import InferdParameters, parse_config_text
 from inferd.config._parse import config_from_json
-from inferd.errors import ConfigError
+from inferd.errors import ConfigError, InvalidArgument
 from inferd.examples import onnx_models as om
 
 
@@ -58,8 +58,8 @@ def test_other_parse_errors_keep_protobufs_words() -> None:
 def test_a_json_override_gets_the_same_hints() -> None:
     for text, expected in [('{"max_batch_sise": 3}', "did you mean 'max_batch_size'?"),
                            ('{"input": [{"data_type": "TYPE_FP23"}]}', "did you mean 'TYPE_FP32'?")]:
-        with pytest.raises(ConfigError, match="config override: ") as info:
-            config_from_json(text, model="m")
+        with pytest.raises(InvalidArgument, match="failed to load 'm': parameter 'config': ") as info:
+            config_from_json("m", text)
         assert expected in info.value.message
 
 
