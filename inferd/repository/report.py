@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inferd._proto import model_config_pb2 as mc
-from inferd.repository.manager import NOT_LOADED, READY, ModelManager
+from inferd.config import ModelSpec
+from inferd.repository.manager import READY, ModelManager
 
 _HEADER = ("MODEL", "VERSIONS", "BACKEND", "INSTANCES", "STATE", "REASON")
 
@@ -27,11 +27,11 @@ class ModelRow:
         return self.state == READY
 
 
-def _instances(config: mc.ModelConfig) -> str:
+def _instances(spec: ModelSpec) -> str:
     counts: dict[str, int] = {}
-    for group in config.instance_group:
-        kind = mc.ModelInstanceGroup.Kind.Name(group.kind).removeprefix("KIND_")
-        counts[kind] = counts.get(kind, 0) + max(group.count, 1)
+    for group in spec.instance_groups:
+        kind = group.kind.removeprefix("KIND_")
+        counts[kind] = counts.get(kind, 0) + max(group.count, 1) * max(len(group.gpus), 1)
     return " + ".join(f"{n} {kind}" for kind, n in counts.items()) or "-"
 
 
@@ -47,9 +47,9 @@ def model_rows(manager: ModelManager) -> list[ModelRow]:
         versions = ", ".join(e.version for e in entries if e.version) or "-"
         backend = instances = "-"
         if any(e.version for e in entries):
-            config = manager.get(name).config
-            backend = config.platform or config.backend or "-"
-            instances = "-" if config.platform == "ensemble" else _instances(config)
+            spec = manager.get(name).spec
+            backend = spec.platform or spec.backend or "-"
+            instances = "-" if spec.platform == "ensemble" else _instances(spec)
         rows.append(ModelRow(name, versions, backend, instances, state or "NOT LOADED", reason))
     return rows
 
