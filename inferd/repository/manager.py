@@ -115,12 +115,12 @@ class ModelManager:
     def get(self, name: str, version: int = 0) -> Model:
         entry = self._entries.get(name)
         if entry is None:
-            raise unknown_model(name)
+            raise unknown_model(name, known_models=self._entries)
         if version:
             model = entry.versions.get(version)
             if model is None:
                 if entry.state == READY:
-                    raise unknown_model(name, version)
+                    raise unknown_model(name, version, loaded_versions=entry.versions)
                 raise Unavailable(f"model '{name}' version {version} is not ready: {entry.reason or entry.state}")
             return model
         model = entry.latest
