@@ -7,6 +7,8 @@ import sys
 from dataclasses import dataclass
 
 
+HTTP_REQUIREMENT = "aiohttp>=3.9"  # -i http's client (tritonclient[http] brings it too)
+
 # Closed loop: one worker process per this many slots by default. perf_analyzer drives each slot
 # from its own thread; one Python event loop driving 16 is one schedulable thread against the
 # server's and every other process's, and on a busy host it is starved of CPU and sends late.
@@ -277,6 +279,12 @@ def run(args: argparse.Namespace) -> int:
                 # (or nothing) where inferd was installed from a checkout.
                 raise PerfError(f"--plot needs matplotlib, which is not installed: pip install '{PLOT_REQUIREMENT}' "
                                 "(in an inferd checkout: pip install -e '.[perf]')") from None
+        if options.protocol == "http":
+            try:
+                import aiohttp  # noqa: F401  (checked before any load is sent)
+            except ImportError:
+                raise PerfError(f"-i http needs aiohttp, which is not installed: pip install '{HTTP_REQUIREMENT}'") \
+                    from None
         from .runner import perf_main
 
         return perf_main(options)

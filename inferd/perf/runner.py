@@ -389,10 +389,6 @@ def measure(options: PerfOptions) -> RunResult:
     if http:
         from . import http as http_protocol
 
-        try:
-            import aiohttp  # noqa: F401  (checked before any load is sent)
-        except ImportError:
-            raise PerfError("-i http needs aiohttp: pip install 'inferd[perf]'") from None
         client: ServerClient | http_protocol.HttpServerClient = http_protocol.HttpServerClient(
             options.url, options.connect_timeout)
     else:
