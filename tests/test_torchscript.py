@@ -213,25 +213,33 @@ def test_thread_and_mode_parameters(client):
     np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), a + b)
 
 
-def test_concurrent_requests_batch(client):
+def _concurrently(call, n: int) -> None:  # type: ignore[no-untyped-def]
+    """``call(i)`` for i in range(n), each on its own thread at once; re-raises what any raised."""
     errors: list[BaseException] = []
 
-    def call(i: int) -> None:
+    def guarded(i: int) -> None:
         try:
-            a = np.full((1, 16), i, dtype=np.int32)
-            b = np.arange(16, dtype=np.int32).reshape(1, 16)
-            result = client.infer("torch_add_sub", [_input("INPUT__0", a, "INT32"), _input("INPUT__1", b, "INT32")])
-            np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), a + b)
-            np.testing.assert_array_equal(result.as_numpy("OUTPUT__1"), a - b)
+            call(i)
         except BaseException as exc:  # pragma: no cover
             errors.append(exc)
 
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(24)]
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_concurrent_requests_batch(client):
+    def call(i: int) -> None:
+        a = np.full((1, 16), i, dtype=np.int32)
+        b = np.arange(16, dtype=np.int32).reshape(1, 16)
+        result = client.infer("torch_add_sub", [_input("INPUT__0", a, "INT32"), _input("INPUT__1", b, "INT32")])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), a + b)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT__1"), a - b)
+
+    _concurrently(call, 24)
 
 
 def test_load_errors_are_clear(client):
@@ -298,23 +306,13 @@ def test_bytes_that_are_not_utf8_are_invalid_argument(client):
 
 def test_batched_string_requests_share_one_list(client, server):
     """Concurrent one-row requests join into one List[str] and each gets its own row back."""
-    errors: list[BaseException] = []
-
     def call(i: int) -> None:
-        try:
-            a, b = _text([i * 10]).reshape(1, 1), _text([i]).reshape(1, 1)
-            result = client.infer("ts_str_batch", [_input("INPUT0", a, "BYTES"), _input("INPUT1", b, "BYTES")])
-            assert result.as_numpy("OUTPUT__0").tolist() == [[str(i * 11).encode()]]
-            assert result.as_numpy("OUTPUT__1").tolist() == [[str(i * 9).encode()]]
-        except BaseException as exc:  # pragma: no cover
-            errors.append(exc)
+        a, b = _text([i * 10]).reshape(1, 1), _text([i]).reshape(1, 1)
+        result = client.infer("ts_str_batch", [_input("INPUT0", a, "BYTES"), _input("INPUT1", b, "BYTES")])
+        assert result.as_numpy("OUTPUT__0").tolist() == [[str(i * 11).encode()]]
+        assert result.as_numpy("OUTPUT__1").tolist() == [[str(i * 9).encode()]]
 
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    _concurrently(call, 8)
     stats = client.get_inference_statistics("ts_str_batch").model_stats[0]
     assert stats.inference_count == 8 and stats.execution_count < 8  # at least two shared an execution
 
