@@ -144,10 +144,11 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
-        return [
-            pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-            for r in requests
-        ]
+        out = []
+        for request in requests:
+            text = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", text)]))
+        return out
 '''
 
 _REPEAT_SOURCE = b'''"""repeat_int32: for each element i of IN, after DELAY[i] milliseconds, a response with
@@ -175,7 +176,8 @@ class TritonPythonModel:
                 error = pb_utils.TritonError(
                     f"expected IN and DELAY shape to match, got {list(values.shape)} and {list(delays.shape)}",
                     pb_utils.TritonError.INVALID_ARG)
-                sender.send(pb_utils.InferenceResponse(error=error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                sender.send(pb_utils.InferenceResponse(error=error), flags=final)
                 continue
             thread = threading.Thread(target=self._respond, args=(sender, values, delays), daemon=True)
             self._threads.append(thread)

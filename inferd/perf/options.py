@@ -255,7 +255,8 @@ class PerfOptions:
             mode, levels = "concurrency", args.concurrency_range or [1]
         return cls(
             model=args.model, version=args.model_version, protocol=args.protocol,
-            url=args.url or ("localhost:8000" if args.protocol == "http" else "localhost:8001"), batch_size=args.batch_size,
+            url=args.url or ("localhost:8000" if args.protocol == "http" else "localhost:8001"),
+            batch_size=args.batch_size,
             mode=mode, levels=levels, distribution=args.request_distribution,
             workers=args.workers or default_workers(mode, levels),
             max_inflight=args.max_inflight, priority=args.priority, timeout_us=args.request_timeout_us,

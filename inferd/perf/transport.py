@@ -52,7 +52,8 @@ class GrpcTransport:
         self.channels: list = []
 
     def _add_channel(self):  # type: ignore[no-untyped-def]
-        channel = grpc.aio.insecure_channel(self.url, options=[*CHANNEL_OPTIONS, ("inferd.perf.channel", len(self.channels))])
+        options = [*CHANNEL_OPTIONS, ("inferd.perf.channel", len(self.channels))]  # distinct args: its own
+        channel = grpc.aio.insecure_channel(self.url, options=options)
         self.channels.append(channel)
         self.calls.append(channel.unary_unary(INFER_PATH, request_serializer=None, response_deserializer=None,
                                               _registered_method=True))
