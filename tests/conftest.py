@@ -93,8 +93,10 @@ def running(repository: Path, *, exit_zero: bool = True, no_traceback: bool = Tr
     """A server for a fixture's lifetime. At the end it is stopped and, as asked, must
     have exited with status 0 and logged no traceback (no unexpected internal error)."""
     server = ServerProcess(repository, extra_args)
-    yield server
-    code = server.stop()
+    try:
+        yield server
+    finally:  # stopped also when the fixture's body failed: nothing is left running
+        code = server.stop()
     if exit_zero:
         assert code == 0, server.log()
     if no_traceback:

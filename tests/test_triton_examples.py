@@ -124,7 +124,11 @@ def results(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
             script, args, where, _ = client
             argv = [sys.executable, str(scripts / script), "-u", urls[where],
                     *[str(image) if a == IMAGE else a for a in args]]
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=scripts)
+            try:
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=scripts)
+            except subprocess.TimeoutExpired as exc:  # that client fails; the others still run
+                out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+                proc = subprocess.CompletedProcess(argv, 124, out, f"timed out after {exc.timeout} s")
             return _client_id(client), proc
 
         # One after the other: the model-control clients change what the control server has loaded,
