@@ -34,6 +34,10 @@ ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 DOWNSTREAM_CONNECTIONS = ("type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3."
                           "DownstreamConnectionsConfig")
+FILE_ACCESS_LOG = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog"
+ACCESS_LOG_FORMAT = ("[%START_TIME%] %REQ(:PATH)% %RESPONSE_CODE% grpc=%GRPC_STATUS% flags=%RESPONSE_FLAGS% "
+                     "upstream=%UPSTREAM_HOST% attempts=%UPSTREAM_REQUEST_ATTEMPT_COUNT% "
+                     "reason=%UPSTREAM_TRANSPORT_FAILURE_REASON% details=%RESPONSE_CODE_DETAILS% %DURATION%ms\n")
 PREVIOUS_HOSTS = "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 GRPC_CLUSTER = "inferd_grpc"
@@ -41,8 +45,11 @@ HTTP_CLUSTER = "inferd_http"
 
 Backend = tuple[str, int]  # (host, port)
 # Only what a replica never started (see the module docstring): inferd answers UNAVAILABLE
-# (gRPC) and 503 (HTTP) for work it refused, never for work it began.
-GRPC_RETRY = {"retry_on": "connect-failure,refused-stream,unavailable"}
+# (gRPC) and 503 (HTTP) for work it refused, never for work it began. CANCELLED from a
+# replica (not a reset) comes from grpc-core's shutdown: a call that had arrived but was
+# not yet handed to a handler when the server stopped is ended CANCELLED (grpc/grpc#41785);
+# a client that cancels resets its stream, so Envoy has nobody to retry for.
+GRPC_RETRY = {"retry_on": "connect-failure,refused-stream,unavailable,cancelled"}
 HTTP_RETRY = {"retry_on": "connect-failure,refused-stream,retriable-status-codes", "retriable_status_codes": [503]}
 
 
@@ -69,10 +76,12 @@ class EnvoyOptions:
     retry_budget_percent: float = 25.0
     min_retry_concurrency: int = 16
     dns_refresh_s: float = 5.0
+    ejection_s: float = 5.0  # a replica that refused a connection is left out this long (then checked)
     max_downstream_connections: int = 50000
+    access_log: str | None = None  # a file for one line per request (response flags, upstream, status)
 
     def __post_init__(self) -> None:
-        for name in ("interval_s", "timeout_s", "connect_timeout_s", "dns_refresh_s"):
+        for name in ("interval_s", "timeout_s", "connect_timeout_s", "dns_refresh_s", "ejection_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"EnvoyOptions.{name} must be > 0, got {getattr(self, name)}")
         for name in ("unhealthy_threshold", "healthy_threshold"):
@@ -102,7 +111,7 @@ def _route(cluster: str, retry: dict[str, Any], options: EnvoyOptions, grpc: boo
             "num_retries": options.num_retries,
             "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts",
                                       "typed_config": {"@type": PREVIOUS_HOSTS}}],
-            "host_selection_retry_max_attempts": 3,
+            "host_selection_retry_max_attempts": 5,
         },
     }
     if grpc:
@@ -122,6 +131,10 @@ def _listener(name: str, port: int, cluster: str, retry: dict[str, Any], options
         }]},
         "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}],
     }
+    if options.access_log:
+        manager["access_log"] = [{"name": "envoy.access_loggers.file", "typed_config": {
+            "@type": FILE_ACCESS_LOG, "path": options.access_log,
+            "log_format": {"text_format_source": {"inline_string": ACCESS_LOG_FORMAT}}}}]
     return {
         "name": name,
         "address": _address(options.listen_address, port),
@@ -132,7 +145,7 @@ def _listener(name: str, port: int, cluster: str, retry: dict[str, Any], options
 
 def _cluster(name: str, backends: list[Backend], health: dict[str, Any], http2: bool,
              options: EnvoyOptions, dns: bool) -> dict[str, Any]:
-    protocol = {"http2_protocol_options": {}} if http2 else {"http_protocol_options": {}}
+    protocol: dict[str, Any] = {"http2_protocol_options": {}} if http2 else {"http_protocol_options": {}}
     cluster: dict[str, Any] = {
         "name": name,
         "type": "STRICT_DNS" if dns else "STATIC",
@@ -142,6 +155,18 @@ def _cluster(name: str, backends: list[Backend], health: dict[str, Any], http2: 
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": HTTP_OPTIONS, "explicit_http_config": protocol}},
+        # A replica whose port just closed fails connections at once, so it has the fewest
+        # active requests and least-request keeps choosing it: eject it on its first refused
+        # connection instead of waiting for the next health check.
+        "outlier_detection": {
+            "split_external_local_origin_errors": True,
+            "consecutive_local_origin_failure": 1,
+            "enforcing_consecutive_local_origin_failure": 100,
+            "enforcing_consecutive_5xx": 0,  # a 503 is inferd shedding load, not a broken replica
+            "interval": _seconds(options.interval_s),
+            "base_ejection_time": _seconds(options.ejection_s),
+            "max_ejection_percent": 50,
+        },
         "circuit_breakers": {"thresholds": [{
             "priority": "DEFAULT",
             "retry_budget": {"budget_percent": {"value": options.retry_budget_percent},

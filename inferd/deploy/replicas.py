@@ -33,7 +33,7 @@ LOOPBACK = "127.0.0.1"
 # configuration keeps EnvoyOptions' defaults (1 s, two failures).
 TEST_HEALTH = EnvoyOptions(listen_address=LOOPBACK, grpc_port=0, http_port=0, admin_port=0,
                            interval_s=0.2, timeout_s=0.5, unhealthy_threshold=1, healthy_threshold=1,
-                           connect_timeout_s=0.25)
+                           connect_timeout_s=0.25, ejection_s=0.5)
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str, step: float = 0.02) -> None:
@@ -274,6 +274,9 @@ class Envoy:
             if "value" in stat:
                 out[stat["name"]] = int(stat["value"])
         return out
+
+    def running(self) -> bool:
+        return self._process.alive()
 
     def stop(self, timeout: float = 10) -> int | None:
         if self._process.proc is None:
