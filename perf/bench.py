@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PERF = ROOT / "perf"
 RESULTS_DIR = PERF / "results"
 OUT = PERF / "out"
-PERF_ANALYZER = ROOT.parent / "shared" / "tools" / "perf_analyzer"
+# $PERF_ANALYZER for a checkout that is not beside shared/ (a worktree elsewhere).
+PERF_ANALYZER = Path(os.environ.get("PERF_ANALYZER") or ROOT.parent / "shared" / "tools" / "perf_analyzer")
 
 
 # -- processes ---------------------------------------------------------------

@@ -278,6 +278,10 @@ class Envoy:
     def running(self) -> bool:
         return self._process.alive()
 
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
     def stop(self, timeout: float = 10) -> int | None:
         if self._process.proc is None:
             return None
