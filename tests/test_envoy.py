@@ -152,6 +152,9 @@ def test_least_request_spreads_the_load_over_both_replicas(fleet: Fleet) -> None
 
 
 def test_perf_analyzer_through_envoy(fleet: Fleet, perf_analyzer: str) -> None:
+    assert fleet.envoy is not None
+    counter = "cluster.inferd_grpc.upstream_rq_total"
+    proxied = fleet.envoy.stats(counter)[counter]
     before = [_served(r) for r in fleet.replicas]
     run = subprocess.run(
         [perf_analyzer, "-m", "simple", "-u", fleet.grpc_url, "-i", "grpc", "-p", "1000",
@@ -161,6 +164,7 @@ def test_perf_analyzer_through_envoy(fleet: Fleet, perf_analyzer: str) -> None:
     assert "Throughput:" in run.stdout and "Concurrency: 4" in run.stdout, run.stdout
     gained = [_served(r) - b for r, b in zip(fleet.replicas, before)]
     assert min(gained) > 0, f"perf_analyzer's requests did not reach both replicas: {gained}"
+    assert fleet.envoy.stats(counter)[counter] - proxied >= sum(gained)  # every one went through Envoy
 
 
 # -- failures -----------------------------------------------------------------------
@@ -282,6 +286,7 @@ def test_kill_one_replica_under_load(tmp_path: Path) -> None:
             in_flight = _inflight(doomed, "gated")
             answered_before = len(held.answers)
 
+            ports = doomed.ports
             doomed.kill()
             killed_at = time.monotonic()
             fleet.wait_routed([survivor], timeout=10)
@@ -290,8 +295,8 @@ def test_kill_one_replica_under_load(tmp_path: Path) -> None:
             wait_until(lambda: load.succeeded_since(removed_at) >= 30, 30, "load served by the survivor")
 
             release(gates[0])
-            doomed.start()  # the same ports as before
-            assert doomed.ports is not None and f"127.0.0.1:{doomed.ports.grpc}" == doomed.grpc_url
+            doomed.start()
+            assert doomed.ports == ports  # Envoy's static hosts: it must come back where it was
             fleet.wait_routed([doomed, survivor], timeout=30)
             rejoined_at = time.monotonic()
             wait_until(lambda: _served(doomed) >= 5, 30, "the restarted replica takes requests again")

