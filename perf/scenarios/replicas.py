@@ -176,8 +176,17 @@ def run(quick: bool) -> dict:
         f"flight on it; Envoy stopped routing to it {kill['removed_s']:.2f} s after the kill), "
         f"{kill['failed_while_draining']} of {kill['sent_while_draining']:,} during the drain. The restarted "
         f"replica was routed to again {kill['rejoined_s']:.2f} s after its restart began (start-up, then Envoy's "
-        "next passing check). No GPU machine was available for this run: the 16-core figures are not measured. "
-        "The machine was shared with other engineers' builds and tests while this ran.")
+        "next passing check).\n\n"
+        "Reading the table: every process here (replicas, Envoy, perf_analyzer, and the other engineers' builds "
+        "and tests: the machine was shared, load average 14-18 on 2 cores during the first run) competes for "
+        "the same 2 cores, so throughput swings between rounds and more replicas cannot add capacity; the "
+        "CPU per inference, from /proc for the replicas and Envoy together, is the figure that holds. The "
+        "ceiling on this machine is 2 cores / CPU per inference. perf_analyzer reads ModelStatistics at the "
+        "start and end of each window to attribute server-side time; through a balancer each call lands on "
+        "whichever replica Envoy picks, so its server-side breakdown is meaningless there and a window whose "
+        "two answers came from different replicas can fail with 'failed to find the requested model version' "
+        "(a round counted as missing). No GPU machine was available in this session: the 16-core figures "
+        "are not measured.")
     return {"measures": [asdict(m) for m in measures], "ceilings": {}, "cpu_us": cpu, "kill_one": kill,
             "notes": notes}
 
