@@ -29,6 +29,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from inferd.server.health import INFERENCE_SERVICE  # the service name inferd's grpc.health.v1 answers for
+
 HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
@@ -39,7 +41,6 @@ ACCESS_LOG_FORMAT = ("[%START_TIME%] %REQ(:PATH)% %RESPONSE_CODE% grpc=%GRPC_STA
                      "upstream=%UPSTREAM_HOST% attempts=%UPSTREAM_REQUEST_ATTEMPT_COUNT% hosts=%UPSTREAM_HOSTS_ATTEMPTED% "
                      "reason=%UPSTREAM_TRANSPORT_FAILURE_REASON% details=%RESPONSE_CODE_DETAILS% %DURATION%ms\n")
 PREVIOUS_HOSTS = "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
-INFERENCE_SERVICE = "inference.GRPCInferenceService"
 GRPC_CLUSTER = "inferd_grpc"
 HTTP_CLUSTER = "inferd_http"
 
