@@ -23,6 +23,10 @@ from inferd.deploy.replicas import LOOPBACK, Fleet, Replica
 from perf.bench import OUT, Measure, bench_repository, run_pa
 
 CONCURRENCY = 16
+# -x 1: perf_analyzer reads ModelStatistics at each window's start and end, and through Envoy the
+# two answers can come from different replicas; with no version named it then fails the window
+# ("failed to find the requested model version"). -s 40: the machine is shared; 15% rarely held.
+PA_EXTRA = ["-x", "1", "-s", "40"]
 DIRECT = "direct to 1 replica (no Envoy)"
 ENVOY = "Envoy, {} replica"
 # EnvoyOptions' production defaults (1 s checks, 2 failures to remove), on free loopback ports.
@@ -55,7 +59,7 @@ def _measure(label: str, fleet: Fleet, url: str, window_ms: int) -> tuple[Measur
     replicas = [r.pid for r in fleet.replicas if r.pid]
     envoy = [fleet.envoy.pid] if fleet.envoy and fleet.envoy.pid and url == fleet.grpc_url else []
     cpu0, envoy0, served0 = _cpu_seconds(replicas), _cpu_seconds(envoy), _served(fleet.replicas, "mlp")
-    m = run_pa(label, "mlp", url, CONCURRENCY, window_ms=window_ms)
+    m = run_pa(label, "mlp", url, CONCURRENCY, window_ms=window_ms, extra=PA_EXTRA)
     inferences = _served(fleet.replicas, "mlp") - served0
     cpu, envoy_cpu = _cpu_seconds(replicas) - cpu0, _cpu_seconds(envoy) - envoy0
     if not inferences:
@@ -183,9 +187,10 @@ def run(quick: bool) -> dict:
         "CPU per inference, from /proc for the replicas and Envoy together, is the figure that holds. The "
         "ceiling on this machine is 2 cores / CPU per inference. perf_analyzer reads ModelStatistics at the "
         "start and end of each window to attribute server-side time; through a balancer each call lands on "
-        "whichever replica Envoy picks, so its server-side breakdown is meaningless there and a window whose "
-        "two answers came from different replicas can fail with 'failed to find the requested model version' "
-        "(a round counted as missing). No GPU machine was available in this session: the 16-core figures "
+        "whichever replica Envoy picks, so its server-side breakdown is meaningless there, and without a "
+        "version (-x 1) a window whose two answers came from different replicas fails with 'failed to find "
+        "the requested model version'. Windows count as stable within 40% here (-s 40); a round perf_analyzer "
+        "still found unstable counts as missing from the medians. No GPU machine was available in this session: the 16-core figures "
         "are not measured.")
     return {"measures": [asdict(m) for m in measures], "ceilings": {}, "cpu_us": cpu, "kill_one": kill,
             "notes": notes}
