@@ -183,7 +183,7 @@ class Outcome:
 
 @dataclass
 class Load:
-    """Closed-loop ``simple`` requests through Envoy from ``threads`` clients until stopped (at most 60 s)."""
+    """Closed-loop ``simple`` requests through Envoy from ``threads`` clients until stopped (at most 120 s)."""
 
     url: str
     threads: int = 3
@@ -205,7 +205,7 @@ class Load:
 
     def _run(self, thread: int) -> None:
         client = grpcclient.InferenceServerClient(self.url)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         try:
             while not self._stop.is_set() and time.monotonic() < deadline:
                 started = time.monotonic()
