@@ -12,6 +12,7 @@ devices below its minimum compute capability (6.0); so does this inventory.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from typing import Protocol
@@ -67,7 +68,15 @@ class TorchGpuInventory:
         return self._gpus
 
 
+def nvidia_driver_present() -> bool:
+    """Whether this host has an NVIDIA driver (its device node or /proc entry): asked before torch,
+    which is slow to import, so a CPU host never imports it to learn it has no GPU."""
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia")
+
+
 def _torch_gpus() -> tuple[GpuInfo, ...]:
+    if not nvidia_driver_present():
+        return ()
     try:
         import torch
 
