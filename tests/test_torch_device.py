@@ -63,3 +63,46 @@ def test_outputs_come_back_as_numpy_or_stay_as_device_tensors(stager):
     assert kept[1:].shape == (1, 2) and len(kept) == 2 and kept.reshape(4).shape == (4,)
     bf = stager.outputs({"B": torch.ones(2, dtype=torch.bfloat16)})["B"]
     assert bf.dtype == BY_NAME["BF16"].numpy
+
+
+async def test_between_two_torchscript_steps_on_one_device_the_tensors_stay_torch_tensors(tmp_path, monkeypatch):
+    """An ensemble of two real TorchScript models on the CPU: the second step gets the first's
+    outputs as DeviceTensors (the path cuda:k takes), and the client gets host arrays."""
+    from inferd.backends import torch_device
+    from inferd.clock import MonotonicClock
+    from inferd.examples import torch_models as tm
+    from inferd.examples.build import ensemble_steps, triton_config
+    from inferd.model import run_model
+    from inferd.repository.manager import ModelManager
+    from inferd.types import InferenceRequest
+
+    seen: list[list[str]] = []
+    real = torch_device.TorchStager.batch_input
+
+    def spy(self, parts, dtype):  # type: ignore[no-untyped-def]
+        seen.append([type(p).__name__ for p in parts])
+        return real(self, parts, dtype)
+
+    monkeypatch.setattr(torch_device.TorchStager, "batch_input", spy)
+    io = ([("INPUT__0", "TYPE_FP32", [4]), ("INPUT__1", "TYPE_FP32", [4])],
+          [("OUTPUT__0", "TYPE_FP32", [4]), ("OUTPUT__1", "TYPE_FP32", [4])])
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.pt").write_bytes(tm.add_sub())
+    (tmp_path / "m" / "config.pbtxt").write_text(triton_config("m", *io, max_batch_size=4, platform="pytorch_libtorch"))
+    (tmp_path / "e" / "1").mkdir(parents=True)
+    (tmp_path / "e" / "config.pbtxt").write_text(triton_config(
+        "e", [("A", "TYPE_FP32", [4]), ("B", "TYPE_FP32", [4])], [("X", "TYPE_FP32", [4]), ("Y", "TYPE_FP32", [4])],
+        max_batch_size=4, platform="ensemble", instance_count=0, extra=ensemble_steps([
+            ("m", {"INPUT__0": "A", "INPUT__1": "B"}, {"OUTPUT__0": "s", "OUTPUT__1": "d"}),
+            ("m", {"INPUT__0": "s", "INPUT__1": "d"}, {"OUTPUT__0": "X", "OUTPUT__1": "Y"})])))
+    manager = ModelManager([tmp_path])
+    await manager.load_all()
+    try:
+        assert manager.get("m").tensor_device == "cpu"
+        seen.clear()
+        a, b = np.full((1, 4), 3, np.float32), np.ones((1, 4), np.float32)
+        out = await run_model(manager.get("e"), InferenceRequest("e", {"A": a, "B": b}), MonotonicClock())
+    finally:
+        await manager.stop()
+    assert seen == [["ndarray"], ["ndarray"], ["DeviceTensor"], ["DeviceTensor"]]
+    assert isinstance(out["X"], np.ndarray) and out["X"].tolist() == [[6.0] * 4] and out["Y"].tolist() == [[2.0] * 4]

@@ -90,5 +90,6 @@ def build_model(
         scheduler = SequenceScheduler(spec.name, sequence, workers, list(spec.outputs), stats, clock)
     else:
         scheduler = BatchScheduler(spec.name, policy, workers, list(spec.outputs), stats, clock)
+    devices = {getattr(i, "tensor_device", None) for i in instances}
     return Model(spec=spec, version=version, scheduler=scheduler, stats=stats, model_dir=model_dir,
-                 decoupled=spec.decoupled)
+                 decoupled=spec.decoupled, tensor_device=devices.pop() if len(devices) == 1 else None)
