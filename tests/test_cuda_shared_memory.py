@@ -11,8 +11,9 @@ from inferd.dtypes import BY_NAME
 from inferd.errors import InvalidArgument, NotFound, Unimplemented
 from inferd.gpu.cuda_ipc import FakeCudaIpc
 from inferd.gpu.tensor import DeviceTensor
-from inferd.server.codec import encode_bytes
-from inferd.server.cuda_shared_memory import CudaRegistrar
+from inferd.types import InferenceRequest
+from inferd.dataplane.cuda_shared_memory import CudaRegistrar
+from inferd.dtypes import encode_bytes
 
 FP32 = BY_NAME["FP32"]
 
@@ -103,3 +104,98 @@ def test_without_cuda_python_registration_says_which_package_is_missing(ipc):
     handle, _ = ipc.allocate(64)
     with pytest.raises(Unimplemented, match="'cu': .*cuda-python"):
         CudaRegistrar(lambda: (0,), missing).open("cu", handle, 0, 64)
+
+
+# -- through the data plane (one namespace with system regions; a request's tensors) ---------------
+
+
+def _manager(ipc, gpus=(0,)):  # type: ignore[no-untyped-def]
+    from inferd.dataplane.shared_memory import SharedMemoryManager
+
+    return SharedMemoryManager(cuda=registrar(ipc, gpus))
+
+
+def test_cuda_and_system_regions_share_one_namespace_and_keep_their_own_status(ipc, tmp_path):
+    from inferd.errors import AlreadyExists
+
+    (tmp_path / "sys").write_bytes(bytes(64))
+    shm = _manager(ipc)
+    shm.shm_dir = tmp_path
+    handle, _ = ipc.allocate(64)
+    shm.register("sys", "/sys", 0, 64)
+    shm.register_cuda("gpu", handle, 0, 32)
+    with pytest.raises(AlreadyExists):
+        shm.register_cuda("sys", handle, 0, 32)
+    assert [r.name for r in shm.status()] == ["sys"]
+    assert [(r.name, r.device_id, r.byte_size) for r in shm.status(kind="cuda")] == [("gpu", 0, 32)]
+    with pytest.raises(NotFound, match="'gpu' is registered as CUDA shared memory, not system shared memory"):
+        shm.status("gpu")
+    with pytest.raises(NotFound, match="Unable to find cuda shared memory region: 'nope'"):
+        shm.status("nope", kind="cuda")
+    shm.unregister("", kind="system")  # every system region: the CUDA one stays
+    assert [r.name for r in shm.status(kind="cuda")] == ["gpu"] and not shm.status()
+    shm.unregister("gpu")  # a system unregister does not touch a CUDA region
+    assert shm.status(kind="cuda")
+    shm.unregister("gpu", kind="cuda")
+    assert ipc.closed == [handle] and not shm.status(kind="cuda")
+
+
+def test_outputs_all_bound_to_cuda_regions_ask_the_model_to_leave_them_on_that_device(ipc):
+    from inferd.types import RequestedOutput, SharedTensor, ShmRef
+
+    shm = _manager(ipc)
+    h_in, mem_in = ipc.allocate(16)
+    h_out, _ = ipc.allocate(16)
+    mem_in[:] = np.arange(4, dtype=np.float32).tobytes()
+    shm.register_cuda("in", h_in, 0, 16)
+    shm.register_cuda("out", h_out, 0, 16)
+    req = InferenceRequest("m", {"X": SharedTensor(ShmRef("in", 0, 16, "input 'X'"), FP32, (1, 4))},
+                           requested_outputs=[RequestedOutput("Y", shared_memory=ShmRef("out", 0, 16, "output 'Y'"))],
+                           shared_memory=True)
+    shm.resolve(req)
+    assert isinstance(req.inputs["X"], DeviceTensor) and np.asarray(req.inputs["X"]).tolist() == [[0, 1, 2, 3]]
+    assert req.output_device == "cpu"  # the fake's "device"; cuda:k on a GPU
+    mixed = InferenceRequest("m", {}, requested_outputs=[RequestedOutput("Y", shared_memory=ShmRef("out", 0, 16, "o")),
+                                                         RequestedOutput("Z")])
+    shm.resolve(mixed)
+    assert mixed.output_device is None  # Z goes in the response: the outputs come to the host
+
+
+async def test_a_torchscript_model_reads_and_writes_cuda_regions_end_to_end(ipc, tmp_path):
+    """Inputs and outputs in (fake) CUDA memory through DataPlane.infer: the TorchScript instance gets
+    the input as a device tensor and leaves its outputs on the device, written straight into the region."""
+    from inferd.dataplane import DataPlane
+    from inferd.dataplane.shared_memory import SharedMemoryManager
+    from inferd.examples import torch_models as tm
+    from inferd.examples.build import triton_config
+    from inferd.repository import ModelManager
+    from inferd.types import RequestedOutput, SharedTensor, ShmRef
+
+    io = ([("INPUT__0", "TYPE_FP32", [4]), ("INPUT__1", "TYPE_FP32", [4])],
+          [("OUTPUT__0", "TYPE_FP32", [4]), ("OUTPUT__1", "TYPE_FP32", [4])])
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.pt").write_bytes(tm.add_sub())
+    (tmp_path / "m" / "config.pbtxt").write_text(triton_config("m", *io, max_batch_size=4, platform="pytorch_libtorch"))
+    dp = DataPlane(ModelManager([tmp_path]))
+    dp.shared_memory = SharedMemoryManager(cuda=registrar(ipc, (0,)))
+    await dp.load_models()
+    try:
+        h_in, mem_in = ipc.allocate(32)
+        h_out, mem_out = ipc.allocate(32)
+        mem_in[:] = np.array([1, 2, 3, 4, 10, 20, 30, 40], np.float32).tobytes()
+        await dp.cuda_shm_register("in", h_in, 0, 32)
+        await dp.cuda_shm_register("out", h_out, 0, 32)
+        assert [r.name for r in await dp.cuda_shm_status()] == ["in", "out"]
+        req = InferenceRequest(
+            "m", {"INPUT__0": SharedTensor(ShmRef("in", 0, 16, "input 'INPUT__0'"), FP32, (1, 4)),
+                  "INPUT__1": SharedTensor(ShmRef("in", 16, 16, "input 'INPUT__1'"), FP32, (1, 4))},
+            requested_outputs=[RequestedOutput("OUTPUT__0", shared_memory=ShmRef("out", 0, 16, "output 'OUTPUT__0'")),
+                               RequestedOutput("OUTPUT__1", shared_memory=ShmRef("out", 16, 16, "output 'OUTPUT__1'"))],
+            shared_memory=True)
+        await dp.infer(req)
+        got = np.frombuffer(bytes(mem_out), np.float32)
+        assert got.tolist() == [11, 22, 33, 44, -9, -18, -27, -36]
+        await dp.cuda_shm_unregister()
+        assert not await dp.cuda_shm_status()
+    finally:
+        await dp.close()

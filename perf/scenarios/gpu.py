@@ -257,7 +257,7 @@ def cuda_shm_round_trip(url: str, model: str, half: bool, image: int, calls: int
         cudashm.destroy_shared_memory_region(region_out)
         client.close()
     return {"model": model, "identical": identical, "p50_us": timings, "calls": calls,
-            "registered": [r.get("name") for r in status.get("regions", [])], "left_after_unregister": left}
+            "registered": sorted(status.get("regions", {})), "left_after_unregister": sorted(left.get("regions", {}))}
 
 
 def run_gpu_tests(timeout_s: float) -> dict[str, Any]:

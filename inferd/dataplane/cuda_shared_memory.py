@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from inferd.dtypes import DataType
+from inferd.dtypes import DataType, decode_bytes
 from inferd.errors import InvalidArgument, NotFound, Unimplemented
 from inferd.gpu.cuda_ipc import HANDLE_BYTES, CudaIpc, CudaIpcError, IpcMapping
 from inferd.gpu.tensor import DeviceTensor, torch_dtype
@@ -42,6 +42,7 @@ class CudaRegion:
     """One registered CUDA IPC allocation ``[0, byte_size)`` on GPU ``device_id``."""
 
     kind = "cuda"
+    __slots__ = ("_torch", "name", "device_id", "byte_size", "_mapping", "_memory", "device", "_stream", "closed")
 
     def __init__(self, name: str, device_id: int, byte_size: int, mapping: IpcMapping) -> None:
         import torch
@@ -52,6 +53,7 @@ class CudaRegion:
         self.byte_size = byte_size
         self._mapping = mapping
         self._memory = mapping.tensor()[:byte_size]
+        self.device = mapping.device  # the torch device of the memory ("cuda:k"; "cpu" for the fake)
         self._stream = torch.cuda.Stream(mapping.device) if mapping.device.startswith("cuda") else None
         self.closed = False
 
@@ -84,8 +86,6 @@ class CudaRegion:
         for d in shape:
             count *= d
         if dtype.name == "BYTES":
-            from inferd.server.codec import decode_bytes
-
             with self._on_stream():
                 host = self._memory[start:start + size].cpu()
             return decode_bytes(memoryview(host.numpy()), count, where).reshape(shape)
@@ -124,7 +124,7 @@ class CudaRegion:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            del self._memory
+            self._memory = None
             self._mapping.close()
 
 
