@@ -102,7 +102,8 @@ def test_a_gpu_that_does_not_exist_is_refused_at_load_naming_it(client):
 
 def test_torchscript_on_cuda_matches_the_cpu(client):
     x = _images(3)
-    np.testing.assert_allclose(_infer(client, "net_gpu", x), _infer(client, "net_cpu", x), rtol=2e-3, atol=2e-3)
+    # TF32 convolutions on the GPU (torch's default) against FP32 on the CPU: close, not equal.
+    np.testing.assert_allclose(_infer(client, "net_gpu", x), _infer(client, "net_cpu", x), rtol=1e-2, atol=1e-2)
 
 
 def test_concurrent_requests_batch_on_the_gpu_and_each_gets_its_rows(client):
@@ -119,7 +120,7 @@ def test_concurrent_requests_batch_on_the_gpu_and_each_gets_its_rows(client):
     for t in threads:
         t.join()
     for i, want in enumerate(expected):
-        np.testing.assert_allclose(got[i], want, rtol=2e-3, atol=2e-3)
+        np.testing.assert_allclose(got[i], want, rtol=1e-2, atol=1e-2)
     stats = client.get_inference_statistics("net_gpu").model_stats[0]
     assert stats.inference_count >= sum(len(x) for x in xs)
 
@@ -186,13 +187,22 @@ def test_cuda_shared_memory_refuses_bad_registrations_naming_the_region(client):
 def test_nvml_metrics_name_each_gpu_by_its_uuid(server):
     from prometheus_client.parser import text_string_to_metric_families
 
-    pytest.importorskip("pynvml")
+    pynvml = pytest.importorskip("pynvml")
+    pynvml.nvmlInit()
+    try:
+        uuids = [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
+    finally:
+        pynvml.nvmlShutdown()
+    uuids = [u.decode() if isinstance(u, bytes) else u for u in uuids]
     with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
         text = response.read().decode()
     found = {(s.name, s.labels.get("gpu_uuid")) for f in text_string_to_metric_families(text) for s in f.samples}
-    uuid = "GPU-" + str(torch.cuda.get_device_properties(0).uuid)
     for family in ("nv_gpu_utilization", "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes", "nv_gpu_power_usage"):
-        assert (family, uuid) in found, sorted(found)[:20]
+        assert any((family, u) in found for u in uuids), (family, uuids, sorted(x for x in found if x[1])[:12])
+    # the inventory names the GPUs as NVML does, so only the server's visible GPUs are reported
+    from inferd.gpu.inventory import TorchGpuInventory
+
+    assert {g.uuid for g in TorchGpuInventory().gpus()} <= set(uuids)
 
 
 def test_the_stager_assembles_in_pinned_memory_and_runs_on_its_own_stream():

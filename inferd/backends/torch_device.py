@@ -96,7 +96,9 @@ class TorchStager:
         if isinstance(part, DeviceTensor):
             tensor = part.data
             if tensor.device != self.device:
-                tensor = tensor.to(self.device, non_blocking=True)  # another GPU (peer copy) or the CPU
+                # Onto a GPU: queued on the instance's stream. To the CPU: waited for, since a
+                # non-blocking copy to the host would be read before it lands (no stream to sync here).
+                tensor = tensor.to(self.device, non_blocking=self.cuda)
             return tensor
         return self._to_device(self._assemble([part], dtype))
 
