@@ -174,7 +174,7 @@ class TorchScriptInstance(ModelInstance):
         self.module = module
         self._map_inputs(module)
         self._map_outputs()
-        self._input_dtypes = {n: t.datatype.numpy for n, t in spec.inputs.items()}
+        self._input_dtypes: dict[str, Any] = {n: t.datatype.numpy for n, t in spec.inputs.items()}
         self._stager = TorchStager(torch, self._device)
         # Where this instance takes and gives torch tensors: an ensemble keeps a step's outputs
         # there when its next steps run on the same device (Model.tensor_device).

@@ -39,6 +39,6 @@ __all__ = [
     "SequencePolicy", "SignatureTensor", "StateSpec", "StepConfig", "TensorSpec", "WarmupInput", "WarmupSample",
     "autocomplete", "check_ensemble_config", "check_name", "config_from_dict", "config_from_json", "config_to_json",
     "dynamic_batching", "ensemble_config", "is_ensemble", "message_to_dict", "model_spec", "parse_config_file",
-    "parse_config_text", "placements", "prepare_config", "prepare_ensemble_config", "read_ensemble_config", "read_model_config",
-    "select_versions", "settle_groups", "validate",
+    "parse_config_text", "placements", "prepare_config", "prepare_ensemble_config", "read_ensemble_config",
+    "read_model_config", "select_versions", "settle_groups", "validate",
 ]

@@ -25,8 +25,9 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from inferd.dataplane._window import check_span, check_tensor_bytes, element_count
 from inferd.dtypes import DataType, decode_bytes
-from inferd.errors import InvalidArgument, NotFound, Unimplemented
+from inferd.errors import InvalidArgument, Unimplemented
 from inferd.gpu.cuda_ipc import HANDLE_BYTES, CudaIpc, CudaIpcError, IpcMapping
 from inferd.gpu.tensor import DeviceTensor, torch_dtype
 
@@ -70,36 +71,22 @@ class CudaRegion:
         self._stream.synchronize()
 
     def _span(self, offset: int, size: int, where: str) -> int:
-        if self.closed:
-            raise NotFound(f"{where}: CUDA shared memory region '{self.name}' was unregistered")
-        if offset < 0 or size < 0 or offset + size > self.byte_size:
-            raise InvalidArgument(
-                f"{where}: invalid offset + byte size for shared memory region '{self.name}': "
-                f"offset {offset} + byte size {size} is outside the region's {self.byte_size} bytes"
-            )
+        check_span("CUDA shared memory", self.name, self.byte_size, self.closed, offset, size, where)
         return offset
 
     def read(self, dtype: DataType, shape: tuple[int, ...], offset: int, size: int, where: str) -> Any:
         """The tensor at ``[offset, offset + size)``: a DeviceTensor (a BYTES tensor: host objects)."""
         start = self._span(offset, size, where)
-        count = 1
-        for d in shape:
-            count *= d
         if dtype.name == "BYTES":
             with self._on_stream():
                 host = self._memory[start:start + size].cpu()
-            return decode_bytes(memoryview(host.numpy()), count, where).reshape(shape)
-        if dtype.numpy is None:
-            raise InvalidArgument(f"{where}: data type {dtype.name} is not supported on this server")
-        expected = count * dtype.itemsize
-        if size != expected:
-            raise InvalidArgument(
-                f"{where}: shared memory region '{self.name}': byte size {size} does not match the tensor's "
-                f"{expected} bytes (shape {list(shape)} of {dtype.name})"
-            )
+            return decode_bytes(memoryview(host.numpy()), element_count(shape), where).reshape(shape)
+        check_tensor_bytes(self.name, dtype, shape, size, where)
+        numpy_type = dtype.numpy
+        assert numpy_type is not None  # check_tensor_bytes refused the types numpy cannot hold
         with self._on_stream():
             raw = self._memory[start:start + size].clone()  # our own copy, on the region's GPU
-        return DeviceTensor(raw.view(torch_dtype(self._torch, dtype.numpy)).reshape(shape), dtype.numpy)
+        return DeviceTensor(raw.view(torch_dtype(self._torch, numpy_type)).reshape(shape), numpy_type)
 
     def write(self, data: Any, offset: int, size: int, where: str) -> None:
         """Copy an output (numpy array, DeviceTensor or encoded BYTES) to ``offset``."""

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from inferd.dataplane._window import check_span, check_tensor_bytes, element_count
 from inferd.dataplane.cuda_shared_memory import CudaRegion, CudaRegistrar
 from inferd.dtypes import DataType, decode_bytes
 from inferd.errors import AlreadyExists, InvalidArgument, NotFound
@@ -76,30 +77,14 @@ class Region:
         return RegionStatus(self.name, self.key, self.offset, self.byte_size)
 
     def _span(self, offset: int, size: int, where: str) -> int:
-        if self.closed:
-            raise NotFound(f"{where}: shared memory region '{self.name}' was unregistered")
-        if offset < 0 or size < 0 or offset + size > self.byte_size:
-            raise InvalidArgument(
-                f"{where}: invalid offset + byte size for shared memory region '{self.name}': "
-                f"offset {offset} + byte size {size} is outside the region's {self.byte_size} bytes"
-            )
+        check_span("shared memory", self.name, self.byte_size, self.closed, offset, size, where)
         return self._base + offset
 
     def read(self, dtype: DataType, shape: tuple[int, ...], offset: int, size: int, where: str) -> np.ndarray:
         start = self._span(offset, size, where)
-        count = 1
-        for d in shape:
-            count *= d
         if dtype.name == "BYTES":
-            return decode_bytes(memoryview(self._map)[start:start + size], count, where).reshape(shape)
-        if dtype.numpy is None:
-            raise InvalidArgument(f"{where}: data type {dtype.name} is not supported on this server")
-        expected = count * dtype.itemsize
-        if size != expected:
-            raise InvalidArgument(
-                f"{where}: shared memory region '{self.name}': byte size {size} does not match the tensor's "
-                f"{expected} bytes (shape {list(shape)} of {dtype.name})"
-            )
+            return decode_bytes(memoryview(self._map)[start:start + size], element_count(shape), where).reshape(shape)
+        count = check_tensor_bytes(self.name, dtype, shape, size, where)
         array = np.frombuffer(self._map, dtype=dtype.numpy, count=count, offset=start)
         if start % array.dtype.alignment:
             # An unaligned view is legal numpy, but runtimes read tensors through
@@ -243,7 +228,7 @@ class SharedMemoryManager:
                 r.shared_memory = bound = self.bind(r.shared_memory)
             else:
                 bound = None
-            devices.add(bound.region.device if bound is not None and bound.region.kind == "cuda" else None)
+            devices.add(bound.region.device if bound is not None and isinstance(bound.region, CudaRegion) else None)
         if requested and len(devices) == 1 and None not in devices:
             # Every output goes to CUDA memory on one device: a model there leaves them on it.
             request.output_device = devices.pop()

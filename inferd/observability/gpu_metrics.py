@@ -102,9 +102,10 @@ def gpu_collector(nvml: Any = None, visible_uuids: Callable[[], set[str]] | None
     """A collector when NVML can be initialised here (``nvml``: the pynvml module, or a fake); else None."""
     if nvml is None:
         try:
-            import pynvml as nvml  # nvidia-ml-py
+            import pynvml  # nvidia-ml-py
         except ImportError:
             return None
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:  # no driver or no GPU: no GPU metrics, as on any CPU host

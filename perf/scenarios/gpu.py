@@ -277,7 +277,8 @@ def run_gpu_tests(timeout_s: float) -> dict[str, Any]:
         r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
         code, text = r.returncode, r.stdout + r.stderr
     except subprocess.TimeoutExpired as exc:
-        code, text = -1, f"timed out after {timeout_s:.0f} s\n{exc.stdout or ''}"
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        code, text = -1, f"timed out after {timeout_s:.0f} s\n{out}"
     counts = junit_counts(junit) if junit.exists() else {}
     summary = text.strip().splitlines()[-1] if text.strip() else ""
     return {"exit": code, "summary": summary, **counts, "tail": "" if code == 0 else text[-3000:]}
