@@ -66,6 +66,13 @@ def test_each_run_has_its_model_and_labels_are_what_ratios_look_for():
     assert "dynamic_batching" not in gpu.config_text(p.variants(96)[-1])
 
 
+def test_the_gpu_subset_is_every_module_with_gpu_marked_tests():
+    files = gpu.gpu_test_files()
+    assert "tests/test_gpu.py" in files and "tests/test_gpu_check.py" not in files
+    marker = "pytest.mark." + "gpu"  # spelled apart, so this module is not one of them
+    assert all(marker in (ROOT / f).read_text() for f in files)
+
+
 def sample_result() -> dict:
     def m(label: str, c: int, ips: float) -> dict:
         return {"label": label, "concurrency": c, "batch": 1, "infer_per_s": ips, "p50_us": 1000.0,
@@ -79,7 +86,7 @@ def sample_result() -> dict:
                      m("small net FP32, no batching, 2 instances", 16, 3100.0)],
         "ceilings": {"raw torch FP16 rows/s, batch 64": 5000.0, "raw torch FP32 rows/s, batch 64": 2000.0},
         "cuda_shm": {"identical": True, "p50_us": {"host": 900.0, "cuda_shm": 700.0}, "calls": 200},
-        "tests": {"exit": 0, "summary": "9 passed in 40.1s"},
+        "tests": {"exit": 0, "summary": "9 passed in 40.1s", "passed": 9},
         "environment": {"gpu": "NVIDIA H200", "torch": "2.11.0"},
         "gpu_metrics": {"nv_gpu_utilization": {"GPU-1": 0.5}},
     }
@@ -94,6 +101,8 @@ def test_ratios_are_the_figures_the_issue_asks_for():
     assert r["CUDA shared memory results identical to the host path"].startswith("yes")
     assert r["GPU test subset (pytest -m gpu)"] == "green: 9 passed in 40.1s"
     assert "FP32 2 inst. c=128 / raw torch batch 64" not in r  # not measured: no figure invented
+    skipped = dict(sample_result(), tests={"exit": 0, "summary": "10 skipped", "passed": 0, "skipped": 10})
+    assert gpu.ratios(skipped)["GPU test subset (pytest -m gpu)"].startswith("NOT RUN")
 
 
 def test_results_md_renders_the_gpu_result(tmp_path, monkeypatch):
