@@ -60,6 +60,9 @@ if [ "$INSTALL" = 1 ]; then
 fi
 
 PA=$(command -v perf_analyzer || true)
+if [ -z "$PA" ]; then  # the wheel's console script, where pip put it (the venv's bin may not be on PATH)
+  PA=$("$PY" -c 'import os, sysconfig; p = os.path.join(sysconfig.get_path("scripts"), "perf_analyzer"); print(p if os.path.exists(p) else "")')
+fi
 if [ -n "$PA" ] && ! "$PA" --version >/dev/null 2>&1 && [ -x "$WHEELS/palibs/ld-linux-x86-64.so.2" ]; then
   # An older glibc than the wheel's 2.38: run it with the carried loader and libraries.
   BIN=$("$PY" -c 'import perf_analyzer, os; print(os.path.join(os.path.dirname(perf_analyzer.__file__), "bin", "perf_analyzer"))')
@@ -74,6 +77,7 @@ export INFERD_PERF_ANALYZER=$PA
 echo "perf_analyzer: $("$PA" --version 2>&1 | head -1 || echo 'does not run')"
 
 status=0
+rm -f perf/out/inferd_gpu.log perf/out/gpu_tests.xml perf/results/gpu.json  # nothing stale goes back
 timeout $((BUDGET + 60)) "$PY" -m perf.bench --scenario gpu $QUICK || status=$?
 
 if [ -n "${OUT:-}" ]; then
