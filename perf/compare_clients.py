@@ -36,10 +36,11 @@ TOOL = Path("shared") / "tools" / "perf_analyzer"
 
 
 def find_perf_analyzer() -> Path:
-    """$PERF_ANALYZER, else shared/tools/perf_analyzer in the nearest folder above the checkout
-    that has one (a worktree may sit deeper than the main checkout)."""
-    if os.environ.get("PERF_ANALYZER"):
-        return Path(os.environ["PERF_ANALYZER"])
+    """$INFERD_PERF_ANALYZER (another perf_analyzer: the GPU machine runs the one of its PyPI
+    wheel), else shared/tools/perf_analyzer in the nearest folder above the checkout that has
+    one (a worktree may sit deeper than the main checkout)."""
+    if os.environ.get("INFERD_PERF_ANALYZER"):
+        return Path(os.environ["INFERD_PERF_ANALYZER"])
     for folder in ROOT.parents:
         if (folder / TOOL).exists():
             return folder / TOOL
