@@ -116,5 +116,5 @@ def test_a_server_serves_gpu_metrics_from_nvml_on_metrics(tmp_path):
     for family in GPU_FAMILIES[:4]:
         assert (family, "GPU-fake-0000") in got and (family, "GPU-fake-0001") in got
     assert ("nv_gpu_power_limit", "GPU-fake-0001") not in got  # the fake's board without a limit
-    assert "inferd_inference_request_success" in text  # the model metrics are still there
+    assert "nv_inference_request_success" in text  # the model metrics are still there
     assert "Traceback" not in server.log()
