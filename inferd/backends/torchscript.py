@@ -167,6 +167,12 @@ class TorchScriptInstance(TensorInstance):
         self.module = module
         self._map_inputs(module)
         self._map_outputs()
+        # Tensors whose first dimension is not the batch: ragged concatenations, batch inputs,
+        # scattered batch outputs (Triton's ragged batching).
+        varlen = spec.varlen
+        self._unbatched_inputs = (varlen.ragged | {t for b in varlen.batch_inputs for t in b.targets}
+                                  if varlen is not None else frozenset())
+        self._scattered = {t for b in varlen.batch_outputs for t in b.targets} if varlen is not None else set()
         self._bf16 = BY_NAME["BF16"].numpy
 
     # -- load-time checks ------------------------------------------------------
@@ -174,7 +180,7 @@ class TorchScriptInstance(TensorInstance):
     @staticmethod
     def _check_types(spec: ModelSpec) -> None:
         supported = torch_dtypes()
-        for kind, tensors in (("input", spec.inputs), ("output", spec.outputs)):
+        for kind, tensors in (("input", {**spec.inputs, **spec.filled_inputs}), ("output", spec.outputs)):
             for t in tensors.values():
                 if t.datatype.name not in supported:
                     raise ConfigError(
@@ -209,7 +215,7 @@ class TorchScriptInstance(TensorInstance):
             raise ConfigError(f"model '{model}': the TorchScript module has no forward() method") from None
         args = list(schema.arguments)[1:]  # without self
         arg_names = [a.name for a in args]
-        config_inputs = list(self.model.inputs)
+        config_inputs = list(self.model.inputs) + list(self.model.filled_inputs)  # the mask too, say
         if all(n in arg_names for n in config_inputs):
             positions = {n: arg_names.index(n) for n in config_inputs}
         else:
@@ -316,7 +322,8 @@ class TorchScriptInstance(TensorInstance):
                 f"model '{model}': forward() returned {type(result).__name__}; inferd takes a Tensor or a "
                 "tuple/list of Tensors"
             )
-        rows = len(next(iter(inputs.values()))) if self.model.batching and inputs else None
+        batched = [a for n, a in inputs.items() if n not in self._unbatched_inputs] if self.model.batching else []
+        rows = len(batched[0]) if batched else None
         out: dict[str, np.ndarray] = {}
         for name, index in self._output_index.items():
             if index >= len(results):
@@ -335,7 +342,7 @@ class TorchScriptInstance(TensorInstance):
                     f"model '{model}': output '{name}' is {tensor.dtype} but the config declares "
                     f"{self.model.outputs[name].datatype.config} ({want})"
                 )
-            if rows is not None and (tensor.dim() == 0 or tensor.shape[0] != rows):
+            if rows is not None and name not in self._scattered and (tensor.dim() == 0 or tensor.shape[0] != rows):
                 raise ModelExecutionError(
                     f"model '{model}': output '{name}' has shape {list(tensor.shape)}; with max_batch_size > 0 "
                     f"its first dimension must be the batch size {rows}"

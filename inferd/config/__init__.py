@@ -10,8 +10,20 @@ from inferd.config._spec import ModelSpec, TensorSpec, model_spec
 from inferd.config._validate import validate
 from inferd.config._autocomplete import autocomplete, ModelSignature, SignatureTensor
 from inferd.config._parameters import InferdParameters
+from inferd.config._varlen import (
+    LENGTHS, MASK, BatchInput, BatchOutput, FilledInput, PaddedInput, Unpad, VarlenSpec, varlen_spec,
+)
 
 __all__ = [
+    "LENGTHS",
+    "MASK",
+    "BatchInput",
+    "BatchOutput",
+    "FilledInput",
+    "PaddedInput",
+    "Unpad",
+    "VarlenSpec",
+    "varlen_spec",
     "InferdParameters",
     "ModelSignature",
     "ModelSpec",

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from inferd._proto import model_config_pb2 as mc
 from inferd.config._parameters import InferdParameters
+from inferd.config._varlen import VarlenSpec, varlen_spec
 from inferd.dtypes import BY_CONFIG, DataType
 
 
@@ -33,6 +34,11 @@ class ModelSpec:
     outputs: dict[str, TensorSpec]
     params: InferdParameters
     config: mc.ModelConfig = field(repr=False)
+    # Variable-length batching (padding, ragged batching), None without it.
+    varlen: VarlenSpec | None = None
+    # Model inputs inferd fills for each batch (mask, lengths, batch_input targets): not in ``inputs``,
+    # which are what a client sends and what model metadata lists.
+    filled_inputs: dict[str, TensorSpec] = field(default_factory=dict)
 
     @property
     def batching(self) -> bool:
@@ -54,13 +60,23 @@ def tensor_spec(t: mc.ModelInput | mc.ModelOutput, labels: tuple[str, ...] = ())
 
 def model_spec(config: mc.ModelConfig, labels: dict[str, tuple[str, ...]] | None = None) -> ModelSpec:
     labels = labels or {}
+    params = InferdParameters.from_config(config)
+    varlen = varlen_spec(config, params)
+    filled = varlen.filled_names if varlen is not None else frozenset()
+    filled_inputs = {t.name: tensor_spec(t) for t in config.input if t.name in filled}
+    for b in varlen.batch_inputs if varlen is not None else ():
+        dtype = BY_CONFIG["TYPE_INT32" if b.dtype == "int32" else "TYPE_FP32"]
+        for target in b.targets:
+            filled_inputs[target] = TensorSpec(target, dtype, (-1,), (-1,))
     return ModelSpec(
         name=config.name,
         platform=config.platform,
         backend=config.backend,
         max_batch_size=config.max_batch_size,
-        inputs={t.name: tensor_spec(t) for t in config.input},
+        inputs={t.name: tensor_spec(t) for t in config.input if t.name not in filled},
         outputs={t.name: tensor_spec(t, labels.get(t.name, ())) for t in config.output},
-        params=InferdParameters.from_config(config),
+        params=params,
         config=config,
+        varlen=varlen,
+        filled_inputs=filled_inputs,
     )

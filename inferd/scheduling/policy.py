@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferd._proto import model_config_pb2 as mc
+from inferd.config import varlen_spec
 from inferd.errors import ConfigError
+from inferd.scheduling.formation import Grouping
 
 REJECT = "REJECT"
 DELAY = "DELAY"
@@ -51,6 +53,7 @@ class BatchingPolicy:
     priority_queue_policy: tuple[tuple[int, QueuePolicy], ...] = ()
     aging_us: int = 0
     split_large_requests: bool = False
+    grouping: Grouping = Grouping()  # which requests may share a batch (shapes, padding, buckets, budget)
 
     def queue_policy(self, level: int) -> QueuePolicy:
         for lvl, policy in self.priority_queue_policy:
@@ -66,8 +69,10 @@ class BatchingPolicy:
 
 def batching_policy(config: mc.ModelConfig, *, aging_us: int = 0, split: bool = False) -> BatchingPolicy:
     model = config.name
+    grouping = Grouping.of(varlen_spec(config))
     if not config.HasField("dynamic_batching"):
-        return BatchingPolicy(max_batch_size=config.max_batch_size, aging_us=aging_us, split_large_requests=split)
+        return BatchingPolicy(max_batch_size=config.max_batch_size, aging_us=aging_us, split_large_requests=split,
+                              grouping=grouping)
     db = config.dynamic_batching
     where = f"model '{model}': dynamic_batching"
     if config.max_batch_size <= 0:
@@ -120,4 +125,5 @@ def batching_policy(config: mc.ModelConfig, *, aging_us: int = 0, split: bool = 
         priority_queue_policy=tuple(per_level),
         aging_us=aging_us,
         split_large_requests=split,
+        grouping=grouping,
     )
