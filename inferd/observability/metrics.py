@@ -117,6 +117,12 @@ class InferdCollector:
                      "Cumulative compute infer (model) duration, microseconds (per request)", labels=L)
         output_us = c("inferd_inference_compute_output_duration_us",
                       "Cumulative compute output duration, microseconds (per request)", labels=L)
+        real = c("inferd_inference_real_elements", "Elements of request data in padded inputs (inferd.padding)",
+                 labels=L)
+        padded = c("inferd_inference_pad_elements", "Elements of padding added to padded inputs (inferd.padding)",
+                   labels=L)
+        waste = GaugeMetricFamily("inferd_inference_padding_waste",
+                                  "Padding elements per element of request data since the model loaded", labels=L)
         pending = GaugeMetricFamily("inferd_inference_pending_request_count",
                                     "Requests waiting in the queue for a model instance", labels=L)
         inflight = GaugeMetricFamily("inferd_inference_inflight_request_count",
@@ -146,6 +152,9 @@ class InferdCollector:
             input_us.add_metric(lv, s.compute_input.ns // 1000)
             infer_us.add_metric(lv, s.compute_infer.ns // 1000)
             output_us.add_metric(lv, s.compute_output.ns // 1000)
+            real.add_metric(lv, s.real_elements)
+            padded.add_metric(lv, s.pad_elements)
+            waste.add_metric(lv, s.pad_elements / s.real_elements if s.real_elements else 0.0)
             depth = getattr(model.scheduler, "queue_depth", None)
             pending.add_metric(lv, depth() if depth is not None else s.pending)
             inflight.add_metric(lv, s.pending)
@@ -165,7 +174,7 @@ class InferdCollector:
         ready.add_metric([], 1 if self.dp.server_ready() else 0)
 
         yield from (success, failure, count, exec_count, request_us, queue_us, input_us, infer_us, output_us,
-                    pending, inflight, request_h, queue_h, compute_h, batch_h, state, ready)
+                    real, padded, waste, pending, inflight, request_h, queue_h, compute_h, batch_h, state, ready)
 
 
 class ServerMetrics:
