@@ -35,7 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PERF = ROOT / "perf"
 RESULTS_DIR = PERF / "results"
 OUT = PERF / "out"
-PERF_ANALYZER = ROOT.parent / "shared" / "tools" / "perf_analyzer"
+# /work/shared/tools from /work/main; from a worktree (/work/wt/NAME) it is two levels up.
+PERF_ANALYZER = next((p for p in (ROOT.parent / "shared" / "tools" / "perf_analyzer",
+                                  ROOT.parent.parent / "shared" / "tools" / "perf_analyzer") if p.exists()),
+                     ROOT.parent / "shared" / "tools" / "perf_analyzer")
 
 
 # -- processes ---------------------------------------------------------------

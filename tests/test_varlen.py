@@ -221,12 +221,21 @@ async def test_mixed_lengths_share_executions_and_match_running_alone(client, mo
     assert executions < inferences  # 12 lengths over 5 buckets: 5 executions when all arrive together
 
 
-async def test_the_encoder_lists_only_input_ids_and_refuses_a_mask_or_a_too_long_request(client):
-    metadata = await client.get_model_metadata("enc", as_json=True)
-    assert [i["name"] for i in metadata["inputs"]] == ["INPUT_IDS"]
-    ids = np.ones((1, 4), np.int64)
-    with pytest.raises(InferenceServerException, match="unexpected inference input 'ATTENTION_MASK'"):
-        await client.infer("enc", [tensor("INPUT_IDS", ids, "INT64"), tensor("ATTENTION_MASK", ids, "INT64")])
+async def test_a_client_written_for_triton_may_still_send_the_mask(client):
+    config = (await client.get_model_config("enc", as_json=True))["config"]
+    assert [(i["name"], i.get("optional", False)) for i in config["input"]] == [
+        ("INPUT_IDS", False), ("ATTENTION_MASK", True)]
+    rng = np.random.default_rng(8)
+    sequences = [rng.integers(1, 1000, (1, n), dtype=np.int64) for n in (4, 11, 13)]
+    masked = [[tensor("INPUT_IDS", s, "INT64"), tensor("ATTENTION_MASK", np.ones_like(s), "INT64")]
+              for s in sequences]
+    alone = [(await client.infer("enc_ref", inputs)).as_numpy("EMBEDDING") for inputs in masked]
+    together = await infer_all(client, "enc", masked)  # one bucket: padded together, their masks with 0
+    for ref, result in zip(alone, together):
+        assert np.abs(result.as_numpy("EMBEDDING") - ref).max() <= 1e-5
+
+
+async def test_a_request_longer_than_the_last_bucket_is_refused(client):
     with pytest.raises(InferenceServerException, match="length 513, longer than the last of "
                                                        "inferd.length_buckets \\(512\\)") as info:
         await client.infer("enc", [tensor("INPUT_IDS", np.ones((1, 513), np.int64), "INT64")])

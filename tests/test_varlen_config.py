@@ -143,27 +143,27 @@ def test_padding_on_a_python_model_is_refused():
         validate(config)
 
 
-def test_the_mask_is_filled_not_sent_and_the_spec_says_how_to_pad():
+def test_the_mask_becomes_optional_and_the_spec_says_how_to_pad():
     spec = load(MASKED + 'output [ { name: "TOK" data_type: TYPE_FP32 dims: [ -1, 8 ] } ]\n' + BATCHING,
                 {**PAD, "inferd.mask_input": "MASK", "inferd.pad_value": "3", "inferd.length_buckets": "8,32",
                  "inferd.max_batch_elements": "64"})
-    assert list(spec.inputs) == ["IDS"]  # what model metadata lists and a client sends
-    assert list(spec.filled_inputs) == ["MASK"]
+    assert [(t.name, t.optional) for t in spec.inputs.values()] == [("IDS", False), ("MASK", True)]
+    assert [(t.name, t.optional) for t in spec.config.input] == [("IDS", False), ("MASK", True)]  # as served
+    assert spec.filled_inputs == {}
     varlen = spec.varlen
     assert varlen is not None and varlen.reference == "IDS"
     assert [(p.name, p.variable, int(p.pad)) for p in varlen.padded] == [("IDS", (0,), 3)]
+    assert [(f.name, f.kind) for f in varlen.filled] == [("MASK", "mask")]
     assert [(u.output, u.source, u.cuts) for u in varlen.unpad] == [("TOK", "IDS", (0,))]
     assert (varlen.buckets, varlen.max_batch_elements) == ((8, 32), 64)
 
 
-def test_a_warmup_sample_needs_no_mask_and_may_not_give_one():
+def test_a_warmup_sample_may_leave_the_mask_out():
     warmup = ('model_warmup [ { name: "w" batch_size: 1 inputs { key: "IDS" value: '
               '{ data_type: TYPE_INT64 dims: [ 4 ] zero_data: true } } } ]\n')
     load(MASKED + OUT + warmup, {**PAD, "inferd.mask_input": "MASK"})
-    with_mask = warmup.replace("} } } ]", '} } inputs { key: "MASK" value: { data_type: TYPE_INT64 dims: [ 4 ] '
-                                          "zero_data: true } } } ]")
-    with pytest.raises(ConfigError, match="input 'MASK' is not an input of the model \\(inferd fills it"):
-        load(MASKED + OUT + with_mask, {**PAD, "inferd.mask_input": "MASK"})
+    with pytest.raises(ConfigError, match="no data for inputs \\['MASK'\\]"):
+        load(MASKED + OUT + warmup)  # without padding the mask is a plain input
 
 
 RAGGED_IO = ('input [ { name: "R" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]\n'

@@ -8,8 +8,9 @@ request i's tensors in model shapes, with the batch dimension first.
   dimension and the outputs cut back by rows.
 - Padded inputs (``inferd.padding``) are padded to the batch's longest extent of
   each dimension with their pad value; inferd fills the mask and lengths inputs
-  from the reference input's own extents; outputs are cut back to each request's
-  extents (:class:`inferd.config.Unpad`).
+  from the reference input's own extents (a request that sent its own keeps it,
+  a mask padded with 0); outputs are cut back to each request's extents
+  (:class:`inferd.config.Unpad`).
 - Triton's ragged batching: an ``allow_ragged_batch`` input becomes one 1-D
   concatenation of every request's elements; ``batch_input`` tensors take the
   values of Triton's backends (``BackendInputCollector``); ``batch_output``
@@ -52,9 +53,13 @@ def join(requests: Sequence[dict[str, np.ndarray]], varlen: VarlenSpec | None = 
         return Joined({name: np.concatenate([r[name] for r in requests]) for name in first}, rows)
     joined = Joined({}, rows, [{name: a.shape for name, a in r.items()} for r in requests])
     pads = {p.name: p.pad for p in varlen.padded}
+    sent = {f.name: f for f in varlen.filled if f.name in first}
     for name in first:
         arrays = [r[name] for r in requests]
-        if name in varlen.ragged:
+        if name in sent:
+            joined.inputs[name] = (pad_to_longest(arrays, 0)[0] if sent[name].kind == MASK
+                                   else arrays[0] if len(arrays) == 1 else np.concatenate(arrays))
+        elif name in varlen.ragged:
             joined.inputs[name] = np.concatenate([a.reshape(-1) for a in arrays])
         elif name in pads:
             array, real = pad_to_longest(arrays, pads[name])
@@ -63,15 +68,16 @@ def join(requests: Sequence[dict[str, np.ndarray]], varlen: VarlenSpec | None = 
             joined.pad_elements += array.size - real
         else:
             joined.inputs[name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-    if varlen.filled:
+    if len(sent) < len(varlen.filled):
         reference = varlen.reference
         assert reference is not None  # a mask or lengths input needs padding, which has a reference
         own = [s[reference][1:] for s in joined.shapes]
         longest = joined.inputs[reference].shape[1:]
         variable = varlen.padded[0].variable
         for f in varlen.filled:
-            joined.inputs[f.name] = (mask(f, rows, own, longest) if f.kind == MASK
-                                     else lengths(f, rows, own, variable))
+            if f.name not in sent:
+                joined.inputs[f.name] = (mask(f, rows, own, longest) if f.kind == MASK
+                                         else lengths(f, rows, own, variable))
     for b in varlen.batch_inputs:
         value = batch_input(b, [s[b.source] for s in joined.shapes])
         for target in b.targets:

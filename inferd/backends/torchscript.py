@@ -215,7 +215,7 @@ class TorchScriptInstance(TensorInstance):
             raise ConfigError(f"model '{model}': the TorchScript module has no forward() method") from None
         args = list(schema.arguments)[1:]  # without self
         arg_names = [a.name for a in args]
-        config_inputs = list(self.model.inputs) + list(self.model.filled_inputs)  # the mask too, say
+        config_inputs = list(self.model.inputs) + list(self.model.filled_inputs)  # with batch_input targets
         if all(n in arg_names for n in config_inputs):
             positions = {n: arg_names.index(n) for n in config_inputs}
         else:

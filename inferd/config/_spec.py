@@ -36,8 +36,9 @@ class ModelSpec:
     config: mc.ModelConfig = field(repr=False)
     # Variable-length batching (padding, ragged batching), None without it.
     varlen: VarlenSpec | None = None
-    # Model inputs inferd fills for each batch (mask, lengths, batch_input targets): not in ``inputs``,
-    # which are what a client sends and what model metadata lists.
+    # Model inputs inferd makes for Triton's batch_input: not config inputs, so not in ``inputs``
+    # (what a client may send, what model metadata lists). A mask or lengths input (inferd.padding)
+    # is in ``inputs``, optional: inferd fills it when a request leaves it out.
     filled_inputs: dict[str, TensorSpec] = field(default_factory=dict)
 
     @property
@@ -62,8 +63,7 @@ def model_spec(config: mc.ModelConfig, labels: dict[str, tuple[str, ...]] | None
     labels = labels or {}
     params = InferdParameters.from_config(config)
     varlen = varlen_spec(config, params)
-    filled = varlen.filled_names if varlen is not None else frozenset()
-    filled_inputs = {t.name: tensor_spec(t) for t in config.input if t.name in filled}
+    filled_inputs = {}
     for b in varlen.batch_inputs if varlen is not None else ():
         dtype = BY_CONFIG["TYPE_INT32" if b.dtype == "int32" else "TYPE_FP32"]
         for target in b.targets:
@@ -73,7 +73,7 @@ def model_spec(config: mc.ModelConfig, labels: dict[str, tuple[str, ...]] | None
         platform=config.platform,
         backend=config.backend,
         max_batch_size=config.max_batch_size,
-        inputs={t.name: tensor_spec(t) for t in config.input if t.name not in filled},
+        inputs={t.name: tensor_spec(t) for t in config.input},
         outputs={t.name: tensor_spec(t, labels.get(t.name, ())) for t in config.output},
         params=params,
         config=config,

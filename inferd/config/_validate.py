@@ -78,8 +78,11 @@ def validate(
         if t.label_filename:
             labels[t.name] = _read_labels(name, t, model_dir)
     varlen = varlen_spec(config)
+    for t in config.input:
+        if varlen is not None and any(f.name == t.name for f in varlen.filled):
+            t.optional = True  # inferd fills a mask or lengths input the request leaves out
     _check_instance_groups(config)
-    _check_warmup(config, varlen.filled_names if varlen is not None else frozenset())
+    _check_warmup(config)
     problem = decoupled_problem(config)
     if problem:
         raise ConfigError(problem)
@@ -199,11 +202,10 @@ def _check_instance_groups(config: mc.ModelConfig) -> None:
                 raise ConfigError(f"{where}: {field} is not supported by inferd")
 
 
-def _check_warmup(config: mc.ModelConfig, filled: frozenset[str]) -> None:
+def _check_warmup(config: mc.ModelConfig) -> None:
     """Triton's ModelWarmup: each sample names real inputs with their type, concrete
-    dims and one data source; its batch fits the model. Files are read at load.
-    Inputs inferd fills (mask, lengths: ``filled``) are not part of a sample."""
-    inputs = {t.name: t for t in config.input if t.name not in filled}
+    dims and one data source; its batch fits the model. Files are read at load."""
+    inputs = {t.name: t for t in config.input}
     for i, w in enumerate(config.model_warmup):
         where = f"model '{config.name}': model_warmup[{i}]"
         if not w.name:
@@ -219,8 +221,7 @@ def _check_warmup(config: mc.ModelConfig, filled: frozenset[str]) -> None:
             t = inputs.get(name)
             at = f"{where}: input '{name}'"
             if t is None:
-                made = " (inferd fills it for every batch)" if name in filled else ""
-                raise ConfigError(f"{at} is not an input of the model{made} (its inputs are {sorted(inputs)})")
+                raise ConfigError(f"{at} is not an input of the model (its inputs are {sorted(inputs)})")
             if inp.data_type != t.data_type:
                 raise ConfigError(f"{at}: data_type {mc.DataType.Name(inp.data_type)} does not match the input's "
                                   f"{mc.DataType.Name(t.data_type)}")

@@ -14,13 +14,17 @@ may share a batch) and the backends (how a batch's tensors are built).
 - the *reference input* is the first padded input in the config. A request's
   *length* is the product of its reference input's variable extents (for text
   ``dims: [ -1 ]``: its number of tokens).
-- ``inferd.mask_input`` names a config input inferd fills (clients do not send
-  it): 1 where the reference input holds the request's own data, 0 where it is
-  padding. Its dims are the reference's dims or a prefix of them (``[ -1 ]`` for
-  token ids ``[ -1 ]`` or embeddings ``[ -1, 768 ]``).
+- ``inferd.mask_input`` names a config input inferd fills: 1 where the reference
+  input holds the request's own data, 0 where it is padding. Its dims are the
+  reference's dims or a prefix of them (``[ -1 ]`` for token ids ``[ -1 ]`` or
+  embeddings ``[ -1, 768 ]``).
 - ``inferd.lengths_input`` names a config input inferd fills with each row's
   extent of every variable dimension of the reference input (``dims: [ 1 ]`` for
   one, ``[ k ]`` for k; a ``reshape`` applies).
+- clients need not send a mask or lengths input: the served config marks them
+  ``optional`` (so Triton's clients, perf_analyzer included, may leave them out).
+  A request that sends one keeps its own (a mask is then padded with 0), so a
+  client written for Triton, which sends both, gets the same results.
 - outputs are cut back to each request's own length: an output dimension i that
   is -1 follows dimension i of the reference input when that one is variable
   (``[ -1, 16 ]`` per-token outputs are cut; a pooled ``[ 32 ]`` is left alone).
@@ -122,9 +126,9 @@ class VarlenSpec:
         object.__setattr__(self, "reference", self.padded[0].name if self.padded else None)
 
     @property
-    def filled_names(self) -> frozenset[str]:
-        """Model inputs inferd makes (mask, lengths, batch_input targets): clients never send them."""
-        return frozenset(f.name for f in self.filled) | frozenset(t for b in self.batch_inputs for t in b.targets)
+    def batch_input_targets(self) -> frozenset[str]:
+        """Model inputs inferd makes for Triton's batch_input: not config inputs, never sent."""
+        return frozenset(t for b in self.batch_inputs for t in b.targets)
 
 
 def varlen_spec(config: mc.ModelConfig, params: InferdParameters | None = None) -> VarlenSpec | None:
@@ -238,10 +242,9 @@ def _filled(config: mc.ModelConfig, name: str, param: str, kind: str, types: tup
     if type_name not in types:
         raise ConfigError(f"model '{model}': parameter '{_param(param)}' names input '{name}' of data_type "
                           f"{type_name}; it must be one of {', '.join(types)}")
-    if t.optional or t.allow_ragged_batch:
-        what = "optional" if t.optional else "allow_ragged_batch"
-        raise ConfigError(f"model '{model}': parameter '{_param(param)}' names input '{name}', which is {what}; "
-                          "inferd fills it for every batch")
+    if t.allow_ragged_batch:
+        raise ConfigError(f"model '{model}': parameter '{_param(param)}' names input '{name}', which is "
+                          "allow_ragged_batch; inferd fills it for every batch")
     return FilledInput(name, kind, BY_CONFIG[type_name].numpy, _model_dims(t))
 
 

@@ -378,12 +378,18 @@ def parameters(values: Mapping[str, object]) -> str:
 
 
 def encoder_config(name: str, platform: str, padding: Mapping[str, object] | None = None,
-                   dynamic_batching: str | None = "") -> str:
-    """The encoder's config; ``padding`` None: clients send ATTENTION_MASK themselves."""
+                   dynamic_batching: str | None = "", more: Mapping[str, object] | None = None) -> str:
+    """The encoder's config; ``padding`` None: clients send ATTENTION_MASK themselves.
+
+    It executes on its instance's thread (``inferd.execution``): a padded batch takes milliseconds,
+    and requests that arrive meanwhile queue and form the next batch (inline on the event loop,
+    calibrated on a one-token sample, it would look fast and run requests nearly one by one).
+    """
     inputs = [("INPUT_IDS", "TYPE_INT64", [-1]), ("ATTENTION_MASK", "TYPE_INT64", [-1])]
     outputs = [("EMBEDDING", "TYPE_FP32", [DIM_ENCODER])]
+    values = {"inferd.execution": "thread", **(padding or {}), **(more or {})}
     return triton_config(name, inputs, outputs, max_batch_size=ENCODER_MAX_BATCH, platform=platform,
-                         dynamic_batching=dynamic_batching, extra=parameters(padding) if padding else "")
+                         dynamic_batching=dynamic_batching, extra=parameters(values))
 
 
 ENCODER_PADDING = {

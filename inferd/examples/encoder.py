@@ -80,7 +80,13 @@ def onnx_bytes(seed: int = SEED) -> bytes:
         torch.onnx.export(model, (ids, torch.ones_like(ids)), buffer, input_names=["INPUT_IDS", "ATTENTION_MASK"],
                           output_names=["EMBEDDING"], opset_version=17, dynamo=False,
                           dynamic_axes={"INPUT_IDS": axes, "ATTENTION_MASK": axes, "EMBEDDING": {0: "batch"}})
-    return buffer.getvalue()
+    import onnx
+
+    from inferd.examples.onnx_models import IR_VERSION, serialize
+
+    exported = onnx.load_from_string(buffer.getvalue())
+    exported.ir_version = IR_VERSION  # as every example model: one the supported onnxruntime versions read
+    return serialize(exported)
 
 
 def torchscript_bytes(seed: int = SEED) -> bytes:

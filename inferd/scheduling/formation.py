@@ -41,6 +41,7 @@ class Grouping:
 
     padded: tuple[tuple[str, tuple[int, ...]], ...] = ()  # input -> its variable dims (model dims, no batch)
     ragged: frozenset[str] = frozenset()
+    filled: frozenset[str] = frozenset()  # mask / lengths inputs: a request may send its own
     reference: str | None = None  # the padded input whose extents make a request's length
     buckets: tuple[int, ...] = ()
     max_elements: int = 0  # rows x longest length per batch; 0: no budget
@@ -52,6 +53,7 @@ class Grouping:
         return cls(
             padded=tuple((p.name, p.variable) for p in varlen.padded),
             ragged=varlen.ragged,
+            filled=frozenset(f.name for f in varlen.filled),
             reference=varlen.reference,
             buckets=varlen.buckets,
             max_elements=varlen.max_batch_elements,
@@ -67,8 +69,10 @@ class Grouping:
         if self.plain:
             return tuple((name, a.shape[1:]) for name, a in inputs.items()), 0
         padded = dict(self.padded)
-        # Padded and ragged inputs count by name only (optional inputs: the same ones on every request).
-        key: list[Hashable] = [(name, None if name in padded or name in self.ragged else a.shape[1:])
+        # Padded, ragged, mask and lengths inputs count by name only: a batch's requests send the same
+        # inputs (an optional one on all or none of them), of any lengths.
+        free = self.ragged | self.filled
+        key: list[Hashable] = [(name, None if name in padded or name in free else a.shape[1:])
                                for name, a in inputs.items()]
         length = 0
         if self.reference is not None:

@@ -168,3 +168,13 @@ def test_without_varlen_inputs_are_concatenated_and_outputs_split_by_rows():
     assert joined.inputs["X"].shape == (3, 3) and joined.rows == [2, 1]
     first, second = split("m", joined, {"Y": np.arange(3)})
     assert first["Y"].tolist() == [0, 1] and second["Y"].tolist() == [2]
+
+
+def test_a_mask_the_client_sent_is_kept_and_padded_with_zero():
+    varlen = spec(TEXT, TEXT_PADDING)
+    sent = [{"IDS": np.array([[1, 2]]), "MASK": np.array([[1, 1]]), "LENGTHS": np.array([[2]], np.int32)},
+            {"IDS": np.array([[3, 4, 5]]), "MASK": np.array([[1, 1, 0]]), "LENGTHS": np.array([[2]], np.int32)}]
+    joined = join(sent, varlen)
+    assert joined.inputs["MASK"].tolist() == [[1, 1, 0], [1, 1, 0]]
+    assert joined.inputs["LENGTHS"].tolist() == [[2], [2]]  # as sent
+    assert (joined.real_elements, joined.pad_elements) == (5, 1)  # only IDS counts
