@@ -89,6 +89,10 @@ REFUSED = {
     "an unpad rule sharing no variable dimension": (
         IDS + OUT, {**PAD, "inferd.unpad_outputs": "OUT:IDS"},
         ["'enc'", "'inferd.unpad_outputs'", "'OUT'", "share no variable dimension"]),
+    "a mask with only optional inputs to pad": (
+        'input [ { name: "IDS" data_type: TYPE_INT64 dims: [ -1 ] optional: true },\n'
+        '        { name: "MASK" data_type: TYPE_INT64 dims: [ -1 ] } ]\n' + OUT, {**PAD, "inferd.mask_input": "MASK"},
+        ["'enc'", "'inferd.mask_input'", "['IDS']", "all optional"]),
     "padding without a batch dimension": (
         IDS + OUT, PAD, ["'enc'", "inferd.padding", "max_batch_size >= 1"]),
     "ragged input that is optional": (

@@ -11,7 +11,8 @@ may share a batch) and the backends (how a batch's tensors are built).
   ``reshape``) have a -1 and that is not ``allow_ragged_batch``. In a batch each
   variable dimension is padded to the batch's longest with ``inferd.pad_value``
   (``"0"`` by default; ``"VALUE"`` for every padded input or ``"NAME:VALUE,..."``).
-- the *reference input* is the first padded input in the config. A request's
+- the *reference input* is the first padded input in the config that is not
+  ``optional`` (every request sends it). A request's
   *length* is the product of its reference input's variable extents (for text
   ``dims: [ -1 ]``: its number of tokens).
 - ``inferd.mask_input`` names a config input inferd fills: 1 where the reference
@@ -46,7 +47,7 @@ as Triton's backends do (``docs/user_guide/ragged_batching.md``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -120,10 +121,7 @@ class VarlenSpec:
     ragged: frozenset[str] = frozenset()
     batch_inputs: tuple[BatchInput, ...] = ()
     batch_outputs: tuple[BatchOutput, ...] = ()
-    reference: str | None = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "reference", self.padded[0].name if self.padded else None)
+    reference: str | None = None  # the padded input whose extents make a request's length
 
     @property
     def batch_input_targets(self) -> frozenset[str]:
@@ -140,11 +138,8 @@ def varlen_spec(config: mc.ModelConfig, params: InferdParameters | None = None) 
     padding = _padding(config, params, ragged)
     if padding is None and not (ragged or batch_inputs or batch_outputs):
         return None
-    where = "inferd.padding" if padding is not None else "ragged batching"
-    _check_scheduler(config, where)
-    if padding is None:
-        return VarlenSpec(ragged=ragged, batch_inputs=batch_inputs, batch_outputs=batch_outputs)
-    return VarlenSpec(*padding, ragged=ragged, batch_inputs=batch_inputs, batch_outputs=batch_outputs)
+    _check_scheduler(config, "inferd.padding" if padding is not None else "ragged batching")
+    return VarlenSpec(**(padding or {}), ragged=ragged, batch_inputs=batch_inputs, batch_outputs=batch_outputs)
 
 
 def _param(name: str) -> str:
@@ -170,7 +165,8 @@ def _check_scheduler(config: mc.ModelConfig, what: str) -> None:
 # -- padding ----------------------------------------------------------------------
 
 
-def _padding(config: mc.ModelConfig, params: InferdParameters, ragged: frozenset[str]):  # type: ignore[no-untyped-def]
+def _padding(config: mc.ModelConfig, params: InferdParameters, ragged: frozenset[str]) -> dict[str, Any] | None:
+    """The padding fields of the model's VarlenSpec, or None without inferd.padding."""
     model = config.name
     if not params.padding:
         for name in _PADDING_PARAMETERS:
@@ -185,34 +181,57 @@ def _padding(config: mc.ModelConfig, params: InferdParameters, ragged: frozenset
     if mask is not None and lengths is not None and mask.name == lengths.name:
         raise ConfigError(f"model '{model}': parameters '{_param('mask_input')}' and '{_param('lengths_input')}' "
                           f"both name input '{mask.name}'")
-    filled_names = {f.name for f in filled}
+    variable = _variable_inputs(config, {f.name for f in filled} | ragged)
+    pads = _pad_values(config, params.pad_value, [t for t, _ in variable])
+    padded = tuple(PaddedInput(t.name, positions, pads[t.name]) for t, positions in variable)
+    padded_dims = {t.name: _model_dims(t) for t, _ in variable}
+    required = [(t, positions) for t, positions in variable if not t.optional]
+    if not required:
+        # No reference: a request has no length, so nothing may depend on one.
+        for name in ("mask_input", "lengths_input", "length_buckets", "max_batch_elements"):
+            if getattr(params, name):
+                raise ConfigError(f"model '{model}': parameter '{_param(name)}' needs a padded input that every "
+                                  f"request sends, but the padded inputs {sorted(padded_dims)} are all optional")
+        return {"padded": padded, "unpad": _unpad_rules(config, params.unpad_outputs, padded_dims, None)}
+    reference, ref_variable = required[0]
+    _check_filled_dims(model, mask, lengths, reference, ref_variable)
+    buckets, budget = _limits(config, params)
+    return {"padded": padded, "filled": filled, "reference": reference.name, "buckets": buckets,
+            "max_batch_elements": budget,
+            "unpad": _unpad_rules(config, params.unpad_outputs, padded_dims, reference.name)}
+
+
+def _variable_inputs(config: mc.ModelConfig, skip: set[str] | frozenset[str]) -> list[tuple[mc.ModelInput, tuple[int, ...]]]:
+    """The inputs to pad, with their variable positions: -1 in the model dims, not filled, not ragged."""
     variable = []
     for t in config.input:
         dims = _model_dims(t)
-        if t.name in filled_names or t.name in ragged or -1 not in dims:
-            continue
-        variable.append((t, tuple(i for i, d in enumerate(dims) if d == -1)))
+        if t.name not in skip and -1 in dims:
+            variable.append((t, tuple(i for i, d in enumerate(dims) if d == -1)))
     if not variable:
         shown = ", ".join(f"{t.name} {list(_model_dims(t))}" for t in config.input) or "none"
-        raise ConfigError(f"model '{model}': parameter '{_param('padding')}' is 'true' but no input has a "
+        raise ConfigError(f"model '{config.name}': parameter '{_param('padding')}' is 'true' but no input has a "
                           f"variable (-1) dimension to pad (inputs: {shown})")
-    pads = _pad_values(config, params.pad_value, [t for t, _ in variable])
-    padded = tuple(PaddedInput(t.name, positions, pads[t.name]) for t, positions in variable)
-    reference = variable[0][0]
+    return variable
+
+
+def _check_filled_dims(model: str, mask: FilledInput | None, lengths: FilledInput | None,
+                       reference: mc.ModelInput, variable: tuple[int, ...]) -> None:
     ref_dims = _model_dims(reference)
     if mask is not None and (len(mask.dims) > len(ref_dims) or mask.dims != ref_dims[:len(mask.dims)]):
         raise ConfigError(f"model '{model}': parameter '{_param('mask_input')}': input '{mask.name}' has dims "
                           f"{list(mask.dims)}; a mask has the dims of the padded input '{reference.name}' "
                           f"{list(ref_dims)} or a prefix of them")
-    if lengths is not None:
-        count = len(variable[0][1])
-        if -1 in lengths.dims or math.prod(lengths.dims) != count:
-            raise ConfigError(f"model '{model}': parameter '{_param('lengths_input')}': input '{lengths.name}' has "
-                              f"dims {list(lengths.dims)}; it holds one length per variable dimension of "
-                              f"'{reference.name}' {list(ref_dims)}, so its dims must hold {count} element(s) "
-                              f"(e.g. [ {count} ])")
-    unpad = _unpad_rules(config, params.unpad_outputs, {t.name: _model_dims(t) for t, _ in variable},
-                         reference.name)
+    if lengths is not None and (-1 in lengths.dims or math.prod(lengths.dims) != len(variable)):
+        raise ConfigError(f"model '{model}': parameter '{_param('lengths_input')}': input '{lengths.name}' has "
+                          f"dims {list(lengths.dims)}; it holds one length per variable dimension of "
+                          f"'{reference.name}' {list(ref_dims)}, so its dims must hold {len(variable)} element(s) "
+                          f"(e.g. [ {len(variable)} ])")
+
+
+def _limits(config: mc.ModelConfig, params: InferdParameters) -> tuple[tuple[int, ...], int]:
+    """inferd.length_buckets and inferd.max_batch_elements, checked together."""
+    model = config.name
     buckets = _buckets(config, params.length_buckets)
     budget = params.max_batch_elements
     if (buckets or budget) and not config.HasField("dynamic_batching"):
@@ -222,7 +241,7 @@ def _padding(config: mc.ModelConfig, params: InferdParameters, ragged: frozenset
     if budget and buckets and budget < buckets[-1]:
         raise ConfigError(f"model '{model}': parameter '{_param('max_batch_elements')}' is {budget}, smaller "
                           f"than one row of the longest bucket ({buckets[-1]} elements); it must be >= {buckets[-1]}")
-    return padded, filled, unpad, buckets, budget
+    return buckets, budget
 
 
 def _model_dims(t: mc.ModelInput | mc.ModelOutput) -> tuple[int, ...]:
@@ -291,7 +310,8 @@ def _scalar(config: mc.ModelConfig, t: mc.ModelInput, value: str, raw: str) -> A
         raise ConfigError(f"{problem}'{value}' is not a {dtype.config} value for input '{t.name}'") from None
 
 
-def _unpad_rules(config: mc.ModelConfig, raw: str, padded: dict[str, tuple[int, ...]], reference: str) -> tuple[Unpad, ...]:
+def _unpad_rules(config: mc.ModelConfig, raw: str, padded: dict[str, tuple[int, ...]],
+                 reference: str | None) -> tuple[Unpad, ...]:
     model = config.name
     outputs = {t.name: t for t in config.output}
     follows: dict[str, str | None] = {}

@@ -367,7 +367,9 @@ MODELS += [
 # (exported from torch) and as TorchScript.
 
 ENCODER_BUCKETS = "16,32,64,128,256,512"
-ENCODER_MAX_BATCH_ELEMENTS = 8192  # tokens per execution: 16 rows of 512, 128 of 64 (max_batch_size caps rows)
+ENCODER_MAX_BATCH_ELEMENTS = 1024  # padded tokens per execution: 2 rows of 512 ... 32 of 32 (max_batch_size caps rows)
+# On a CPU a batch of long sequences costs more per request than running them alone (attention
+# scores grow as rows x length^2 and leave the caches), so the budget keeps long batches short.
 ENCODER_MAX_BATCH = 32
 DIM_ENCODER = 64  # inferd.examples.encoder.DIM (not imported here: that module imports torch)
 

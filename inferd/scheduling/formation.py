@@ -124,9 +124,3 @@ class OpenBatch:
         if self.rows >= self.max_rows:
             return True
         return bool(self.max_elements) and (self.rows + 1) * self.longest > self.max_elements
-
-    @property
-    def elements(self) -> int:
-        """Padded elements of the batch (rows x longest length)."""
-        return self.rows * self.longest
-

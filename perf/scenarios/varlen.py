@@ -9,6 +9,9 @@ event loop and perf_analyzer need the other core). perf_analyzer takes each requ
 INPUT_IDS alone, the others the mask too). The padding waste (padding / real elements) comes from
 the server's /metrics, the mean batch and CPU per inference (server process, /proc) from the same
 run; identity_fp32 with 40-element requests on the same server is the request path's ceiling.
+The configurations run in ROUNDS alternating rounds (the order flips each round); the ratios are
+medians of the rounds' ratios, for throughput and for server CPU per inference (the machine is
+shared, so the CPU figure is the steadier one).
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ import re
 import urllib.request
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 LENGTH_MEDIAN, LENGTH_SIGMA, LENGTH_MIN, LENGTH_MAX = 40, 0.9, 8, 512
 SAMPLES = 512
 CONCURRENCY = 32
+ROUNDS = 2
 MODES = ("padding + buckets", "padding alone", "exact shapes only", "no batching")
 RUNTIMES = (("onnx", "onnxruntime_onnx", "model.onnx"), ("torch", "pytorch_libtorch", "model.pt"))
 CEILING = "request-path ceiling: identity_fp32, 40 elements"
@@ -76,6 +81,70 @@ def repository(root: Path) -> Path:
     return root
 
 
+def raw_runners() -> dict[str, Callable[[np.ndarray, np.ndarray], object]]:
+    """The example encoder called directly, one intra-op thread: ONNX Runtime and TorchScript."""
+    import io
+
+    import onnxruntime as ort
+    import torch
+
+    from inferd.examples import encoder
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
+    session = ort.InferenceSession(encoder.onnx_bytes(), sess_options=options, providers=["CPUExecutionProvider"])
+    module = torch.jit.load(io.BytesIO(encoder.torchscript_bytes()))
+
+    def torch_run(ids: np.ndarray, mask: np.ndarray) -> object:
+        torch.set_num_threads(1)
+        with torch.inference_mode():
+            return module(torch.from_numpy(ids), torch.from_numpy(mask))
+
+    return {"onnxruntime": lambda ids, mask: session.run(None, {"INPUT_IDS": ids, "ATTENTION_MASK": mask}),
+            "torchscript": torch_run}
+
+
+def raw_rates(name: str, run_batch: Callable[[np.ndarray, np.ndarray], object], token_counts: list[int],
+              buckets: tuple[int, ...], batch: int = 8) -> dict[str, float]:
+    """Requests per second of the bare runtime over the same lengths: one request per run, bucketed
+    padded batches of up to ``batch`` (consecutive requests of a bucket, as a queue forms them), and
+    padded batches of 32 with no buckets."""
+    import time
+    from bisect import bisect_left
+
+    rng = np.random.default_rng(2)
+
+    def run(group: list[int]) -> None:
+        ids = np.zeros((len(group), max(group)), np.int64)
+        mask = np.zeros_like(ids)
+        for i, n in enumerate(group):
+            ids[i, :n], mask[i, :n] = rng.integers(1, 1000, n), 1
+        run_batch(ids, mask)
+
+    def rate(groups: list[list[int]]) -> float:
+        for g in groups[:3]:
+            run(g)  # warm up
+        t0 = time.perf_counter()
+        for g in groups:
+            run(g)
+        return sum(len(g) for g in groups) / (time.perf_counter() - t0)
+
+    open_groups: dict[int, list[int]] = {}
+    bucketed: list[list[int]] = []
+    for n in token_counts:
+        bucket = bisect_left(buckets, n)
+        open_groups.setdefault(bucket, []).append(n)
+        if len(open_groups[bucket]) == batch:
+            bucketed.append(open_groups.pop(bucket))
+    bucketed += [g for g in open_groups.values() if g]
+    return {
+        f"raw {name} (1 thread), one request per run": rate([[n] for n in token_counts]),
+        f"raw {name} (1 thread), bucketed padded batches of up to {batch}": rate(bucketed),
+        f"raw {name} (1 thread), padded batches of 32, no buckets": rate(
+            [token_counts[i:i + 32] for i in range(0, len(token_counts), 32)]),
+    }
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
@@ -115,45 +184,63 @@ def run(quick: bool) -> dict:
     token_counts = lengths()
     data = {True: input_data(OUT / "varlen_mask.json", token_counts, True),
             False: input_data(OUT / "varlen_ids.json", token_counts, False)}
-    window_ms = 3000 if quick else 5000
+    window_ms = 3000 if quick else 4000
+    plan = [(CEILING, "identity_fp32", ["--shape", "INPUT0:40"])] + [
+        (f"{runtime}: {mode}", model_name(runtime, mode),
+         ["--input-data", str(data[not mode.startswith("padding")])])
+        for runtime, *_ in RUNTIMES for mode in MODES]
     out: dict = {"measures": [], "ceilings": {}}
     server, url = start_inferd(repo)
     try:
         found = re.search(r"metrics on (\S+/metrics)", server.log.read_text())
         assert found, server.log.read_text()
         metrics, pid = "http://" + found.group(1), server.proc.pid
-        out["measures"].append(_measure(CEILING, "identity_fp32", url, metrics, pid, window_ms,
-                                        ["--shape", "INPUT0:40"]))
-        for runtime, *_ in RUNTIMES:
-            for mode in MODES:
-                padded = mode.startswith("padding")
-                out["measures"].append(_measure(f"{runtime}: {mode}", model_name(runtime, mode), url, metrics, pid,
-                                                window_ms, ["--input-data", str(data[not padded])]))
+        for r in range(1 if quick else ROUNDS):
+            for label, model, extra in plan if r % 2 == 0 else plan[::-1]:
+                m = _measure(label, model, url, metrics, pid, window_ms, extra)
+                m["note"] += f"; round {r + 1}"
+                out["measures"].append(m)
     finally:
         server.stop()
+    from inferd.examples import build as b
+
+    buckets = tuple(int(x) for x in b.ENCODER_BUCKETS.split(","))
+    for name, run_batch in raw_runners().items():
+        out["ceilings"].update(raw_rates(name, run_batch, token_counts, buckets))
     out["notes"] = (f"Request lengths: {SAMPLES} draws, median {float(np.median(token_counts)):.0f}, mean "
                     f"{np.mean(token_counts):.0f}, max {max(token_counts)} tokens, {len(set(token_counts))} distinct "
                     "lengths. Waste = padding elements / real elements of INPUT_IDS; CPU is the server process's "
-                    "(user + system) per inference. The machine (2 cores) was shared with other engineers' builds "
-                    "and tests while this ran, and perf_analyzer shares the cores with the server.")
+                    "(user + system) per inference, model threads included. The machine (2 cores) was shared with "
+                    "other engineers' builds, tests and benchmarks while this ran (load average above 10), and "
+                    "perf_analyzer shares the cores with the server: throughput and latency swing with the "
+                    "neighbours' load; CPU per inference much less.")
     return out
 
 
+def _cpu_us(m: dict) -> float:
+    found = re.search(r"server CPU ([\d,]+) us/inference", m["note"])
+    return float(found.group(1).replace(",", "")) if found else 0.0
+
+
 def ratios(result: dict) -> dict:
-    by = {m["label"]: m for m in result["measures"]}
+    rounds: dict[int, dict[str, dict]] = {}
+    for m in result["measures"]:
+        r = int(re.search(r"round (\d+)", m["note"]).group(1)) if "round" in m["note"] else 1
+        rounds.setdefault(r, {})[m["label"]] = m
+
+    def median(values: list[float]) -> str:
+        return f"{float(np.median(values)):.2f}x (rounds: {', '.join(f'{v:.2f}' for v in values)})" if values else "n/a"
+
     out = {}
-    ceiling = by.get(CEILING)
     for runtime, *_ in RUNTIMES:
-        base = by.get(f"{runtime}: exact shapes only")
         for mode in MODES:
-            m = by.get(f"{runtime}: {mode}")
-            if not m or not m["infer_per_s"]:
+            if mode == "exact shapes only":
                 continue
-            if base and base["infer_per_s"] and mode != "exact shapes only":
-                out[f"{runtime}: {mode} / exact shapes only throughput"] = (
-                    f"{m['infer_per_s'] / base['infer_per_s']:.2f}x"
-                    + (" (target: >= 3x)" if mode == "padding + buckets" else ""))
-            if mode == "padding + buckets" and ceiling and ceiling["infer_per_s"]:
-                out[f"{runtime}: padding + buckets / request-path ceiling"] = (
-                    f"{m['infer_per_s'] / ceiling['infer_per_s']:.2f}x")
+            label, base = f"{runtime}: {mode}", f"{runtime}: exact shapes only"
+            pairs = [(by[label], by[base]) for by in rounds.values() if label in by and base in by]
+            speed = [m["infer_per_s"] / b["infer_per_s"] for m, b in pairs if m["infer_per_s"] and b["infer_per_s"]]
+            cpu = [_cpu_us(b) / _cpu_us(m) for m, b in pairs if _cpu_us(m) and _cpu_us(b)]
+            target = " (target: >= 3x)" if mode == "padding + buckets" else ""
+            out[f"{label} / exact shapes only: throughput"] = median(speed) + target
+            out[f"{label} / exact shapes only: inferences per server CPU second"] = median(cpu)
     return out
