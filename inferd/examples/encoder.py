@@ -44,10 +44,10 @@ class EncoderLayer(torch.nn.Module):
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.reshape(x.shape[0], x.shape[1], self.heads, self.head_dim).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, padded: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         q, k, v = self._heads(x @ self.wq), self._heads(x @ self.wk), self._heads(x @ self.wv)
-        scores = (q @ k.transpose(2, 3)) * self.scale
-        scores = scores.masked_fill(padded, -1e9)  # a padded key gets no attention (exp underflows to 0)
+        # bias is -1e9 on padded keys, 0 elsewhere: they get no attention (exp underflows to 0).
+        scores = (q @ k.transpose(2, 3)) * self.scale + bias
         attended = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)
         x = torch.nn.functional.layer_norm(x + attended @ self.wo, (self.dim,), self.g1, self.b1)
         return torch.nn.functional.layer_norm(x + torch.relu(x @ self.w1) @ self.w2, (self.dim,), self.g2, self.b2)
@@ -64,8 +64,8 @@ class TextEncoder(torch.nn.Module):
 
     def forward(self, INPUT_IDS: torch.Tensor, ATTENTION_MASK: torch.Tensor) -> torch.Tensor:  # noqa: N803
         x = self.embedding[INPUT_IDS]
-        padded = (ATTENTION_MASK == 0).unsqueeze(1).unsqueeze(2)  # [batch, 1, 1, tokens]
-        x = self.layer2(self.layer1(x, padded), padded)
+        bias = ((ATTENTION_MASK == 0).to(torch.float32) * -1e9).unsqueeze(1).unsqueeze(2)  # [batch, 1, 1, tokens]
+        x = self.layer2(self.layer1(x, bias), bias)
         weights = ATTENTION_MASK.to(torch.float32).unsqueeze(-1)
         return (x * weights).sum(dim=1) / weights.sum(dim=1)
 
