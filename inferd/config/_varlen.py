@@ -264,7 +264,9 @@ def _filled(config: mc.ModelConfig, name: str, param: str, kind: str, types: tup
     if t.allow_ragged_batch:
         raise ConfigError(f"model '{model}': parameter '{_param(param)}' names input '{name}', which is "
                           "allow_ragged_batch; inferd fills it for every batch")
-    return FilledInput(name, kind, BY_CONFIG[type_name].numpy, _model_dims(t))
+    dtype = BY_CONFIG[type_name].numpy
+    assert dtype is not None  # every mask and lengths type has one
+    return FilledInput(name, kind, dtype, _model_dims(t))
 
 
 def _pad_values(config: mc.ModelConfig, raw: str, padded: list[mc.ModelInput]) -> dict[str, Any]:
@@ -294,6 +296,7 @@ def _scalar(config: mc.ModelConfig, t: mc.ModelInput, value: str, raw: str) -> A
     if dtype.name == "BYTES":
         return value.encode()
     np_type = dtype.numpy
+    assert np_type is not None  # only BYTES has none
     try:
         if np_type == np.bool_:
             if value.lower() not in ("true", "false", "1", "0"):
@@ -316,18 +319,18 @@ def _unpad_rules(config: mc.ModelConfig, raw: str, padded: dict[str, tuple[int, 
     outputs = {t.name: t for t in config.output}
     follows: dict[str, str | None] = {}
     for item in (p.strip() for p in raw.split(",")) if raw.strip() else ():
-        out, sep, source = item.partition(":")
-        out, source = out.strip(), source.strip()
-        if not sep or not out or not source:
+        out, sep, named = item.partition(":")
+        out, named = out.strip(), named.strip()
+        if not sep or not out or not named:
             raise ConfigError(f"model '{model}': parameter '{_param('unpad_outputs')}' must list OUTPUT:INPUT or "
                               f"OUTPUT:none items, got '{raw}'")
         if out not in outputs:
             raise ConfigError(f"model '{model}': parameter '{_param('unpad_outputs')}' names '{out}', which is not "
                               f"an output (outputs: {sorted(outputs)})")
-        if source != "none" and source not in padded:
+        if named != "none" and named not in padded:
             raise ConfigError(f"model '{model}': parameter '{_param('unpad_outputs')}' makes output '{out}' follow "
-                              f"'{source}', which is not a padded input (padded inputs: {sorted(padded)})")
-        follows[out] = None if source == "none" else source
+                              f"'{named}', which is not a padded input (padded inputs: {sorted(padded)})")
+        follows[out] = None if named == "none" else named
     rules = []
     for t in config.output:
         dims = _model_dims(t)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -77,9 +78,10 @@ def onnx_bytes(seed: int = SEED) -> bytes:
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript-based exporter is deprecated in favour of dynamo's
-        torch.onnx.export(model, (ids, torch.ones_like(ids)), buffer, input_names=["INPUT_IDS", "ATTENTION_MASK"],
-                          output_names=["EMBEDDING"], opset_version=17, dynamo=False,
-                          dynamic_axes={"INPUT_IDS": axes, "ATTENTION_MASK": axes, "EMBEDDING": {0: "batch"}})
+        torch.onnx.export(  # its stubs say a path; a file object is fine
+            model, (ids, torch.ones_like(ids)), cast(Any, buffer), input_names=["INPUT_IDS", "ATTENTION_MASK"],
+            output_names=["EMBEDDING"], opset_version=17, dynamo=False,
+            dynamic_axes={"INPUT_IDS": axes, "ATTENTION_MASK": axes, "EMBEDDING": {0: "batch"}})
     import onnx
 
     from inferd.examples.onnx_models import IR_VERSION, serialize

@@ -74,7 +74,8 @@ def repository(root: Path) -> Path:
         threads = {"intra_op_thread_count": 1} if runtime == "onnx" else {"INTRA_OP_THREAD_COUNT": 1}
         for mode in MODES:
             name = model_name(runtime, mode)
-            padding = {"padding + buckets": b.ENCODER_PADDING, "padding alone": padding_alone}.get(mode)
+            padding = (b.ENCODER_PADDING if mode == "padding + buckets"
+                       else padding_alone if mode == "padding alone" else None)
             text = b.encoder_config(name, platform, padding, None if mode == "no batching" else "", threads)
             specs.append(b.ModelSpec(name, text, {f"1/{filename}": files[runtime]}))
     b.build_repository(root, models=specs, log=None)
@@ -236,7 +237,8 @@ def _cpu_us(m: dict) -> float:
 def ratios(result: dict) -> dict:
     rounds: dict[int, dict[str, dict]] = {}
     for m in result["measures"]:
-        r = int(re.search(r"round (\d+)", m["note"]).group(1)) if "round" in m["note"] else 1
+        found = re.search(r"round (\d+)", m["note"])
+        r = int(found.group(1)) if found else 1
         rounds.setdefault(r, {})[m["label"]] = m
 
     def median(values: list[float]) -> str:

@@ -34,7 +34,7 @@ def admit(q: BatchQueue, now: float, *lengths: tuple[str, int]) -> None:
 
 
 def batches(q: BatchQueue, now: float) -> list[list[str]]:
-    out = []
+    out: list[list[str]] = []
     while True:
         step = q.step(now, True)
         if not step.batch:
