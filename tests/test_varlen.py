@@ -177,13 +177,6 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         yield srv
 
 
-@pytest.fixture
-async def client(server: ServerProcess):
-    c = aioclient.InferenceServerClient(server.url)
-    yield c
-    await c.close()
-
-
 def tensor(name: str, array: np.ndarray, datatype: str) -> aioclient.InferInput:
     i = aioclient.InferInput(name, list(array.shape), datatype)
     i.set_data_from_numpy(array)
@@ -205,40 +198,40 @@ LENGTHS = [3, 5, 9, 16, 17, 30, 31, 40, 64, 65, 100, 200]
 
 
 @pytest.mark.parametrize("model", ["enc", "enc_torch"])
-async def test_mixed_lengths_share_executions_and_match_running_alone(client, model):
+async def test_mixed_lengths_share_executions_and_match_running_alone(aio_client, model):
     rng = np.random.default_rng(7)
     sequences = [rng.integers(1, 1000, (1, n), dtype=np.int64) for n in LENGTHS]
-    alone = [(await client.infer(f"{model}_ref", [tensor("INPUT_IDS", s, "INT64"),
+    alone = [(await aio_client.infer(f"{model}_ref", [tensor("INPUT_IDS", s, "INT64"),
                                                   tensor("ATTENTION_MASK", np.ones_like(s), "INT64")]))
              .as_numpy("EMBEDDING") for s in sequences]
-    together = await infer_all(client, model, [[tensor("INPUT_IDS", s, "INT64")] for s in sequences])
+    together = await infer_all(aio_client, model, [[tensor("INPUT_IDS", s, "INT64")] for s in sequences])
     for n, ref, result in zip(LENGTHS, alone, together):
         got = result.as_numpy("EMBEDDING")
         assert got.shape == (1, 64)
         assert np.abs(got - ref).max() <= 1e-5, f"length {n}"
-    inferences, executions = await counts(client, model)
+    inferences, executions = await counts(aio_client, model)
     assert inferences == len(LENGTHS)
     assert executions < inferences  # 12 lengths over 5 buckets: 5 executions when all arrive together
 
 
-async def test_a_client_written_for_triton_may_still_send_the_mask(client):
-    config = (await client.get_model_config("enc", as_json=True))["config"]
+async def test_a_client_written_for_triton_may_still_send_the_mask(aio_client):
+    config = (await aio_client.get_model_config("enc", as_json=True))["config"]
     assert [(i["name"], i.get("optional", False)) for i in config["input"]] == [
         ("INPUT_IDS", False), ("ATTENTION_MASK", True)]
     rng = np.random.default_rng(8)
     sequences = [rng.integers(1, 1000, (1, n), dtype=np.int64) for n in (4, 11, 13)]
     masked = [[tensor("INPUT_IDS", s, "INT64"), tensor("ATTENTION_MASK", np.ones_like(s), "INT64")]
               for s in sequences]
-    alone = [(await client.infer("enc_ref", inputs)).as_numpy("EMBEDDING") for inputs in masked]
-    together = await infer_all(client, "enc", masked)  # one bucket: padded together, their masks with 0
+    alone = [(await aio_client.infer("enc_ref", inputs)).as_numpy("EMBEDDING") for inputs in masked]
+    together = await infer_all(aio_client, "enc", masked)  # one bucket: padded together, their masks with 0
     for ref, result in zip(alone, together):
         assert np.abs(result.as_numpy("EMBEDDING") - ref).max() <= 1e-5
 
 
-async def test_a_request_longer_than_the_last_bucket_is_refused(client):
+async def test_a_request_longer_than_the_last_bucket_is_refused(aio_client):
     with pytest.raises(InferenceServerException, match="length 513, longer than the last of "
                                                        "inferd.length_buckets \\(512\\)") as info:
-        await client.infer("enc", [tensor("INPUT_IDS", np.ones((1, 513), np.int64), "INT64")])
+        await aio_client.infer("enc", [tensor("INPUT_IDS", np.ones((1, 513), np.int64), "INT64")])
     assert "INVALID_ARGUMENT" in str(info.value.status())
 
 
@@ -250,10 +243,10 @@ def probe_request(length: int, rows: int = 1) -> tuple[np.ndarray, list[aioclien
     return x, [tensor("X", x, "FP32")]
 
 
-async def test_padding_mask_and_lengths_are_what_the_model_sees(client):
+async def test_padding_mask_and_lengths_are_what_the_model_sees(aio_client):
     lengths = [2, 5, 3]
     requests = [probe_request(n, rows=2 if n == 3 else 1) for n in lengths]
-    results = await infer_all(client, "probe", [r[1] for r in requests])
+    results = await infer_all(aio_client, "probe", [r[1] for r in requests])
     for n, (x, _), result in zip(lengths, requests, results):
         rows = x.shape[0]
         assert result.as_numpy("SHAPE_OUT").tolist() == [[4, 5]] * rows  # one batch: 1 + 1 + 2 rows, 5 long
@@ -266,9 +259,9 @@ async def test_padding_mask_and_lengths_are_what_the_model_sees(client):
         assert result.as_numpy("LEN_OUT").tolist() == [[n]] * rows
 
 
-async def test_buckets_never_mix(client):
+async def test_buckets_never_mix(aio_client):
     lengths = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 3, 6, 10]
-    results = await infer_all(client, "probe_buckets", [probe_request(n)[1] for n in lengths])
+    results = await infer_all(aio_client, "probe_buckets", [probe_request(n)[1] for n in lengths])
     bounds = [4, 8, 16]
     rows_seen: dict[int, int] = {}
     for n, result in zip(lengths, results):
@@ -278,24 +271,24 @@ async def test_buckets_never_mix(client):
         assert n <= padded <= bounds[bucket] and (bucket == 0 or padded > bounds[bucket - 1]), (n, padded)
         rows_seen[bucket] = rows
     assert rows_seen == {0: 5, 1: 5, 2: 4}  # each bucket was one batch of all its requests
-    assert await counts(client, "probe_buckets") == (len(lengths), 3)
+    assert await counts(aio_client, "probe_buckets") == (len(lengths), 3)
 
 
-async def test_the_budget_holds(client):
+async def test_the_budget_holds(aio_client):
     lengths = [2, 2, 2, 3, 5, 5, 9, 10]
-    results = await infer_all(client, "probe_budget", [probe_request(n)[1] for n in lengths])
+    results = await infer_all(aio_client, "probe_budget", [probe_request(n)[1] for n in lengths])
     for n, result in zip(lengths, results):
         rows, padded = result.as_numpy("SHAPE_OUT")[0].tolist()
         assert rows * padded <= 20 and padded >= n
         assert np.array_equal(result.as_numpy("X_OUT"), probe_request(n)[0])
-    inferences, executions = await counts(client, "probe_budget")
+    inferences, executions = await counts(aio_client, "probe_budget")
     assert inferences == len(lengths) and 1 < executions < len(lengths)
     with pytest.raises(InferenceServerException, match="exceed inferd.max_batch_elements \\(20\\)"):
-        await client.infer("probe_budget", probe_request(7, rows=3)[1])
+        await aio_client.infer("probe_budget", probe_request(7, rows=3)[1])
 
 
-async def test_padding_waste_is_exported(client, server):
-    await infer_all(client, "probe_waste", [probe_request(n)[1] for n in (2, 6)])  # one batch: 8 real, 4 pad
+async def test_padding_waste_is_exported(aio_client, server):
+    await infer_all(aio_client, "probe_waste", [probe_request(n)[1] for n in (2, 6)])  # one batch: 8 real, 4 pad
     text = urllib.request.urlopen(server.metrics_url, timeout=30).read().decode()
 
     def value(metric: str) -> float:
@@ -359,13 +352,13 @@ def test_batch_item_shape_flatten(server):
         assert result.as_numpy("BATCH_OUTPUT").tolist() == [[4, 1, 1, 2, 1, 2, 2, 2]]
 
 
-async def test_batch_item_shape(server, client):
+async def test_batch_item_shape(server, aio_client):
     results = await asyncio.to_thread(stream, server, "batch_item", [[2, 1, 2], [1, 1, 2], [1, 2, 2]])
     assert [r.as_numpy("BATCH_OUTPUT").tolist() for r in results] == [[[1, 2], [1, 2]], [[1, 2]], [[2, 2]]]
-    assert await counts(client, "batch_item") == (4, 1)
+    assert await counts(aio_client, "batch_item") == (4, 1)
 
 
-async def test_batch_output_scatters_by_each_requests_input_shape(server, client):
+async def test_batch_output_scatters_by_each_requests_input_shape(server, aio_client):
     results = await asyncio.to_thread(stream, server, "ragged_io", FOUR, "INPUT0")
     assert [r.as_numpy("OUTPUT0").tolist() for r in results] == [[[2] * 2], [[4] * 4], [[1]], [[3] * 3]]
-    assert await counts(client, "ragged_io") == (4, 1)
+    assert await counts(aio_client, "ragged_io") == (4, 1)

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -376,6 +376,15 @@ def _ragged_inputs(config: mc.ModelConfig) -> frozenset[str]:
     return frozenset(names)
 
 
+def _source(where: str, what: str, sources: Sequence[str], inputs: set[str]) -> str:
+    """The one source input Triton's batch inputs and outputs take, a config input."""
+    if len(sources) != 1:
+        raise ConfigError(f"{where}: {what} expects 1 source input, got {len(sources)}")
+    if sources[0] not in inputs:
+        raise ConfigError(f"{where}: unknown source input name '{sources[0]}' (inputs: {sorted(inputs)})")
+    return sources[0]
+
+
 def _batch_inputs(config: mc.ModelConfig) -> tuple[BatchInput, ...]:
     model = config.name
     inputs = {t.name for t in config.input}
@@ -384,14 +393,10 @@ def _batch_inputs(config: mc.ModelConfig) -> tuple[BatchInput, ...]:
     for i, b in enumerate(config.batch_input):
         where = f"model '{model}': batch_input[{i}]"
         kind = mc.BatchInput.Kind.Name(b.kind)
-        if len(b.source_input) != 1:
-            raise ConfigError(f"{where}: batch input kind '{kind}' expects 1 source input, got {len(b.source_input)}")
+        source = _source(where, f"batch input kind '{kind}'", b.source_input, inputs)
         if b.data_type not in (mc.TYPE_INT32, mc.TYPE_FP32):
             raise ConfigError(f"{where}: batch input data type must be TYPE_INT32 or TYPE_FP32, got "
                               f"{mc.DataType.Name(b.data_type)}")
-        source = b.source_input[0]
-        if source not in inputs:
-            raise ConfigError(f"{where}: unknown source input name '{source}' (inputs: {sorted(inputs)})")
         if not b.target_name:
             raise ConfigError(f"{where}: target_name is empty; name the model input to create")
         for target in b.target_name:
@@ -415,11 +420,7 @@ def _batch_outputs(config: mc.ModelConfig) -> tuple[BatchOutput, ...]:
     for i, b in enumerate(config.batch_output):
         where = f"model '{model}': batch_output[{i}]"
         kind = mc.BatchOutput.Kind.Name(b.kind)
-        if len(b.source_input) != 1:
-            raise ConfigError(f"{where}: batch output kind '{kind}' expects 1 source input, got {len(b.source_input)}")
-        source = b.source_input[0]
-        if source not in inputs:
-            raise ConfigError(f"{where}: unknown source input name '{source}' (inputs: {sorted(inputs)})")
+        source = _source(where, f"batch output kind '{kind}'", b.source_input, inputs)
         if not b.target_name:
             raise ConfigError(f"{where}: target_name is empty; name the outputs to scatter")
         for target in b.target_name:
