@@ -410,6 +410,7 @@ def _encoder_file(kind: str) -> Callable[[], bytes]:
 
     return build
 
+
 MODELS += [
     ModelSpec("text_encoder", encoder_config("text_encoder", "onnxruntime_onnx", ENCODER_PADDING),
               {"1/model.onnx": _encoder_file("onnx")}),
