@@ -226,7 +226,8 @@ def run(quick: bool) -> dict:
                     "attention grows as rows x length^2), so what batching saves is inferd's per-execution cost "
                     "(dispatch, the worker-thread hand-off, joining and splitting), a small part of the ~0.35 ms of "
                     "server CPU that the request path alone costs per request (identity_fp32 row). Padding alone, "
-                    "with waste above 2 (a 500-token request pads 31 short ones), costs 2-3x the server CPU per inference of no batching: "
+                    "with waste above 2 (a 500-token request pads 31 short ones), costs 2-3x the server CPU per "
+                    "inference of no batching: "
                     "buckets are what make padding pay. On a GPU, where one execution's cost barely depends on its "
                     "batch, the same scheduling would be expected to show far larger ratios; none was available.")
     return out
