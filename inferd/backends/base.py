@@ -13,11 +13,11 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from inferd.backends.batching import join, split
+from inferd.backends.batching import Joined, join, request_rows, split
 from inferd.config import ModelConfig, ModelSignature, ModelSpec
 from inferd.errors import ConfigError, InferdError, ModelExecutionError
 from inferd.types import InferenceRequest, InferenceResponse
@@ -157,6 +157,11 @@ class TensorInstance(ModelInstance):
         times.infer_ns = t2 - t1
         times.output_ns = time.perf_counter_ns() - t2
         return BatchResult(results, times, joined.real_elements, joined.pad_elements)
+
+
+def split_batch(inputs: Sequence[dict[str, Any]], out: dict[str, Any]) -> list[dict[str, Any] | InferdError]:
+    """The batch's outputs cut back into one dict per request, by each request's rows (views, no copy)."""
+    return list(split("", Joined({}, request_rows(inputs)), out))
 
 
 class Backend(abc.ABC):

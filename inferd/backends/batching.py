@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -44,8 +44,13 @@ class Joined:
     pad_elements: int = 0  # elements of padding added to them
 
 
+def request_rows(requests: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Each request's batch rows (the first dimension of its inputs)."""
+    return [len(next(iter(r.values()))) if r else 0 for r in requests]
+
+
 def join(requests: Sequence[dict[str, np.ndarray]], varlen: VarlenSpec | None = None) -> Joined:
-    rows = [len(next(iter(r.values()))) if r else 0 for r in requests]
+    rows = request_rows(requests)
     first = requests[0]
     if varlen is None:
         if len(requests) == 1:
@@ -141,15 +146,16 @@ def batch_input(b: BatchInput, sources: Sequence[Shape]) -> np.ndarray:
     raise ValueError(f"unknown batch input kind {kind}")  # refused at load; never reached
 
 
-def split(model: str, joined: Joined, outputs: dict[str, np.ndarray],
-          varlen: VarlenSpec | None = None) -> list[dict[str, np.ndarray]]:
-    """Each request's outputs: its rows, cut back to its own extents; batch outputs scattered."""
+def split(model: str, joined: Joined, outputs: dict[str, Any],
+          varlen: VarlenSpec | None = None) -> list[dict[str, Any]]:
+    """Each request's outputs: its rows (views, no copy), cut back to its own extents; batch outputs
+    scattered. Outputs may be numpy arrays or torch tensors (kept on a device)."""
     rows = joined.rows
     scatter = {t: b for b in varlen.batch_outputs for t in b.targets} if varlen is not None else {}
     if len(rows) == 1 and not scatter:
         return [outputs]
     unpad = {u.output: u for u in varlen.unpad} if varlen is not None else {}
-    results: list[dict[str, np.ndarray]] = [{} for _ in rows]
+    results: list[dict[str, Any]] = [{} for _ in rows]
     for name, array in outputs.items():
         if name in scatter:
             for result, piece in zip(results, scattered(model, name, array, scatter[name], joined)):
