@@ -113,6 +113,16 @@ def client(server: ServerProcess) -> Iterator:
     c.close()
 
 
+@pytest.fixture
+async def aio_client(server: ServerProcess):  # type: ignore[no-untyped-def]
+    """A tritonclient asyncio gRPC client on the module's ``server``, closed after the test."""
+    import tritonclient.grpc.aio as aioclient
+
+    c = aioclient.InferenceServerClient(server.url)
+    yield c
+    await c.close()
+
+
 @pytest.fixture(scope="module")
 def stub(server: ServerProcess) -> Iterator:
     """A raw gRPC stub (tritonclient's generated one) on the module's ``server``."""

@@ -75,6 +75,7 @@ import numpy as np
 from inferd.backends.base import (
     Backend, BatchResult, ExecutionTimes, InstanceSpec, ModelInstance, RequestInputs, int_parameter, split_batch,
 )
+from inferd.backends.batching import join, split
 from inferd.backends.torch_device import TorchStager
 from inferd.config import ModelConfig, ModelSignature, ModelSpec, TensorSpec
 from inferd.errors import ConfigError, InferdError, InvalidArgument, ModelExecutionError
@@ -194,7 +195,14 @@ class TorchScriptInstance(ModelInstance):
         self.module = module
         self._map_inputs(module)
         self._map_outputs()
-        self._input_dtypes: dict[str, Any] = {n: t.datatype.numpy for n, t in spec.inputs.items()}
+        every_input = {**spec.inputs, **spec.filled_inputs}  # with batch_input targets
+        self._input_dtypes: dict[str, Any] = {n: t.datatype.numpy for n, t in every_input.items()}
+        # Tensors whose first dimension is not the batch: ragged concatenations, batch inputs,
+        # scattered batch outputs (Triton's ragged batching).
+        varlen = spec.varlen
+        self._unbatched_inputs = (varlen.ragged | {t for b in varlen.batch_inputs for t in b.targets}
+                                  if varlen is not None else frozenset())
+        self._scattered = {t for b in varlen.batch_outputs for t in b.targets} if varlen is not None else set()
         self._stager = TorchStager(torch, self._device)
         # Where this instance takes and gives torch tensors: an ensemble keeps a step's outputs
         # there when its next steps run on the same device (Model.tensor_device).
@@ -208,7 +216,7 @@ class TorchScriptInstance(ModelInstance):
     @staticmethod
     def _check_types(spec: ModelSpec) -> None:
         supported = torch_dtypes()
-        for kind, tensors in (("input", spec.inputs), ("output", spec.outputs)):
+        for kind, tensors in (("input", {**spec.inputs, **spec.filled_inputs}), ("output", spec.outputs)):
             for t in tensors.values():
                 if t.datatype.name == "BYTES":
                     _check_string_shape(spec, kind, t)
@@ -245,7 +253,7 @@ class TorchScriptInstance(ModelInstance):
             raise ConfigError(f"model '{model}': the TorchScript module has no forward() method") from None
         args = list(schema.arguments)[1:]  # without self
         arg_names = [a.name for a in args]
-        config_inputs = list(self.model.inputs)
+        config_inputs = list(self.model.inputs) + list(self.model.filled_inputs)  # with batch_input targets
         if all(n in arg_names for n in config_inputs):
             positions = {n: arg_names.index(n) for n in config_inputs}
         else:
@@ -352,10 +360,18 @@ class TorchScriptInstance(ModelInstance):
         t0 = time.perf_counter_ns()
         if torch.get_num_threads() != self._threads:
             torch.set_num_threads(self._threads)
+        varlen = self.model.varlen
+        # Variable-length batching joins on the host (padding, masks, ragged inputs: backends/batching.py)
+        # and hands the stager one tensor per input.
+        joined = join(inputs, varlen) if varlen is not None else None
         try:
             with stager.running():
-                tensors = {n: _to_strings([r[n] for r in inputs]) if n in self._string_inputs
-                           else stager.batch_input([r[n] for r in inputs], self._input_dtypes[n]) for n in inputs[0]}
+                if joined is None:
+                    tensors = {n: _to_strings([r[n] for r in inputs]) if n in self._string_inputs
+                               else stager.batch_input([r[n] for r in inputs], self._input_dtypes[n]) for n in inputs[0]}
+                else:
+                    tensors = {n: _to_strings([a]) if n in self._string_inputs
+                               else stager.batch_input([a], self._input_dtypes[n]) for n, a in joined.inputs.items()}
                 t1 = time.perf_counter_ns()
                 grad_mode = torch.inference_mode() if self._inference_mode else torch.no_grad()
                 with grad_mode:
@@ -364,7 +380,7 @@ class TorchScriptInstance(ModelInstance):
                     else:
                         with torch.jit.optimized_execution(False):
                             result = self._call(tensors)
-                    checked = self._outputs(result, _rows(tensors) if self.model.batching else None)
+                    checked = self._outputs(result, self._rows(tensors) if self.model.batching else None)
                 stager.synchronize()  # the forward's kernels are done: the infer time ends here
                 t2 = time.perf_counter_ns()
                 strings = {n: v for n, v in checked.items() if isinstance(v, np.ndarray)}  # List[str] results
@@ -377,11 +393,20 @@ class TorchScriptInstance(ModelInstance):
             raise ModelExecutionError(f"model '{self.model.name}' failed to execute: {exc}") from exc
         if self._clean_cache:
             torch.cuda.empty_cache()
-        results = split_batch(inputs, out)
+        results = split_batch(inputs, out) if joined is None else list(split(self.model.name, joined, out, varlen))
         times.input_ns = t1 - t0
         times.infer_ns = t2 - t1
         times.output_ns = time.perf_counter_ns() - t2
-        return BatchResult(results, times)
+        if joined is None:
+            return BatchResult(results, times)
+        return BatchResult(results, times, joined.real_elements, joined.pad_elements)
+
+    def _rows(self, tensors: dict[str, Any]) -> int | None:
+        """The batch's rows, from an input that has a batch dimension (not a ragged or batch input)."""
+        first = next((t for n, t in tensors.items() if n not in self._unbatched_inputs), None)
+        if isinstance(first, list):  # a List[str] input: one string per row
+            return len(first)
+        return int(first.shape[0]) if first is not None and first.dim() > 0 else None
 
     def _keep_on_device(self, inputs: Sequence[dict[str, Any]]) -> bool:
         # Every request of the batch asked for its outputs here (an ensemble whose next steps run on
@@ -429,7 +454,7 @@ class TorchScriptInstance(ModelInstance):
                     f"model '{model}': output '{name}' is {tensor.dtype} but the config declares "
                     f"{self.model.outputs[name].datatype.config} ({want})"
                 )
-            if rows is not None and (tensor.dim() == 0 or tensor.shape[0] != rows):
+            if rows is not None and name not in self._scattered and (tensor.dim() == 0 or tensor.shape[0] != rows):
                 raise ModelExecutionError(
                     f"model '{model}': output '{name}' has shape {list(tensor.shape)}; with max_batch_size > 0 "
                     f"its first dimension must be the batch size {rows}"
@@ -481,13 +506,6 @@ def _to_strings(parts: Sequence[np.ndarray]) -> list[str]:
     """The requests' string input as one List[str], in batch order. Decodability was checked per
     request in execute(); str items (from in-process callers) pass as they are."""
     return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for part in parts for v in np.asarray(part).reshape(-1)]
-
-
-def _rows(tensors: dict[str, Any]) -> int | None:
-    first = next(iter(tensors.values()), None)
-    if isinstance(first, list):  # a List[str] input: one string per row
-        return len(first)
-    return int(first.shape[0]) if first is not None and first.dim() > 0 else None
 
 
 def _set_interop_threads(model: str, count: int) -> None:

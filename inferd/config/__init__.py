@@ -32,9 +32,13 @@ from inferd.config._spec import (
     KIND_AUTO, KIND_CPU, KIND_GPU, InstanceGroup, ModelSpec, TensorSpec, WarmupInput, WarmupSample, model_spec,
 )
 from inferd.config._validate import check_declared, validate
+from inferd.config._varlen import (
+    LENGTHS, MASK, BatchInput, BatchOutput, FilledInput, PaddedInput, Unpad, VarlenSpec, varlen_spec,
+)
 
 __all__ = [
-    "CORRID", "DELAY", "END", "KIND_AUTO", "KIND_CPU", "KIND_GPU", "READY", "REJECT", "START",
+    "CORRID", "DELAY", "END", "KIND_AUTO", "KIND_CPU", "KIND_GPU", "LENGTHS", "MASK", "READY", "REJECT", "START",
+    "BatchInput", "BatchOutput", "FilledInput", "PaddedInput", "Unpad", "VarlenSpec", "varlen_spec",
     "BackendResolver", "ConfigCompleter", "Control", "DynamicBatching", "EnsembleConfig", "InferdParameters",
     "InstanceGroup", "ModelConfig", "ModelSignature", "ModelSpec", "PreparedConfig", "QueuePolicy",
     "SequencePolicy", "SignatureTensor", "StateSpec", "StepConfig", "TensorSpec", "WarmupInput", "WarmupSample",

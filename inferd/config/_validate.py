@@ -18,19 +18,18 @@ from inferd.config._sequence import (
     check_sequence_signature, decoupled_problem, normalize_sequence_batching, sequence_policy, sequence_tensor_names,
 )
 from inferd.config._spec import ModelSpec, model_spec
+from inferd.config._varlen import VarlenSpec, varlen_spec
 from inferd.errors import ConfigError
 
 _HONOURED = {
     "name", "platform", "backend", "version_policy", "max_batch_size", "input", "output",
     "instance_group", "default_model_filename", "parameters", "dynamic_batching", "optimization",
-    "runtime", "model_warmup", "sequence_batching", "model_transaction_policy",
+    "runtime", "model_warmup", "sequence_batching", "model_transaction_policy", "batch_input", "batch_output",
 }
 _REFUSED = {
     "ensemble_scheduling": "ensemble_scheduling is only valid with platform: \"ensemble\"",
     "response_cache": "the response cache is not supported by inferd",
     "model_repository_agents": "repository agents are not supported by inferd",
-    "batch_input": "batch_input (ragged batching) is not supported by inferd",
-    "batch_output": "batch_output (ragged batching) is not supported by inferd",
     "cc_model_filenames": "cc_model_filenames (per-GPU-architecture files) is not supported by inferd",
     "metric_tags": "metric_tags is not supported by inferd",
     "model_operations": "model_operations is not supported by inferd",
@@ -96,6 +95,10 @@ def validate(
     for t in config.output:
         if t.label_filename:
             labels[t.name] = _read_labels(name, t, model_dir)
+    varlen = varlen_spec(config)
+    for t in config.input:
+        if varlen is not None and any(f.name == t.name for f in varlen.filled):
+            t.optional = True  # inferd fills a mask or lengths input the request leaves out
     _check_warmup(config)
     problem = decoupled_problem(config)
     if problem:
@@ -105,7 +108,7 @@ def validate(
     if signature is not None:
         if sequence is not None:
             check_sequence_signature(config, sequence, signature)
-        _check_against_signature(config, signature)
+        _check_against_signature(config, signature, varlen)
     # An input and an output may share a name (Triton allows it).
     return model_spec(config, labels, model_dir=model_dir, sequence=sequence)
 
@@ -162,8 +165,6 @@ def _check_tensors(model: str, kind: str, tensors, max_batch_size: int) -> None:
             raise ConfigError(f"{where}: is_shape_tensor is only meaningful for TensorRT and not supported")
         if t.is_non_linear_format_io:
             raise ConfigError(f"{where}: is_non_linear_format_io is not supported")
-        if kind == "input" and t.allow_ragged_batch:
-            raise ConfigError(f"{where}: allow_ragged_batch is not supported by inferd")
 
 
 _KNOWN_TYPES = {
@@ -289,10 +290,12 @@ def _check_warmup(config: mc.ModelConfig) -> None:
             raise ConfigError(f"{where}: no data for inputs {missing}; a warm-up sample gives every input")
 
 
-def _check_against_signature(config: mc.ModelConfig, signature: ModelSignature) -> None:
+def _check_against_signature(config: mc.ModelConfig, signature: ModelSignature, varlen: VarlenSpec | None) -> None:
     batch = 1 if config.max_batch_size > 0 else 0
     model_inputs = {t.name: t for t in signature.inputs}
     model_outputs = {t.name: t for t in signature.outputs}
+    ragged = varlen.ragged if varlen is not None else frozenset()
+    scattered = {n for b in varlen.batch_outputs for n in b.targets} if varlen is not None else set()
     for kind, tensors, available in (
         ("input", config.input, model_inputs),
         ("output", config.output, model_outputs),
@@ -304,11 +307,35 @@ def _check_against_signature(config: mc.ModelConfig, signature: ModelSignature) 
                 raise ConfigError(
                     f"{where} is not in the model file, whose {kind}s are {sorted(available) or 'none'}"
                 )
-            _compare(where, config, t, found, batch)
-    listed = {t.name for t in config.input} | sequence_tensor_names(config)[0]
+            if t.name in ragged or t.name in scattered:
+                _compare_ragged(where, t, found, ragged=t.name in ragged)
+            else:
+                _compare(where, config, t, found, batch)
+    made = set()
+    for b in varlen.batch_inputs if varlen is not None else ():
+        for target in b.targets:
+            found = model_inputs.get(target)
+            where = f"model '{config.name}': batch_input target '{target}'"
+            if found is None:
+                raise ConfigError(f"{where} is not an input of the model file, whose inputs are {sorted(model_inputs)}")
+            if found.datatype is not None and found.datatype.numpy != b.dtype:
+                raise ConfigError(f"{where}: the batch input's data type ({b.dtype}) contradicts the model file, "
+                                  f"which has {found.datatype.config}")
+            made.add(target)
+    listed = {t.name for t in config.input} | sequence_tensor_names(config)[0] | made
     for name, t in model_inputs.items():
         if name not in listed and not t.optional:
             raise ConfigError(f"model '{config.name}': the model file has input '{name}' that the config does not list")
+
+
+def _compare_ragged(where: str, t, found: SignatureTensor, ragged: bool) -> None:  # type: ignore[no-untyped-def]
+    """A ragged input reaches the model as one 1-D concatenation; a batch output's shape is the model's own."""
+    declared = mc.DataType.Name(t.data_type)
+    if found.datatype is not None and found.datatype.config != declared:
+        raise ConfigError(f"{where}: data_type {declared} contradicts the model file, which has {found.datatype.config}")
+    if ragged and list(found.shape) != [-1]:
+        raise ConfigError(f"{where}: allow_ragged_batch expects the model file to take it with shape [-1] (the "
+                          f"requests' elements concatenated), but the model file has {list(found.shape)}")
 
 
 def _compare(where: str, config: mc.ModelConfig, t, found: SignatureTensor, batch: int) -> None:  # type: ignore[no-untyped-def]

@@ -130,6 +130,12 @@ class InferdCollector:
             "inferd_inference_request_failure",
             "Failed inference requests by the status the client received (the failures of "
             "nv_inference_request_failure, split finer than Triton's four reasons)", labels=[*L, "reason"])
+        real = CounterMetricFamily("inferd_inference_real_elements",
+                                   "Elements of request data in padded inputs (inferd.padding)", labels=L)
+        padded = CounterMetricFamily("inferd_inference_pad_elements",
+                                     "Elements of padding added to padded inputs (inferd.padding)", labels=L)
+        waste = GaugeMetricFamily("inferd_inference_padding_waste",
+                                  "Padding elements per element of request data since the model loaded", labels=L)
         inflight = GaugeMetricFamily("inferd_inference_inflight_request_count",
                                      "Requests accepted and not yet answered (queued or executing)", labels=L)
         h = HistogramMetricFamily
@@ -149,6 +155,9 @@ class InferdCollector:
                 reasons[reason] = reasons.get(reason, 0) + n
             for reason, n in reasons.items():
                 failure.add_metric([*lv, reason], n)
+            real.add_metric(lv, s.real_elements)
+            padded.add_metric(lv, s.pad_elements)
+            waste.add_metric(lv, s.pad_elements / s.real_elements if s.real_elements else 0.0)
             inflight.add_metric(lv, s.pending)
             hist = histograms_of(s)
             if hist is not None:
@@ -165,7 +174,7 @@ class InferdCollector:
         ready = GaugeMetricFamily("inferd_server_ready", "1 when the server is ready for inference")
         ready.add_metric([], 1 if self.dp.ready_now() else 0)
 
-        yield from (failure, inflight, request_h, queue_h, compute_h, batch_h, state, ready)
+        yield from (failure, real, padded, waste, inflight, request_h, queue_h, compute_h, batch_h, state, ready)
 
 
 # Triton's per-model families: (name, type, help, value of a model version's stats).
