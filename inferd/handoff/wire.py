@@ -22,7 +22,6 @@ Frontend -> core::
     [CANCEL, rid]                          the client went away; the core answers it anyway
     [FREE, [block, ...]]                   output blocks the frontend is done reading
     [CALL, cid, method, args]              a control-plane call (metadata, statistics, ...)
-    [DRAINED]                              draining, and nothing of this frontend's is in flight
 
 Core -> frontend::
 
@@ -34,7 +33,8 @@ Core -> frontend::
     [ERROR, rid, final, kind, message]     kind: the name of an inferd.errors class
     [FINAL, rid]                           a decoupled request ended after its last response
     [REPLY, cid, ok, value]                value: the result, or [kind, message] when not ok
-    [DRAIN, grace_seconds]                 stop taking requests, answer those accepted, exit
+    [DRAIN, grace_seconds]                 stop taking requests, answer those accepted, close the
+                                           ports and exit
 
 A request's input block is the frontend's until the core's final message for
 it (RESPONSE/ERROR with final set, or FINAL): the core reads the inputs in
@@ -49,7 +49,6 @@ INFER = 1
 CANCEL = 2
 FREE = 3
 CALL = 4
-DRAINED = 5
 # core -> frontend
 CONFIG = 16
 RESPONSE = 17
