@@ -21,7 +21,9 @@ Frontend -> core::
         trace       the W3C trace context carrier ({"traceparent": ...}) or None
     [CANCEL, rid]                          the client went away; the core answers it anyway
     [FREE, [block, ...]]                   output blocks the frontend is done reading
-    [CALL, cid, method, args]              a control-plane call (metadata, statistics, ...)
+    [CALL, cid, method, payload]           a control-plane call (metadata, statistics, a forwarded
+                                           RPC or HTTP route); payload: pickle of (args, kwargs),
+                                           between our own two processes, never per inference
 
 Core -> frontend::
 
@@ -32,7 +34,8 @@ Core -> frontend::
         block       the output block to FREE once read (NO_BLOCK when none)
     [ERROR, rid, final, kind, message]     kind: the name of an inferd.errors class
     [FINAL, rid]                           a decoupled request ended after its last response
-    [REPLY, cid, ok, value]                value: the result, or [kind, message] when not ok
+    [REPLY, cid, ok, value]                value: the pickled result, or [kind, message] when not ok
+    [STATE, {"tracing": bool, "health": {service: status}}]   pushed when it changes
     [DRAIN, grace_seconds]                 stop taking requests, answer those accepted, close the
                                            ports and exit
 
@@ -56,12 +59,14 @@ ERROR = 18
 FINAL = 19
 REPLY = 20
 DRAIN = 21
+STATE = 22
 
 NOT_IN_ARENA = -1
 NO_BLOCK = -1
 
 # INFER flags
-STREAM = 1
+STREAM = 1  # a stream request: a decoupled model may answer many times
+HTTP = 2  # from the HTTP frontend (refusals of decoupled models use its words)
 
 # positions in an INFER message
 I_RID, I_MODEL, I_VERSION, I_ID, I_PARAMS, I_INPUTS, I_OUTPUTS, I_FLAGS, I_DEADLINE, I_TRACE = range(1, 11)

@@ -1,0 +1,109 @@
+"""The core's side of a hand-off message: INFER -> InferenceRequest, outputs -> RESPONSE.
+
+Input tensors become numpy arrays *in place* in the frontend's input arena
+(read-only views: the bytes were written once, by the frontend, and are never
+copied again unless a model keeps them); outputs are written once into the
+frontend's output arena, in one block per response.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from inferd.dtypes import BY_NAME, from_numpy
+from inferd.errors import InvalidArgument
+from inferd.handoff import wire
+from inferd.handoff.arena import Arena, ArenaWriter
+from inferd.types import InferenceRequest, RequestedOutput
+
+_NUMPY_NAME = {t.numpy: t.name for t in BY_NAME.values() if t.numpy is not None}
+
+
+def request_from(msg: list[Any], inputs: Arena, shm: Any = None) -> InferenceRequest:
+    """The request an INFER message carries; ``shm`` resolves tensors in system shared memory."""
+    from inferd.server import codec
+
+    model = msg[wire.I_MODEL]
+    arrays: dict[str, np.ndarray] = {}
+    for name, datatype, shape, offset, nbytes, params in msg[wire.I_INPUTS]:
+        where = f"input '{name}' for model '{model}'"
+        dtype = BY_NAME.get(datatype)
+        if dtype is None:
+            raise InvalidArgument(f"{where}: unknown data type '{datatype}'")
+        dims = tuple(shape)
+        if any(d < 0 for d in dims):
+            raise InvalidArgument(f"{where}: shape {list(dims)} has a negative dimension")
+        if name in arrays:
+            raise InvalidArgument(f"{where}: the input is given twice")
+        if offset == wire.NOT_IN_ARENA:
+            ref = codec._shm_ref(shm, model, "input", name, params)
+            arrays[name] = ref.read(dtype, dims, where)
+        elif dtype.name == "BYTES":
+            arrays[name] = codec.array_from_raw(inputs.view(offset, nbytes), dtype, dims, where)
+        else:
+            count = 1
+            for d in dims:
+                count *= d
+            if nbytes != count * dtype.itemsize:
+                codec.array_from_raw(inputs.view(offset, nbytes), dtype, dims, where)  # raises, with Triton's words
+            arrays[name] = inputs.array(dtype.numpy, offset, count).reshape(dims)
+    request = InferenceRequest(model_name=model, inputs=arrays,
+                               model_version=codec.parse_version(model, msg[wire.I_VERSION]),
+                               id=msg[wire.I_ID], deadline=msg[wire.I_DEADLINE])
+    params = msg[wire.I_PARAMS]
+    if params:
+        request.parameters = params
+        request.priority = codec.int_param(model, params, "priority")
+        request.timeout_us = codec.int_param(model, params, "timeout")
+    outputs = msg[wire.I_OUTPUTS]
+    if outputs is not None:
+        requested = []
+        for name, oparams in outputs:
+            r = RequestedOutput(name)
+            if oparams:
+                r.parameters = oparams
+                r.class_count = codec.int_param(model, oparams, "classification")
+                r.shared_memory = codec._shm_ref(shm, model, "output", name, oparams)
+            requested.append(r)
+        request.requested_outputs = requested
+    return request
+
+
+def datatype_of(array: np.ndarray) -> str:
+    if array.dtype.kind in "OSU":
+        return "BYTES"
+    return _NUMPY_NAME.get(array.dtype) or from_numpy(array.dtype).name
+
+
+def response_message(rid: int, final: bool, response: Any, requested: list[RequestedOutput] | None,
+                     outputs: ArenaWriter) -> list[Any]:
+    """A RESPONSE for an InferenceResponse; its tensors go into one new output block.
+    Outputs requested into shared memory were written there already: they carry no data."""
+    from inferd.server.codec import encode_bytes
+
+    in_shm = {r.name for r in requested if r.shared_memory is not None} if requested else None
+    entries: list[list[Any]] = []
+    parts: list[Any] = []
+    for name, array in response.outputs.items():
+        datatype = datatype_of(array)
+        if in_shm and name in in_shm:
+            entries.append([name, datatype, list(array.shape), wire.NOT_IN_ARENA, 0])
+            continue
+        if datatype == "BYTES":
+            data: Any = encode_bytes(array)
+        else:
+            data = np.ascontiguousarray(array).data.cast("B") if array.size else b""
+        entries.append([name, datatype, list(array.shape), None, len(data)])
+        parts.append(data)
+    block = wire.NO_BLOCK
+    if parts:
+        block, offsets = outputs.put(parts)
+        i = 0
+        for e in entries:
+            if e[3] is None:
+                e[3] = offsets[i]
+                i += 1
+    return [wire.RESPONSE, rid, final, response.model_name, response.model_version, response.id, entries,
+            response.parameters or None, block]

@@ -1,0 +1,138 @@
+"""A frontend worker process: ``python -m inferd.handoff.worker --index K --channel-fd FD --parent PID``.
+
+Spawned by the core (:mod:`inferd.handoff.supervisor`), never by hand. It serves
+the reserved gRPC and HTTP ports (SO_REUSEPORT) and hands every request to the
+core. It ends when the core says DRAIN or the worker gets SIGTERM/SIGINT (stop
+taking requests, answer the accepted ones, close the ports, exit 0), or at once
+when the core goes away (channel EOF, or PR_SET_PDEATHSIG's SIGKILL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+from typing import Any, Iterator
+
+log = logging.getLogger("inferd.frontend")
+
+
+async def _start_grpc(link: Any, config: dict[str, Any]) -> tuple[Any, Any]:
+    import grpc
+    from grpc_health.v1 import health_pb2_grpc
+
+    from inferd.handoff.grpc_worker import WorkerHealth, WorkerServicer
+    from inferd.server.health import enable_reflection
+
+    size = config["max_message_bytes"]
+    server = grpc.aio.server(options=[
+        ("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size),
+        ("grpc.so_reuseport", 1), *[tuple(kv) for kv in config["options"]]])
+    WorkerServicer(link).add_to_server(server)
+    health = WorkerHealth(link)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    enable_reflection(server)
+    address = f"{config['address']}:{config['port']}"
+    if server.add_insecure_port(address) != config["port"]:
+        raise SystemExit(f"frontend {link.index}: cannot listen for gRPC on {address}")
+    await server.start()
+    return server, health
+
+
+class _Uvicorn:
+    """uvicorn on a socket bound here (SO_REUSEPORT), kept away from the process's signals."""
+
+    def __init__(self, app: Any, sock: socket.socket) -> None:
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                yield
+
+        config = uvicorn.Config(app, lifespan="off", log_config=None, log_level="warning", access_log=False,
+                                proxy_headers=False, server_header=False, ws="none", timeout_keep_alive=75)
+        self.server = Server(config)
+        self.task = asyncio.get_running_loop().create_task(self.server.serve(sockets=[sock]))
+
+    async def started(self) -> None:
+        while not self.server.started:  # uvicorn offers no event for this
+            if self.task.done():
+                raise SystemExit(f"cannot serve HTTP: {self.task.exception()!r}")
+            await asyncio.sleep(0.005)
+
+    async def stop(self, grace: float) -> None:
+        self.server.config.timeout_graceful_shutdown = max(grace, 0.0)
+        self.server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), timeout=grace + 2.0)
+        except asyncio.TimeoutError:
+            self.server.force_exit = True
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.task
+
+
+async def serve(index: int, channel_fd: int) -> int:
+    from inferd.handoff import ports
+    from inferd.handoff.http_worker import worker_app
+    from inferd.handoff.link import WorkerLink
+
+    loop = asyncio.get_running_loop()
+    link = await WorkerLink.connect(socket.socket(fileno=channel_fd))
+    config = link.config
+    logging.getLogger().setLevel(config.get("log_level", logging.INFO))
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: link.drain_requested.done() or link.drain_requested.set_result(-1.0))
+    grpc_server = health = http = None
+    if config["grpc"]:
+        grpc_server, health = await _start_grpc(link, config["grpc"])
+    if config["http"]:
+        h = config["http"]
+        http = _Uvicorn(worker_app(link), ports.listen(h["address"], h["port"], "HTTP"))
+        await http.started()
+    link.hello()
+    grace = await link.drain_requested
+    if grace is None:  # the core went away: nothing can be answered any more
+        log.warning("frontend %d: the core went away; exiting", index)
+        grace = 0.0
+    elif grace < 0:  # our own SIGTERM: drain with the core's grace
+        grace = config.get("grace", 30.0)
+    link.draining = True
+    link.update_state({})  # health turns NOT_SERVING: wake the Watch streams
+    try:
+        await asyncio.wait_for(link.pending.idle(), timeout=grace)
+    except asyncio.TimeoutError:
+        log.warning("frontend %d: %d requests still unanswered after %.1f s", index, len(link.pending), grace)
+    if health is not None:
+        health.close()
+    closing = []
+    if grpc_server is not None:
+        closing.append(grpc_server.stop(1.0))
+    if http is not None:
+        closing.append(http.stop(1.0))
+    await asyncio.gather(*closing)
+    link.channel.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inferd.handoff.worker", description=__doc__)
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--channel-fd", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    args = parser.parse_args(argv)
+    from inferd.handoff.lifeline import die_with_parent
+
+    die_with_parent(args.parent)
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s %(levelname)s frontend {args.index} %(name)s: %(message)s")
+    return asyncio.run(serve(args.index, args.channel_fd))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
