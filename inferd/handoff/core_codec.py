@@ -94,7 +94,8 @@ def response_message(rid: int, final: bool, response: Any, requested: list[Reque
         if datatype == "BYTES":
             data: Any = encode_bytes(array)
         else:
-            data = np.ascontiguousarray(array).data.cast("B") if array.size else b""
+            # A flat uint8 view: numpy dtypes the buffer protocol cannot name (bfloat16) still copy.
+            data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
         entries.append([name, datatype, list(array.shape), None, len(data)])
         parts.append(data)
     block = wire.NO_BLOCK
