@@ -80,13 +80,18 @@ class CoreEndpoint:
         trace = msg[wire.I_TRACE]
         if trace is not None and self.dp.tracing.enabled:
             request.trace = self.dp.tracing.start(request.model_name, request.id, lambda: trace)
-        stream = msg[wire.I_FLAGS] & wire.STREAM
-        coro = self._stream(rid, request) if stream else self._unary(rid, request)
+        flags = msg[wire.I_FLAGS]
+        coro = self._stream(rid, request) if flags & wire.STREAM else self._unary(rid, request, flags & wire.HTTP)
         self.tasks[rid] = self._loop.create_task(coro)
 
-    async def _unary(self, rid: int, request: Any) -> None:
+    async def _unary(self, rid: int, request: Any, http: int) -> None:
         try:
-            response = await self.dp.infer(request)
+            if http:
+                from inferd.server.http_service import DECOUPLED_HTTP
+
+                response = await self.dp.infer(request, decoupled_error=DECOUPLED_HTTP)
+            else:
+                response = await self.dp.infer(request)
             message = response_message(rid, True, response, request.requested_outputs, self.outputs)
         except asyncio.CancelledError:
             request.cancelled = True
