@@ -431,7 +431,7 @@ def _unload(manager, name: str) -> None:  # type: ignore[no-untyped-def]
 async def nested_pipes(repo: Path):  # type: ignore[no-untyped-def]
     """outer -> pipe -> (scale, relu) loaded from ``repo`` by a ModelManager: (manager, data plane)."""
     from inferd.repository import ModelManager
-    from inferd.server.dataplane import DataPlane
+    from inferd.dataplane import DataPlane
 
     add_model(repo, "scale", om.scale(D, 2.0), onnx_config("scale", 8))
     add_model(repo, "relu", om.relu(D), onnx_config("relu", 8))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from inferd.config import model_spec, parse_config_text
-from inferd.ensemble import loader
+from inferd.repository import ensembles as loader
 from inferd.ensemble.graph import (
     Composing,
     build_graph,

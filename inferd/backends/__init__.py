@@ -10,10 +10,12 @@ import threading
 from pathlib import Path
 
 from inferd._proto import model_config_pb2 as mc
-from inferd.backends.base import Backend, BatchResult, Device, ExecutionTimes, InstanceSpec, ModelInstance
+from inferd.backends.base import (
+    Backend, BatchResult, Device, ExecutionTimes, InferenceDispatcher, InstanceSpec, ModelInstance,
+)
 from inferd.errors import ConfigError
 
-__all__ = ["Backend", "BatchResult", "Device", "ExecutionTimes", "InstanceSpec", "ModelInstance", "get", "resolve"]
+__all__ = ["Backend", "BatchResult", "Device", "ExecutionTimes", "InferenceDispatcher", "InstanceSpec", "ModelInstance", "get", "resolve"]
 
 _BACKENDS: dict[str, Backend] = {}
 

@@ -9,17 +9,18 @@ outputs; the Python backend hands the list of requests to user code.
 from __future__ import annotations
 
 import abc
+import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
 from inferd._proto import model_config_pb2 as mc
 from inferd.config import ModelSignature, ModelSpec
 from inferd.errors import ConfigError, InferdError, ModelExecutionError
-from inferd.types import InferenceRequest
+from inferd.types import InferenceRequest, InferenceResponse
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +49,27 @@ class BatchResult:
     times: ExecutionTimes = field(default_factory=ExecutionTimes)
 
 
+class InferenceDispatcher(Protocol):
+    """What an instance may call in the server: run a request on another loaded
+    model (a Python model's BLS call), scheduled with that model's other traffic.
+
+    Implemented above the backends (``inferd.model.ModelDispatcher``) and handed
+    to each instance in its :class:`InstanceSpec`, so a backend never imports
+    the layers that serve it.
+    """
+
+    # The event loop ``infer`` runs on; None until the server runs one.
+    loop: asyncio.AbstractEventLoop | None
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        """The request's response, or the domain error a client would see; on ``loop`` only."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class InstanceSpec:
-    """Which instance to create: its name, device, and the model's files."""
+    """Which instance to create: its name, device, and the model's files;
+    ``dispatcher``: how it reaches other models (None outside a server)."""
 
     name: str
     device: Device
@@ -59,6 +78,7 @@ class InstanceSpec:
     version: int
     model_file: Path
     threads: int  # intra-op threads this instance may use (cores / instances)
+    dispatcher: InferenceDispatcher | None = field(default=None, compare=False, repr=False)
 
 
 class RequestInputs(dict):

@@ -31,9 +31,10 @@ from inferd import backends
 from inferd._proto import model_config_pb2 as mc
 from inferd.clock import Clock
 from inferd.config import ModelSpec, autocomplete, parse_config_file, validate
-from inferd.ensemble import loader as ensemble_loader
-from inferd.ensemble.graph import EnsembleGraph, build_graph, find_cycle, is_ensemble, load_order
+from inferd.ensemble.graph import EnsembleGraph, build_graph, dependents, find_cycle, is_ensemble, load_order
 from inferd.errors import ConfigError, InferdError, NotFound, Unavailable, unknown_model
+from inferd.model import ModelDispatcher
+from inferd.repository import ensembles as ensemble_loader
 from inferd.repository.layout import available_versions, fingerprint, scan, select_versions
 from inferd.repository.model import Model, build_model
 from inferd.scheduling.policy import batching_policy
@@ -101,7 +102,7 @@ def prepare(name: str, model_dir: Path, override: mc.ModelConfig | None = None) 
     backend = backends.resolve(config, model_dir)
     if backend is None:
         raise ConfigError(f"model '{name}': an ensemble is checked against its composing models: "
-                          "the ModelManager loads it (inferd.ensemble.loader), not prepare()")
+                          "the ModelManager loads it (inferd.repository.ensembles), not prepare()")
     filename = config.default_model_filename or backend.default_filename
     files: dict[int, Path] = {}
     for version in versions:
@@ -150,6 +151,8 @@ class ModelManager:
         self.mode = mode
         self.startup_models = list(startup_models or [])  # explicit mode: --load-model ("*": all)
         self._entries: dict[str, _Entry] = {}
+        # Handed to every instance it builds: a Python model's BLS calls reach the other models through it.
+        self.dispatcher = ModelDispatcher(self.get, clock)
 
     # -- lookup (hot path) ---------------------------------------------------
 
@@ -230,6 +233,7 @@ class ModelManager:
     async def load(self, name: str, config: mc.ModelConfig | None = None) -> InferdError | None:
         """(Re)load ``name``; never raises: returns the error when it failed.
         ``config``: use it instead of config.pbtxt (RepositoryModelLoad)."""
+        self.dispatcher.bind(asyncio.get_running_loop())  # before any instance can call it
         entry = self._entries[name]
         entry.state = LOADING if not entry.versions else entry.state
         if config is not None:  # RepositoryModelLoad's config replaces config.pbtxt, ensemble or not
@@ -286,7 +290,8 @@ class ModelManager:
                 if version in old and old_sources.get(version) == source:
                     models[version] = old[version]
                 else:
-                    models[version] = build_model(prepared.spec, prepared.backend, path, version, file, self.clock)
+                    models[version] = build_model(prepared.spec, prepared.backend, path, version, file, self.clock,
+                                                  self.dispatcher)
         except BaseException:
             for version, model in models.items():
                 if model is not old.get(version):
@@ -325,11 +330,7 @@ class ModelManager:
         ensembles, outermost last (unload_dependents unloads them first)."""
         graphs = [e.ensemble.graph for e in self._entries.values()
                   if getattr(e, "ensemble", None) is not None and e.versions]
-        if not graphs:
-            return []
-        from inferd.ensemble.graph import dependents
-
-        return dependents(name, graphs)
+        return dependents(name, graphs) if graphs else []
 
     async def load_model(self, name: str, config: mc.ModelConfig | None = None) -> None:
         """Load or reload ``name`` (RepositoryModelLoad, poll mode); raises when it fails."""

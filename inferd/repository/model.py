@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from inferd._proto import model_config_pb2 as mc
-from inferd.backends import Backend, Device, InstanceSpec
+from inferd.backends import Backend, Device, InferenceDispatcher, InstanceSpec
 from inferd.clock import Clock
 from inferd.config import ModelSpec
 from inferd.config._sequence import sequence_policy
 from inferd.errors import ConfigError
+from inferd.model import Model
 from inferd.observability.stats import ModelStats
 from inferd.scheduling.base import Scheduler
 from inferd.scheduling.batcher import BatchScheduler
@@ -23,25 +23,8 @@ from inferd.scheduling.policy import batching_policy
 from inferd.scheduling.sequence import SequenceScheduler, sequence_sample
 
 
-@dataclass(eq=False)
-class Model:
-    spec: ModelSpec
-    version: int
-    scheduler: Scheduler
-    stats: ModelStats
-    model_dir: Path
-    decoupled: bool = False  # model_transaction_policy.decoupled: responses only stream
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def config(self) -> mc.ModelConfig:
-        return self.spec.config
-
-
-def instance_specs(spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path) -> list[InstanceSpec]:
+def instance_specs(spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path,
+                   dispatcher: InferenceDispatcher | None = None) -> list[InstanceSpec]:
     """One InstanceSpec per instance that ``instance_group`` asks for."""
     config = spec.config
     groups = list(config.instance_group)
@@ -69,7 +52,7 @@ def instance_specs(spec: ModelSpec, backend: Backend, model_dir: Path, version: 
     threads = max(1, (os.cpu_count() or 1) // cpu_instances)
     return [
         InstanceSpec(name=name, device=device, model_dir=model_dir, version_dir=model_dir / str(version),
-                     version=version, model_file=model_file, threads=threads)
+                     version=version, model_file=model_file, threads=threads, dispatcher=dispatcher)
         for name, device in devices
     ]
 
@@ -88,16 +71,18 @@ def sample_inputs(spec: ModelSpec) -> dict[str, np.ndarray]:
 
 
 def build_model(
-    spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path, clock: Clock | None = None
+    spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path, clock: Clock | None = None,
+    dispatcher: InferenceDispatcher | None = None,
 ) -> Model:
-    """Create every instance and the scheduler; blocking (runtimes load here)."""
+    """Create every instance and the scheduler; blocking (runtimes load here).
+    ``dispatcher``: how the instances reach other models (BLS); None outside a server."""
     params = spec.params
     policy = batching_policy(spec.config, aging_us=params.priority_aging_microseconds,
                              split=params.split_large_requests)
     sequence = sequence_policy(spec.config, model_dir)  # None without sequence_batching
     instances = []
     try:
-        for ispec in instance_specs(spec, backend, model_dir, version, model_file):
+        for ispec in instance_specs(spec, backend, model_dir, version, model_file, dispatcher):
             instances.append(backend.create_instance(spec, ispec))
         if spec.config.model_warmup:  # before the version can report ready
             samples = warmup_samples(spec, model_dir)

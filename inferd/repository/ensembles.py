@@ -1,4 +1,5 @@
-"""Loading an ensemble: what the ModelManager calls.
+"""Loading an ensemble: what the ModelManager calls (the repository's side of
+:mod:`inferd.ensemble`, which never imports the repository).
 
 An ensemble is loaded after its composing models (:func:`load_order`), on
 the event loop (it has no instances, nothing blocks). :func:`prepare` checks
@@ -25,8 +26,9 @@ from inferd.ensemble.graph import (
     check_ensemble_config,
     is_ensemble,
 )
-from inferd.ensemble.scheduler import EnsembleScheduler, Resolver
+from inferd.ensemble.scheduler import EnsembleScheduler
 from inferd.errors import ConfigError
+from inferd.model import Model, ModelLookup
 from inferd.observability.stats import ModelStats
 from inferd.repository.layout import available_versions, select_versions
 
@@ -121,12 +123,10 @@ def check_models(prepared: PreparedEnsemble, entry_of: Callable[[str], Any]) -> 
     check_against_models(prepared.spec, prepared.graph, lookup)
 
 
-def build_versions(prepared: PreparedEnsemble, model_dir: Path, resolve: Resolver, clock: Clock | None = None,
+def build_versions(prepared: PreparedEnsemble, model_dir: Path, resolve: ModelLookup, clock: Clock | None = None,
                    problem: Callable[[], str | None] | None = None) -> dict:
     """One Model (an EnsembleScheduler and its own statistics) per selected version.
     ``problem``: why the ensemble cannot serve now (ModelManager.ensemble_problem)."""
-    from inferd.repository.model import Model
-
     models = {}
     for version in prepared.versions:
         stats = ModelStats(prepared.spec.name, version)
