@@ -12,21 +12,23 @@ from typing import Any
 
 import numpy as np
 
-from inferd.dtypes import BY_NAME, from_numpy
+from inferd.dtypes import BY_NAME, encode_bytes, from_numpy
 from inferd.errors import InvalidArgument
 from inferd.handoff import wire
 from inferd.handoff.arena import Arena, ArenaWriter
-from inferd.types import InferenceRequest, RequestedOutput
+from inferd.types import InferenceRequest, RequestedOutput, SharedTensor
 
 _NUMPY_NAME = {t.numpy: t.name for t in BY_NAME.values() if t.numpy is not None}
 
 
-def request_from(msg: list[Any], inputs: Arena, shm: Any = None) -> InferenceRequest:
-    """The request an INFER message carries; ``shm`` resolves tensors in system shared memory."""
+def request_from(msg: list[Any], inputs: Arena) -> InferenceRequest:
+    """The request an INFER message carries. Tensors in a client's system shared memory stay
+    references (SharedTensor inputs, ShmRef outputs), resolved by the data plane."""
     from inferd.server import codec
 
     model = msg[wire.I_MODEL]
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, Any] = {}
+    shared = False
     for name, datatype, shape, offset, nbytes, params in msg[wire.I_INPUTS]:
         where = f"input '{name}' for model '{model}'"
         dtype = BY_NAME.get(datatype)
@@ -38,8 +40,11 @@ def request_from(msg: list[Any], inputs: Arena, shm: Any = None) -> InferenceReq
         if name in arrays:
             raise InvalidArgument(f"{where}: the input is given twice")
         if offset == wire.NOT_IN_ARENA:
-            ref = codec._shm_ref(shm, model, "input", name, params)
-            arrays[name] = ref.read(dtype, dims, where)
+            ref = codec.shm_ref(params, where)
+            if ref is None:
+                raise InvalidArgument(f"{where}: no data: neither in the request nor in shared memory")
+            arrays[name] = SharedTensor(ref, dtype, dims)
+            shared = True
         elif dtype.name == "BYTES":
             arrays[name] = codec.array_from_raw(inputs.view(offset, nbytes), dtype, dims, where)
         else:
@@ -51,7 +56,7 @@ def request_from(msg: list[Any], inputs: Arena, shm: Any = None) -> InferenceReq
             arrays[name] = inputs.array(dtype.numpy, offset, count).reshape(dims)
     request = InferenceRequest(model_name=model, inputs=arrays,
                                model_version=codec.parse_version(model, msg[wire.I_VERSION]),
-                               id=msg[wire.I_ID], deadline=msg[wire.I_DEADLINE])
+                               id=msg[wire.I_ID], deadline=msg[wire.I_DEADLINE], shared_memory=shared)
     params = msg[wire.I_PARAMS]
     if params:
         request.parameters = params
@@ -65,7 +70,9 @@ def request_from(msg: list[Any], inputs: Arena, shm: Any = None) -> InferenceReq
             if oparams:
                 r.parameters = oparams
                 r.class_count = codec.int_param(model, oparams, "classification")
-                r.shared_memory = codec._shm_ref(shm, model, "output", name, oparams)
+                r.shared_memory = codec.shm_ref(oparams, f"output '{name}' for model '{model}'")
+                if r.shared_memory is not None:
+                    request.shared_memory = True
             requested.append(r)
         request.requested_outputs = requested
     return request
@@ -81,8 +88,6 @@ def response_message(rid: int, final: bool, response: Any, requested: list[Reque
                      outputs: ArenaWriter) -> list[Any]:
     """A RESPONSE for an InferenceResponse; its tensors go into one new output block.
     Outputs requested into shared memory were written there already: they carry no data."""
-    from inferd.server.codec import encode_bytes
-
     in_shm = {r.name for r in requested if r.shared_memory is not None} if requested else None
     entries: list[list[Any]] = []
     parts: list[Any] = []

@@ -19,6 +19,8 @@ from inferd.errors import Cancelled, InferdError
 from inferd.handoff import wire
 from inferd.handoff.core_codec import request_from, response_message
 from inferd.handoff.supervisor import Link
+from inferd.model import DECOUPLED_UNARY
+from inferd.server.http_service import DECOUPLED_HTTP
 
 log = logging.getLogger(__name__)
 
@@ -73,25 +75,22 @@ class CoreEndpoint:
     def _infer(self, msg: list[Any]) -> None:
         rid = msg[wire.I_RID]
         try:
-            request = request_from(msg, self.inputs, self.dp.shared_memory)
+            request = request_from(msg, self.inputs)
         except Exception as exc:
             self.channel.send([wire.ERROR, rid, True, *error_kind(exc)])
             return
-        trace = msg[wire.I_TRACE]
-        if trace is not None and self.dp.tracing.enabled:
-            request.trace = self.dp.tracing.start(request.model_name, request.id, lambda: trace)
         flags = msg[wire.I_FLAGS]
-        coro = self._stream(rid, request) if flags & wire.STREAM else self._unary(rid, request, flags & wire.HTTP)
+        if flags & wire.STREAM:
+            coro = self._stream(rid, request)
+        else:
+            trace = msg[wire.I_TRACE]
+            coro = self._unary(rid, request, DECOUPLED_HTTP if flags & wire.HTTP else DECOUPLED_UNARY,
+                               None if trace is None else lambda: trace)
         self.tasks[rid] = self._loop.create_task(coro)
 
-    async def _unary(self, rid: int, request: Any, http: int) -> None:
+    async def _unary(self, rid: int, request: Any, decoupled_error: str, carrier: Any) -> None:
         try:
-            if http:
-                from inferd.server.http_service import DECOUPLED_HTTP
-
-                response = await self.dp.infer(request, decoupled_error=DECOUPLED_HTTP)
-            else:
-                response = await self.dp.infer(request)
+            response = await self.dp.infer(request, decoupled_error, carrier)
             message = response_message(rid, True, response, request.requested_outputs, self.outputs)
         except asyncio.CancelledError:
             request.cancelled = True

@@ -15,17 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 from inferd._proto import grpc_service_pb2 as pb
-from inferd.dtypes import BY_NAME
+from inferd.dtypes import BY_NAME, encode_bytes
 from inferd.errors import InvalidArgument
 from inferd.handoff import wire
 from inferd.handoff.arena import Arena, ArenaWriter
+from inferd.server.codec import param_value, set_param
 
 SHM_REGION = "shared_memory_region"
-
-
-def param_value(p: pb.InferParameter) -> object:
-    kind = p.WhichOneof("parameter_choice")
-    return getattr(p, kind) if kind else None
 
 
 def params_of(parameters: Any) -> dict[str, object] | None:
@@ -84,7 +80,7 @@ def infer_message(rid: int, msg: pb.ModelInferRequest, inputs: ArenaWriter, flag
 
 def _contents_bytes(model: str, t: pb.ModelInferRequest.InferInputTensor) -> bytes:
     """Typed ``contents`` as the bytes raw contents would have carried."""
-    from inferd.server.codec import array_from_contents, encode_bytes
+    from inferd.server.codec import array_from_contents
 
     where = f"input '{t.name}' for model '{model}'"
     dtype = BY_NAME.get(t.datatype)
@@ -115,7 +111,5 @@ def fill_response(msg: pb.ModelInferResponse, reply: list[Any], outputs: Arena) 
         raw.append(read(offset, nbytes) if offset != wire.NOT_IN_ARENA else b"")
     params = reply[wire.R_PARAMS]
     if params:
-        from inferd.server.codec import set_param
-
         for key, value in params.items():
             set_param(msg.parameters[key], value)

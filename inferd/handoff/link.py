@@ -15,6 +15,7 @@ import pickle
 import socket
 from typing import Any
 
+from inferd.dataplane.plane import DRAINING
 from inferd.errors import Unavailable
 from inferd.handoff import wire
 from inferd.handoff.arena import Arena, ArenaWriter
@@ -22,8 +23,6 @@ from inferd.handoff.channel import Channel
 from inferd.handoff.pending import CORE_GONE, Pending, error_from
 
 log = logging.getLogger(__name__)
-
-DRAINING = "inferd is shutting down and takes no new inference requests"
 
 
 class WorkerLink:
@@ -38,8 +37,6 @@ class WorkerLink:
         self._next_call = 0
         self.draining = False
         self.tracing = False  # the core's tracing is on for some model: send trace carriers
-        self.health: dict[str, int] = {}
-        self.state_changed = asyncio.Event()  # set (and replaced) on every STATE
         self.drain_requested: asyncio.Future = asyncio.get_running_loop().create_future()
         self.update_state(config.get("state") or {})
 
@@ -90,10 +87,6 @@ class WorkerLink:
     def update_state(self, state: dict[str, Any]) -> None:
         if "tracing" in state:
             self.tracing = bool(state["tracing"])
-        if "health" in state:
-            self.health = dict(state["health"])
-        changed, self.state_changed = self.state_changed, asyncio.Event()
-        changed.set()
 
     def _core_gone(self) -> None:
         self.pending.fail_all(Unavailable(CORE_GONE))

@@ -35,7 +35,7 @@ Core -> frontend::
     [ERROR, rid, final, kind, message]     kind: the name of an inferd.errors class
     [FINAL, rid]                           a decoupled request ended after its last response
     [REPLY, cid, ok, value]                value: the pickled result, or [kind, message] when not ok
-    [STATE, {"tracing": bool, "health": {service: status}}]   pushed when it changes
+    [STATE, {"tracing": bool}]             pushed when it changes
     [DRAIN, grace_seconds]                 stop taking requests, answer those accepted, close the
                                            ports and exit
 

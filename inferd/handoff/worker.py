@@ -23,23 +23,25 @@ log = logging.getLogger("inferd.frontend")
 
 async def _start_grpc(link: Any, config: dict[str, Any]) -> tuple[Any, Any]:
     import grpc
-    from grpc_health.v1 import health_pb2_grpc
 
-    from inferd.handoff.grpc_worker import WorkerHealth, WorkerServicer
-    from inferd.server.health import enable_reflection
+    from inferd.handoff.grpc_worker import WorkerServicer
+    from inferd.server.grpc_service import add_to_server
+    from inferd.server.health import Health, enable_reflection
 
     size = config["max_message_bytes"]
     server = grpc.aio.server(options=[
         ("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size),
         ("grpc.so_reuseport", 1), *[tuple(kv) for kv in config["options"]]])
-    WorkerServicer(link).add_to_server(server)
-    health = WorkerHealth(link)
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    servicer = WorkerServicer(link)
+    add_to_server(servicer, server)
+    health = Health(servicer.dp)  # readiness asked of the core, as the one-process server asks its own
+    health.add_to_server(server)
     enable_reflection(server)
     address = f"{config['address']}:{config['port']}"
     if server.add_insecure_port(address) != config["port"]:
         raise SystemExit(f"frontend {link.index}: cannot listen for gRPC on {address}")
     await server.start()
+    await health.start()
     return server, health
 
 
@@ -79,8 +81,9 @@ class _Uvicorn:
 
 async def serve(index: int, channel_fd: int) -> int:
     from inferd.handoff import ports
-    from inferd.handoff.http_worker import worker_app
     from inferd.handoff.link import WorkerLink
+    from inferd.handoff.proxy import RemoteDataPlane
+    from inferd.server.http_service import HttpFrontend
 
     loop = asyncio.get_running_loop()
     link = await WorkerLink.connect(socket.socket(fileno=channel_fd))
@@ -93,7 +96,8 @@ async def serve(index: int, channel_fd: int) -> int:
         grpc_server, health = await _start_grpc(link, config["grpc"])
     if config["http"]:
         h = config["http"]
-        http = _Uvicorn(worker_app(link), ports.listen(h["address"], h["port"], "HTTP"))
+        app = HttpFrontend(RemoteDataPlane(link)).app()  # type: ignore[arg-type]
+        http = _Uvicorn(app, ports.listen(h["address"], h["port"], "HTTP"))
         await http.started()
     link.hello()
     grace = await link.drain_requested
@@ -103,7 +107,8 @@ async def serve(index: int, channel_fd: int) -> int:
     elif grace < 0:  # our own SIGTERM: drain with the core's grace
         grace = config.get("grace", 30.0)
     link.draining = True
-    link.update_state({})  # health turns NOT_SERVING: wake the Watch streams
+    if health is not None:
+        health.drain()  # NOT_SERVING at once; Watch streams are told
     try:
         await asyncio.wait_for(link.pending.idle(), timeout=grace)
     except asyncio.TimeoutError:

@@ -126,16 +126,20 @@ class InferenceServer:
     async def _open_ports(self) -> None:
         o = self.options
         if o.allow_metrics:
-            self.metrics = ServerMetrics(self.dataplane)  # before loading: histograms attach as models build
-            self._metrics_server = AsgiServer(self.metrics.asgi_app(), self.metrics_address, o.metrics_port, "metrics")
-            await self._metrics_server.start()
-            log.info("serving metrics on %s:%d/metrics", self.metrics_address, self.metrics_port)
+            await self._start_metrics()
         if o.allow_grpc:
             await self._start_grpc()
         if o.allow_http:
             self._http = AsgiServer(HttpFrontend(self.dataplane).app(), self.http_address, o.http_port, "HTTP")
             await self._http.start()
             log.info("serving HTTP on %s:%d", self.http_address, self.http_port)
+
+    async def _start_metrics(self) -> None:
+        o = self.options
+        self.metrics = ServerMetrics(self.dataplane)  # before loading: histograms attach as models build
+        self._metrics_server = AsgiServer(self.metrics.asgi_app(), self.metrics_address, o.metrics_port, "metrics")
+        await self._metrics_server.start()
+        log.info("serving metrics on %s:%d/metrics", self.metrics_address, self.metrics_port)
 
     async def _start_grpc(self) -> None:
         size = self.options.max_message_bytes
