@@ -33,6 +33,7 @@ _server_modules: dict[str, bool] = {}
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "server: the test runs against a real inferd serve process")
+    config.addinivalue_line("markers", "fixed_mode: the test chooses its server's process mode itself")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

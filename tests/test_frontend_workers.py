@@ -23,6 +23,7 @@ from conftest import ServerProcess, group_members
 from inferd.cli import default_frontend_workers
 
 WORKERS = ["--frontend-workers", "2"]
+pytestmark = pytest.mark.fixed_mode  # every server here says its mode: the single-process rerun skips them
 
 
 def workers_of(server: ServerProcess) -> list[int]:
