@@ -32,6 +32,7 @@ import numpy as np
 ALIGN = 64  # every tensor starts on a cache line: runtimes read tensors through typed, aligned pointers
 MIN_ORDER = 6  # 64-byte blocks
 RELEASE_BYTES = 1 << 20  # freed blocks at least this large give their pages back to the kernel
+Buffer = bytes | memoryview | np.ndarray  # anything with len() in bytes: a flat uint8 array, bytes, a byte view
 
 
 class ArenaFull(Exception):
@@ -131,8 +132,8 @@ class Arena:
             os.close(fd)
             raise
 
-    def write(self, offset: int, data: bytes | memoryview) -> None:
-        self._view[offset:offset + len(data)] = data
+    def write(self, offset: int, data: Buffer) -> None:
+        self._view[offset:offset + len(data)] = data  # type: ignore[assignment]
 
     def read(self, offset: int, nbytes: int) -> bytes:
         """A copy of ``nbytes`` at ``offset`` (the frontend's way into a wire message)."""
@@ -180,7 +181,7 @@ class ArenaWriter:
         self.arena = arena
         self.allocator = BuddyAllocator(arena.size)
 
-    def put(self, parts: Sequence[bytes | memoryview]) -> tuple[int, list[int]]:
+    def put(self, parts: Sequence[Buffer]) -> tuple[int, list[int]]:
         """Write ``parts`` into one new block: (block offset, each part's offset). Raises ArenaFull."""
         total = 0
         for p in parts:

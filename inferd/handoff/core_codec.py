@@ -45,15 +45,15 @@ def request_from(msg: list[Any], inputs: Arena) -> InferenceRequest:
                 raise InvalidArgument(f"{where}: no data: neither in the request nor in shared memory")
             arrays[name] = SharedTensor(ref, dtype, dims)
             shared = True
-        elif dtype.name == "BYTES":
-            arrays[name] = codec.array_from_raw(inputs.view(offset, nbytes), dtype, dims, where)
         else:
             count = 1
             for d in dims:
                 count *= d
-            if nbytes != count * dtype.itemsize:
-                codec.array_from_raw(inputs.view(offset, nbytes), dtype, dims, where)  # raises, with Triton's words
-            arrays[name] = inputs.array(dtype.numpy, offset, count).reshape(dims)
+            if dtype.numpy is None or nbytes != count * dtype.itemsize:
+                # BYTES (decoded from its framing), or a size or type the one-process codec refuses, in its words
+                arrays[name] = codec.array_from_raw(inputs.view(offset, nbytes), dtype, dims, where)  # type: ignore[arg-type]
+            else:
+                arrays[name] = inputs.array(dtype.numpy, offset, count).reshape(dims)
     request = InferenceRequest(model_name=model, inputs=arrays,
                                model_version=codec.parse_version(model, msg[wire.I_VERSION]),
                                id=msg[wire.I_ID], deadline=msg[wire.I_DEADLINE], shared_memory=shared)

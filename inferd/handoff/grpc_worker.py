@@ -36,10 +36,7 @@ class WorkerServicer(InferenceServicer):
             link.refuse_if_draining()
             rid = pending.next_rid()
             remaining = context.time_remaining()
-            trace = None
-            if link.tracing:
-                trace = _metadata(context)
-                trace["t0"] = time.time_ns()  # the request span starts here, in the frontend
+            trace = _metadata(context) if link.tracing else None  # the W3C context, for the core's spans
             block, message = infer_message(
                 rid, request, link.inputs, 0, None if remaining is None else time.monotonic() + remaining, trace)
             fut = pending.unary(rid, message, block)

@@ -55,7 +55,8 @@ class WorkerLink:
                 configured.set_result(box[0])
 
         channel = await Channel.open(sock, on_message, "core")
-        done, _ = await asyncio.wait([configured, channel.closed], timeout=timeout,  # type: ignore[list-item]
+        assert channel.closed is not None
+        done, _ = await asyncio.wait([configured, channel.closed], timeout=timeout,
                                      return_when=asyncio.FIRST_COMPLETED)
         if configured not in done:
             raise SystemExit("frontend worker: the core sent no configuration")

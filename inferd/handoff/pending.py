@@ -5,7 +5,10 @@ message for it arrives: a future for a one-response request, a queue for a
 stream request. The entry owns the request's input block: it is freed when the
 final message comes, never before (the core reads the inputs in place until
 then), even for a request whose client went away. Output blocks the frontend
-has read are gathered and sent back in one FREE message per loop turn.
+has read are gathered and go back in one FREE message with the next write to
+the core (the next requests' turn), so a busy frontend never wakes the core for
+frees alone; an idle one (nothing in flight) or one with many gathered sends
+them at once.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from inferd.handoff.arena import ArenaWriter
 from inferd.handoff.channel import Channel
 
 CORE_GONE = "inferd's core process went away; the request was not answered"
+FREE_BATCH = 256  # gathered output blocks that are sent back without waiting for a request to carry them
 
 
 def error_from(kind: str, message: str) -> InferdError:
@@ -95,10 +99,11 @@ class Pending:
         self.channel.send([wire.CANCEL, rid])
 
     def release(self, block: int) -> None:
-        """An output block has been read: it goes back to the core with this turn's write."""
+        """An output block has been read: it goes back with the next write to the core."""
         if block != wire.NO_BLOCK:
             self._freed.append(block)
-            self.channel.wake()
+            if not self._entries or len(self._freed) >= FREE_BATCH:
+                self.channel.wake()
 
     def _send_frees(self) -> None:
         if self._freed:

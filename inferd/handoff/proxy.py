@@ -13,7 +13,6 @@ path skips even the numpy decoding: :mod:`inferd.handoff.grpc_worker`.)
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any, AsyncIterator, Mapping
 
 import numpy as np
@@ -100,7 +99,8 @@ class RemoteDataPlane:
 
     # -- inference: tensors through the arenas ---------------------------------------------
 
-    def _send(self, request: InferenceRequest, flags: int, trace_carrier: TraceCarrier | None) -> tuple[int, int]:
+    def _send(self, request: InferenceRequest, flags: int,
+              trace_carrier: TraceCarrier | None) -> tuple[int, int, list[Any]]:
         link = self.link
         link.refuse_if_draining()
         tensors, parts = [], []
@@ -125,14 +125,11 @@ class RemoteDataPlane:
         outputs = None
         if request.requested_outputs is not None:
             outputs = [[r.name, r.parameters or None] for r in request.requested_outputs]
-        trace = None
-        if link.tracing and trace_carrier is not None:
-            trace = dict(trace_carrier())
-            trace["t0"] = time.time_ns()
+        trace = dict(trace_carrier()) if link.tracing and trace_carrier is not None else None
         rid = link.pending.next_rid()
         message = [wire.INFER, rid, request.model_name, str(request.model_version or ""), request.id,
                    request.parameters or None, tensors, outputs, flags, request.deadline, trace]
-        return rid, block, message  # type: ignore[return-value]
+        return rid, block, message
 
     def _response(self, reply: list[Any]) -> InferenceResponse:
         """An InferenceResponse that owns its arrays (copied out), the output block released."""
@@ -143,7 +140,7 @@ class RemoteDataPlane:
             count = int(np.prod(shape)) if shape else 1
             if offset == wire.NOT_IN_ARENA:  # written to the client's region: shape and type only
                 arrays[name] = np.empty(shape, dtype=dtype.numpy if dtype.numpy is not None else np.object_)
-            elif datatype == "BYTES":
+            elif datatype == "BYTES" or dtype.numpy is None:
                 arrays[name] = decode_bytes(outputs.read(offset, nbytes), count, name).reshape(shape)
             else:
                 arrays[name] = outputs.array(dtype.numpy, offset, count).reshape(shape).copy()
@@ -154,7 +151,7 @@ class RemoteDataPlane:
     async def infer(self, request: InferenceRequest, decoupled_error: str = DECOUPLED_UNARY,
                     trace_carrier: TraceCarrier | None = None) -> InferenceResponse:
         flags = 0 if decoupled_error == DECOUPLED_UNARY else wire.HTTP
-        rid, block, message = self._send(request, flags, trace_carrier)  # type: ignore[misc]
+        rid, block, message = self._send(request, flags, trace_carrier)
         pending = self.link.pending
         fut = pending.unary(rid, message, block)
         try:
@@ -166,7 +163,7 @@ class RemoteDataPlane:
 
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
         try:
-            rid, block, message = self._send(request, wire.STREAM, None)  # type: ignore[misc]
+            rid, block, message = self._send(request, wire.STREAM, None)
             stream = self.link.pending.stream(rid, message, block)
         except InferdError as exc:
             yield StreamResponse(error=exc, final=True)

@@ -121,7 +121,8 @@ class Supervisor:
         if failures:
             await self.stop(0.0)
             raise failures[0]
-        for link in results:  # type: ignore[assignment]
+        for link in results:
+            assert isinstance(link, Link)
             self._slots.append(asyncio.get_running_loop().create_task(self._watch(link), name=f"frontend {link.index}"))
 
     async def _spawn(self, index: int) -> Link:
@@ -233,7 +234,11 @@ class Supervisor:
             return
         fut = asyncio.get_running_loop().create_future()
         self._waits.add(fut)
-        handle = self.clock.call_at(when, lambda: fut.done() or fut.set_result(None))
+        def wake() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        handle = self.clock.call_at(when, wake)
         try:
             await fut
         finally:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import signal
 import socket
 import sys
-from typing import Any, Iterator
+from typing import Any
 
 log = logging.getLogger("inferd.frontend")
 
@@ -45,62 +44,33 @@ async def _start_grpc(link: Any, config: dict[str, Any]) -> tuple[Any, Any]:
     return server, health
 
 
-class _Uvicorn:
-    """uvicorn on a socket bound here (SO_REUSEPORT), kept away from the process's signals."""
-
-    def __init__(self, app: Any, sock: socket.socket) -> None:
-        import uvicorn
-
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self) -> Iterator[None]:
-                yield
-
-        config = uvicorn.Config(app, lifespan="off", log_config=None, log_level="warning", access_log=False,
-                                proxy_headers=False, server_header=False, ws="none", timeout_keep_alive=75)
-        self.server = Server(config)
-        self.task = asyncio.get_running_loop().create_task(self.server.serve(sockets=[sock]))
-
-    async def started(self) -> None:
-        while not self.server.started:  # uvicorn offers no event for this
-            if self.task.done():
-                raise SystemExit(f"cannot serve HTTP: {self.task.exception()!r}")
-            await asyncio.sleep(0.005)
-
-    async def stop(self, grace: float) -> None:
-        self.server.config.timeout_graceful_shutdown = max(grace, 0.0)
-        self.server.should_exit = True
-        try:
-            await asyncio.wait_for(asyncio.shield(self.task), timeout=grace + 2.0)
-        except asyncio.TimeoutError:
-            self.server.force_exit = True
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.task
-
-
 async def serve(index: int, channel_fd: int) -> int:
     from inferd.handoff import ports
     from inferd.handoff.link import WorkerLink
     from inferd.handoff.proxy import RemoteDataPlane
+    from inferd.server.asgi import AsgiServer
     from inferd.server.http_service import HttpFrontend
 
     loop = asyncio.get_running_loop()
     link = await WorkerLink.connect(socket.socket(fileno=channel_fd))
     config = link.config
     logging.getLogger().setLevel(config.get("log_level", logging.INFO))
+    def drain_on_signal() -> None:
+        if not link.drain_requested.done():
+            link.drain_requested.set_result(-1.0)  # -1: with the server's own grace
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda: link.drain_requested.done() or link.drain_requested.set_result(-1.0))
+        loop.add_signal_handler(sig, drain_on_signal)
     grpc_server = health = http = None
     if config["grpc"]:
         grpc_server, health = await _start_grpc(link, config["grpc"])
     if config["http"]:
         h = config["http"]
         app = HttpFrontend(RemoteDataPlane(link)).app()  # type: ignore[arg-type]
-        http = _Uvicorn(app, ports.listen(h["address"], h["port"], "HTTP"))
-        await http.started()
+        http = AsgiServer(app, h["address"], h["port"], "HTTP", sock=ports.listen(h["address"], h["port"], "HTTP"))
+        await http.start()
     link.hello()
-    grace = await link.drain_requested
+    grace: float | None = await link.drain_requested
     if grace is None:  # the core went away: nothing can be answered any more
         log.warning("frontend %d: the core went away; exiting", index)
         grace = 0.0

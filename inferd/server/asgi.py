@@ -52,8 +52,10 @@ def bind(host: str, port: int, what: str) -> socket.socket:
 class AsgiServer:
     """``app`` served on ``host:port``; :meth:`start` returns the bound port."""
 
-    def __init__(self, app: Any, host: str, port: int, what: str) -> None:
+    def __init__(self, app: Any, host: str, port: int, what: str, sock: socket.socket | None = None) -> None:
+        """``sock``: a socket bound already (a frontend worker's SO_REUSEPORT one); else bound here."""
         self.app = app
+        self._sock = sock
         self.host = host
         self.requested_port = port
         self.what = what
@@ -62,7 +64,7 @@ class AsgiServer:
         self._task: asyncio.Task | None = None
 
     async def start(self) -> int:
-        sock = bind(self.host, self.requested_port, self.what)
+        sock = self._sock or bind(self.host, self.requested_port, self.what)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self.app,
