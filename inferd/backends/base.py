@@ -17,8 +17,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from inferd._proto import model_config_pb2 as mc
-from inferd.config import ModelSignature, ModelSpec
+from inferd.config import ModelConfig, ModelSignature, ModelSpec
 from inferd.errors import ConfigError, InferdError, ModelExecutionError
 from inferd.types import InferenceRequest, InferenceResponse
 
@@ -175,9 +174,11 @@ class Backend(abc.ABC):
     def gpu_available(self) -> bool:
         return False
 
-    def complete_config(self, config: mc.ModelConfig, model_file: Path) -> None:
+    def complete_config(self, config: ModelConfig, model_file: Path) -> None:
         """Complete or check ``config`` in place before validation (the Python
-        backend runs a model's ``auto_complete_config`` here). Blocking."""
+        backend runs a model's ``auto_complete_config`` here). Blocking. The one
+        place a backend sees the protobuf: it runs inside the config pipeline
+        (:func:`inferd.config.prepare_config`); instances get the plain ModelSpec."""
 
     @abc.abstractmethod
     def create_instance(self, spec: ModelSpec, instance: InstanceSpec) -> ModelInstance:

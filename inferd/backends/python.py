@@ -70,15 +70,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-from google.protobuf import json_format
 
 import triton_python_backend_utils as pb_utils
-from inferd._proto import model_config_pb2 as mc
 from inferd.backends.base import (
     Backend, BatchResult, ExecutionTimes, InferenceDispatcher, InstanceSpec, ModelInstance, RequestInputs,
 )
-from inferd.config import ModelSpec, message_to_dict
-from inferd.config._sequence import sequence_tensor_names
+from inferd.config import ModelConfig, ModelSpec, config_from_dict, message_to_dict
 from inferd.errors import (
     AlreadyExists, Cancelled, ConfigError, InferdError, InvalidArgument, ModelExecutionError, NotFound,
     Unavailable, Unimplemented,
@@ -157,7 +154,7 @@ class PythonBackend(Backend):
                     pass
         return self._gpu
 
-    def complete_config(self, config: mc.ModelConfig, model_file: Path) -> None:
+    def complete_config(self, config: ModelConfig, model_file: Path) -> None:
         name = config.name
         module = _load_module(name, model_file, "autocomplete")
         try:
@@ -176,10 +173,9 @@ class PythonBackend(Backend):
             finally:
                 _leave()
             completed = (result if result is not None else holder).as_dict()
-            fresh = mc.ModelConfig()
             try:
-                json_format.ParseDict(completed, fresh)
-            except (json_format.ParseError, TypeError, ValueError) as exc:
+                fresh = config_from_dict(completed)
+            except ValueError as exc:
                 raise ConfigError(
                     f"model '{name}': auto_complete_config produced an invalid config: {exc}"
                 ) from None
@@ -214,7 +210,7 @@ class PythonInstance(ModelInstance):
             self._model = cls()
             self._execute = self._model.execute
             args = {
-                "model_config": json.dumps(message_to_dict(spec.config)),
+                "model_config": json.dumps(spec.config_dict()),
                 "model_instance_kind": "GPU" if instance.device.kind == "cuda" else "CPU",
                 "model_instance_name": instance.name,
                 "model_instance_device_id": str(instance.device.index),
@@ -241,8 +237,8 @@ class PythonInstance(ModelInstance):
         outputs = list(spec.outputs)
         self._all_outputs = outputs
         # A sequence model's state outputs are read back by the sequence batcher.
-        self._known_outputs = set(outputs) | sequence_tensor_names(spec.config)[1]
-        self._decoupled = bool(spec.config.model_transaction_policy.decoupled)
+        self._known_outputs = set(outputs) | {s.output for s in (spec.sequence.states if spec.sequence else ())}
+        self._decoupled = spec.decoupled
         self._warned_return = False
 
     # -- execution -------------------------------------------------------------------

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from inferd.dtypes import DataType, decode_bytes
-from inferd.errors import AlreadyExists, InvalidArgument, NotFound, Unimplemented
+from inferd.errors import AlreadyExists, InvalidArgument, NotFound
 from inferd.types import InferenceRequest, SharedTensor, ShmRef
 
 SHM_DIR = Path("/dev/shm")
@@ -240,27 +240,3 @@ class RegionSlice:
 
     def write(self, data: np.ndarray | bytes, where: str) -> None:
         self.region.write(data, self.offset, self.byte_size, where)
-
-
-# -- CUDA shared memory ------------------------------------------------------------
-
-
-def cuda_available() -> bool:
-    try:
-        import torch  # the only CUDA-aware library the server may have
-
-        return bool(torch.cuda.is_available())
-    except Exception:
-        return False
-
-
-def cuda_register_error(name: str) -> Unimplemented:
-    if not cuda_available():
-        return Unimplemented(
-            f"CUDA shared memory region '{name}': this server has no CUDA device; "
-            "use system shared memory (SystemSharedMemoryRegister) instead"
-        )
-    return Unimplemented(
-        f"CUDA shared memory region '{name}': CUDA shared memory is not supported by this inferd version; "
-        "use system shared memory (SystemSharedMemoryRegister) instead"
-    )

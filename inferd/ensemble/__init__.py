@@ -13,10 +13,8 @@ from inferd.ensemble.graph import (
     Step,
     build_graph,
     check_against_models,
-    check_ensemble_config,
     dependents,
     find_cycle,
-    is_ensemble,
     load_order,
 )
 from inferd.ensemble.scheduler import EnsembleScheduler
@@ -28,9 +26,7 @@ __all__ = [
     "Step",
     "build_graph",
     "check_against_models",
-    "check_ensemble_config",
     "dependents",
     "find_cycle",
-    "is_ensemble",
     "load_order",
 ]

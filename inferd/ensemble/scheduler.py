@@ -20,10 +20,10 @@ from inferd.clock import Clock, MonotonicClock
 from inferd.config import ModelSpec
 from inferd.ensemble.graph import EnsembleGraph, Step
 from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError, Unavailable
+from inferd.model import Model, ModelLookup, run_model
 from inferd.observability.stats import ModelStats
 from inferd.observability.tracing import ensemble_step
 from inferd.scheduling.base import Inflight, Scheduler
-from inferd.model import Model, ModelLookup, run_model
 from inferd.types import InferenceRequest, RequestedOutput
 
 

@@ -19,7 +19,7 @@ from typing import AsyncIterator, Callable
 from inferd.clock import Clock, MonotonicClock
 from inferd.errors import InferdError, Unimplemented
 from inferd.model.model import Model
-from inferd.model.path import run_model, stream_model
+from inferd.model.path import response, run_model, stream_model
 from inferd.streaming import StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse
 
@@ -30,11 +30,9 @@ ModelLookup = Callable[[str, int], Model]
 DECOUPLED_UNARY = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
 
-async def infer(lookup: ModelLookup, request: InferenceRequest, clock: Clock,
-                decoupled_error: str = DECOUPLED_UNARY) -> InferenceResponse:
-    """Run one request on the model it names. ``request.trace``, when set, is
-    ended here on every path; outputs requested into shared memory are written
-    there. ``decoupled_error``: the caller's words refusing a decoupled model."""
+def find(lookup: ModelLookup, request: InferenceRequest, decoupled_error: str = DECOUPLED_UNARY) -> Model:
+    """The model a one-response request names. A failure ends ``request.trace``;
+    ``decoupled_error``: the caller's words refusing a decoupled model."""
     trace = request.trace
     try:
         model = lookup(request.model_name, request.model_version)
@@ -43,12 +41,19 @@ async def infer(lookup: ModelLookup, request: InferenceRequest, clock: Clock,
             trace.end(exc)
         raise
     if model.decoupled:
-        exc = Unimplemented(decoupled_error)
+        refused = Unimplemented(decoupled_error)
         if trace is not None:
-            trace.end(exc)
-        raise exc
-    result = await run_model(model, request, clock)
-    return InferenceResponse(model_name=model.spec.name, model_version=model.version, outputs=result, id=request.id)
+            trace.end(refused)
+        raise refused
+    return model
+
+
+async def infer(lookup: ModelLookup, request: InferenceRequest, clock: Clock,
+                decoupled_error: str = DECOUPLED_UNARY) -> InferenceResponse:
+    """Run one request on the model it names (:func:`find`, then its path). ``request.trace``,
+    when set, is ended here on every path; outputs requested into shared memory are written there."""
+    model = find(lookup, request, decoupled_error)
+    return response(model, request, await run_model(model, request, clock))
 
 
 async def infer_stream(lookup: ModelLookup, request: InferenceRequest, clock: Clock) -> AsyncIterator[StreamResponse]:

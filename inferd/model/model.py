@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferd._proto import model_config_pb2 as mc
 from inferd.config import ModelSpec
 from inferd.observability.stats import ModelStats
 from inferd.scheduling.base import Scheduler
@@ -23,7 +22,3 @@ class Model:
     @property
     def name(self) -> str:
         return self.spec.name
-
-    @property
-    def config(self) -> mc.ModelConfig:
-        return self.spec.config

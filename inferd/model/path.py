@@ -68,7 +68,7 @@ async def stream_model(model: Model, request: InferenceRequest, clock: Clock) ->
         except InferdError as exc:
             yield StreamResponse(error=exc, final=True)
             return
-        yield StreamResponse(response=_response(model, request, result), final=True)
+        yield StreamResponse(response=response(model, request, result), final=True)
         return
     start = time.perf_counter_ns()
     try:
@@ -106,7 +106,7 @@ async def stream_model(model: Model, request: InferenceRequest, clock: Clock) ->
                     failure = failure or exc
                     yield StreamResponse(error=exc, final=event.final)
                 else:
-                    yield StreamResponse(response=_response(model, request, result), final=event.final)
+                    yield StreamResponse(response=response(model, request, result), final=event.final)
             else:
                 yield StreamResponse(final=True)
             if event.final:
@@ -155,7 +155,8 @@ def _record_failure(model: Model, request: InferenceRequest, clock: Clock, start
         request.trace.end(error)
 
 
-def _response(model: Model, request: InferenceRequest, outputs: dict[str, np.ndarray]) -> InferenceResponse:
+def response(model: Model, request: InferenceRequest, outputs: dict[str, np.ndarray]) -> InferenceResponse:
+    """The response carrying ``outputs`` (as :func:`run_model` returns them) for ``request``."""
     return InferenceResponse(model_name=model.spec.name, model_version=model.version, outputs=outputs, id=request.id)
 
 

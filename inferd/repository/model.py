@@ -1,4 +1,5 @@
-"""A loaded model version: its spec, instances, scheduler and statistics."""
+"""Building a loaded model version (:class:`inferd.model.Model`): its instances,
+warm-up, scheduler and statistics, from the plain :class:`ModelSpec`."""
 
 from __future__ import annotations
 
@@ -7,11 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from inferd._proto import model_config_pb2 as mc
 from inferd.backends import Backend, Device, InferenceDispatcher, InstanceSpec
 from inferd.clock import Clock
-from inferd.config import ModelSpec
-from inferd.config._sequence import sequence_policy
+from inferd.config import KIND_AUTO, KIND_CPU, KIND_GPU, ModelSpec
 from inferd.errors import ConfigError
 from inferd.model import Model
 from inferd.observability.stats import ModelStats
@@ -26,16 +25,14 @@ from inferd.scheduling.sequence import SequenceScheduler, sequence_sample
 def instance_specs(spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path,
                    dispatcher: InferenceDispatcher | None = None) -> list[InstanceSpec]:
     """One InstanceSpec per instance that ``instance_group`` asks for."""
-    config = spec.config
-    groups = list(config.instance_group)
     devices: list[tuple[str, Device]] = []
-    for gi, group in enumerate(groups):
+    for gi, group in enumerate(spec.instance_groups):
         count = group.count or 1
         kind = group.kind
-        if kind == mc.ModelInstanceGroup.KIND_AUTO:
-            kind = mc.ModelInstanceGroup.KIND_GPU if backend.gpu_available() else mc.ModelInstanceGroup.KIND_CPU
+        if kind == KIND_AUTO:
+            kind = KIND_GPU if backend.gpu_available() else KIND_CPU
         base = group.name or f"{spec.name}_{gi}"
-        if kind == mc.ModelInstanceGroup.KIND_GPU:
+        if kind == KIND_GPU:
             if not backend.gpu_available():
                 raise ConfigError(
                     f"model '{spec.name}': instance_group[{gi}] asks for KIND_GPU but backend "
@@ -77,14 +74,14 @@ def build_model(
     """Create every instance and the scheduler; blocking (runtimes load here).
     ``dispatcher``: how the instances reach other models (BLS); None outside a server."""
     params = spec.params
-    policy = batching_policy(spec.config, aging_us=params.priority_aging_microseconds,
+    policy = batching_policy(spec.max_batch_size, spec.dynamic_batching, aging_us=params.priority_aging_microseconds,
                              split=params.split_large_requests)
-    sequence = sequence_policy(spec.config, model_dir)  # None without sequence_batching
+    sequence = spec.sequence  # None without sequence_batching
     instances = []
     try:
         for ispec in instance_specs(spec, backend, model_dir, version, model_file, dispatcher):
             instances.append(backend.create_instance(spec, ispec))
-        if spec.config.model_warmup:  # before the version can report ready
+        if spec.warmup:  # before the version can report ready
             samples = warmup_samples(spec, model_dir)
             for instance in instances:
                 run_warmup(spec, instance, samples)
@@ -108,4 +105,4 @@ def build_model(
     else:
         scheduler = BatchScheduler(spec.name, policy, workers, list(spec.outputs), stats, clock)
     return Model(spec=spec, version=version, scheduler=scheduler, stats=stats, model_dir=model_dir,
-                 decoupled=bool(spec.config.model_transaction_policy.decoupled))
+                 decoupled=spec.decoupled)

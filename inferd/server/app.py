@@ -20,6 +20,7 @@ from pathlib import Path
 
 import grpc
 
+from inferd.dataplane import DataPlane
 from inferd.errors import InferdError
 from inferd.observability.log_settings import LogSettings
 from inferd.observability.metrics import ServerMetrics
@@ -27,7 +28,6 @@ from inferd.observability.tracing import Tracing
 from inferd.repository import ModelManager
 from inferd.repository.control import RepositoryPoller
 from inferd.server.asgi import AsgiServer
-from inferd.dataplane import DataPlane
 from inferd.server.grpc_service import InferenceServicer, add_to_server
 from inferd.server.health import Health, enable_reflection
 from inferd.server.http_service import HttpFrontend

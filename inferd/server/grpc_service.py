@@ -16,7 +16,7 @@ import grpc
 from inferd._proto import grpc_service_pb2 as pb
 from inferd._proto import grpc_service_pb2_grpc as pb_grpc
 from inferd.clock import Clock, MonotonicClock
-from inferd.dataplane import DataPlaneAPI, shared_memory
+from inferd.dataplane import DataPlaneAPI
 from inferd.errors import InferdError, NotFound, Unimplemented
 from inferd.server import codec
 from inferd.server.status import grpc_status
@@ -252,7 +252,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request, context):  # type: ignore[no-untyped-def]
-        await self._abort(context, shared_memory.cuda_register_error(request.name))
+        await self._abort(context, codec.cuda_register_error(request.name))
 
     async def CudaSharedMemoryUnregister(self, request, context):  # type: ignore[no-untyped-def]
         # Clients clear every region at start-up; there is none to clear.

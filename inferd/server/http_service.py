@@ -24,10 +24,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from inferd.config import message_to_dict
-from inferd.dataplane import DataPlaneAPI, shared_memory
+from inferd.dataplane import DataPlaneAPI
 from inferd.errors import InferdError, InvalidArgument, NotFound, Unimplemented
 from inferd.server import http_codec
-from inferd.server.codec import parse_version
+from inferd.server.codec import cuda_register_error, parse_version
 from inferd.server.status import http_status
 
 # Triton's words for an HTTP inference request to a decoupled model (clients match on them).
@@ -270,7 +270,7 @@ class HttpFrontend:
         return json_response([])
 
     async def cuda_register(self, request: Request) -> Response:
-        raise shared_memory.cuda_register_error(request.path_params["region"])
+        raise cuda_register_error(request.path_params["region"])
 
     async def cuda_unregister(self, request: Request) -> Response:
         return Response(status_code=200)  # clients clear every region at start-up; there is none
