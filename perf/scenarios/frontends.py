@@ -1,0 +1,109 @@
+"""Frontend workers (issue 12): perf_analyzer over gRPC against the bare echo servicer (one
+    process), inferd --frontend-workers 0 (one process) and inferd --frontend-workers 2 (a core and
+    two workers), in one run: identity_fp32 (16 floats) and mlp (256 -> 1024 -> 256), both with
+    dynamic_batching {}, at concurrency 16, and identity at concurrency 1. Next to each figure, the
+    CPU per inference of each server process (perf/proc_cpu.py: /proc utime+stime over the
+    perf_analyzer run, divided by the server's ModelStatistics inference count). perf_analyzer
+    runs on the same two cores, and the machine was shared with other engineers' builds and tests."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import asdict
+
+ECHO = "echo servicer (one process)"
+MODES = (("inferd --frontend-workers 0", 0), ("inferd --frontend-workers 2", 2))
+LOADS = (("identity_fp32", 16, "INPUT0:16"), ("mlp", 16, None), ("identity_fp32", 1, "INPUT0:16"))
+
+
+def _start(repo, workers: int):  # type: ignore[no-untyped-def]
+    from perf.bench import Proc, free_port
+
+    port = free_port()
+    proc = Proc([sys.executable, "-m", "inferd.cli", "serve", "--model-repository", str(repo),
+                 "--grpc-address", "127.0.0.1", "--grpc-port", str(port), "--http-address", "127.0.0.1",
+                 "--http-port", "0", "--metrics-port", "0", "--frontend-workers", str(workers)],
+                "inferd: ready", f"inferd-w{workers}")
+    return proc, f"127.0.0.1:{port}"
+
+
+def _measure(label: str, proc, url: str, model: str, c: int, shape: str | None) -> dict:  # type: ignore[no-untyped-def]
+    from perf.bench import run_pa
+    from perf.proc_cpu import CpuMeter, statistics_count
+
+    meter = CpuMeter(proc.proc.pid, statistics_count(url))
+    before = meter.sample()
+    m = run_pa(label, model, url, c, shape=shape, window_ms=3000)
+    cpu = meter.since(before)
+    core = cpu.per_inference_us("core")
+    frontends = cpu.per_inference_us("frontend")
+    m.note = (f"CPU/inference: {'core' if frontends else 'process'} {core:.0f} us"
+              + (f", frontends {frontends:.0f} us" if frontends else "") + f", all {cpu.per_inference_us():.0f} us")
+    out = asdict(m)
+    out["model"] = model
+    out["cpu"] = cpu.as_dict()
+    out["core_us"], out["frontends_us"], out["all_us"] = core, frontends, cpu.per_inference_us()
+    return out
+
+
+def run(quick: bool) -> dict:
+    from perf.bench import bench_repository, start_echo
+
+    repo = bench_repository(big=False)
+    out: dict = {"measures": [], "ceilings": {}}
+    load = [os.getloadavg()[0]]
+    echo, echo_url = start_echo()
+    try:
+        for model, c, shape in LOADS:
+            if model == "identity_fp32":
+                out["measures"].append(_measure(ECHO, echo, echo_url, model, c, shape))
+    finally:
+        echo.stop()
+    for label, workers in MODES:
+        server, url = _start(repo, workers)
+        try:
+            for model, c, shape in LOADS:
+                out["measures"].append(_measure(f"{label} {model}", server, url, model, c, shape))
+        finally:
+            server.stop()
+    load.append(os.getloadavg()[0])
+    out["notes"] = (f"Load average (1 min) {load[0]:.1f} before the run and {load[1]:.1f} after it, on 2 cores: "
+                    "other engineers' test suites ran meanwhile. No GPU machine was available to this work, so the "
+                    "1/2/4/8-frontend scaling at concurrency 64 on 16 cores was not measured.")
+    return out
+
+
+def _find(result: dict, label: str, c: int) -> dict | None:
+    for m in result["measures"]:
+        if m["label"] == label and m["concurrency"] == c:
+            return m
+    return None
+
+
+def ratios(result: dict) -> dict:
+    r: dict = {}
+    echo16, echo1 = _find(result, ECHO, 16), _find(result, ECHO, 1)
+    for label, workers in MODES:
+        ident16 = _find(result, f"{label} identity_fp32", 16)
+        mlp16 = _find(result, f"{label} mlp", 16)
+        ident1 = _find(result, f"{label} identity_fp32", 1)
+        if not (ident16 and echo16 and echo16["infer_per_s"] and echo16["all_us"]):
+            continue
+        tag = f"{workers} workers"
+        if workers:
+            r[f"{tag}: core CPU per inference, identity c=16 (target <= 60 us)"] = (
+                f"{ident16['core_us']:.0f} us (mlp: {mlp16['core_us']:.0f} us)" if mlp16 else f"{ident16['core_us']:.0f} us")
+            r[f"{tag}: frontend CPU per inference / echo's, identity c=16 (target <= 1.15x)"] = (
+                f"{ident16['frontends_us'] / echo16['all_us']:.2f}x ({ident16['frontends_us']:.0f} vs "
+                f"{echo16['all_us']:.0f} us)")
+        else:
+            r[f"{tag}: process CPU per inference / echo's, identity c=16"] = (
+                f"{ident16['all_us'] / echo16['all_us']:.2f}x ({ident16['all_us']:.0f} vs {echo16['all_us']:.0f} us)")
+        r[f"{tag}: throughput / echo's, identity c=16 (target >= 1.0x)"] = (
+            f"{ident16['infer_per_s'] / echo16['infer_per_s']:.2f}x ({ident16['infer_per_s']:,.0f} vs "
+            f"{echo16['infer_per_s']:,.0f}/s; mlp {mlp16['infer_per_s']:,.0f}/s)" if mlp16 else "")
+        if ident1 and echo1 and echo1["p50_us"]:
+            r[f"{tag}: p50 - echo's p50, identity c=1 (target <= 150 us)"] = (
+                f"{ident1['p50_us'] - echo1['p50_us']:+.0f} us ({ident1['p50_us']:.0f} vs {echo1['p50_us']:.0f} us)")
+    return r
