@@ -49,7 +49,7 @@ def request_from(msg: list[Any], inputs: Arena) -> InferenceRequest:
             count = 1
             for d in dims:
                 count *= d
-            if dtype.numpy is None or nbytes != count * dtype.itemsize:
+            if dtype.name == "BYTES" or dtype.numpy is None or nbytes != count * dtype.itemsize:
                 # BYTES (decoded from its framing), or a size or type the one-process codec refuses, in its words
                 arrays[name] = codec.array_from_raw(inputs.view(offset, nbytes), dtype, dims, where)  # type: ignore[arg-type]
             else:

@@ -1,6 +1,6 @@
 """Frontend workers (issue 12): perf_analyzer over gRPC against the bare echo servicer (one
-    process), inferd --frontend-workers 0 (one process) and inferd --frontend-workers 2 (a core and
-    two workers), in one run: identity_fp32 (16 floats) and mlp (256 -> 1024 -> 256), both with
+    process), inferd --frontend-workers 0 (one process), 1 (this machine's default) and 2 (a core
+    and two workers), in one run: identity_fp32 (16 floats) and mlp (256 -> 1024 -> 256), both with
     dynamic_batching {}, at concurrency 16, and identity at concurrency 1. Next to each figure, the
     CPU per inference of each server process (perf/proc_cpu.py: /proc utime+stime over the
     perf_analyzer run, divided by the server's ModelStatistics inference count). perf_analyzer
@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict
 
 ECHO = "echo servicer (one process)"
-MODES = (("inferd --frontend-workers 0", 0), ("inferd --frontend-workers 2", 2))
+MODES = (("inferd --frontend-workers 0", 0), ("inferd --frontend-workers 1", 1), ("inferd --frontend-workers 2", 2))
 LOADS = (("identity_fp32", 16, "INPUT0:16"), ("mlp", 16, None), ("identity_fp32", 1, "INPUT0:16"))
 
 
