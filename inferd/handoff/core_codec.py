@@ -31,12 +31,7 @@ def request_from(msg: list[Any], inputs: Arena) -> InferenceRequest:
     shared = False
     for name, datatype, shape, offset, nbytes, params in msg[wire.I_INPUTS]:
         where = f"input '{name}' for model '{model}'"
-        dtype = BY_NAME.get(datatype)
-        if dtype is None:
-            raise InvalidArgument(f"{where}: unknown data type '{datatype}'")
-        dims = tuple(shape)
-        if any(d < 0 for d in dims):
-            raise InvalidArgument(f"{where}: shape {list(dims)} has a negative dimension")
+        dtype, dims = codec.tensor_type(datatype, shape, where)
         if name in arrays:
             raise InvalidArgument(f"{where}: the input is given twice")
         if offset == wire.NOT_IN_ARENA:

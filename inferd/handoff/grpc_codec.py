@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from inferd._proto import grpc_service_pb2 as pb
-from inferd.dtypes import BY_NAME, encode_bytes
+from inferd.dtypes import encode_bytes
 from inferd.errors import InvalidArgument
 from inferd.handoff import wire
 from inferd.handoff.arena import Arena, ArenaWriter
@@ -80,15 +80,10 @@ def infer_message(rid: int, msg: pb.ModelInferRequest, inputs: ArenaWriter, flag
 
 def _contents_bytes(model: str, t: pb.ModelInferRequest.InferInputTensor) -> bytes:
     """Typed ``contents`` as the bytes raw contents would have carried."""
-    from inferd.server.codec import array_from_contents
+    from inferd.server.codec import array_from_contents, tensor_type
 
     where = f"input '{t.name}' for model '{model}'"
-    dtype = BY_NAME.get(t.datatype)
-    if dtype is None:
-        raise InvalidArgument(f"{where}: unknown data type '{t.datatype}'")
-    shape = tuple(t.shape)
-    if any(d < 0 for d in shape):
-        raise InvalidArgument(f"{where}: shape {list(shape)} has a negative dimension")
+    dtype, shape = tensor_type(t.datatype, t.shape, where)
     array = array_from_contents(t, dtype, shape, where)
     return encode_bytes(array) if dtype.name == "BYTES" else array.tobytes()
 
