@@ -35,7 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PERF = ROOT / "perf"
 RESULTS_DIR = PERF / "results"
 OUT = PERF / "out"
-PERF_ANALYZER = ROOT.parent / "shared" / "tools" / "perf_analyzer"
+# ../shared next to a checkout; a worktree under /work/wt/NAME finds /work/shared one level further up.
+PERF_ANALYZER = next((p / "shared" / "tools" / "perf_analyzer" for p in (ROOT.parent, ROOT.parent.parent)
+                      if (p / "shared" / "tools" / "perf_analyzer").exists()),
+                     ROOT.parent / "shared" / "tools" / "perf_analyzer")
 
 
 # -- processes ---------------------------------------------------------------
@@ -121,13 +124,14 @@ def perf_analyzer_available() -> bool:
 
 def run_pa(label: str, model: str, url: str, concurrency: int, *, shape: str | None = None,
            batch: int = 1, window_ms: int = 2000, extra: list[str] | None = None,
-           protocol: str = "grpc", cpus: str | None = None) -> Measure:
-    """One perf_analyzer run at one concurrency; medians of its stable windows."""
+           protocol: str = "grpc", cpus: str | None = None, stability: int = 15) -> Measure:
+    """One perf_analyzer run at one concurrency; medians of its stable windows (``stability``:
+    perf_analyzer's percentage; a loaded machine needs a wider one to give a figure at all)."""
     with tempfile.TemporaryDirectory() as tmp:
         csv_path = Path(tmp) / "pa.csv"
         args = [*pinned(cpus), str(PERF_ANALYZER), "-m", model, "-u", url, "-i", protocol,
                 "--concurrency-range", str(concurrency), "-b", str(batch), "-p", str(window_ms),
-                "--max-trials", "8", "-s", "15", "-f", str(csv_path)]
+                "--max-trials", "8", "-s", str(stability), "-f", str(csv_path)]
         if shape:
             args += ["--shape", shape]
         args += extra or []
@@ -137,7 +141,7 @@ def run_pa(label: str, model: str, url: str, concurrency: int, *, shape: str | N
             if r.returncode == 0 and csv_path.exists():
                 break
             note = "unstable: " + (r.stdout + r.stderr).strip().splitlines()[-1][:120] if (r.stdout + r.stderr).strip() else "failed"
-            args[args.index("-s") + 1] = "30"
+            args[args.index("-s") + 1] = str(max(30, stability))
         else:
             return Measure(label, concurrency, batch, 0.0, 0.0, 0.0, note=note)
         with open(csv_path) as fh:
