@@ -72,20 +72,22 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--frontend-workers", type=int, default=None, metavar="N",
                    help="processes that serve the gRPC and HTTP ports (SO_REUSEPORT) and hand each request to "
                         "this process, which runs the models: 0 serves everything in one process. Default: "
-                        f"half the cores, at least 1 (here {default_frontend_workers()})")
+                        f"half the cores, at least 2 (here {default_frontend_workers()})")
     p.add_argument("--port-file", type=Path, default=None,
                    help='once ready, write the bound ports to this file as JSON: {"grpc": P, "http": P, '
                         '"metrics": P}, null for a frontend that is off (for tests and scripts)')
 
 
 def default_frontend_workers(cores: int | None = None) -> int:
-    """Half the cores, at least one, at most 16. A frontend spends ~0.45 ms of CPU per gRPC call
-    (the grpc.aio transport) against the core's ~0.05 ms, so the wire needs most cores; the other
-    half is left to the models' runtimes and their threads."""
+    """Half the cores, at least two, at most 16. A worker spends most of a request's CPU (the
+    grpc.aio transport: 2-3x the core's share, perf/RESULTS.md), so the wire gets cores of its own;
+    the other half is left to the core and the models' runtime threads. At least two so that the
+    ports keep a listener while a dead worker restarts, and so that a 2-core machine uses both
+    cores for the wire (the most throughput there, perf/RESULTS.md ``frontends``)."""
     import os
 
     cores = cores or len(os.sched_getaffinity(0)) or 1
-    return max(1, min(16, cores // 2))
+    return max(2, min(16, cores // 2))
 
 
 def _check_parser(sub: argparse._SubParsersAction) -> None:
