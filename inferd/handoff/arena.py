@@ -29,14 +29,17 @@ from typing import Sequence
 
 import numpy as np
 
+from inferd.errors import Unavailable
+
 ALIGN = 64  # every tensor starts on a cache line: runtimes read tensors through typed, aligned pointers
 MIN_ORDER = 6  # 64-byte blocks
 RELEASE_BYTES = 1 << 20  # freed blocks at least this large give their pages back to the kernel
 Buffer = bytes | memoryview | np.ndarray  # anything with len() in bytes: a flat uint8 array, bytes, a byte view
 
 
-class ArenaFull(Exception):
-    """No free block is large enough (too much in flight, or one tensor larger than the arena)."""
+class ArenaFull(Unavailable):
+    """No free block is large enough (too much in flight, or one tensor larger than the arena):
+    the request is refused as a retryable UNAVAILABLE."""
 
 
 class BuddyAllocator:
@@ -77,7 +80,8 @@ class BuddyAllocator:
         while order <= self.max_order and not free[order]:
             order += 1
         if order > self.max_order:
-            raise ArenaFull(f"no free block of {1 << want} bytes (of {self.size}; {self.used_bytes} in use)")
+            raise ArenaFull(f"the frontend's hand-off arena has no free block of {1 << want} bytes "
+                            f"({self.used_bytes} of {self.size} in use); retry later or send smaller requests")
         offset, _ = free[order].popitem()
         while order > want:  # keep the lower half, free the upper
             order -= 1

@@ -15,7 +15,7 @@ import logging
 import pickle
 from typing import Any, Callable
 
-from inferd.errors import Cancelled, InferdError
+from inferd.errors import InferdError
 from inferd.handoff import wire
 from inferd.handoff.core_codec import request_from, response_message
 from inferd.handoff.supervisor import Link
@@ -23,6 +23,7 @@ from inferd.model import DECOUPLED_UNARY
 from inferd.server.http_service import DECOUPLED_HTTP
 
 log = logging.getLogger(__name__)
+CANCELLED = "the request was cancelled"  # the final answer to a CANCEL: the worker's client has gone
 
 
 def error_kind(exc: BaseException) -> tuple[str, str]:
@@ -94,7 +95,7 @@ class CoreEndpoint:
             message = response_message(rid, True, response, request.requested_outputs, self.outputs)
         except asyncio.CancelledError:
             request.cancelled = True
-            message = [wire.ERROR, rid, True, "Cancelled", "the request was cancelled"]
+            message = [wire.ERROR, rid, True, "Cancelled", CANCELLED]
         except Exception as exc:
             message = [wire.ERROR, rid, True, *error_kind(exc)]
         finally:
@@ -123,7 +124,7 @@ class CoreEndpoint:
         finally:
             del self.tasks[rid]
         if not ended:
-            self._send([wire.ERROR, rid, True, "Cancelled", Cancelled("the request was cancelled").message])
+            self._send([wire.ERROR, rid, True, "Cancelled", CANCELLED])
 
     def _send(self, message: list[Any]) -> None:
         if self._gone:

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+from inferd.errors import Unavailable
 from inferd.handoff.arena import ALIGN, Arena, ArenaFull, ArenaWriter, BuddyAllocator
 
 
@@ -54,8 +55,9 @@ def test_a_freed_block_is_reused_first() -> None:
 
 def test_full_arena_and_oversized_request_raise_arena_full() -> None:
     a = BuddyAllocator(1 << 12)
-    with pytest.raises(ArenaFull, match="8192 bytes"):
+    with pytest.raises(ArenaFull, match="no free block of 8192 bytes") as exc:
         a.alloc(5000)
+    assert isinstance(exc.value, Unavailable)  # a client sees a retryable UNAVAILABLE
     blocks = [a.alloc(1024) for _ in range(4)]
     with pytest.raises(ArenaFull):
         a.alloc(1)
@@ -114,7 +116,8 @@ def test_another_process_reads_and_writes_the_same_memory() -> None:
         block, (off,) = w.put([x.tobytes()])
         code = (
             "import sys, numpy as np\n"
-            "from inferd.handoff.arena import Arena\n"
+            "from inferd.errors import Unavailable
+from inferd.handoff.arena import Arena\n"
             "fd, size, off = map(int, sys.argv[1:])\n"
             "a = Arena(fd, size)\n"
             "x = a.array(np.dtype(np.float32), off, 16)\n"
