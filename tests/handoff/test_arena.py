@@ -116,8 +116,7 @@ def test_another_process_reads_and_writes_the_same_memory() -> None:
         block, (off,) = w.put([x.tobytes()])
         code = (
             "import sys, numpy as np\n"
-            "from inferd.errors import Unavailable
-from inferd.handoff.arena import Arena\n"
+            "from inferd.handoff.arena import Arena\n"
             "fd, size, off = map(int, sys.argv[1:])\n"
             "a = Arena(fd, size)\n"
             "x = a.array(np.dtype(np.float32), off, 16)\n"
