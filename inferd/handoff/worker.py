@@ -55,6 +55,7 @@ async def serve(index: int, channel_fd: int) -> int:
     link = await WorkerLink.connect(socket.socket(fileno=channel_fd))
     config = link.config
     logging.getLogger().setLevel(config.get("log_level", logging.INFO))
+
     def drain_on_signal() -> None:
         if not link.drain_requested.done():
             link.drain_requested.set_result(-1.0)  # -1: with the server's own grace
