@@ -366,6 +366,6 @@ def test_the_core_killed_takes_its_frontends_and_frees_the_ports(example_reposit
     server.proc.wait(30)
     assert _until(lambda: not group_members(server.proc.pid), 30), group_members(server.proc.pid)
     for port in (server.port, server.http_port):
-        with socket.socket() as s, pytest.raises(ConnectionRefusedError):
-            s.connect(("127.0.0.1", port))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free: nothing of the server's holds it any more
     server.stop()

@@ -13,6 +13,7 @@ one-process server does, with nothing left in flight from outside.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from typing import Any
@@ -84,11 +85,14 @@ class MultiProcessServer(InferenceServer):
                 link.channel.send([wire.STATE, {"tracing": self._tracing_sent}])
         return result
 
-    async def stop(self) -> None:
-        """Drain every worker (each answers what it accepted), then stop the core."""
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain every worker (each answers what it accepted), then stop the core; the whole
+        stop waits for requests ``grace`` seconds (the options' by default) in all."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.options.grace_seconds if grace is None else grace)
         if self.supervisor is not None:
-            await self.supervisor.stop(self.options.grace_seconds)
+            await self.supervisor.stop(max(deadline - loop.time(), 0.0))
         for sock in self._reserved:
             sock.close()
         self._reserved.clear()
-        await super().stop()
+        await super().stop(max(deadline - loop.time(), 0.0))

@@ -80,17 +80,21 @@ async def serve(index: int, channel_fd: int) -> int:
     link.draining = True
     if health is not None:
         health.drain()  # NOT_SERVING at once; Watch streams are told
+    deadline = loop.time() + grace
     try:
         await asyncio.wait_for(link.pending.idle(), timeout=grace)
     except asyncio.TimeoutError:
         log.warning("frontend %d: %d requests still unanswered after %.1f s", index, len(link.pending), grace)
     if health is not None:
         health.close()
+    # What is left of the grace (at most a second) lets the last answers and control calls finish;
+    # past it the ports close and what is still running is cut off.
+    left = min(max(deadline - loop.time(), 0.0), 1.0)
     closing = []
     if grpc_server is not None:
-        closing.append(grpc_server.stop(1.0))
+        closing.append(grpc_server.stop(left))
     if http is not None:
-        closing.append(http.stop(1.0))
+        closing.append(http.stop(left))
     await asyncio.gather(*closing)
     link.channel.close()
     return 0

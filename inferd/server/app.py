@@ -163,15 +163,16 @@ class InferenceServer:
         await self.health.start()
         log.info("serving gRPC on %s:%d", self.options.address, self.grpc_port)
 
-    async def stop(self) -> None:
-        """Graceful stop: not ready at once, refuse new work, let accepted requests finish, release models."""
+    async def stop(self, grace: float | None = None) -> None:
+        """Graceful stop: not ready at once, refuse new work, let accepted requests finish (for ``grace``
+        seconds, the options' by default), release models."""
         self.dataplane.drain()
         if self.poller is not None:
             await self.poller.stop()
         if self.health is not None:
             self.health.drain()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.options.grace_seconds
+        deadline = loop.time() + (self.options.grace_seconds if grace is None else grace)
         # The ports stay open meanwhile: health, readiness and metadata answer, inference is refused.
         while self.dataplane.inflight() and loop.time() < deadline:
             await asyncio.sleep(0.005)

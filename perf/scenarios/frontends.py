@@ -8,9 +8,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import asdict
+from typing import Iterator
 
 ECHO = "echo servicer (one process)"
 MODES = (("inferd --frontend-workers 0", 0), ("inferd --frontend-workers 1", 1), ("inferd --frontend-workers 2", 2))
@@ -58,13 +60,18 @@ one asyncio task per request ~30%; the model path and the scheduler (validation,
 dispatch and the ONNX Runtime calls ~23% (batches of one or two: at 1,400-1,800 inferences/s the core wakes for
 one or two requests at a time, so little is shared); writing responses ~8%. Reaching 60 us needs the core to
 take a request without a task and coroutine chain each (a callback path through the model path and scheduler)
-and to see more requests per wake-up; neither is done yet. A worker costs 1.6-1.8x the echo: the echo answers
-inside its handler with no await, while a worker's handler suspends until the core answers, so each request
-costs it two more event-loop wake-ups (reading the response, resuming the handler) and its share of the
-channel's reads and writes; on this machine every wake-up also paid for preemption (one worker recorded ~11k
+and to see more requests per wake-up; neither is done yet. A worker costs 1.6-1.8x the echo, and inferd's own code is
+a small part of it: in the worker's profile our Python (the INFER header, the arena write, the pending table,
+the response) is ~5-8% of the samples, grpc.aio's Cython callbacks ~45% and its poller thread ~30%. The echo
+answers inside its handler with no await; a worker's handler suspends until the core answers, so each request
+costs grpc.aio a resumed RPC and the loop two more wake-ups (the response's read, the handler's resumption); on this machine every wake-up also paid for preemption (one worker recorded ~11k
 voluntary and ~109k involuntary context switches in 10 s). The p50 at concurrency 1 (+650 us over the echo) is
 two more process hops, each a scheduler wake-up on cores already running 12-20 runnable processes. The echo's
-own CPU per inference was ~200 us in this run (423 us in the issue's, on a quieter machine)."""
+own CPU per inference was ~200 us in this run (423 us in the issue's, on a quieter machine). perf_analyzer
+opens one gRPC connection per 6 contexts (3 at concurrency 16) and the kernel hashes connections to workers,
+so the load is uneven: in the 2-worker identity c=16 run one worker used 3.7 s of CPU and the other 20.9 s (the
+mlp run split evenly). Spreading by connection count (an SO_REUSEPORT BPF program) or more client connections
+(TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT=1) would let both workers' cores serve."""
 
 
 def run(quick: bool) -> dict:
@@ -78,6 +85,8 @@ def run(quick: bool) -> dict:
         for model, c, shape in LOADS:
             if model == "identity_fp32":
                 out["measures"].append(_measure(ECHO, echo, echo_url, model, c, shape))
+        with _connections_per_context():
+            out["measures"].append(_measure(ECHO + SPREAD, echo, echo_url, "identity_fp32", 16, "INPUT0:16"))
     finally:
         echo.stop()
     for label, workers in MODES:
@@ -85,6 +94,10 @@ def run(quick: bool) -> dict:
         try:
             for model, c, shape in LOADS:
                 out["measures"].append(_measure(f"{label} {model}", server, url, model, c, shape))
+            if workers > 1:
+                with _connections_per_context():
+                    out["measures"].append(_measure(f"{label} identity_fp32{SPREAD}", server, url, "identity_fp32",
+                                                    16, "INPUT0:16"))
         finally:
             server.stop()
     load.append(os.getloadavg()[0])
@@ -92,6 +105,20 @@ def run(quick: bool) -> dict:
                     "other engineers' test suites ran meanwhile. No GPU machine was available to this work, so the "
                     "1/2/4/8-frontend scaling at concurrency 64 on 16 cores was not measured.\n\n" + ANALYSIS)
     return out
+
+
+SPREAD = ", a connection per context"
+
+
+@contextlib.contextmanager
+def _connections_per_context() -> Iterator[None]:
+    """perf_analyzer with one gRPC connection per context instead of one per 6 (its default), so the
+    kernel has 16 connections to spread over the workers."""
+    os.environ["TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT"] = "1"
+    try:
+        yield
+    finally:
+        del os.environ["TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT"]
 
 
 def _find(result: dict, label: str, c: int) -> dict | None:
@@ -123,6 +150,11 @@ def ratios(result: dict) -> dict:
         r[f"{tag}: throughput / echo's, identity c=16 (target >= 1.0x)"] = (
             f"{ident16['infer_per_s'] / echo16['infer_per_s']:.2f}x ({ident16['infer_per_s']:,.0f} vs "
             f"{echo16['infer_per_s']:,.0f}/s; mlp {mlp16['infer_per_s']:,.0f}/s)" if mlp16 else "")
+        spread, echo_spread = _find(result, f"{label} identity_fp32{SPREAD}", 16), _find(result, ECHO + SPREAD, 16)
+        if spread and echo_spread and echo_spread["infer_per_s"]:
+            r[f"{tag}: throughput / echo's, identity c=16{SPREAD}"] = (
+                f"{spread['infer_per_s'] / echo_spread['infer_per_s']:.2f}x ({spread['infer_per_s']:,.0f} vs "
+                f"{echo_spread['infer_per_s']:,.0f}/s)")
         if ident1 and echo1 and echo1["p50_us"]:
             r[f"{tag}: p50 - echo's p50, identity c=1 (target <= 150 us)"] = (
                 f"{ident1['p50_us'] - echo1['p50_us']:+.0f} us ({ident1['p50_us']:.0f} vs {echo1['p50_us']:.0f} us)")
