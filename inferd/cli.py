@@ -82,8 +82,7 @@ def default_frontend_workers(cores: int | None = None) -> int:
     """Half the cores, at least two, at most 16. A worker spends most of a request's CPU (the
     grpc.aio transport: 2-3x the core's share, perf/RESULTS.md), so the wire gets cores of its own;
     the other half is left to the core and the models' runtime threads. At least two so that the
-    ports keep a listener while a dead worker restarts, and so that a 2-core machine uses both
-    cores for the wire (the most throughput there, perf/RESULTS.md ``frontends``)."""
+    ports keep a listener while a dead worker restarts."""
     import os
 
     cores = cores or len(os.sched_getaffinity(0)) or 1
