@@ -35,10 +35,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PERF = ROOT / "perf"
 RESULTS_DIR = PERF / "results"
 OUT = PERF / "out"
-# ../shared next to a checkout; a worktree under /work/wt/NAME finds /work/shared one level further up.
-PERF_ANALYZER = next((p / "shared" / "tools" / "perf_analyzer" for p in (ROOT.parent, ROOT.parent.parent)
-                      if (p / "shared" / "tools" / "perf_analyzer").exists()),
-                     ROOT.parent / "shared" / "tools" / "perf_analyzer")
+# INFERD_PERF_ANALYZER: another perf_analyzer (the GPU machine runs the one of its PyPI wheel); else
+# ../shared next to a checkout, or /work/shared from a worktree under /work/wt/NAME.
+PERF_ANALYZER = Path(os.environ.get("INFERD_PERF_ANALYZER") or next(
+    (p / "shared" / "tools" / "perf_analyzer" for p in (ROOT.parent, ROOT.parent.parent)
+     if (p / "shared" / "tools" / "perf_analyzer").exists()), ROOT.parent / "shared" / "tools" / "perf_analyzer"))
 
 
 # -- processes ---------------------------------------------------------------
@@ -124,14 +125,14 @@ def perf_analyzer_available() -> bool:
 
 def run_pa(label: str, model: str, url: str, concurrency: int, *, shape: str | None = None,
            batch: int = 1, window_ms: int = 2000, extra: list[str] | None = None,
-           protocol: str = "grpc", cpus: str | None = None, stability: int = 15) -> Measure:
-    """One perf_analyzer run at one concurrency; medians of its stable windows (``stability``:
-    perf_analyzer's percentage; a loaded machine needs a wider one to give a figure at all)."""
+           protocol: str = "grpc", cpus: str | None = None, trials: int = 8, stability: int = 15) -> Measure:
+    """One perf_analyzer run at one concurrency; medians of its stable windows (at most ``trials``;
+    ``stability``: perf_analyzer's percentage; a loaded machine needs a wider one to give a figure at all)."""
     with tempfile.TemporaryDirectory() as tmp:
         csv_path = Path(tmp) / "pa.csv"
         args = [*pinned(cpus), str(PERF_ANALYZER), "-m", model, "-u", url, "-i", protocol,
                 "--concurrency-range", str(concurrency), "-b", str(batch), "-p", str(window_ms),
-                "--max-trials", "8", "-s", str(stability), "-f", str(csv_path)]
+                "--max-trials", str(trials), "-s", str(stability), "-f", str(csv_path)]
         if shape:
             args += ["--shape", shape]
         args += extra or []

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from inferd._proto import model_config_pb2 as mc
 from inferd.config._autocomplete import ModelSignature, autocomplete
 from inferd.config._parse import parse_config_file
-from inferd.config._spec import ModelSpec
+from inferd.config._placement import settle_groups
+from inferd.config._spec import ModelSpec, _instance_groups
 from inferd.config._validate import validate
 from inferd.errors import ConfigError
 
@@ -45,14 +46,20 @@ class PreparedConfig:
     files: dict[int, Path]  # version -> model file
 
 
-def read_model_config(name: str, model_dir: Path, override: mc.ModelConfig | None = None) -> mc.ModelConfig:
-    """The folder's config.pbtxt (or ``override``, RepositoryModelLoad's, or an empty one), named ``name``."""
+def read_model_config(name: str, model_dir: Path, override: mc.ModelConfig | None = None,
+                      auto_complete: bool = True) -> mc.ModelConfig:
+    """The folder's config.pbtxt (or ``override``, RepositoryModelLoad's, or an empty one), named ``name``.
+    Without ``auto_complete`` (``--strict-model-config``) a model must bring its config."""
     config_path = model_dir / "config.pbtxt"
     if override is not None:
         config = mc.ModelConfig()
         config.CopyFrom(override)
     elif config_path.exists():
         config = parse_config_file(config_path, model=name)
+    elif not auto_complete:
+        raise ConfigError(f"model '{name}': no config.pbtxt ({config_path}), and --strict-model-config=true "
+                          "forbids completing one from the model file; write one, or serve with "
+                          "--strict-model-config=false")
     else:
         config = mc.ModelConfig()
     check_name(config, name)
@@ -90,10 +97,14 @@ def select_versions(config: mc.ModelConfig, available: list[int]) -> list[int]:
 
 
 def prepare_config(name: str, model_dir: Path, available: list[int], resolve: BackendResolver,
-                   override: mc.ModelConfig | None = None) -> PreparedConfig:
+                   override: mc.ModelConfig | None = None, auto_complete: bool = True,
+                   gpus: Sequence[int] = ()) -> PreparedConfig:
     """Read, auto-complete and validate one (non-ensemble) model folder whose version
-    folders are ``available``; ``override``: a config to use instead of ``config.pbtxt``."""
-    config = read_model_config(name, model_dir, override)
+    folders are ``available``; ``override``: a config to use instead of ``config.pbtxt``.
+    ``auto_complete=False`` is Triton's strict mode: nothing is filled in from the model
+    file (nor by a Python model's ``auto_complete_config``); the config is only checked.
+    ``gpus``: the GPU indexes instances may be placed on (the server's inventory)."""
+    config = read_model_config(name, model_dir, override, auto_complete)
     versions = select_versions(config, available)
     backend: ConfigCompleter | None = resolve(config, model_dir)
     if backend is None:
@@ -106,11 +117,12 @@ def prepare_config(name: str, model_dir: Path, available: list[int], resolve: Ba
         if not path.exists():
             raise ConfigError(f"model '{name}': version {version} has no model file '{filename}' ({path})")
         files[version] = path
-    backend.complete_config(config, files[versions[-1]])
+    if auto_complete:
+        backend.complete_config(config, files[versions[-1]])
     signature = backend.signature(files[versions[-1]], name)
-    if signature is not None:
+    if signature is not None and auto_complete:
         autocomplete(config, signature)
-    _settle_instance_groups(config, backend.gpu_available)
+    _settle_instance_groups(config, gpus, bool(gpus) and backend.gpu_available())
     spec = validate(config, model_dir=model_dir, signature=signature)
     for version in versions[:-1]:
         other = backend.signature(files[version], name)
@@ -119,14 +131,13 @@ def prepare_config(name: str, model_dir: Path, available: list[int], resolve: Ba
     return PreparedConfig(spec, backend, files)
 
 
-def _settle_instance_groups(config: mc.ModelConfig, gpu_available: Callable[[], bool]) -> None:
-    if not config.instance_group:
-        group = config.instance_group.add()
-        group.kind = mc.ModelInstanceGroup.KIND_AUTO
-        group.count = 1
-    for group in config.instance_group:
-        if group.count == 0:
-            group.count = 1
-        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
-            # As Triton does, the config a client reads shows the kind chosen.
-            group.kind = mc.ModelInstanceGroup.KIND_GPU if gpu_available() else mc.ModelInstanceGroup.KIND_CPU
+def _settle_instance_groups(config: mc.ModelConfig, gpus: Sequence[int], backend_gpu: bool) -> None:
+    """The groups settled (config/_placement.py) and written back: the config a client reads shows
+    the kind, count and GPUs chosen, as Triton's does."""
+    settled = settle_groups(config.name, _instance_groups(config), gpus, backend=config.backend,
+                            backend_gpu=backend_gpu)
+    del config.instance_group[:]
+    for group in settled:
+        g = config.instance_group.add()
+        g.name, g.kind, g.count = group.name, mc.ModelInstanceGroup.Kind.Value(group.kind), group.count
+        g.gpus.extend(group.gpus)

@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator, Mapping
 import numpy as np
 
 from inferd.dataplane.api import ModelMetadata, ServerMetadata, TraceCarrier
+from inferd.dataplane.cuda_shared_memory import CudaRegionStatus
 from inferd.dataplane.shared_memory import RegionStatus
 from inferd.dtypes import BY_NAME, decode_bytes, encode_bytes
 from inferd.errors import InferdError
@@ -35,7 +36,8 @@ from inferd.types import InferenceRequest, InferenceResponse, SharedTensor
 CALLS = frozenset({
     "server_live", "server_ready", "model_ready", "server_metadata", "model_metadata", "model_config",
     "model_statistics", "repository_index", "load_model", "unload_model", "shm_register", "shm_status",
-    "shm_unregister", "trace_settings", "log_settings",
+    "shm_unregister", "cuda_shm_register", "cuda_shm_status", "cuda_shm_unregister", "trace_settings",
+    "log_settings",
 })
 
 
@@ -89,6 +91,15 @@ class RemoteDataPlane:
 
     async def shm_unregister(self, name: str = "") -> None:
         await self.link.call("shm_unregister", name)
+
+    async def cuda_shm_register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        await self.link.call("cuda_shm_register", name, raw_handle, device_id, byte_size)
+
+    async def cuda_shm_status(self, name: str = "") -> list[CudaRegionStatus]:
+        return await self.link.call("cuda_shm_status", name)
+
+    async def cuda_shm_unregister(self, name: str = "") -> None:
+        await self.link.call("cuda_shm_unregister", name)
 
     async def trace_settings(self, model: str = "",
                              changes: Mapping[str, list[str]] | None = None) -> dict[str, list[str]]:
