@@ -367,5 +367,8 @@ def test_the_core_killed_takes_its_frontends_and_frees_the_ports(example_reposit
     assert _until(lambda: not group_members(server.proc.pid), 30), group_members(server.proc.pid)
     for port in (server.port, server.http_port):
         with socket.socket() as s:
-            s.bind(("127.0.0.1", port))  # free: nothing of the server's holds it any more
+            # Free: no listener holds it (SO_REUSEADDR: the closed connections' TIME_WAIT does not count).
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+            s.listen(1)
     server.stop()
