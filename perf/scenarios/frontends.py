@@ -60,20 +60,21 @@ one asyncio task per request ~30%; the model path and the scheduler (validation,
 dispatch and the ONNX Runtime calls ~23% (batches of one or two: at 1,300-1,800 inferences/s the core wakes for
 one or two requests at a time, so little is shared); writing responses ~8%. Reaching 60 us needs the core to
 take a request without a task and coroutine chain each (a callback path through the model path and scheduler)
-and to see more requests per wake-up; neither is done yet. A worker costs 1.5-1.7x the echo, and inferd's own
+and to see more requests per wake-up; neither is done yet. The workers cost 1.4-1.8x the echo, and inferd's own
 code is a small part of it: in the worker's profile our Python (the INFER header, the arena write, the pending
 table, the response) is ~5-8% of the samples, grpc.aio's Cython callbacks ~45% and its poller thread ~30%.
 The echo answers inside its handler with no await; a worker's handler suspends until the core answers, so each
 request costs grpc.aio a resumed RPC and the loop two more wake-ups (the response's read, the handler's
 resumption); on this machine every wake-up also paid for preemption (one worker recorded ~11k voluntary and
-~109k involuntary context switches in 10 s). The p50 at concurrency 1 (+500 us over the echo) is two more
-process hops, each a scheduler wake-up on cores running 15-27 runnable processes. perf_analyzer opens one gRPC
-connection per 6 contexts (3 at concurrency 16) and the kernel hashes connections to workers: in the
-2-worker identity c=16 run all three landed on one worker (16.5 s of CPU against 0.06 s), so it served as
-one; with a connection per context (TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT=1) the two split evenly, but
-the two cores were already saturated (load average 27) and throughput did not rise. The two runs of this
-scenario disagreed on identity c=16 (0 workers 1,412/s then 2,690/s; 2 workers 1,760/s both times); mlp c=16
-was faster with 2 workers in both (1,425 and 1,787/s against 1,013 and 1,418/s), c=1 latency lower with 0."""
+~109k involuntary context switches in 10 s). The p50 at concurrency 1 (+550 us over the echo) is two
+more process hops, each a scheduler wake-up on cores shared with perf_analyzer and, in these runs, other
+engineers' test suites (load averages 2 to 27 during the runs). perf_analyzer opens one gRPC connection per
+6 contexts (3 at concurrency 16) and the kernel hashes connections to workers, so the split is luck: in one
+earlier run all three landed on one worker (16.5 s of CPU against 0.06 s); in the run above they split
+evenly, and with a connection per context (TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT=1) 2 workers reached
+0.82x the echo (2,950/s). Across three runs 2 workers served the MLP at c=16 faster than one process
+(1,425 / 1,787 / 2,107 against 1,013 / 1,418 / 1,466/s); identity c=16 went either way; c=1 latency is
+always lower in one process. The 1-worker identity c=16 run above never stabilised within 40% (shown as 0)."""
 
 
 def run(quick: bool) -> dict:
