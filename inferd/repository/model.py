@@ -3,7 +3,6 @@ warm-up, scheduler and statistics, from the plain :class:`ModelSpec`."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ from inferd.backends import Backend, Device, InferenceDispatcher, InstanceSpec
 from inferd.clock import Clock
 from inferd.config import ModelSpec, placements
 from inferd.errors import ConfigError
+from inferd.host import cpu_budget
 from inferd.model import Model
 from inferd.observability.stats import ModelStats
 from inferd.scheduling.base import Scheduler
@@ -32,7 +32,7 @@ def instance_specs(spec: ModelSpec, backend: Backend, model_dir: Path, version: 
         # (a driver gone since) must not get a GPU instance.
         raise ConfigError(f"model '{spec.name}': backend '{backend.name}' has no CUDA device here")
     cpu_instances = sum(1 for _, d in devices if d.kind == "cpu") or 1
-    threads = max(1, (os.cpu_count() or 1) // cpu_instances)
+    threads = max(1, cpu_budget() // cpu_instances)
     return [
         InstanceSpec(name=name, device=device, model_dir=model_dir, version_dir=model_dir / str(version),
                      version=version, model_file=model_file, threads=threads, dispatcher=dispatcher)
