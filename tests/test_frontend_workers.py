@@ -259,8 +259,9 @@ def _until(predicate, timeout: float = 60.0) -> bool:  # type: ignore[no-untyped
     return False
 
 
-def test_a_frontend_killed_under_load_fails_only_its_requests_and_is_restarted(example_repository: Path) -> None:
-    server = ServerProcess(example_repository, WORKERS)
+def test_a_frontend_killed_under_load_fails_only_its_requests_and_is_restarted(example_repository: Path,
+                                                                               start_server) -> None:  # type: ignore[no-untyped-def]
+    server = start_server(example_repository, WORKERS)  # stopped after the test, whatever happens in it
     try:
         workers = workers_of(server)
         clients = client_on_each_worker(server, workers)
@@ -304,7 +305,7 @@ def _inflight(server: ServerProcess, model: str) -> float:
     return float(line.rsplit(" ", 1)[1])
 
 
-def test_sigterm_under_load_answers_every_accepted_request(tmp_path: Path) -> None:
+def test_sigterm_under_load_answers_every_accepted_request(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
     """Requests held in the core (a gated model) through both frontends when SIGTERM comes,
     with load running on both: every held request is answered once released; what the drain
     refuses is refused as UNAVAILABLE; every process exits 0 and none is left."""
@@ -315,7 +316,7 @@ def test_sigterm_under_load_answers_every_accepted_request(tmp_path: Path) -> No
     repo, gate = tmp_path / "repo", tmp_path / "gate"
     build_repository(repo, only=["simple"], log=None)
     add_gated_model(repo, "gated", gate)
-    server = ServerProcess(repo, WORKERS)
+    server = start_server(repo, WORKERS)
     clients = client_on_each_worker(server, workers_of(server))
     held: list = []
 
@@ -356,10 +357,11 @@ def test_sigterm_under_load_answers_every_accepted_request(tmp_path: Path) -> No
     assert results.count("ok") > 50
 
 
-def test_the_core_killed_takes_its_frontends_and_frees_the_ports(example_repository: Path) -> None:
+def test_the_core_killed_takes_its_frontends_and_frees_the_ports(example_repository: Path,
+                                                                  start_server) -> None:  # type: ignore[no-untyped-def]
     import socket
 
-    server = ServerProcess(example_repository, WORKERS)
+    server = start_server(example_repository, WORKERS)
     workers = workers_of(server)
     assert len(workers) == 2
     server.proc.kill()
