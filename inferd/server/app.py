@@ -142,16 +142,20 @@ class InferenceServer:
     async def _open_ports(self) -> None:
         o = self.options
         if o.allow_metrics:
-            self.metrics = ServerMetrics(self.dataplane)  # before loading: histograms attach as models build
-            self._metrics_server = AsgiServer(self.metrics.asgi_app(), self.metrics_address, o.metrics_port, "metrics")
-            await self._metrics_server.start()
-            log.info("serving metrics on %s:%d/metrics", self.metrics_address, self.metrics_port)
+            await self._start_metrics()
         if o.allow_grpc:
             await self._start_grpc()
         if o.allow_http:
             self._http = AsgiServer(HttpFrontend(self.dataplane).app(), self.http_address, o.http_port, "HTTP")
             await self._http.start()
             log.info("serving HTTP on %s:%d", self.http_address, self.http_port)
+
+    async def _start_metrics(self) -> None:
+        o = self.options
+        self.metrics = ServerMetrics(self.dataplane)  # before loading: histograms attach as models build
+        self._metrics_server = AsgiServer(self.metrics.asgi_app(), self.metrics_address, o.metrics_port, "metrics")
+        await self._metrics_server.start()
+        log.info("serving metrics on %s:%d/metrics", self.metrics_address, self.metrics_port)
 
     async def _start_grpc(self) -> None:
         size = self.options.max_message_bytes
@@ -175,15 +179,16 @@ class InferenceServer:
         await self.health.start()
         log.info("serving gRPC on %s:%d", self.options.address, self.grpc_port)
 
-    async def stop(self) -> None:
-        """Graceful stop: not ready at once, refuse new work, let accepted requests finish, release models."""
+    async def stop(self, grace: float | None = None) -> None:
+        """Graceful stop: not ready at once, refuse new work, let accepted requests finish (for ``grace``
+        seconds, the options' by default), release models."""
         self.dataplane.drain()
         if self.poller is not None:
             await self.poller.stop()
         if self.health is not None:
             self.health.drain()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.options.grace_seconds
+        deadline = loop.time() + (self.options.grace_seconds if grace is None else grace)
         # The ports stay open meanwhile: health, readiness and metadata answer, inference is refused.
         while self.dataplane.inflight() and loop.time() < deadline:
             await asyncio.sleep(0.005)

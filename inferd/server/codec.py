@@ -7,7 +7,7 @@ length-prefixed framing.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -169,12 +169,7 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
     ri = 0
     for t in msg.inputs:
         where = f"input '{t.name}' for model '{model}'"
-        dtype = BY_NAME.get(t.datatype)
-        if dtype is None:
-            raise InvalidArgument(f"{where}: {datatype_problem(t.datatype)}")
-        shape = tuple(t.shape)
-        if any(d < 0 for d in shape):
-            raise InvalidArgument(f"{where}: shape {list(shape)} has a negative dimension")
+        dtype, shape = tensor_type(t.datatype, t.shape, where)
         if t.name in inputs:
             raise InvalidArgument(f"{where}: the input is given twice")
         if in_shm and t.name in in_shm:
@@ -211,6 +206,17 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
             requested.append(r)
         request.requested_outputs = requested
     return request
+
+
+def tensor_type(datatype: str, shape: Any, where: str) -> tuple[DataType, tuple[int, ...]]:
+    """A tensor's wire data type and shape, checked: a known type, no negative dimension."""
+    dtype = BY_NAME.get(datatype)
+    if dtype is None:
+        raise InvalidArgument(f"{where}: {datatype_problem(datatype)}")
+    dims = tuple(shape)
+    if any(d < 0 for d in dims):
+        raise InvalidArgument(f"{where}: shape {list(dims)} has a negative dimension")
+    return dtype, dims
 
 
 def int_param(model: str, params: dict[str, object], key: str) -> int:
