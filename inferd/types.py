@@ -41,6 +41,9 @@ class InferenceRequest:
     # sequence_id / sequence_start / sequence_end parameters (pb_utils reads them).
     correlation_id: int | str = 0
     flags: int = 0  # 1: sequence start, 2: sequence end (TRITONSERVER_REQUEST_FLAG_*)
+    # Batch-job work (inferd.batchjobs): it runs only on capacity that
+    # interactive requests leave idle (inferd.scheduling.background).
+    background: bool = False
     # A decoupled model's responses go here (an inferd.streaming.ResponseSink,
     # set by DataPlane.infer_stream); None for one-response requests.
     responder: Any = None

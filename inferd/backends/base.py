@@ -46,6 +46,10 @@ class BatchResult:
 
     outputs: list[dict[str, np.ndarray] | InferdError]
     times: ExecutionTimes = field(default_factory=ExecutionTimes)
+    # Iterative sequences: per row, whether the model released its request with
+    # TRITONSERVER_REQUEST_RELEASE_RESCHEDULE (run it again at the next step).
+    # None: no row was rescheduled.
+    reschedule: list[bool] | None = None
 
 
 @dataclass(frozen=True, slots=True)
