@@ -361,6 +361,31 @@ MODELS += [
 ]
 
 
+# Generative: a byte-level GRU language model (Python, torch) whose steps are
+# batched continuously (sequence_batching.iterative_sequence); see
+# inferd/examples/generator.py.
+
+
+def _generator_weights() -> bytes:
+    from . import generator
+
+    return generator.weights()
+
+
+def _generator_config() -> str:
+    from . import generator
+
+    return generator.config()
+
+
+MODELS += [
+    ModelSpec("generator", _generator_config(), {
+        "1/model.py": _python_file("generator"),
+        "1/weights.npz": _generator_weights,
+    }),
+]
+
+
 # --------------------------------------------------------------------------- writing
 
 
