@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from inferd.batchjobs import JsonlResults, ParquetResults, Result, npz_bytes, parse_lines, read_jsonl
+from inferd.batchjobs import JsonlResults, ParquetResults, Result, npz_bytes, parse_lines, read_jsonl, to_request
 from inferd.errors import InvalidArgument
 
 
@@ -101,3 +101,30 @@ def test_parquet_results_one_part_per_sync_and_resumable(tmp_path):
     assert first["OUT"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] and first["OUT__shape"] == [2, 3]
     second = pq.read_table(folder / "part-000002.parquet").to_pylist()[0]
     assert second["custom_id"] == "b" and second["error"] == "model 'm': bad input"
+
+
+def test_a_line_becomes_a_background_request():
+    doc = {"custom_id": "c1", "parameters": {"max_tokens": 3}, "outputs": [{"name": "TEXT"}], "inputs": [
+        {"name": "X", "datatype": "FP32", "shape": [1, 2], "data": [[1.5, 2.5]]},
+        {"name": "P", "datatype": "BYTES", "shape": [1, 1], "data": ["hi"]}]}
+    request = to_request("gen", 2, parse_lines(json.dumps(doc))[0])
+    assert request.background and request.model_name == "gen" and request.model_version == 2
+    assert request.id == "c1" and request.parameters == {"max_tokens": 3}
+    assert [r.name for r in request.requested_outputs] == ["TEXT"]
+    np.testing.assert_array_equal(request.inputs["X"], np.array([[1.5, 2.5]], np.float32))
+    assert request.inputs["P"].tolist() == [[b"hi"]]
+
+
+@pytest.mark.parametrize("tensor, words", [
+    ({"name": "X", "datatype": "FP99", "shape": [1], "data": [1]}, ["input 'X'", "unknown datatype 'FP99'"]),
+    ({"name": "X", "datatype": "FP32", "shape": [1, 3], "data": [1, 2]}, ["input 'X'", "shape [1, 3]"]),
+    ({"name": "X", "datatype": "FP32", "shape": "1", "data": [1]}, ["'shape' must be a list"]),
+    ({"name": "X", "datatype": "FP32", "shape": [1]}, ["'data' is missing"]),
+])
+def test_a_bad_tensor_names_its_line_and_input(tensor, words):
+    line = parse_lines(json.dumps({"custom_id": "c9", "inputs": [tensor]}))[0]
+    with pytest.raises(InvalidArgument) as exc:
+        to_request("m", 0, line)
+    assert "custom_id 'c9' (line 1)" in exc.value.message
+    for word in words:
+        assert word in exc.value.message

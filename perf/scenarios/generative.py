@@ -1,0 +1,177 @@
+"""Generative and offline work. (1) tokens/s of the example generator (a two-layer GRU over bytes, Python + torch, one byte per step) with continuous batching (sequence_batching.iterative_sequence: rows join and leave between steps) against request-level batching (dynamic_batching: a batch runs until its longest request ends) and no batching, at 32 concurrent gRPC streams (tritonclient.grpc.aio, closed loop), with generation lengths (max_tokens) drawn from a long-tailed distribution; the same lengths, in the same order, for each. (2) A batch job's rows/s (POST /v2/batches, mlp, one row a line) against the raw onnxruntime ceiling at batch 1 and 64. The client, the server and other engineers' work share the machine's 2 cores."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from perf.bench import OUT, Measure, bench_repository, raw_ceiling, start_inferd
+
+STREAMS = 32
+MODES = (("continuous", "continuous batching (iterative_sequence)"),
+         ("request", "request-level batching (dynamic_batching)"),
+         ("none", "no batching"))
+
+
+def lengths(count: int, seed: int = 0) -> list[int]:
+    """Long-tailed generation lengths: lognormal (median 16), cut to 4..256."""
+    rng = np.random.default_rng(seed)
+    return [int(x) for x in np.clip(np.round(rng.lognormal(np.log(16), 1.0, count)), 4, 256)]
+
+
+def repository() -> Path:
+    from inferd.examples import generator as g
+    from inferd.examples.build import ModelSpec, build_repository
+    from inferd.examples.python_models import source
+
+    repo = OUT / "generative_repo"
+    specs = [ModelSpec(f"gen_{mode}", g.config(f"gen_{mode}", batching=mode),
+                       {"1/model.py": source("generator"), "1/weights.npz": g.weights})
+             for mode, _ in MODES]
+    build_repository(repo, models=specs, log=None)
+    return repo
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def drive(url: str, model: str, plan: list[int]) -> tuple[int, float, list[float]]:
+    """``STREAMS`` closed-loop streams share ``plan`` (max_tokens per request); tokens, seconds, latencies."""
+    import tritonclient.grpc.aio as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    prompt = grpcclient.InferInput("PROMPT", [1, 1], "BYTES")
+    prompt.set_data_from_numpy(np.array([[b"inferd"]], dtype=np.object_))
+    work = list(enumerate(plan))
+    tokens = 0
+    latencies: list[float] = []
+
+    async def stream() -> None:
+        nonlocal tokens
+        requests: asyncio.Queue = asyncio.Queue()
+
+        async def feed():  # type: ignore[no-untyped-def]
+            while True:
+                item = await requests.get()
+                if item is None:
+                    return
+                yield item
+
+        responses = client.stream_infer(feed())
+        while work:
+            _, n = work.pop()
+            t0 = time.perf_counter()
+            await requests.put({"model_name": model, "inputs": [prompt], "parameters": {"max_tokens": n},
+                                "enable_empty_final_response": True})
+            async for result, error in responses:
+                if error is not None:
+                    raise error
+                response = result.get_response()
+                if response.outputs:
+                    tokens += 1
+                if response.parameters["triton_final_response"].bool_param:
+                    break
+            latencies.append((time.perf_counter() - t0) * 1e6)
+        await requests.put(None)
+        async for _ in responses:
+            pass
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(stream() for _ in range(STREAMS)))
+    elapsed = time.perf_counter() - t0
+    await client.close()
+    return tokens, elapsed, latencies
+
+
+def measure_generation(url: str, pid: int, label: str, model: str, plan: list[int]) -> Measure:
+    cpu0 = cpu_seconds(pid)
+    tokens, seconds, latencies = asyncio.run(drive(url, model, plan))
+    cpu = cpu_seconds(pid) - cpu0
+    return Measure(label, STREAMS, 1, tokens / seconds, float(np.percentile(latencies, 50)),
+                   float(np.percentile(latencies, 99)), rows_per_s=tokens / seconds,
+                   note=f"{tokens} tokens in {seconds:.1f} s; server CPU {cpu / tokens * 1e6:.0f} us/token")
+
+
+def mlp_lines(n: int) -> bytes:
+    rng = np.random.default_rng(1)
+    rows = rng.standard_normal((n, 256)).astype(np.float32).round(3)
+    return "".join(json.dumps({"custom_id": f"r{i}", "inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [1, 256], "data": rows[i].tolist()}]}) + "\n"
+        for i in range(n)).encode()
+
+
+def measure_batch_job(http: str, pid: int, n: int) -> Measure:
+    base = f"http://{http}/v2/batches"
+    data = mlp_lines(n)
+    cpu0 = cpu_seconds(pid)
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(urllib.request.Request(f"{base}?model=mlp", data=data, method="POST")) as r:
+        job = json.loads(r.read())
+    while True:
+        with urllib.request.urlopen(f"{base}/{job['id']}") as r:
+            doc = json.loads(r.read())
+        if doc["status"] != "running" and doc["status"] != "queued":
+            break
+        time.sleep(0.05)
+    seconds = time.perf_counter() - t0
+    cpu = cpu_seconds(pid) - cpu0
+    rate = doc["request_counts"]["succeeded"] / seconds
+    return Measure("batch job (mlp, 1 row a line, POST /v2/batches)", 1, 1, rate, 0.0, 0.0, rows_per_s=rate,
+                   note=f"{n} lines, {doc['status']} in {seconds:.1f} s (submit to done, JSON in and out); "
+                        f"server CPU {cpu / n * 1e6:.0f} us/row")
+
+
+def run(quick: bool) -> dict:
+    plan = lengths(64 if quick else 160)
+    gen_repo = repository()
+    out: dict = {"measures": [], "ceilings": {}, "lengths": {
+        "count": len(plan), "mean": float(np.mean(plan)), "median": float(np.median(plan)), "max": max(plan)}}
+    server, url = start_inferd(gen_repo)
+    try:
+        for mode, label in MODES:
+            out["measures"].append(measure_generation(url, server.proc.pid, label, f"gen_{mode}", plan).__dict__)
+    finally:
+        server.stop()
+    mlp_repo = bench_repository(big=False)
+    from perf.bench import free_port
+
+    http_port = free_port()
+    server, _ = start_inferd(mlp_repo, http_port=http_port)
+    try:
+        out["measures"].append(measure_batch_job(f"127.0.0.1:{http_port}", server.proc.pid,
+                                                 1000 if quick else 4000).__dict__)
+    finally:
+        server.stop()
+    model = mlp_repo / "mlp" / "1" / "model.onnx"
+    for batch in (1, 64):
+        feeds = {"INPUT0": np.zeros((batch, 256), np.float32)}
+        out["ceilings"][f"raw onnxruntime rows/s, mlp batch {batch}"] = raw_ceiling(model, feeds) * batch
+    out["notes"] = (f"Generation lengths: {len(plan)} requests, mean {np.mean(plan):.1f}, median "
+                    f"{np.median(plan):.0f}, max {max(plan)} tokens (lognormal, cut to 4..256). infer/s is "
+                    "tokens/s; p50/p99 are whole-request latencies. The machine (2 cores) was shared with other "
+                    "engineers' builds and tests while this ran; the ratios, taken in one run, are what to compare.")
+    return out
+
+
+def ratios(result: dict) -> dict:
+    by = {m["label"]: m for m in result["measures"]}
+    cont, req, none = (by.get(label) for _, label in MODES)
+    job = next((m for m in result["measures"] if m["label"].startswith("batch job")), None)
+    out = {}
+    if cont and req and req["infer_per_s"]:
+        out["continuous / request-level batching, tokens/s"] = (
+            f"{cont['infer_per_s'] / req['infer_per_s']:.2f}x (target >= 2x)")
+    if cont and none and none["infer_per_s"]:
+        out["continuous / no batching, tokens/s"] = f"{cont['infer_per_s'] / none['infer_per_s']:.2f}x"
+    if job:
+        for key, ceiling in result["ceilings"].items():
+            out[f"batch job rows/s / {key}"] = f"{job['rows_per_s'] / ceiling:.3f}x"
+    return out
