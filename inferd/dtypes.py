@@ -2,15 +2,19 @@
 
 The protocol names a type by string (``"FP32"``), the model config by enum
 (``TYPE_FP32``), numpy by dtype and ONNX Runtime by ``"tensor(float)"``. This
-module is the one place that knows all four. BYTES tensors are numpy object
+module is the one place that knows all four, and the protocol's framing of
+BYTES elements (4-byte little-endian length, then the bytes). BYTES tensors are numpy object
 arrays of ``bytes``; BF16 tensors are ``ml_dtypes.bfloat16`` arrays.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import numpy as np
+
+from inferd.errors import InvalidArgument
 
 try:  # onnx depends on ml_dtypes, so it is normally present
     import ml_dtypes
@@ -60,3 +64,33 @@ def from_numpy(dtype: np.dtype) -> DataType:
         return _BY_NUMPY[np.dtype(dtype)]
     except KeyError:
         raise TypeError(f"numpy dtype {dtype} has no KServe v2 data type") from None
+
+
+def decode_bytes(raw: bytes | memoryview, count: int, where: str) -> np.ndarray:
+    """Length-prefixed BYTES elements into an object array of ``bytes``."""
+    out = np.empty(count, dtype=np.object_)
+    view = memoryview(raw)
+    pos, end = 0, len(view)
+    for i in range(count):
+        if pos + 4 > end:
+            raise InvalidArgument(f"{where}: BYTES data ends after {i} of {count} elements (malformed framing)")
+        (length,) = struct.unpack_from("<I", view, pos)
+        pos += 4
+        if pos + length > end:
+            raise InvalidArgument(
+                f"{where}: BYTES element {i} claims {length} bytes but only {end - pos} remain (malformed framing)"
+            )
+        out[i] = bytes(view[pos:pos + length])
+        pos += length
+    if pos != end:
+        raise InvalidArgument(f"{where}: {end - pos} bytes left over after {count} BYTES elements (malformed framing)")
+    return out
+
+
+def encode_bytes(array: np.ndarray) -> bytes:
+    parts = []
+    for item in array.reshape(-1):
+        data = item if isinstance(item, bytes) else (item.encode() if isinstance(item, str) else bytes(item))
+        parts.append(struct.pack("<I", len(data)))
+        parts.append(data)
+    return b"".join(parts)

@@ -8,13 +8,40 @@ from typing import Any
 
 import numpy as np
 
+from inferd.dtypes import DataType
+
+
+@dataclass(frozen=True, slots=True)
+class ShmRef:
+    """Where a tensor lies in a registered system shared memory region, as the
+    request names it (``shared_memory_region`` / ``_offset`` / ``_byte_size``).
+    The frontend only checks the parameters; the data plane, which holds the
+    regions, finds the region and checks the window (``where`` names the tensor)."""
+
+    region: str
+    offset: int
+    byte_size: int
+    where: str
+
+
+@dataclass(frozen=True, slots=True)
+class SharedTensor:
+    """An input whose data is in shared memory: it stands in ``InferenceRequest.inputs``
+    until the data plane reads it from the region (``InferenceRequest.shared_memory``)."""
+
+    ref: ShmRef
+    datatype: DataType
+    shape: tuple[int, ...]
+
 
 @dataclass(slots=True)
 class RequestedOutput:
     name: str
     class_count: int = 0  # > 0: the classification extension's top-k
     parameters: dict[str, Any] = field(default_factory=dict)
-    shared_memory: Any = None  # a ShmRef: the data plane writes the result there, not in the response
+    # A ShmRef from the frontend, bound to its region by the data plane: the result
+    # is written there, not sent in the response.
+    shared_memory: Any = None
 
 
 @dataclass(slots=True, eq=False)
@@ -44,6 +71,9 @@ class InferenceRequest:
     # Batch-job work (inferd.batchjobs): it runs only on capacity that
     # interactive requests leave idle (inferd.scheduling.background).
     background: bool = False
+    # Some input is a SharedTensor or some requested output has a ShmRef: the
+    # data plane resolves them against its registered regions before the model runs.
+    shared_memory: bool = False
     # A decoupled model's responses go here (an inferd.streaming.ResponseSink,
     # set by DataPlane.infer_stream); None for one-response requests.
     responder: Any = None

@@ -35,7 +35,7 @@ async def measure(repo: Path, rounds: int, requests: int) -> dict[str, float]:
     import onnxruntime as ort
 
     from inferd.repository import ModelManager
-    from inferd.server.dataplane import DataPlane
+    from inferd.dataplane import DataPlane
     from inferd.types import InferenceRequest
 
     manager = ModelManager([repo], mode="explicit")

@@ -26,6 +26,7 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import ServerProcess, running
 from inferd.clock import FakeClock
+from inferd.config import ensemble_config as plain_wiring
 from inferd.config import model_spec, parse_config_text
 from inferd.ensemble import EnsembleScheduler, build_graph
 from inferd.errors import DeadlineExceeded, InvalidArgument, ModelExecutionError, Unavailable
@@ -431,7 +432,7 @@ def _unload(manager, name: str) -> None:  # type: ignore[no-untyped-def]
 async def nested_pipes(repo: Path):  # type: ignore[no-untyped-def]
     """outer -> pipe -> (scale, relu) loaded from ``repo`` by a ModelManager: (manager, data plane)."""
     from inferd.repository import ModelManager
-    from inferd.server.dataplane import DataPlane
+    from inferd.dataplane import DataPlane
 
     add_model(repo, "scale", om.scale(D, 2.0), onnx_config("scale", 8))
     add_model(repo, "relu", om.relu(D), onnx_config("relu", 8))
@@ -562,7 +563,7 @@ def make_ensemble(models: dict, steps, max_inflight: int = 0, clock=None):  # ty
         return models[name]
 
     stats = ModelStats("ens", 1)
-    return EnsembleScheduler(model_spec(config), build_graph(config), resolve, stats, clock), stats
+    return EnsembleScheduler(model_spec(config), build_graph(plain_wiring(config)), resolve, stats, clock), stats
 
 
 def request(x: np.ndarray, **kw) -> InferenceRequest:  # type: ignore[no-untyped-def]

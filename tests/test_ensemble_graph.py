@@ -8,18 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from inferd.config import model_spec, parse_config_text
-from inferd.ensemble import loader
-from inferd.ensemble.graph import (
-    Composing,
-    build_graph,
-    check_against_models,
-    check_ensemble_config,
-    dependents,
-    find_cycle,
-    load_order,
-)
+from inferd.config import check_ensemble_config, ensemble_config, model_spec, parse_config_text
+from inferd.ensemble import graph as graph_module
+from inferd.ensemble.graph import Composing, check_against_models, dependents, find_cycle, load_order
 from inferd.errors import ConfigError
+from inferd.repository import ensembles as loader
+
+
+def build_graph(config):  # type: ignore[no-untyped-def]
+    """The wiring of an ensemble's ModelConfig, as the loader builds it (through its plain EnsembleConfig)."""
+    return graph_module.build_graph(ensemble_config(config))
 
 
 def tensors(kind: str, items) -> str:  # type: ignore[no-untyped-def]

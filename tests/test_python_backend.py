@@ -171,6 +171,7 @@ class TritonPythonModel:
 # BLS into the ONNX model "onnx_add_sub" (or elsewhere, by the request's "target" parameter).
 BLS = '''
 import json
+import threading
 
 import triton_python_backend_utils as pb_utils
 
@@ -188,7 +189,14 @@ class TritonPythonModel:
                 requested_output_names=["OUTPUT0", "OUTPUT1"],
                 inputs=[in_0, in_1],
             )
-            bls_response = bls_request.exec()
+            if params.get("thread"):  # from a thread the model starts itself
+                box = []
+                worker = threading.Thread(target=lambda: box.append(bls_request.exec()))
+                worker.start()
+                worker.join()
+                bls_response = box[0]
+            else:
+                bls_response = bls_request.exec()
             if bls_response.has_error():
                 if params.get("raise"):
                     raise pb_utils.TritonModelException(bls_response.error().message())
@@ -451,6 +459,13 @@ def test_bls_calls_onnx_model(client):
     np.testing.assert_array_equal(result.as_numpy("DIFF"), a - b)
     stats = client.get_inference_statistics("onnx_add_sub").model_stats[0]
     assert stats.inference_count >= 1  # the BLS call went through inferd's data plane
+
+
+def test_bls_from_a_thread_the_model_started(client):
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    b = np.full((1, 16), 5, dtype=np.int32)
+    result = client.infer("bls_py", [_input("INPUT0", a), _input("INPUT1", b)], parameters={"thread": True})
+    np.testing.assert_array_equal(result.as_numpy("SUM"), a + b)
 
 
 def test_bls_concurrent(client):

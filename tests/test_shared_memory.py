@@ -18,7 +18,8 @@ from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 from conftest import ServerProcess
 from inferd.dtypes import BY_NAME
 from inferd.errors import AlreadyExists, InvalidArgument, NotFound
-from inferd.server.shared_memory import SharedMemoryManager
+from inferd.dataplane.shared_memory import SharedMemoryManager
+from inferd.server.codec import shm_ref
 
 PERF_ANALYZER = Path("/work/shared/tools/perf_analyzer")
 
@@ -301,6 +302,11 @@ def test_cuda_shared_memory_has_nothing_and_refuses_registration(client):
 # -- in-process: the manager --------------------------------------------------------------------
 
 
+def _ref(manager: SharedMemoryManager, params: dict, where: str):  # type: ignore[no-untyped-def]
+    """A tensor's parameters checked as a frontend does, then bound to its region as the data plane does."""
+    return manager.bind(shm_ref(params, where))
+
+
 def _shm_file(tmp_path: Path, name: str, data: bytes) -> str:
     (tmp_path / name).write_bytes(data)
     return f"/{name}"
@@ -311,7 +317,7 @@ def test_reads_are_zero_copy_and_read_only(tmp_path):
     values = np.arange(8, dtype=np.float32)
     key = _shm_file(tmp_path, "f32", b"\0" * 64 + values.tobytes())
     manager.register("r", key, 64, values.nbytes)
-    ref = manager.ref({"shared_memory_region": "r", "shared_memory_byte_size": values.nbytes}, "input 'X'")
+    ref = _ref(manager, {"shared_memory_region": "r", "shared_memory_byte_size": values.nbytes}, "input 'X'")
     array = ref.read(BY_NAME["FP32"], (2, 4), "input 'X'")
     np.testing.assert_array_equal(array, values.reshape(2, 4))
     assert not array.flags.writeable  # a model cannot write into the client's memory
@@ -322,7 +328,7 @@ def test_reads_are_zero_copy_and_read_only(tmp_path):
     manager.unregister("r")
     assert array.sum() == 40
     with pytest.raises(NotFound):
-        manager.ref({"shared_memory_region": "r", "shared_memory_byte_size": 4}, "input 'X'")
+        _ref(manager, {"shared_memory_region": "r", "shared_memory_byte_size": 4}, "input 'X'")
     with pytest.raises(NotFound):
         ref.read(BY_NAME["FP32"], (2, 4), "input 'X'")
 
@@ -332,7 +338,7 @@ def test_unaligned_offsets_are_copied(tmp_path):
     values = np.arange(4, dtype=np.int32)
     key = _shm_file(tmp_path, "odd", b"\0" + values.tobytes())
     manager.register("odd", key, 0, 1 + values.nbytes)
-    ref = manager.ref({"shared_memory_region": "odd", "shared_memory_offset": 1,
+    ref = _ref(manager, {"shared_memory_region": "odd", "shared_memory_offset": 1,
                        "shared_memory_byte_size": values.nbytes}, "input 'X'")
     array = ref.read(BY_NAME["INT32"], (4,), "input 'X'")
     np.testing.assert_array_equal(array, values)
@@ -359,7 +365,7 @@ def test_manager_refusals(tmp_path):
         ({"shared_memory_region": "k", "shared_memory_byte_size": 33}, r"invalid offset \+ byte size"),
     ]:
         with pytest.raises(InvalidArgument, match=word):
-            manager.ref(params, "input 'X'")
+            _ref(manager, params, "input 'X'")
     manager.close()
     assert not manager.status()
 

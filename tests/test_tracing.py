@@ -22,7 +22,7 @@ from inferd.errors import InvalidArgument, Unavailable
 from inferd.examples import onnx_models as om
 from inferd.observability.tracing import ROOT_SPAN, TraceConfig, Tracing, ensemble_step
 from inferd.repository import ModelManager
-from inferd.server.dataplane import DataPlane
+from inferd.dataplane import DataPlane
 from inferd.types import InferenceRequest
 from repo_builder import add_model, config
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import struct
+import sys
 import threading
 from typing import Any, Iterable, Sequence
 
@@ -464,7 +465,7 @@ class InferenceRequest:
                 "exec(decoupled=True): BLS calls to decoupled models are not supported by inferd")
         from inferd.backends.python import bls_exec
 
-        return bls_exec(self)
+        return bls_exec(self, sys._getframe(1).f_globals)
 
     def async_exec(self, decoupled: bool = False) -> Any:
         """Start this request on the named model; returns an awaitable for its
@@ -474,7 +475,7 @@ class InferenceRequest:
                 "async_exec(decoupled=True): BLS calls to decoupled models are not supported by inferd")
         from inferd.backends.python import bls_async_exec
 
-        return bls_async_exec(self)
+        return bls_async_exec(self, sys._getframe(1).f_globals)
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:

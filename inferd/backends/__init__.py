@@ -9,11 +9,16 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from inferd._proto import model_config_pb2 as mc
-from inferd.backends.base import Backend, BatchResult, Device, ExecutionTimes, InstanceSpec, ModelInstance
+from inferd.config import ModelConfig
+from inferd.backends.base import (
+    Backend, BatchResult, Device, ExecutionTimes, InferenceDispatcher, InstanceSpec, ModelInstance,
+)
 from inferd.errors import ConfigError
 
-__all__ = ["Backend", "BatchResult", "Device", "ExecutionTimes", "InstanceSpec", "ModelInstance", "get", "resolve"]
+__all__ = [
+    "Backend", "BatchResult", "Device", "ExecutionTimes", "InferenceDispatcher", "InstanceSpec", "ModelInstance", "get",
+    "resolve",
+]
 
 _BACKENDS: dict[str, Backend] = {}
 
@@ -57,8 +62,9 @@ def get(name: str) -> Backend:
 _BY_EXTENSION = {".onnx": "onnxruntime", ".pt": "pytorch", ".py": "python"}
 
 
-def resolve(config: mc.ModelConfig, model_dir: Path) -> Backend | None:
-    """Settle ``config.platform``/``config.backend`` in place; None for ensembles."""
+def resolve(config: ModelConfig, model_dir: Path) -> Backend | None:
+    """Settle ``config.platform``/``config.backend`` in place; None for ensembles.
+    Part of the config pipeline (:func:`inferd.config.prepare_config`), which it is handed to."""
     backends = _registry()
     if config.platform == "ensemble":
         if config.backend:
@@ -93,7 +99,7 @@ def resolve(config: mc.ModelConfig, model_dir: Path) -> Backend | None:
     return backend
 
 
-def _guess(config: mc.ModelConfig, model_dir: Path, backends: dict[str, Backend]) -> Backend:
+def _guess(config: ModelConfig, model_dir: Path, backends: dict[str, Backend]) -> Backend:
     wanted = config.default_model_filename
     for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()):
         for child in sorted(version_dir.iterdir()):

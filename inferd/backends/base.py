@@ -9,17 +9,17 @@ outputs; the Python backend hands the list of requests to user code.
 from __future__ import annotations
 
 import abc
+import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
-from inferd._proto import model_config_pb2 as mc
-from inferd.config import ModelSignature, ModelSpec
+from inferd.config import ModelConfig, ModelSignature, ModelSpec
 from inferd.errors import ConfigError, InferdError, ModelExecutionError
-from inferd.types import InferenceRequest
+from inferd.types import InferenceRequest, InferenceResponse
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +52,27 @@ class BatchResult:
     reschedule: list[bool] | None = None
 
 
+class InferenceDispatcher(Protocol):
+    """What an instance may call in the server: run a request on another loaded
+    model (a Python model's BLS call), scheduled with that model's other traffic.
+
+    Implemented above the backends (``inferd.model.ModelDispatcher``) and handed
+    to each instance in its :class:`InstanceSpec`, so a backend never imports
+    the layers that serve it.
+    """
+
+    # The event loop ``infer`` runs on; None until the server runs one.
+    loop: asyncio.AbstractEventLoop | None
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        """The request's response, or the domain error a client would see; on ``loop`` only."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class InstanceSpec:
-    """Which instance to create: its name, device, and the model's files."""
+    """Which instance to create: its name, device, and the model's files;
+    ``dispatcher``: how it reaches other models (None outside a server)."""
 
     name: str
     device: Device
@@ -63,6 +81,7 @@ class InstanceSpec:
     version: int
     model_file: Path
     threads: int  # intra-op threads this instance may use (cores / instances)
+    dispatcher: InferenceDispatcher | None = field(default=None, compare=False, repr=False)
 
 
 class RequestInputs(dict):
@@ -159,9 +178,11 @@ class Backend(abc.ABC):
     def gpu_available(self) -> bool:
         return False
 
-    def complete_config(self, config: mc.ModelConfig, model_file: Path) -> None:
+    def complete_config(self, config: ModelConfig, model_file: Path) -> None:
         """Complete or check ``config`` in place before validation (the Python
-        backend runs a model's ``auto_complete_config`` here). Blocking."""
+        backend runs a model's ``auto_complete_config`` here). Blocking. The one
+        place a backend sees the protobuf: it runs inside the config pipeline
+        (:func:`inferd.config.prepare_config`); instances get the plain ModelSpec."""
 
     @abc.abstractmethod
     def create_instance(self, spec: ModelSpec, instance: InstanceSpec) -> ModelInstance:

@@ -84,8 +84,7 @@ class OnnxInstance(TensorInstance):
     def __init__(self, backend: OnnxRuntimeBackend, spec: ModelSpec, instance: InstanceSpec) -> None:
         super().__init__(spec, instance)
         ort = _ort()
-        config = spec.config
-        params = {k: v.string_value for k, v in config.parameters.items()}
+        params = spec.parameters
         options = ort.SessionOptions()
         options.intra_op_num_threads = int_parameter(spec.name, params, "intra_op_thread_count", instance.threads)
         options.inter_op_num_threads = int_parameter(spec.name, params, "inter_op_thread_count", 1)
@@ -102,7 +101,7 @@ class OnnxInstance(TensorInstance):
         if mode not in ("0", "1"):
             raise ConfigError(f"model '{spec.name}': parameter 'execution_mode' must be 0 (sequential) or 1 (parallel), got '{mode}'")
         options.execution_mode = ort.ExecutionMode.ORT_PARALLEL if mode == "1" else ort.ExecutionMode.ORT_SEQUENTIAL
-        level = _GRAPH_LEVELS[config.optimization.graph.level]
+        level = _GRAPH_LEVELS[spec.graph_optimization_level]
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
         if instance.device.kind == "cuda":
             if not backend.gpu_available():

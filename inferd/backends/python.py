@@ -45,10 +45,12 @@ only; both reach the client as INTERNAL with the model named (or the status
 of the ``TritonError`` code the model chose).
 
 BLS: ``pb_utils.InferenceRequest(...).exec()`` submits the request to the
-server's :class:`~inferd.server.dataplane.DataPlane` on the server's event
-loop (``asyncio.run_coroutine_threadsafe``) and waits; the callee schedules it
-with the rest of its traffic. The server publishes its data plane and loop in
-:mod:`inferd.server.context` when it starts.
+instance's :class:`~inferd.backends.base.InferenceDispatcher` (handed to it in
+its ``InstanceSpec``) on the server's event loop
+(``asyncio.run_coroutine_threadsafe``) and waits; the callee schedules it with
+the rest of its traffic. The instance makes its dispatcher the one of the
+thread while its code runs there, and puts it in its own module for threads
+the model starts itself; outside a server there is none.
 """
 
 from __future__ import annotations
@@ -68,13 +70,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-from google.protobuf import json_format
 
 import triton_python_backend_utils as pb_utils
-from inferd._proto import model_config_pb2 as mc
-from inferd.backends.base import Backend, BatchResult, ExecutionTimes, InstanceSpec, ModelInstance, RequestInputs
-from inferd.config import ModelSpec, message_to_dict
-from inferd.config._sequence import sequence_tensor_names
+from inferd.backends.base import (
+    Backend, BatchResult, ExecutionTimes, InferenceDispatcher, InstanceSpec, ModelInstance, RequestInputs,
+)
+from inferd.config import ModelConfig, ModelSpec, config_from_dict, message_to_dict
 from inferd.errors import (
     AlreadyExists, Cancelled, ConfigError, InferdError, InvalidArgument, ModelExecutionError, NotFound,
     Unavailable, Unimplemented,
@@ -153,7 +154,7 @@ class PythonBackend(Backend):
                     pass
         return self._gpu
 
-    def complete_config(self, config: mc.ModelConfig, model_file: Path) -> None:
+    def complete_config(self, config: ModelConfig, model_file: Path) -> None:
         name = config.name
         module = _load_module(name, model_file, "autocomplete")
         try:
@@ -162,7 +163,7 @@ class PythonBackend(Backend):
             if complete is None:
                 return
             holder = pb_utils.ModelConfig(message_to_dict(config))
-            pb_utils._set_current_model(name)
+            _enter(name, None)
             try:
                 result = complete(holder)
             except Exception as exc:
@@ -170,12 +171,11 @@ class PythonBackend(Backend):
                     f"model '{name}': auto_complete_config failed: {type(exc).__name__}: {exc}"
                 ) from None
             finally:
-                pb_utils._set_current_model(None)
+                _leave()
             completed = (result if result is not None else holder).as_dict()
-            fresh = mc.ModelConfig()
             try:
-                json_format.ParseDict(completed, fresh)
-            except (json_format.ParseError, TypeError, ValueError) as exc:
+                fresh = config_from_dict(completed)
+            except ValueError as exc:
                 raise ConfigError(
                     f"model '{name}': auto_complete_config produced an invalid config: {exc}"
                 ) from None
@@ -200,14 +200,17 @@ class PythonInstance(ModelInstance):
                 "instance's thread (user code may block or call other models)"
             )
         path = instance.model_file
+        self._dispatcher = instance.dispatcher
         self._module = _load_module(name, path, f"v{instance.version}_{instance.name}")
+        # For BLS calls from threads the model starts itself (its own code's module is known there).
+        self._module.__dict__[_DISPATCHER] = self._dispatcher
         self._loop: asyncio.AbstractEventLoop | None = None
         try:
             cls = _model_class(name, self._module, path)
             self._model = cls()
             self._execute = self._model.execute
             args = {
-                "model_config": json.dumps(message_to_dict(spec.config)),
+                "model_config": json.dumps(spec.config_dict()),
                 "model_instance_kind": "GPU" if instance.device.kind == "cuda" else "CPU",
                 "model_instance_name": instance.name,
                 "model_instance_device_id": str(instance.device.index),
@@ -217,7 +220,7 @@ class PythonInstance(ModelInstance):
             }
             initialize = getattr(self._model, "initialize", None)
             if initialize is not None:
-                pb_utils._set_current_model(name)
+                _enter(name, self._dispatcher)
                 try:
                     done = initialize(args)
                     if inspect.isawaitable(done):
@@ -227,15 +230,15 @@ class PythonInstance(ModelInstance):
                         f"model '{name}': TritonPythonModel.initialize failed: {type(exc).__name__}: {exc}"
                     ) from None
                 finally:
-                    pb_utils._set_current_model(None)
+                    _leave()
         except BaseException:
             self._release()
             raise
         outputs = list(spec.outputs)
         self._all_outputs = outputs
         # A sequence model's state outputs are read back by the sequence batcher.
-        self._known_outputs = set(outputs) | sequence_tensor_names(spec.config)[1]
-        self._decoupled = bool(spec.config.model_transaction_policy.decoupled)
+        self._known_outputs = set(outputs) | {s.output for s in (spec.sequence.states if spec.sequence else ())}
+        self._decoupled = spec.decoupled
         self._warned_return = False
 
     # -- execution -------------------------------------------------------------------
@@ -248,7 +251,7 @@ class PythonInstance(ModelInstance):
         t0 = time.perf_counter_ns()
         requests = [self._request(item) for item in inputs]
         t1 = time.perf_counter_ns()
-        pb_utils._set_current_model(name)
+        _enter(name, self._dispatcher)
         try:
             responses = self._execute(requests)
             if inspect.isawaitable(responses):
@@ -260,7 +263,7 @@ class PythonInstance(ModelInstance):
             times.input_ns = t1 - t0
             return BatchResult([error] * len(inputs), times)
         finally:
-            pb_utils._set_current_model(None)
+            _leave()
         t2 = time.perf_counter_ns()
         results = self._results(requests, responses)
         times.input_ns = t1 - t0
@@ -342,7 +345,7 @@ class PythonInstance(ModelInstance):
             senders.append((sender, sink))
         t1 = time.perf_counter_ns()
         if requests:
-            pb_utils._set_current_model(name)
+            _enter(name, self._dispatcher)
             try:
                 returned = self._execute(requests)
                 if inspect.isawaitable(returned):
@@ -358,7 +361,7 @@ class PythonInstance(ModelInstance):
                     if sender._close() and sink is not None:
                         sink.put(StreamEvent(error=error, final=True))
             finally:
-                pb_utils._set_current_model(None)
+                _leave()
         times.input_ns = t1 - t0
         times.infer_ns = time.perf_counter_ns() - t1
         return BatchResult(results, times)
@@ -390,7 +393,7 @@ class PythonInstance(ModelInstance):
     def close(self) -> None:
         finalize = getattr(getattr(self, "_model", None), "finalize", None)
         if finalize is not None:
-            pb_utils._set_current_model(self.model.name)
+            _enter(self.model.name, self._dispatcher)
             try:
                 done = finalize()
                 if inspect.isawaitable(done):
@@ -398,7 +401,7 @@ class PythonInstance(ModelInstance):
             except Exception:
                 log.exception("model '%s': TritonPythonModel.finalize raised", self.model.name)
             finally:
-                pb_utils._set_current_model(None)
+                _leave()
         self._release()
 
     def _release(self) -> None:
@@ -441,10 +444,25 @@ def _triton_error(exc: BaseException) -> pb_utils.TritonError:
 # -- BLS -----------------------------------------------------------------------------------
 
 
-def _server() -> Any:
-    from inferd.server import context
+_DISPATCHER = "__inferd_dispatcher__"  # in each instance's module: its dispatcher
+_running = threading.local()  # the dispatcher of the instance whose code runs on this thread
 
-    return context.current()
+
+def _enter(model: str, dispatcher: InferenceDispatcher | None) -> None:
+    """The instance's user code starts running on this thread (model name for pb_utils.Logger, BLS target)."""
+    pb_utils._set_current_model(model)
+    _running.dispatcher = dispatcher
+
+
+def _leave() -> None:
+    pb_utils._set_current_model(None)
+    _running.dispatcher = None
+
+
+def _dispatcher(caller_globals: dict[str, Any]) -> InferenceDispatcher | None:
+    """The dispatcher of the instance making a BLS call: the one whose code runs on this
+    thread, else (a thread the model started) the one whose module holds the calling code."""
+    return getattr(_running, "dispatcher", None) or caller_globals.get(_DISPATCHER)
 
 
 def _internal_request(request: pb_utils.InferenceRequest) -> InferenceRequest:
@@ -478,18 +496,18 @@ def _internal_request(request: pb_utils.InferenceRequest) -> InferenceRequest:
     )
 
 
-async def _bls_call(dataplane: Any, request: InferenceRequest) -> pb_utils.InferenceResponse:
+async def _bls_call(dispatcher: InferenceDispatcher, request: InferenceRequest) -> pb_utils.InferenceResponse:
     try:
-        response = await dataplane.infer(request)
+        response = await dispatcher.infer(request)
     except Exception as exc:
         return pb_utils.InferenceResponse(error=_triton_error(exc))
     tensors = [pb_utils.Tensor(name, array) for name, array in response.outputs.items()]
     return pb_utils.InferenceResponse(output_tensors=tensors, parameters=response.parameters)
 
 
-def _prepare(request: pb_utils.InferenceRequest) -> tuple[Any, InferenceRequest | pb_utils.InferenceResponse]:
-    server = _server()
-    if server is None:
+def _prepare(request: pb_utils.InferenceRequest, server: InferenceDispatcher | None,
+             ) -> tuple[Any, InferenceRequest | pb_utils.InferenceResponse]:
+    if server is None or server.loop is None:
         return None, pb_utils.InferenceResponse(error=pb_utils.TritonError(
             "BLS needs a running inferd server; there is none in this process", pb_utils.TritonError.UNAVAILABLE))
     try:
@@ -505,9 +523,10 @@ def _on_server_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
-def bls_exec(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
-    """``InferenceRequest.exec()``: run on the server's loop, wait on this thread."""
-    server, prepared = _prepare(request)
+def bls_exec(request: pb_utils.InferenceRequest, caller_globals: dict[str, Any]) -> pb_utils.InferenceResponse:
+    """``InferenceRequest.exec()``: run on the server's loop, wait on this thread.
+    ``caller_globals``: the calling code's module globals (see :func:`_dispatcher`)."""
+    server, prepared = _prepare(request, _dispatcher(caller_globals))
     if isinstance(prepared, pb_utils.InferenceResponse):
         return prepared
     if _on_server_loop(server.loop):
@@ -515,7 +534,7 @@ def bls_exec(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
             "InferenceRequest.exec() was called on the server's event loop, where waiting would deadlock"
         )
     try:
-        future = asyncio.run_coroutine_threadsafe(_bls_call(server.dataplane, prepared), server.loop)
+        future = asyncio.run_coroutine_threadsafe(_bls_call(server, prepared), server.loop)
     except RuntimeError as exc:  # the loop is closed: the server stopped
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(
             f"BLS request to model '{request.model_name}': the server is stopping ({exc})",
@@ -530,7 +549,7 @@ def bls_exec(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
             pb_utils.TritonError.UNAVAILABLE))
 
 
-def bls_async_exec(request: pb_utils.InferenceRequest) -> Any:
+def bls_async_exec(request: pb_utils.InferenceRequest, caller_globals: dict[str, Any]) -> Any:
     """``InferenceRequest.async_exec()``: an awaitable on the caller's running loop."""
     try:
         loop = asyncio.get_running_loop()
@@ -538,15 +557,15 @@ def bls_async_exec(request: pb_utils.InferenceRequest) -> Any:
         raise pb_utils.TritonModelException(
             "InferenceRequest.async_exec() must be awaited inside 'async def execute'; use exec() in a plain execute"
         ) from None
-    server, prepared = _prepare(request)
+    server, prepared = _prepare(request, _dispatcher(caller_globals))
     done: asyncio.Future = loop.create_future()
     if isinstance(prepared, pb_utils.InferenceResponse):
         done.set_result(prepared)
         return done
     if server.loop is loop:
-        return loop.create_task(_bls_call(server.dataplane, prepared))
+        return loop.create_task(_bls_call(server, prepared))
     try:
-        future = asyncio.run_coroutine_threadsafe(_bls_call(server.dataplane, prepared), server.loop)
+        future = asyncio.run_coroutine_threadsafe(_bls_call(server, prepared), server.loop)
     except RuntimeError as exc:
         done.set_result(pb_utils.InferenceResponse(error=pb_utils.TritonError(
             f"BLS request to model '{request.model_name}': the server is stopping ({exc})",

@@ -56,9 +56,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from inferd._proto import model_config_pb2 as mc
 from inferd.backends.base import Backend, InstanceSpec, ModelInstance, TensorInstance, int_parameter
-from inferd.config import ModelSignature, ModelSpec
+from inferd.config import ModelConfig, ModelSignature, ModelSpec
 from inferd.dtypes import BY_NAME
 from inferd.errors import ConfigError, ModelExecutionError
 
@@ -121,7 +120,7 @@ class TorchScriptBackend(Backend):
             self._gpu = bool(_torch().cuda.is_available())
         return self._gpu
 
-    def complete_config(self, config: mc.ModelConfig, model_file: Path) -> None:
+    def complete_config(self, config: ModelConfig, model_file: Path) -> None:
         missing = [kind for kind, tensors in (("input", config.input), ("output", config.output)) if not tensors]
         if missing:
             raise ConfigError(
@@ -140,7 +139,7 @@ class TorchScriptInstance(TensorInstance):
         torch = _torch()
         self._torch = torch
         name = spec.name
-        params = {k: v.string_value.strip() for k, v in spec.config.parameters.items()}
+        params = {k: v.strip() for k, v in spec.parameters.items()}
         self._check_types(spec)
         self._device = self._torch_device(backend, spec, instance)
         self._cuda = self._device.type == "cuda"

@@ -1,27 +1,43 @@
 """Model configuration: parse ``config.pbtxt``, auto-complete it, validate it.
 
-The public surface is :func:`parse_config_text`, :func:`autocomplete`,
-:func:`validate` and the plain-data views (:class:`TensorSpec`,
-:class:`ModelSpec`) that the layers below the config use instead of protobuf.
+The protobuf ``ModelConfig`` stops here. The public surface is the pipeline
+(:func:`prepare_config` for a model folder, :func:`prepare_ensemble_config`
+for an ensemble's, and the pieces they are made of: parse, auto-complete,
+validate, select versions) and the plain-data specs the layers below the
+config read instead of protobuf: :class:`ModelSpec` (tensors, instance
+groups, warm-up, transaction policy, batching blocks, backend parameters),
+:class:`EnsembleConfig`, :class:`DynamicBatching`, the sequence policy.
+``ModelConfig`` is exported as a type only, for code that passes a message
+through without reading it (and the backends' config hooks, which complete it).
 """
 
-from inferd.config._parse import config_to_json, message_to_dict, parse_config_file, parse_config_text
-from inferd.config._spec import ModelSpec, TensorSpec, model_spec
-from inferd.config._validate import validate
-from inferd.config._autocomplete import autocomplete, ModelSignature, SignatureTensor
+from inferd._proto.model_config_pb2 import ModelConfig
+from inferd.config._autocomplete import ModelSignature, SignatureTensor, autocomplete
+from inferd.config._batching import DELAY, REJECT, DynamicBatching, QueuePolicy, dynamic_batching
+from inferd.config._ensemble import (
+    EnsembleConfig, StepConfig, check_ensemble_config, ensemble_config, is_ensemble, prepare_ensemble_config,
+    read_ensemble_config,
+)
 from inferd.config._parameters import InferdParameters
+from inferd.config._parse import (
+    config_from_dict, config_from_json, config_to_json, message_to_dict, parse_config_file, parse_config_text,
+)
+from inferd.config._prepare import (
+    BackendResolver, ConfigCompleter, PreparedConfig, check_name, prepare_config, read_model_config, select_versions,
+)
+from inferd.config._sequence import CORRID, END, READY, START, Control, SequencePolicy, StateSpec
+from inferd.config._spec import (
+    KIND_AUTO, KIND_CPU, KIND_GPU, InstanceGroup, ModelSpec, TensorSpec, WarmupInput, WarmupSample, model_spec,
+)
+from inferd.config._validate import validate
 
 __all__ = [
-    "InferdParameters",
-    "ModelSignature",
-    "ModelSpec",
-    "SignatureTensor",
-    "TensorSpec",
-    "autocomplete",
-    "config_to_json",
-    "message_to_dict",
-    "model_spec",
-    "parse_config_file",
-    "parse_config_text",
-    "validate",
+    "CORRID", "DELAY", "END", "KIND_AUTO", "KIND_CPU", "KIND_GPU", "READY", "REJECT", "START",
+    "BackendResolver", "ConfigCompleter", "Control", "DynamicBatching", "EnsembleConfig", "InferdParameters",
+    "InstanceGroup", "ModelConfig", "ModelSignature", "ModelSpec", "PreparedConfig", "QueuePolicy",
+    "SequencePolicy", "SignatureTensor", "StateSpec", "StepConfig", "TensorSpec", "WarmupInput", "WarmupSample",
+    "autocomplete", "check_ensemble_config", "check_name", "config_from_dict", "config_from_json", "config_to_json",
+    "dynamic_batching", "ensemble_config", "is_ensemble", "message_to_dict", "model_spec", "parse_config_file",
+    "parse_config_text", "prepare_config", "prepare_ensemble_config", "read_ensemble_config", "read_model_config",
+    "select_versions", "validate",
 ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from typing import Any
@@ -12,7 +11,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from inferd._proto import model_config_pb2 as mc
-from inferd.errors import ConfigError
+from inferd.errors import ConfigError, InvalidArgument
 
 
 def parse_config_text(text: str, *, model: str) -> mc.ModelConfig:
@@ -32,13 +31,28 @@ def parse_config_file(path: Path, *, model: str) -> mc.ModelConfig:
     return parse_config_text(text, model=model)
 
 
-def config_from_json(text: str, *, model: str) -> mc.ModelConfig:
-    """A config given as JSON (RepositoryModelLoad's ``config`` parameter)."""
+def config_from_json(name: str, text: str) -> mc.ModelConfig:
+    """RepositoryModelLoad's ``config`` parameter: a ModelConfig in JSON, for model ``name``."""
     config = mc.ModelConfig()
     try:
         json_format.Parse(text, config)
-    except (json_format.ParseError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"model '{model}': config override is not a valid ModelConfig JSON: {exc}") from None
+    except json_format.ParseError as exc:
+        raise InvalidArgument(f"failed to load '{name}': parameter 'config' is not a valid "
+                              f"ModelConfig in JSON: {exc}") from None
+    if config.name and config.name != name:
+        raise InvalidArgument(f"failed to load '{name}': the config names the model '{config.name}'")
+    config.name = name
+    return config
+
+
+def config_from_dict(doc: dict[str, Any]) -> mc.ModelConfig:
+    """A config from its JSON form as a dict (what a Python model's ``auto_complete_config``
+    returns); ValueError, with the parser's words, when it is not one."""
+    config = mc.ModelConfig()
+    try:
+        json_format.ParseDict(doc, config)
+    except (json_format.ParseError, TypeError, ValueError) as exc:
+        raise ValueError(str(exc)) from None
     return config
 
 

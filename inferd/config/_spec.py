@@ -1,12 +1,28 @@
-"""Plain-data views of a validated config, for the layers below it."""
+"""Plain-data views of a validated config, for the layers below it.
+
+:func:`model_spec` turns a checked ``ModelConfig`` into a :class:`ModelSpec`:
+tensors, instance groups, warm-up samples, the transaction policy, the
+dynamic and sequence batching blocks, and the backend's parameters. The rest
+of the server reads these and never the protobuf; ``ModelSpec.config`` keeps
+the message only to be handed back as it is (the ModelConfig RPC) or rendered
+here (:meth:`ModelSpec.config_dict`, :meth:`ModelSpec.config_bytes`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from inferd._proto import model_config_pb2 as mc
+from inferd.config._batching import DynamicBatching, dynamic_batching
 from inferd.config._parameters import InferdParameters
+from inferd.config._parse import message_to_dict
+from inferd.config._sequence import SequencePolicy, sequence_policy
 from inferd.dtypes import BY_CONFIG, DataType
+
+# Instance kinds, as the config names them.
+KIND_AUTO, KIND_CPU, KIND_GPU = "KIND_AUTO", "KIND_CPU", "KIND_GPU"
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +40,33 @@ class TensorSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class InstanceGroup:
+    """One ``instance_group``: ``count`` instances of ``kind`` (on each of ``gpus`` for KIND_GPU)."""
+
+    name: str  # "" : named after the model and the group's index
+    kind: str  # KIND_AUTO, KIND_CPU or KIND_GPU
+    count: int
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupInput:
+    dims: tuple[int, ...]
+    data: str | None  # "zero_data", "random_data", "input_data_file" (None: zeros)
+    file: str = ""  # input_data_file: a file in <model>/warmup/
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupSample:
+    """One ``model_warmup`` entry: ``batch_size`` requests of ``inputs``, run ``count`` times."""
+
+    name: str
+    batch_size: int
+    count: int
+    inputs: tuple[tuple[str, WarmupInput], ...]  # by input name, sorted
+
+
+@dataclass(frozen=True, slots=True)
 class ModelSpec:
     name: str
     platform: str
@@ -32,11 +75,26 @@ class ModelSpec:
     inputs: dict[str, TensorSpec]
     outputs: dict[str, TensorSpec]
     params: InferdParameters
-    config: mc.ModelConfig = field(repr=False)
+    config: mc.ModelConfig = field(repr=False)  # opaque below config/: handed back as it is
+    decoupled: bool = False  # model_transaction_policy.decoupled: any number of responses per request
+    parameters: dict[str, str] = field(default_factory=dict)  # the config's parameters (backend settings)
+    graph_optimization_level: int = 0  # optimization.graph.level
+    instance_groups: tuple[InstanceGroup, ...] = ()
+    warmup: tuple[WarmupSample, ...] = ()
+    dynamic_batching: DynamicBatching | None = None
+    sequence: SequencePolicy | None = None  # sequence_batching
 
     @property
     def batching(self) -> bool:
         return self.max_batch_size > 0
+
+    def config_dict(self) -> dict[str, Any]:
+        """The config as Triton shows it in JSON (a Python model's ``args["model_config"]``)."""
+        return message_to_dict(self.config)
+
+    def config_bytes(self) -> bytes:
+        """The config, serialized deterministically: equal bytes, equal configs (reload checks)."""
+        return self.config.SerializeToString(deterministic=True)
 
 
 def tensor_spec(t: mc.ModelInput | mc.ModelOutput, labels: tuple[str, ...] = ()) -> TensorSpec:
@@ -52,8 +110,32 @@ def tensor_spec(t: mc.ModelInput | mc.ModelOutput, labels: tuple[str, ...] = ())
     )
 
 
-def model_spec(config: mc.ModelConfig, labels: dict[str, tuple[str, ...]] | None = None) -> ModelSpec:
+def _instance_groups(config: mc.ModelConfig) -> tuple[InstanceGroup, ...]:
+    return tuple(
+        InstanceGroup(g.name, mc.ModelInstanceGroup.Kind.Name(g.kind), int(g.count), tuple(int(x) for x in g.gpus))
+        for g in config.instance_group
+    )
+
+
+def _warmup(config: mc.ModelConfig) -> tuple[WarmupSample, ...]:
+    samples = []
+    for w in config.model_warmup:
+        inputs = []
+        for name in sorted(w.inputs):
+            inp = w.inputs[name]
+            inputs.append((name, WarmupInput(tuple(int(d) for d in inp.dims), inp.WhichOneof("input_data_type"),
+                                             inp.input_data_file)))
+        samples.append(WarmupSample(w.name, int(w.batch_size), int(w.count), tuple(inputs)))
+    return tuple(samples)
+
+
+def model_spec(config: mc.ModelConfig, labels: dict[str, tuple[str, ...]] | None = None, *,
+               model_dir: Path | None = None, sequence: SequencePolicy | None = None) -> ModelSpec:
+    """The plain view of a checked ``config``; ``sequence``: its sequence policy when the
+    caller has it already (else it is read, with ``model_dir`` for initial-state files)."""
     labels = labels or {}
+    if sequence is None:
+        sequence = sequence_policy(config, model_dir)
     return ModelSpec(
         name=config.name,
         platform=config.platform,
@@ -63,4 +145,11 @@ def model_spec(config: mc.ModelConfig, labels: dict[str, tuple[str, ...]] | None
         outputs={t.name: tensor_spec(t, labels.get(t.name, ())) for t in config.output},
         params=InferdParameters.from_config(config),
         config=config,
+        decoupled=bool(config.model_transaction_policy.decoupled),
+        parameters={k: v.string_value for k, v in config.parameters.items()},
+        graph_optimization_level=int(config.optimization.graph.level),
+        instance_groups=_instance_groups(config),
+        warmup=_warmup(config),
+        dynamic_batching=dynamic_batching(config),
+        sequence=sequence,
     )

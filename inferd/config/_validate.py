@@ -90,7 +90,7 @@ def validate(
             check_sequence_signature(config, sequence, signature)
         _check_against_signature(config, signature)
     del both  # an input and an output may share a name (Triton allows it)
-    return model_spec(config, labels)
+    return model_spec(config, labels, model_dir=model_dir, sequence=sequence)
 
 
 def _check_version_policy(config: mc.ModelConfig) -> None:

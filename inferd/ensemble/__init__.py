@@ -2,8 +2,9 @@
 
 * :mod:`inferd.ensemble.graph` - the wiring, built and checked at load.
 * :mod:`inferd.ensemble.scheduler` - :class:`EnsembleScheduler`, the request path.
-* :mod:`inferd.ensemble.loader` - what the ModelManager calls to load one
-  (imported by the manager as a module, not from here, to keep imports acyclic).
+Loading one (reading its config, checking it against the composing models,
+building its versions) is the repository's: :mod:`inferd.repository.ensembles`.
+Nothing here imports the repository.
 """
 
 from inferd.ensemble.graph import (
@@ -12,10 +13,8 @@ from inferd.ensemble.graph import (
     Step,
     build_graph,
     check_against_models,
-    check_ensemble_config,
     dependents,
     find_cycle,
-    is_ensemble,
     load_order,
 )
 from inferd.ensemble.scheduler import EnsembleScheduler
@@ -27,9 +26,7 @@ __all__ = [
     "Step",
     "build_graph",
     "check_against_models",
-    "check_ensemble_config",
     "dependents",
     "find_cycle",
-    "is_ensemble",
     "load_order",
 ]

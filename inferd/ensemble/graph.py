@@ -1,10 +1,10 @@
 """An ensemble's graph: built and checked at load, never per request.
 
-Three layers of checks, each usable on its own (unit tests build configs
-directly):
+Two layers of checks here, each usable on its own, after the config's own
+(:func:`inferd.config.check_ensemble_config`: the fields an ensemble may not
+carry, its input/output lists), which also gives the plain
+:class:`~inferd.config.EnsembleConfig` the graph is built from:
 
-* :func:`check_ensemble_config` - the ensemble's own config: the fields an
-  ensemble may not carry, its input/output lists.
 * :func:`build_graph` - the wiring alone: steps, maps, which step produces
   and consumes each tensor, unused inputs, unproduced outputs, tensors
   produced twice, cycles inside the ensemble.
@@ -22,24 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
-from inferd._proto import model_config_pb2 as mc
-from inferd.config import ModelSpec, TensorSpec
+from inferd.config import EnsembleConfig, ModelSpec, TensorSpec
 from inferd.errors import ConfigError
-
-PLATFORM = "ensemble"
-
-# Settings an ensemble may not carry: its composing models batch and execute.
-_FORBIDDEN = {
-    "instance_group": "an ensemble has no instances of its own; its composing models do",
-    "dynamic_batching": "an ensemble does not batch; its composing models' dynamic_batching applies to ensemble traffic",
-    "sequence_batching": "sequence batching is not supported by inferd",
-    "model_warmup": "an ensemble cannot be warmed up; warm its composing models",
-    "optimization": "an ensemble is not executed by a runtime; set optimization on its composing models",
-    "default_model_filename": "an ensemble has no model file",
-    "cc_model_filenames": "an ensemble has no model file",
-    "backend": "an ensemble names no backend",
-}
-
 
 @dataclass(frozen=True, slots=True)
 class Step:
@@ -83,52 +67,21 @@ class EnsembleGraph:
 # -- the ensemble's own config ---------------------------------------------------
 
 
-def is_ensemble(config: mc.ModelConfig) -> bool:
-    return config.platform == PLATFORM
-
-
-def check_ensemble_config(config: mc.ModelConfig) -> None:
-    """What an ensemble's own config may say, before any wiring is looked at."""
-    name = config.name
-    for field, _ in config.ListFields():
-        if field.name in _FORBIDDEN:
-            raise ConfigError(f"ensemble '{name}': field '{field.name}' is not allowed: {_FORBIDDEN[field.name]}")
-    if not config.HasField("ensemble_scheduling"):
-        raise ConfigError(f"ensemble '{name}': platform \"ensemble\" needs an ensemble_scheduling block")
-    if not config.input:
-        raise ConfigError(f"ensemble '{name}': the config must list the ensemble's inputs (Triton requires them)")
-    if not config.output:
-        raise ConfigError(f"ensemble '{name}': the config must list the ensemble's outputs (Triton requires them)")
-    for kind, tensors in (("input", config.input), ("output", config.output)):
-        for t in tensors:
-            if t.HasField("reshape"):
-                raise ConfigError(
-                    f"ensemble '{name}': {kind} '{t.name}': reshape is not allowed on an ensemble tensor; "
-                    "set it on the composing model"
-                )
-    for t in config.output:
-        if t.label_filename:
-            raise ConfigError(
-                f"ensemble '{name}': output '{t.name}': label_filename is not supported on an ensemble output"
-            )
-
-
 # -- wiring ------------------------------------------------------------------------
 
 
-def build_graph(config: mc.ModelConfig) -> EnsembleGraph:
+def build_graph(config: EnsembleConfig) -> EnsembleGraph:
     """The ensemble's steps and tensors, checked for structure (no other model needed)."""
     name = config.name
     where = f"ensemble '{name}'"
-    scheduling = config.ensemble_scheduling
-    if not scheduling.step:
+    if not config.steps:
         raise ConfigError(f"{where}: ensemble_scheduling lists no step")
-    inputs = tuple(t.name for t in config.input)
-    outputs = tuple(t.name for t in config.output)
+    inputs = config.inputs
+    outputs = config.outputs
     steps: list[Step] = []
     producer: dict[str, int] = {}
     consumers: dict[str, list[int]] = {}
-    for i, s in enumerate(scheduling.step):
+    for i, s in enumerate(config.steps):
         at = f"{where} step {i}"
         if not s.model_name:
             raise ConfigError(f"{at}: model_name is empty")
@@ -195,7 +148,7 @@ def build_graph(config: mc.ModelConfig) -> EnsembleGraph:
         consumers={t: tuple(u) for t, u in consumers.items()},
         waits_for=tuple(waits_for),
         start=tuple(i for i, n in enumerate(waits_for) if n == 0),
-        max_inflight_requests=int(scheduling.max_inflight_requests),
+        max_inflight_requests=config.max_inflight_requests,
     )
     order, sequential = _check_acyclic(graph)
     return replace(graph, sequence=order) if sequential else graph
@@ -275,7 +228,7 @@ def check_against_models(
             )
         m = found.spec
         models[step.index] = m
-        if m.config.model_transaction_policy.decoupled:
+        if m.decoupled:
             raise ConfigError(
                 f"{at}: model '{m.name}' is decoupled (model_transaction_policy.decoupled): it may answer a "
                 "request with any number of responses, and an ensemble step needs exactly one"

@@ -20,19 +20,16 @@ from inferd.clock import Clock, MonotonicClock
 from inferd.config import ModelSpec
 from inferd.ensemble.graph import EnsembleGraph, Step
 from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError, Unavailable
+from inferd.model import Model, ModelLookup, run_model
 from inferd.observability.stats import ModelStats
 from inferd.observability.tracing import ensemble_step
 from inferd.scheduling.base import Inflight, Scheduler
-from inferd.server.model_path import run_model
 from inferd.types import InferenceRequest, RequestedOutput
-
-# (name, version; 0 = latest) -> the loaded model (inferd.repository.Model), or a domain error.
-Resolver = Callable[[str, int], object]
 
 
 class EnsembleScheduler(Scheduler):
     def __init__(
-        self, spec: ModelSpec, graph: EnsembleGraph, resolve: Resolver, stats: ModelStats,
+        self, spec: ModelSpec, graph: EnsembleGraph, resolve: ModelLookup, stats: ModelStats,
         clock: Clock | None = None, problem: Callable[[], str | None] | None = None,
     ) -> None:
         self.spec = spec
@@ -142,7 +139,7 @@ class EnsembleScheduler(Scheduler):
                 if waiting[c] == 0:
                     ready.append(c)
 
-    def _model(self, step: Step):  # type: ignore[no-untyped-def]
+    def _model(self, step: Step) -> Model:
         try:
             return self._resolve(step.model_name, step.model_version)
         except InferdError as exc:

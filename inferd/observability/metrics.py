@@ -27,7 +27,7 @@ from inferd.observability import stats as stats_module
 from inferd.observability.stats import ModelStats
 
 if TYPE_CHECKING:
-    from inferd.server.dataplane import DataPlane
+    from inferd.dataplane import DataPlane
 
 # Seconds: 100 us .. 60 s, as a request to a small CPU model and to a large one lands.
 LATENCY_BUCKETS = (
@@ -162,7 +162,7 @@ class InferdCollector:
             for name in LOAD_STATES:
                 state.add_metric([entry.name, entry.version, name], 1 if entry.state == name else 0)
         ready = GaugeMetricFamily("inferd_server_ready", "1 when the server is ready for inference")
-        ready.add_metric([], 1 if self.dp.server_ready() else 0)
+        ready.add_metric([], 1 if self.dp.ready_now() else 0)
 
         yield from (success, failure, count, exec_count, request_us, queue_us, input_us, infer_us, output_us,
                     pending, inflight, request_h, queue_h, compute_h, batch_h, state, ready)

@@ -28,6 +28,35 @@ class BatchStat:
     compute_output: Duration = field(default_factory=Duration)
 
 
+@dataclass(frozen=True, slots=True)
+class BatchStatistics:
+    """One batch size's compute durations, as ModelStatistics reports them."""
+
+    batch_size: int
+    compute_input: Duration
+    compute_infer: Duration
+    compute_output: Duration
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatistics:
+    """A copy of one model version's counters at one moment: plain data, safe to
+    hand to a frontend (or another process) while the counters move on."""
+
+    name: str
+    version: int
+    last_inference_ms: int
+    inference_count: int
+    execution_count: int
+    success: Duration
+    fail: Duration
+    queue: Duration
+    compute_input: Duration
+    compute_infer: Duration
+    compute_output: Duration
+    batch_stats: tuple[BatchStatistics, ...]  # by batch size, ascending
+
+
 # Wall-clock milliseconds for last_inference, derived from the monotonic clock
 # so that no timing code reads the wall clock.
 _WALL_ORIGIN_NS = time.time_ns() - time.monotonic_ns()
@@ -71,6 +100,21 @@ class ModelStats:
         self.pending = 0  # requests admitted and not yet answered
         for hook in on_create:
             hook(self)
+
+    def snapshot(self) -> ModelStatistics:
+        """The counters now, copied (the statistics extension's answer for this version)."""
+        def copy(d: Duration) -> Duration:
+            return Duration(d.count, d.ns)
+
+        batches = tuple(
+            BatchStatistics(size, copy(b.compute_input), copy(b.compute_infer), copy(b.compute_output))
+            for size, b in sorted(self.batch_stats.items())
+        )
+        return ModelStatistics(
+            self.name, self.version, self.last_inference_ms, self.inference_count, self.execution_count,
+            copy(self.success), copy(self.fail), copy(self.queue), copy(self.compute_input),
+            copy(self.compute_infer), copy(self.compute_output), batches,
+        )
 
     def _notify(self, event: str, data: dict) -> None:
         for observer in self.observers:

@@ -16,9 +16,7 @@ import asyncio
 import logging
 from typing import Mapping
 
-from google.protobuf import json_format
-
-from inferd._proto import model_config_pb2 as mc
+from inferd.config import ModelConfig, config_from_json
 from inferd.errors import InferdError, InvalidArgument, Unimplemented
 from inferd.repository.layout import fingerprint, scan
 from inferd.repository.manager import ModelManager
@@ -46,7 +44,7 @@ def require_explicit(manager: ModelManager, what: str) -> None:
             "start the server with --model-control-mode explicit")
 
 
-def load_parameters(name: str, params: Mapping[str, object]) -> mc.ModelConfig | None:
+def load_parameters(name: str, params: Mapping[str, object]) -> ModelConfig | None:
     """RepositoryModelLoad's parameters: ``config`` (a JSON ModelConfig used
     instead of config.pbtxt); model files sent in the request (``file:...``)
     are refused."""
@@ -55,15 +53,7 @@ def load_parameters(name: str, params: Mapping[str, object]) -> mc.ModelConfig |
         if key == "config":
             if not isinstance(value, str):
                 raise InvalidArgument(f"failed to load '{name}': parameter 'config' must be a JSON string")
-            config = mc.ModelConfig()
-            try:
-                json_format.Parse(value, config)
-            except json_format.ParseError as exc:
-                raise InvalidArgument(f"failed to load '{name}': parameter 'config' is not a valid "
-                                      f"ModelConfig in JSON: {exc}") from None
-            if config.name and config.name != name:
-                raise InvalidArgument(f"failed to load '{name}': the config names the model '{config.name}'")
-            config.name = name
+            config = config_from_json(name, value)
         elif key.startswith("file:"):
             raise Unimplemented(
                 f"failed to load '{name}': parameter '{key}': model files sent in the load request are not "

@@ -1,12 +1,12 @@
 """Triton's repository layout: ``<repo>/<model>/config.pbtxt`` and numeric
-version folders, and which versions a ``version_policy`` selects."""
+version folders (which of them a ``version_policy`` selects is the config's:
+:func:`inferd.config.select_versions`)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from inferd._proto import model_config_pb2 as mc
 from inferd.errors import ConfigError
 
 
@@ -33,28 +33,6 @@ def available_versions(model_dir: Path) -> list[int]:
         if child.is_dir() and child.name.isdigit() and int(child.name) > 0:
             versions.append(int(child.name))
     return sorted(versions)
-
-
-def select_versions(config: mc.ModelConfig, available: list[int]) -> list[int]:
-    """The versions ``config.version_policy`` asks to load (default: the latest)."""
-    name = config.name
-    if not available:
-        raise ConfigError(f"model '{name}': no version folder (a numbered folder such as {name}/1/)")
-    policy = config.version_policy
-    kind = policy.WhichOneof("policy_choice")
-    if kind == "all":
-        return list(available)
-    if kind == "specific":
-        wanted = sorted(set(policy.specific.versions))
-        missing = [v for v in wanted if v not in available]
-        if missing:
-            raise ConfigError(
-                f"model '{name}': version_policy.specific asks for versions {missing}, "
-                f"which are not in the repository (available: {available})"
-            )
-        return wanted
-    count = policy.latest.num_versions if kind == "latest" else 1
-    return available[-count:]
 
 
 def fingerprint(model_dir: Path) -> tuple[tuple[str, int, int], ...]:

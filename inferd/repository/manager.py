@@ -28,15 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from inferd import backends
-from inferd._proto import model_config_pb2 as mc
 from inferd.clock import Clock
-from inferd.config import ModelSpec, autocomplete, parse_config_file, validate
-from inferd.ensemble import loader as ensemble_loader
-from inferd.ensemble.graph import EnsembleGraph, build_graph, find_cycle, is_ensemble, load_order
+from inferd.config import ModelConfig, ModelSpec, ensemble_config, is_ensemble, prepare_config
+from inferd.ensemble.graph import EnsembleGraph, build_graph, dependents, find_cycle, load_order
 from inferd.errors import ConfigError, InferdError, NotFound, Unavailable, unknown_model
-from inferd.repository.layout import available_versions, fingerprint, scan, select_versions
+from inferd.model import ModelDispatcher
+from inferd.repository import ensembles as ensemble_loader
+from inferd.repository.layout import available_versions, fingerprint, scan
 from inferd.repository.model import Model, build_model
-from inferd.scheduling.policy import batching_policy
 
 log = logging.getLogger(__name__)
 
@@ -81,55 +80,12 @@ class Prepared:
     files: dict[int, Path]  # version -> model file
 
 
-def prepare(name: str, model_dir: Path, override: mc.ModelConfig | None = None) -> Prepared:
-    """Read, auto-complete and validate one model folder. Blocking.
+def prepare(name: str, model_dir: Path, override: ModelConfig | None = None) -> Prepared:
+    """Read, auto-complete and validate one model folder (:func:`inferd.config.prepare_config`). Blocking.
 
     ``override``: a config to use instead of ``config.pbtxt`` (RepositoryModelLoad's ``config``)."""
-    config_path = model_dir / "config.pbtxt"
-    if override is not None:
-        config = mc.ModelConfig()
-        config.CopyFrom(override)
-    elif config_path.exists():
-        config = parse_config_file(config_path, model=name)
-    else:
-        config = mc.ModelConfig()
-    if not config.name:
-        config.name = name
-    elif config.name != name:
-        raise ConfigError(f"model '{name}': config.pbtxt names the model '{config.name}'; it must match its folder")
-    versions = select_versions(config, available_versions(model_dir))
-    backend = backends.resolve(config, model_dir)
-    if backend is None:
-        raise ConfigError(f"model '{name}': an ensemble is checked against its composing models: "
-                          "the ModelManager loads it (inferd.ensemble.loader), not prepare()")
-    filename = config.default_model_filename or backend.default_filename
-    files: dict[int, Path] = {}
-    for version in versions:
-        path = model_dir / str(version) / filename
-        if not path.exists():
-            raise ConfigError(f"model '{name}': version {version} has no model file '{filename}' ({path})")
-        files[version] = path
-    backend.complete_config(config, files[versions[-1]])
-    signature = backend.signature(files[versions[-1]], name)
-    if signature is not None:
-        autocomplete(config, signature)
-    if not config.instance_group:
-        group = config.instance_group.add()
-        group.kind = mc.ModelInstanceGroup.KIND_AUTO
-        group.count = 1
-    for group in config.instance_group:
-        if group.count == 0:
-            group.count = 1
-        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
-            # As Triton does, the config a client reads shows the kind chosen.
-            group.kind = mc.ModelInstanceGroup.KIND_GPU if backend.gpu_available() else mc.ModelInstanceGroup.KIND_CPU
-    spec = validate(config, model_dir=model_dir, signature=signature)
-    for version in versions[:-1]:
-        other = backend.signature(files[version], name)
-        if other is not None:
-            validate(config, model_dir=model_dir, signature=other)
-    batching_policy(config)  # refuse a bad dynamic_batching before any instance loads
-    return Prepared(spec, backend, files)
+    done = prepare_config(name, model_dir, available_versions(model_dir), backends.resolve, override)
+    return Prepared(done.spec, done.backend, done.files)
 
 
 def load_versions(prepared: Prepared, model_dir: Path, clock: Clock | None = None) -> dict[int, Model]:
@@ -150,6 +106,8 @@ class ModelManager:
         self.mode = mode
         self.startup_models = list(startup_models or [])  # explicit mode: --load-model ("*": all)
         self._entries: dict[str, _Entry] = {}
+        # Handed to every instance it builds: a Python model's BLS calls reach the other models through it.
+        self.dispatcher = ModelDispatcher(self.get, clock)
 
     # -- lookup (hot path) ---------------------------------------------------
 
@@ -227,9 +185,10 @@ class ModelManager:
         async with entry.lock:
             return await self.load(name)
 
-    async def load(self, name: str, config: mc.ModelConfig | None = None) -> InferdError | None:
+    async def load(self, name: str, config: ModelConfig | None = None) -> InferdError | None:
         """(Re)load ``name``; never raises: returns the error when it failed.
         ``config``: use it instead of config.pbtxt (RepositoryModelLoad)."""
+        self.dispatcher.bind(asyncio.get_running_loop())  # before any instance can call it
         entry = self._entries[name]
         entry.state = LOADING if not entry.versions else entry.state
         if config is not None:  # RepositoryModelLoad's config replaces config.pbtxt, ensemble or not
@@ -268,13 +227,13 @@ class ModelManager:
             entry.state, entry.reason = UNAVAILABLE, exc.message
         return exc
 
-    def _load_blocking(self, entry: _Entry, config: mc.ModelConfig | None) -> tuple[dict[int, Model], dict[int, tuple]]:
+    def _load_blocking(self, entry: _Entry, config: ModelConfig | None) -> tuple[dict[int, Model], dict[int, tuple]]:
         """Build the selected versions; a version whose files and config are those
         it was built from is kept as it is. Blocking (runs on a worker thread)."""
         path = entry.path
         entry.fingerprint = folder = fingerprint(path)  # first: a change during the load is seen next poll
         prepared = prepare(entry.name, path, config)
-        config_bytes = prepared.spec.config.SerializeToString(deterministic=True)
+        config_bytes = prepared.spec.config_bytes()
         shared = tuple(f for f in folder if not f[0].split("/", 1)[0].isdigit())
         old, old_sources = entry.versions, entry.sources
         models: dict[int, Model] = {}
@@ -286,7 +245,8 @@ class ModelManager:
                 if version in old and old_sources.get(version) == source:
                     models[version] = old[version]
                 else:
-                    models[version] = build_model(prepared.spec, prepared.backend, path, version, file, self.clock)
+                    models[version] = build_model(prepared.spec, prepared.backend, path, version, file, self.clock,
+                                                  self.dispatcher)
         except BaseException:
             for version, model in models.items():
                 if model is not old.get(version):
@@ -325,13 +285,9 @@ class ModelManager:
         ensembles, outermost last (unload_dependents unloads them first)."""
         graphs = [e.ensemble.graph for e in self._entries.values()
                   if getattr(e, "ensemble", None) is not None and e.versions]
-        if not graphs:
-            return []
-        from inferd.ensemble.graph import dependents
+        return dependents(name, graphs) if graphs else []
 
-        return dependents(name, graphs)
-
-    async def load_model(self, name: str, config: mc.ModelConfig | None = None) -> None:
+    async def load_model(self, name: str, config: ModelConfig | None = None) -> None:
         """Load or reload ``name`` (RepositoryModelLoad, poll mode); raises when it fails."""
         entry = self._entries.get(name)
         if entry is None:
@@ -426,8 +382,7 @@ class ModelManager:
         old = entry.ensemble
         if old is None or not entry.versions or sorted(entry.versions) != sorted(prepared.versions):
             return None
-        same = (old.spec.config.SerializeToString(deterministic=True)
-                == prepared.spec.config.SerializeToString(deterministic=True))
+        same = old.spec.config_bytes() == prepared.spec.config_bytes()
         return dict(entry.versions) if same else None
 
     def _ensemble_graph(self, name: str) -> EnsembleGraph | None:
@@ -439,7 +394,7 @@ class ModelManager:
             return entry.ensemble.graph
         try:
             config = ensemble_loader.read_config(name, entry.path)
-            return build_graph(config) if config is not None else None
+            return build_graph(ensemble_config(config)) if config is not None else None
         except InferdError:
             return None
 

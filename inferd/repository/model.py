@@ -1,19 +1,18 @@
-"""A loaded model version: its spec, instances, scheduler and statistics."""
+"""Building a loaded model version (:class:`inferd.model.Model`): its instances,
+warm-up, scheduler and statistics, from the plain :class:`ModelSpec`."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from inferd._proto import model_config_pb2 as mc
-from inferd.backends import Backend, Device, InstanceSpec
+from inferd.backends import Backend, Device, InferenceDispatcher, InstanceSpec
 from inferd.clock import Clock
-from inferd.config import ModelSpec
-from inferd.config._sequence import sequence_policy
+from inferd.config import KIND_AUTO, KIND_CPU, KIND_GPU, ModelSpec
 from inferd.errors import ConfigError
+from inferd.model import Model
 from inferd.observability.stats import ModelStats
 from inferd.scheduling.base import Scheduler
 from inferd.scheduling.batcher import BatchScheduler
@@ -23,36 +22,17 @@ from inferd.scheduling.policy import batching_policy
 from inferd.scheduling.sequence import SequenceScheduler, sequence_sample
 
 
-@dataclass(eq=False)
-class Model:
-    spec: ModelSpec
-    version: int
-    scheduler: Scheduler
-    stats: ModelStats
-    model_dir: Path
-    decoupled: bool = False  # model_transaction_policy.decoupled: responses only stream
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def config(self) -> mc.ModelConfig:
-        return self.spec.config
-
-
-def instance_specs(spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path) -> list[InstanceSpec]:
+def instance_specs(spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path,
+                   dispatcher: InferenceDispatcher | None = None) -> list[InstanceSpec]:
     """One InstanceSpec per instance that ``instance_group`` asks for."""
-    config = spec.config
-    groups = list(config.instance_group)
     devices: list[tuple[str, Device]] = []
-    for gi, group in enumerate(groups):
+    for gi, group in enumerate(spec.instance_groups):
         count = group.count or 1
         kind = group.kind
-        if kind == mc.ModelInstanceGroup.KIND_AUTO:
-            kind = mc.ModelInstanceGroup.KIND_GPU if backend.gpu_available() else mc.ModelInstanceGroup.KIND_CPU
+        if kind == KIND_AUTO:
+            kind = KIND_GPU if backend.gpu_available() else KIND_CPU
         base = group.name or f"{spec.name}_{gi}"
-        if kind == mc.ModelInstanceGroup.KIND_GPU:
+        if kind == KIND_GPU:
             if not backend.gpu_available():
                 raise ConfigError(
                     f"model '{spec.name}': instance_group[{gi}] asks for KIND_GPU but backend "
@@ -69,7 +49,7 @@ def instance_specs(spec: ModelSpec, backend: Backend, model_dir: Path, version: 
     threads = max(1, (os.cpu_count() or 1) // cpu_instances)
     return [
         InstanceSpec(name=name, device=device, model_dir=model_dir, version_dir=model_dir / str(version),
-                     version=version, model_file=model_file, threads=threads)
+                     version=version, model_file=model_file, threads=threads, dispatcher=dispatcher)
         for name, device in devices
     ]
 
@@ -88,18 +68,20 @@ def sample_inputs(spec: ModelSpec) -> dict[str, np.ndarray]:
 
 
 def build_model(
-    spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path, clock: Clock | None = None
+    spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path, clock: Clock | None = None,
+    dispatcher: InferenceDispatcher | None = None,
 ) -> Model:
-    """Create every instance and the scheduler; blocking (runtimes load here)."""
+    """Create every instance and the scheduler; blocking (runtimes load here).
+    ``dispatcher``: how the instances reach other models (BLS); None outside a server."""
     params = spec.params
-    policy = batching_policy(spec.config, aging_us=params.priority_aging_microseconds,
+    policy = batching_policy(spec.max_batch_size, spec.dynamic_batching, aging_us=params.priority_aging_microseconds,
                              split=params.split_large_requests)
-    sequence = sequence_policy(spec.config, model_dir)  # None without sequence_batching
+    sequence = spec.sequence  # None without sequence_batching
     instances = []
     try:
-        for ispec in instance_specs(spec, backend, model_dir, version, model_file):
+        for ispec in instance_specs(spec, backend, model_dir, version, model_file, dispatcher):
             instances.append(backend.create_instance(spec, ispec))
-        if spec.config.model_warmup:  # before the version can report ready
+        if spec.warmup:  # before the version can report ready
             samples = warmup_samples(spec, model_dir)
             for instance in instances:
                 run_warmup(spec, instance, samples)
@@ -123,4 +105,4 @@ def build_model(
     else:
         scheduler = BatchScheduler(spec.name, policy, workers, list(spec.outputs), stats, clock)
     return Model(spec=spec, version=version, scheduler=scheduler, stats=stats, model_dir=model_dir,
-                 decoupled=bool(spec.config.model_transaction_policy.decoupled))
+                 decoupled=spec.decoupled)

@@ -20,9 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
-from inferd._proto import model_config_pb2 as mc
 from inferd.backends.base import ModelInstance, RequestInputs
-from inferd.config import ModelSpec, TensorSpec
+from inferd.config import ModelSpec, TensorSpec, WarmupInput
 from inferd.errors import ConfigError, InferdError, ModelExecutionError
 from inferd.types import InferenceRequest
 
@@ -37,16 +36,16 @@ class WarmupSample:
 
 
 def warmup_samples(spec: ModelSpec, model_dir: Path) -> list[WarmupSample]:
-    """Every sample of ``spec.config.model_warmup``, its data made or read. Blocking."""
+    """Every sample of the model's ``model_warmup`` (``spec.warmup``), its data made or read. Blocking."""
     samples = []
     rng = np.random.default_rng(0)
-    for i, w in enumerate(spec.config.model_warmup):
+    for w in spec.warmup:
         where = f"model '{spec.name}': model_warmup '{w.name}'"
         batch = max(1, w.batch_size)
         requests: list[dict[str, np.ndarray]] = [{} for _ in range(batch)]
-        for name in sorted(w.inputs):
+        for name, inp in w.inputs:
             t = spec.inputs[name]
-            one = _data(where, name, t, w.inputs[name], model_dir, rng)
+            one = _data(where, name, t, inp, model_dir, rng)
             lead = (1,) if spec.batching else ()
             one = one.reshape(lead + _model_shape(t, one.shape))
             for r in requests:
@@ -59,14 +58,14 @@ def _model_shape(t: TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
     return t.model_dims if t.reshaped else shape
 
 
-def _data(where: str, name: str, t: TensorSpec, inp: mc.ModelWarmup.Input, model_dir: Path,
+def _data(where: str, name: str, t: TensorSpec, inp: WarmupInput, model_dir: Path,
           rng: np.random.Generator) -> np.ndarray:
-    shape = tuple(int(d) for d in inp.dims)
+    shape = inp.dims
     count = int(np.prod(shape)) if shape else 1
     dtype = t.datatype
-    choice = inp.WhichOneof("input_data_type")
+    choice = inp.data
     if choice == "input_data_file":
-        return _from_file(f"{where}: input '{name}'", inp.input_data_file, model_dir, t, shape, count)
+        return _from_file(f"{where}: input '{name}'", inp.file, model_dir, t, shape, count)
     if dtype.name == "BYTES":
         if choice == "random_data":
             letters = rng.integers(ord("a"), ord("z") + 1, size=(count, 8), dtype=np.uint8)

@@ -1,35 +1,17 @@
-"""Batching and queue policies, read from a config's ``dynamic_batching``.
+"""Batching and queue policies: plain data for the batch decision.
 
-Plain data for the batch decision; built once at load, where every invalid
-combination is refused with the field and value named.
+Built once at load from the model's checked ``dynamic_batching`` block
+(:class:`inferd.config.DynamicBatching`, where every invalid combination was
+refused) and its inferd parameters (aging, splitting).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inferd._proto import model_config_pb2 as mc
-from inferd.errors import ConfigError
+from inferd.config import DELAY, REJECT, DynamicBatching, QueuePolicy
 
-REJECT = "REJECT"
-DELAY = "DELAY"
-
-
-@dataclass(frozen=True, slots=True)
-class QueuePolicy:
-    timeout_action: str = REJECT
-    default_timeout_us: int = 0  # 0: no timeout
-    allow_timeout_override: bool = False
-    max_queue_size: int = 0  # 0: unbounded
-
-    @classmethod
-    def from_proto(cls, p: mc.ModelQueuePolicy) -> "QueuePolicy":
-        return cls(
-            timeout_action=mc.ModelQueuePolicy.TimeoutAction.Name(p.timeout_action),
-            default_timeout_us=int(p.default_timeout_microseconds),
-            allow_timeout_override=bool(p.allow_timeout_override),
-            max_queue_size=int(p.max_queue_size),
-        )
+__all__ = ["DELAY", "REJECT", "BatchingPolicy", "QueuePolicy", "batching_policy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,60 +46,22 @@ class BatchingPolicy:
         return max(self.max_batch_size, 1)
 
 
-def batching_policy(config: mc.ModelConfig, *, aging_us: int = 0, split: bool = False) -> BatchingPolicy:
-    model = config.name
-    if not config.HasField("dynamic_batching"):
-        return BatchingPolicy(max_batch_size=config.max_batch_size, aging_us=aging_us, split_large_requests=split)
-    db = config.dynamic_batching
-    where = f"model '{model}': dynamic_batching"
-    if config.max_batch_size <= 0:
-        raise ConfigError(
-            f"{where} needs max_batch_size >= 1, got {config.max_batch_size} "
-            "(a model that does not batch cannot be batched dynamically)"
-        )
-    preferred = tuple(int(p) for p in db.preferred_batch_size)
-    for p in preferred:
-        if p < 1 or p > config.max_batch_size:
-            raise ConfigError(
-                f"{where}.preferred_batch_size {p} must be in 1..max_batch_size ({config.max_batch_size})"
-            )
-    if len(set(preferred)) != len(preferred):
-        raise ConfigError(f"{where}.preferred_batch_size lists a size twice: {list(preferred)}")
-    levels = int(db.priority_levels)
-    default_level = int(db.default_priority_level)
-    if levels == 0:
-        if default_level != 0:
-            raise ConfigError(
-                f"{where}.default_priority_level {default_level} needs priority_levels >= {default_level}, got 0"
-            )
-        if db.priority_queue_policy:
-            keys = sorted(db.priority_queue_policy.keys())
-            raise ConfigError(f"{where}.priority_queue_policy has levels {keys} but priority_levels is 0")
-        levels, default_level = 1, 1
-    elif not 1 <= default_level <= levels:
-        raise ConfigError(
-            f"{where}.default_priority_level must be in 1..priority_levels ({levels}), got {default_level}"
-        )
-    per_level = []
-    for key in sorted(db.priority_queue_policy.keys()):
-        if not 1 <= key <= levels:
-            raise ConfigError(
-                f"{where}.priority_queue_policy key {key} is outside 1..priority_levels ({levels})"
-            )
-        per_level.append((int(key), QueuePolicy.from_proto(db.priority_queue_policy[key])))
-    default_policy = (
-        QueuePolicy.from_proto(db.default_queue_policy) if db.HasField("default_queue_policy") else QueuePolicy()
-    )
+def batching_policy(max_batch_size: int, dynamic: DynamicBatching | None, *, aging_us: int = 0,
+                    split: bool = False) -> BatchingPolicy:
+    """The policy of a model with ``max_batch_size`` and the checked ``dynamic_batching``
+    block ``dynamic`` (None: the plain scheduler)."""
+    if dynamic is None:
+        return BatchingPolicy(max_batch_size=max_batch_size, aging_us=aging_us, split_large_requests=split)
     return BatchingPolicy(
-        max_batch_size=config.max_batch_size,
+        max_batch_size=max_batch_size,
         batching=True,
-        preferred_batch_sizes=tuple(sorted(preferred)),
-        max_queue_delay_us=int(db.max_queue_delay_microseconds),
-        preserve_ordering=bool(db.preserve_ordering),
-        priority_levels=levels,
-        default_priority_level=default_level,
-        default_queue_policy=default_policy,
-        priority_queue_policy=tuple(per_level),
+        preferred_batch_sizes=dynamic.preferred_batch_sizes,
+        max_queue_delay_us=dynamic.max_queue_delay_us,
+        preserve_ordering=dynamic.preserve_ordering,
+        priority_levels=dynamic.priority_levels,
+        default_priority_level=dynamic.default_priority_level,
+        default_queue_policy=dynamic.default_queue_policy,
+        priority_queue_policy=dynamic.priority_queue_policy,
         aging_us=aging_us,
         split_large_requests=split,
     )

@@ -48,7 +48,7 @@ import numpy as np
 
 from inferd.backends.base import BatchResult, RequestInputs
 from inferd.clock import Alarm, Clock, MonotonicClock
-from inferd.config._sequence import CORRID, END, READY, START, SequencePolicy
+from inferd.config import CORRID, END, READY, START, SequencePolicy
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
 from inferd.scheduling.base import Inflight, Scheduler

@@ -20,15 +20,14 @@ from pathlib import Path
 
 import grpc
 
+from inferd.dataplane import DataPlane
 from inferd.errors import InferdError
 from inferd.observability.log_settings import LogSettings
 from inferd.observability.metrics import ServerMetrics
 from inferd.observability.tracing import Tracing
 from inferd.repository import ModelManager
 from inferd.repository.control import RepositoryPoller
-from inferd.server import context
 from inferd.server.asgi import AsgiServer
-from inferd.server.dataplane import DataPlane
 from inferd.server.grpc_service import InferenceServicer, add_to_server
 from inferd.server.health import Health, enable_reflection
 from inferd.server.http_service import HttpFrontend
@@ -64,11 +63,7 @@ class InferenceServer:
         self.options = options
         self.manager = ModelManager(options.model_repositories, mode=options.model_control_mode,
                                     startup_models=options.load_models)
-        self.dataplane = DataPlane(self.manager)
-        if options.tracing is not None:
-            self.dataplane.tracing = options.tracing
-        if options.log_settings is not None:
-            self.dataplane.log_settings = options.log_settings
+        self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings)
         self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
                        if options.model_control_mode == "poll" else None)
         self._grpc: grpc.aio.Server | None = None
@@ -105,8 +100,6 @@ class InferenceServer:
         }
 
     async def start(self) -> None:
-        # Published before loading: a Python model may call other models (BLS).
-        context.set_current(context.ServerContext(self.dataplane, asyncio.get_running_loop()))
         o = self.options
         self.dataplane.loading = True  # live, not ready, until the models are in
         try:
@@ -115,16 +108,15 @@ class InferenceServer:
             await self.stop()
             raise
         try:
-            await self.manager.load_all()
+            await self.dataplane.load_models()
         except InferdError as exc:  # a --load-model that names no model
             raise SystemExit(exc.message) from None
         if self.poller is not None:
             self.poller.start()
-        self.dataplane.loading = False
         if self.health is not None:
-            self.health.refresh()
-        if o.exit_on_error and not self.manager.all_ready():
-            broken = [e for e in self.manager.index() if e.state != "READY"]
+            await self.health.refresh()
+        if o.exit_on_error and not await self.dataplane.server_ready():
+            broken = [e for e in await self.dataplane.repository_index() if e.state != "READY"]
             await self.stop()
             raise SystemExit(
                 "exit-on-error: models failed to load: "
@@ -169,7 +161,7 @@ class InferenceServer:
 
     async def stop(self) -> None:
         """Graceful stop: not ready at once, refuse new work, let accepted requests finish, release models."""
-        self.dataplane.draining = True
+        self.dataplane.drain()
         if self.poller is not None:
             await self.poller.stop()
         if self.health is not None:
@@ -187,16 +179,11 @@ class InferenceServer:
         if self._http is not None:
             closing.append(self._http.stop(grace))
         await asyncio.gather(*closing)
-        await self.manager.stop()
-        self.dataplane.shared_memory.close()
-        self.dataplane.tracing.shutdown()
+        await self.dataplane.close()
         if self._metrics_server is not None:
             await self._metrics_server.stop(1.0)
         if self.metrics is not None:
             self.metrics.close()
-        current = context.current()
-        if current is not None and current.dataplane is self.dataplane:
-            context.set_current(None)
         log.info("stopped")
 
     def request_stop(self) -> None:

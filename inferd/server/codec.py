@@ -7,18 +7,14 @@ length-prefixed framing.
 
 from __future__ import annotations
 
-import struct
-from typing import TYPE_CHECKING
+from typing import Mapping
 
 import numpy as np
 
 from inferd._proto import grpc_service_pb2 as pb
-from inferd.dtypes import BY_NAME, DataType
+from inferd.dtypes import BY_NAME, DataType, decode_bytes, encode_bytes
 from inferd.errors import InvalidArgument, Unimplemented
-from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
-
-if TYPE_CHECKING:
-    from inferd.server.shared_memory import SharedMemoryManager
+from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput, SharedTensor, ShmRef
 
 _TYPED_FIELD = {
     "BOOL": "bool_contents",
@@ -64,36 +60,6 @@ def parse_version(model: str, version: str) -> int:
     return value
 
 
-def decode_bytes(raw: bytes | memoryview, count: int, where: str) -> np.ndarray:
-    """Length-prefixed BYTES elements into an object array of ``bytes``."""
-    out = np.empty(count, dtype=np.object_)
-    view = memoryview(raw)
-    pos, end = 0, len(view)
-    for i in range(count):
-        if pos + 4 > end:
-            raise InvalidArgument(f"{where}: BYTES data ends after {i} of {count} elements (malformed framing)")
-        (length,) = struct.unpack_from("<I", view, pos)
-        pos += 4
-        if pos + length > end:
-            raise InvalidArgument(
-                f"{where}: BYTES element {i} claims {length} bytes but only {end - pos} remain (malformed framing)"
-            )
-        out[i] = bytes(view[pos:pos + length])
-        pos += length
-    if pos != end:
-        raise InvalidArgument(f"{where}: {end - pos} bytes left over after {count} BYTES elements (malformed framing)")
-    return out
-
-
-def encode_bytes(array: np.ndarray) -> bytes:
-    parts = []
-    for item in array.reshape(-1):
-        data = item if isinstance(item, bytes) else (item.encode() if isinstance(item, str) else bytes(item))
-        parts.append(struct.pack("<I", len(data)))
-        parts.append(data)
-    return b"".join(parts)
-
-
 def array_from_raw(raw: bytes, dtype: DataType, shape: tuple[int, ...], where: str) -> np.ndarray:
     count = 1
     for d in shape:
@@ -135,42 +101,53 @@ def array_from_contents(t: pb.ModelInferRequest.InferInputTensor, dtype: DataTyp
         ) from None
 
 
-_SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+PARAM_REGION = "shared_memory_region"
+PARAM_OFFSET = "shared_memory_offset"
+PARAM_BYTE_SIZE = "shared_memory_byte_size"
 
 
-def _refuse_shared_memory(model: str, kind: str, name: str, params) -> None:  # type: ignore[no-untyped-def]
-    # Without a shared memory manager (a caller that does not serve the
-    # extension), data left in a region must not be silently taken as empty
-    # contents (or results silently sent inline).
-    for key in _SHM_KEYS:
-        if key in params:
-            raise Unimplemented(
-                f"{kind} '{name}' for model '{model}': parameter '{key}': shared memory is not supported "
-                "by this inferd version; send the tensor data in the request"
-            )
+def shm_ref(params: Mapping[str, object], where: str) -> ShmRef | None:
+    """The shared memory reference in a tensor's parameters (plain values), or None.
 
-
-def _shm_ref(shm: "SharedMemoryManager | None", model: str, kind: str, name: str, params: dict):  # type: ignore[no-untyped-def]
-    """The tensor's shared memory reference (a ShmRef), or None; ``params``: plain values."""
-    if shm is None:
-        _refuse_shared_memory(model, kind, name, params)
+    Only the parameters are checked here; the data plane finds the region and
+    checks that offset and byte size lie inside it."""
+    name = params.get(PARAM_REGION)
+    if name is None:
+        for key in (PARAM_OFFSET, PARAM_BYTE_SIZE):
+            if key in params:
+                raise InvalidArgument(f"{where}: parameter '{key}' given without '{PARAM_REGION}'")
         return None
-    return shm.ref(params, f"{kind} '{name}' for model '{model}'")
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument(f"{where}: parameter '{PARAM_REGION}' must be a region name, got {name!r}")
+    size = params.get(PARAM_BYTE_SIZE)
+    offset = params.get(PARAM_OFFSET, 0)
+    if type(size) is not int or size < 0 or type(offset) is not int or offset < 0:
+        if size is None:
+            raise InvalidArgument(f"{where}: shared memory region '{name}': parameter '{PARAM_BYTE_SIZE}' is required")
+        _non_negative(size, PARAM_BYTE_SIZE, name, where)
+        _non_negative(offset, PARAM_OFFSET, name, where)
+    return ShmRef(name, offset, size, where)  # type: ignore[arg-type]
 
 
-def decode_infer_request(msg: pb.ModelInferRequest, shm: "SharedMemoryManager | None" = None) -> InferenceRequest:
-    """The request as plain data; ``shm`` resolves tensors in registered shared memory regions."""
+def _non_negative(value: object, key: str, region: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(
+            f"{where}: shared memory region '{region}': parameter '{key}' must be a non-negative integer, got {value!r}"
+        )
+    return value
+
+
+def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
+    """The request as plain data. Tensors in shared memory are left as references
+    (:class:`SharedTensor` inputs, :class:`ShmRef` outputs) for the data plane."""
     model = msg.model_name
     raw = msg.raw_input_contents
-    in_shm: dict[str, object] = {}
+    in_shm: dict[str, ShmRef] = {}
     for t in msg.inputs:
         if t.parameters:
-            ref = _shm_ref(shm, model, "input", t.name, {k: param_value(v) for k, v in t.parameters.items()})
+            ref = shm_ref({k: param_value(v) for k, v in t.parameters.items()}, f"input '{t.name}' for model '{model}'")
             if ref is not None:
                 in_shm[t.name] = ref
-    for o in msg.outputs:
-        if o.parameters and shm is None:
-            _refuse_shared_memory(model, "output", o.name, o.parameters)
     if raw and len(raw) != len(msg.inputs) - len(in_shm):
         raise InvalidArgument(
             f"model '{model}': {len(raw)} raw_input_contents for {len(msg.inputs) - len(in_shm)} inputs"
@@ -192,7 +169,7 @@ def decode_infer_request(msg: pb.ModelInferRequest, shm: "SharedMemoryManager | 
         if in_shm and t.name in in_shm:
             if t.HasField("contents"):
                 raise InvalidArgument(f"{where}: contents field must not be specified for an input in shared memory")
-            inputs[t.name] = in_shm[t.name].read(dtype, shape, where)  # type: ignore[attr-defined]
+            inputs[t.name] = SharedTensor(in_shm[t.name], dtype, shape)  # type: ignore[assignment]
         elif raw:
             if t.HasField("contents"):
                 raise InvalidArgument(
@@ -207,6 +184,7 @@ def decode_infer_request(msg: pb.ModelInferRequest, shm: "SharedMemoryManager | 
         inputs=inputs,
         model_version=parse_version(model, msg.model_version),
         id=msg.id,
+        shared_memory=bool(in_shm),
     )
     if msg.parameters:
         params = {k: param_value(v) for k, v in msg.parameters.items()}
@@ -220,7 +198,9 @@ def decode_infer_request(msg: pb.ModelInferRequest, shm: "SharedMemoryManager | 
             if o.parameters:
                 r.parameters = {k: param_value(v) for k, v in o.parameters.items()}
                 r.class_count = int_param(model, r.parameters, "classification")
-                r.shared_memory = _shm_ref(shm, model, "output", o.name, r.parameters)
+                r.shared_memory = shm_ref(r.parameters, f"output '{o.name}' for model '{model}'")
+                if r.shared_memory is not None:
+                    request.shared_memory = True
             requested.append(r)
         request.requested_outputs = requested
     return request
@@ -271,3 +251,27 @@ def _dtype_name(dtype: np.dtype) -> str:
     from inferd.dtypes import from_numpy
 
     return from_numpy(dtype).name
+
+
+# -- CUDA shared memory (no region can exist: registration is refused) --------------------
+
+
+def cuda_available() -> bool:
+    try:
+        import torch  # the only CUDA-aware library the server may have
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def cuda_register_error(name: str) -> Unimplemented:
+    if not cuda_available():
+        return Unimplemented(
+            f"CUDA shared memory region '{name}': this server has no CUDA device; "
+            "use system shared memory (SystemSharedMemoryRegister) instead"
+        )
+    return Unimplemented(
+        f"CUDA shared memory region '{name}': CUDA shared memory is not supported by this inferd version; "
+        "use system shared memory (SystemSharedMemoryRegister) instead"
+    )

@@ -1,7 +1,7 @@
 """The gRPC frontend: GRPCInferenceService methods translate wire <-> domain.
 
 Each method decodes its request, calls the data plane and encodes the answer;
-domain errors become gRPC statuses through :func:`inferd.errors.grpc_status`.
+domain errors become gRPC statuses through :func:`inferd.server.status.grpc_status`.
 Nothing here decides anything about models or scheduling.
 """
 
@@ -15,9 +15,11 @@ import grpc
 
 from inferd._proto import grpc_service_pb2 as pb
 from inferd._proto import grpc_service_pb2_grpc as pb_grpc
-from inferd.errors import InferdError, NotFound, Unimplemented, grpc_status
-from inferd.server import codec, shared_memory
-from inferd.server.dataplane import DataPlane
+from inferd.clock import Clock, MonotonicClock
+from inferd.dataplane import DataPlaneAPI
+from inferd.errors import InferdError, NotFound, Unimplemented
+from inferd.server import codec
+from inferd.server.status import grpc_status
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +30,12 @@ def _fill_duration(target: Any, d: Any) -> None:
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, dataplane: DataPlane) -> None:
+    """Calls only the :class:`DataPlaneAPI` façade; ``clock`` turns a client's
+    gRPC deadline into the absolute time the request carries."""
+
+    def __init__(self, dataplane: DataPlaneAPI, clock: Clock | None = None) -> None:
         self.dp = dataplane
+        self.clock = clock or MonotonicClock()
 
     async def _abort(self, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
         code, message = grpc_status(exc)
@@ -40,25 +46,25 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # -- health and metadata ---------------------------------------------------
 
     async def ServerLive(self, request, context):  # type: ignore[no-untyped-def]
-        return pb.ServerLiveResponse(live=self.dp.live)
+        return pb.ServerLiveResponse(live=await self.dp.server_live())
 
     async def ServerReady(self, request, context):  # type: ignore[no-untyped-def]
-        return pb.ServerReadyResponse(ready=self.dp.server_ready())
+        return pb.ServerReadyResponse(ready=await self.dp.server_ready())
 
     async def ModelReady(self, request, context):  # type: ignore[no-untyped-def]
         try:
             version = codec.parse_version(request.name, request.version)
         except InferdError as exc:
             return await self._abort(context, exc)
-        return pb.ModelReadyResponse(ready=self.dp.model_ready(request.name, version))
+        return pb.ModelReadyResponse(ready=await self.dp.model_ready(request.name, version))
 
     async def ServerMetadata(self, request, context):  # type: ignore[no-untyped-def]
-        name, version, extensions = self.dp.server_metadata()
+        name, version, extensions = await self.dp.server_metadata()
         return pb.ServerMetadataResponse(name=name, version=version, extensions=extensions)
 
     async def ModelMetadata(self, request, context):  # type: ignore[no-untyped-def]
         try:
-            md = self.dp.model_metadata(request.name, codec.parse_version(request.name, request.version))
+            md = await self.dp.model_metadata(request.name, codec.parse_version(request.name, request.version))
         except Exception as exc:
             return await self._abort(context, exc)
         T = pb.ModelMetadataResponse.TensorMetadata
@@ -72,24 +78,23 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelConfig(self, request, context):  # type: ignore[no-untyped-def]
         try:
-            model = self.dp.model(request.name, codec.parse_version(request.name, request.version))
+            config = await self.dp.model_config(request.name, codec.parse_version(request.name, request.version))
         except Exception as exc:
             return await self._abort(context, exc)
         response = pb.ModelConfigResponse()
-        response.config.CopyFrom(model.config)
+        response.config.CopyFrom(config)
         return response
 
     async def ModelStatistics(self, request, context):  # type: ignore[no-untyped-def]
         try:
-            models = self.dp.statistics_models(request.name, codec.parse_version(request.name, request.version))
+            models = await self.dp.model_statistics(request.name, codec.parse_version(request.name, request.version))
         except Exception as exc:
             return await self._abort(context, exc)
         response = pb.ModelStatisticsResponse()
-        for model in models:
-            s = model.stats
+        for s in models:
             out = response.model_stats.add()
-            out.name = model.name
-            out.version = str(model.version)
+            out.name = s.name
+            out.version = str(s.version)
             out.last_inference = s.last_inference_ms
             out.inference_count = s.inference_count
             out.execution_count = s.execution_count
@@ -100,10 +105,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             _fill_duration(st.compute_input, s.compute_input)
             _fill_duration(st.compute_infer, s.compute_infer)
             _fill_duration(st.compute_output, s.compute_output)
-            for size in sorted(s.batch_stats):
-                b = s.batch_stats[size]
+            for b in s.batch_stats:
                 bs = out.batch_stats.add()
-                bs.batch_size = size
+                bs.batch_size = b.batch_size
                 _fill_duration(bs.compute_input, b.compute_input)
                 _fill_duration(bs.compute_infer, b.compute_infer)
                 _fill_duration(bs.compute_output, b.compute_output)
@@ -111,7 +115,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryIndex(self, request, context):  # type: ignore[no-untyped-def]
         response = pb.RepositoryIndexResponse()
-        for entry in self.dp.manager.index(ready_only=request.ready):
+        for entry in await self.dp.repository_index(ready_only=request.ready):
             response.models.add(name=entry.name, version=entry.version, state=entry.state, reason=entry.reason)
         return response
 
@@ -119,14 +123,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
         try:
-            self.dp.refuse_if_draining()
-            req = codec.decode_infer_request(request, self.dp.shared_memory)
+            req = codec.decode_infer_request(request)
             remaining = context.time_remaining()
             if remaining is not None:
-                req.deadline = self.dp.clock.now() + remaining
-            if self.dp.tracing.enabled:
-                req.trace = self.dp.tracing.start(req.model_name, req.id, lambda: _metadata(context))
-            response = await self.dp.infer(req)
+                req.deadline = self.clock.now() + remaining
+            response = await self.dp.infer(req, trace_carrier=lambda: _metadata(context))
             return codec.encode_infer_response(response, req.requested_outputs)
         except Exception as exc:
             return await self._abort(context, exc)
@@ -184,8 +185,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _stream_one(self, msg):  # type: ignore[no-untyped-def]
         """The stream messages answering one request."""
-        self.dp.refuse_if_draining()
-        req = codec.decode_infer_request(msg, self.dp.shared_memory)
+        req = codec.decode_infer_request(msg)
         # Triton's flag: mark each response final or not, and send an empty final
         # response when a decoupled model ends without one.
         flagged = req.parameters.pop(EMPTY_FINAL, False) is True
@@ -225,7 +225,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def SystemSharedMemoryStatus(self, request, context):  # type: ignore[no-untyped-def]
         try:
-            regions = self.dp.shared_memory.status(request.name)
+            regions = await self.dp.shm_status(request.name)
         except Exception as exc:
             return await self._abort(context, exc)
         response = pb.SystemSharedMemoryStatusResponse()
@@ -236,13 +236,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def SystemSharedMemoryRegister(self, request, context):  # type: ignore[no-untyped-def]
         try:
-            self.dp.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+            await self.dp.shm_register(request.name, request.key, request.offset, request.byte_size)
         except Exception as exc:
             return await self._abort(context, exc)
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request, context):  # type: ignore[no-untyped-def]
-        self.dp.shared_memory.unregister(request.name)
+        await self.dp.shm_unregister(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request, context):  # type: ignore[no-untyped-def]
@@ -252,7 +252,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request, context):  # type: ignore[no-untyped-def]
-        await self._abort(context, shared_memory.cuda_register_error(request.name))
+        await self._abort(context, codec.cuda_register_error(request.name))
 
     async def CudaSharedMemoryUnregister(self, request, context):  # type: ignore[no-untyped-def]
         # Clients clear every region at start-up; there is none to clear.
@@ -262,11 +262,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def TraceSetting(self, request, context):  # type: ignore[no-untyped-def]
         try:
-            tracing = self.dp.tracing
-            if request.settings:
-                settings = tracing.update(request.model_name, {k: list(v.value) for k, v in request.settings.items()})
-            else:
-                settings = tracing.settings(request.model_name)
+            changes = {k: list(v.value) for k, v in request.settings.items()}
+            settings = await self.dp.trace_settings(request.model_name, changes or None)
         except Exception as exc:
             return await self._abort(context, exc)
         response = pb.TraceSettingResponse()
@@ -276,15 +273,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def LogSettings(self, request, context):  # type: ignore[no-untyped-def]
         try:
-            logs = self.dp.log_settings
-            if request.settings:
-                changes = {}
-                for key, v in request.settings.items():
-                    kind = v.WhichOneof("parameter_choice")
-                    changes[key] = getattr(v, kind) if kind else None
-                settings = logs.update(changes)
-            else:
-                settings = logs.get()
+            changes = {}
+            for key, v in request.settings.items():
+                kind = v.WhichOneof("parameter_choice")
+                changes[key] = getattr(v, kind) if kind else None
+            settings = await self.dp.log_settings(changes or None)
         except Exception as exc:
             return await self._abort(context, exc)
         response = pb.LogSettingsResponse()

@@ -16,16 +16,14 @@ view over both.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from inferd._proto._pool import POOL
-
-if TYPE_CHECKING:
-    from inferd.server.dataplane import DataPlane
+from inferd.dataplane.api import DataPlaneAPI
 
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 SERVICES = ("", INFERENCE_SERVICE)
@@ -39,7 +37,7 @@ class _Servicer(health_pb2_grpc.HealthServicer):
         self._health = health
 
     async def Check(self, request, context):  # type: ignore[no-untyped-def]
-        status = self._health.status(request.service)
+        status = await self._health.status(request.service)
         if status is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service '{request.service}'")
         return health_pb2.HealthCheckResponse(status=status)
@@ -49,7 +47,7 @@ class _Servicer(health_pb2_grpc.HealthServicer):
         last = None
         while True:
             changed = health.changed
-            status = health.status(request.service)
+            status = await health.status(request.service)
             status = SERVICE_UNKNOWN if status is None else status
             if status != last:
                 await context.write(health_pb2.HealthCheckResponse(status=status))
@@ -62,7 +60,7 @@ class _Servicer(health_pb2_grpc.HealthServicer):
 class Health:
     """The serving status of :data:`SERVICES`, kept equal to the data plane's readiness."""
 
-    def __init__(self, dataplane: "DataPlane", poll_seconds: float = 0.5) -> None:
+    def __init__(self, dataplane: DataPlaneAPI, poll_seconds: float = 0.5) -> None:
         self.dp = dataplane
         self.poll_seconds = poll_seconds
         self.servicer = _Servicer(self)
@@ -76,19 +74,21 @@ class Health:
         health_pb2_grpc.add_HealthServicer_to_server(self.servicer, server)
 
     async def start(self) -> None:
-        self.refresh()
+        await self.refresh()
         # Watch streams learn of changes that no call here causes (a model failing, a reload).
         self._task = asyncio.get_running_loop().create_task(self._poll(), name="inferd health")
 
-    def status(self, service: str) -> int | None:
+    async def status(self, service: str) -> int | None:
         """The status of ``service`` now; None for a service this server does not have."""
         if service not in SERVICES:
             return None
-        self.refresh()
+        await self.refresh()
         return self._status
 
-    def refresh(self) -> None:
-        status = SERVING if not self.draining and self.dp.server_ready() else NOT_SERVING
+    async def refresh(self) -> None:
+        self._set(SERVING if not self.draining and await self.dp.server_ready() else NOT_SERVING)
+
+    def _set(self, status: int) -> None:
         if status != self._status:
             self._status = status
             self._notify()
@@ -100,12 +100,12 @@ class Health:
     async def _poll(self) -> None:
         while True:
             await asyncio.sleep(self.poll_seconds)
-            self.refresh()
+            await self.refresh()
 
     def drain(self) -> None:
         """NOT_SERVING for good: a stop has begun."""
         self.draining = True
-        self.refresh()
+        self._set(NOT_SERVING)
         if self._task is not None:
             self._task.cancel()
             self._task = None

@@ -21,17 +21,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from inferd.dtypes import BY_NAME, DataType, from_numpy
-from inferd.errors import InvalidArgument, Unimplemented
-from inferd.server.codec import array_from_raw, encode_bytes, int_param, parse_version
-from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
-
-if TYPE_CHECKING:
-    from inferd.server.shared_memory import SharedMemoryManager
+from inferd.dtypes import BY_NAME, DataType, encode_bytes, from_numpy
+from inferd.errors import InvalidArgument
+from inferd.observability.stats import ModelStatistics
+from inferd.server.codec import array_from_raw, int_param, parse_version, shm_ref
+from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput, SharedTensor
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -39,7 +37,6 @@ HEADER_LENGTH = "inference-header-content-length"
 _PROTOCOL_PARAMS = ("binary_data_output",)
 # json.dumps with arguments builds an encoder per call; this one is built once.
 dumps = json.JSONEncoder(separators=(",", ":")).encode
-_SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
 
 @dataclass(slots=True)
@@ -78,13 +75,12 @@ def load_json(data: bytes | memoryview, what: str) -> Any:
         raise InvalidArgument(f"{what}: the body is not valid JSON: {exc}") from None
 
 
-def decode_infer_request(model: str, version: str, body: bytes, header_length: str | None = None,
-                         shm: "SharedMemoryManager | None" = None) -> HttpInferRequest:
+def decode_infer_request(model: str, version: str, body: bytes, header_length: str | None = None) -> HttpInferRequest:
     """An inference request from its body (JSON header, then any binary data).
 
-    ``shm`` resolves tensors that name a registered system shared memory region
-    (``shared_memory_region`` / ``_offset`` / ``_byte_size`` parameters), with the
-    checks gRPC makes (:meth:`SharedMemoryManager.ref`); without it they are refused."""
+    A tensor that names a registered system shared memory region
+    (``shared_memory_region`` / ``_offset`` / ``_byte_size`` parameters) is left
+    as a reference for the data plane, with the checks gRPC makes (:func:`codec.shm_ref`)."""
     head, binary = split_body(body, header_length)
     doc = load_json(head, f"inference request for model '{model}'")
     if not isinstance(doc, dict):
@@ -122,15 +118,16 @@ def decode_infer_request(model: str, version: str, body: bytes, header_length: s
             raise InvalidArgument(f"{where}: unknown data type {t.get('datatype')!r}")
         shape = _shape(t.get("shape"), where)
         tparams = _object(t.get("parameters"), f"{where}: 'parameters'")
-        ref = _shm_ref(shm, tparams, where) if tparams else None
+        ref = shm_ref(tparams, where) if tparams else None
         size = tparams.get("binary_data_size") if tparams else None
         if ref is not None:
             if "data" in t or size is not None:
                 raise InvalidArgument(
-                    f"{where}: the input is in shared memory region '{ref.region.name}'; it must not also "
+                    f"{where}: the input is in shared memory region '{ref.region}'; it must not also "
                     "give 'data' or 'binary_data_size'"
                 )
-            request.inputs[name] = ref.read(dtype, shape, where)
+            request.inputs[name] = SharedTensor(ref, dtype, shape)  # type: ignore[assignment]
+            request.shared_memory = True
         elif size is not None:
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise InvalidArgument(f"{where}: 'binary_data_size' must be a non-negative integer, got {size!r}")
@@ -164,7 +161,9 @@ def decode_infer_request(model: str, version: str, body: bytes, header_length: s
             r = RequestedOutput(o["name"])
             oparams = _object(o.get("parameters"), f"output '{r.name}' for model '{model}': 'parameters'")
             if oparams:
-                r.shared_memory = _shm_ref(shm, oparams, f"output '{r.name}' for model '{model}'")
+                r.shared_memory = shm_ref(oparams, f"output '{r.name}' for model '{model}'")
+                if r.shared_memory is not None:
+                    request.shared_memory = True
                 flag = oparams.get("binary_data")
                 if flag is not None:
                     if not isinstance(flag, bool):
@@ -193,19 +192,6 @@ def _shape(value: Any, where: str) -> tuple[int, ...]:
     if any(d < 0 for d in value):
         raise InvalidArgument(f"{where}: shape {value} has a negative dimension")
     return tuple(value)
-
-
-def _shm_ref(shm: "SharedMemoryManager | None", params: dict[str, Any], where: str) -> Any:
-    """The tensor's shared memory reference (a ShmRef) or None, as over gRPC."""
-    if shm is not None:
-        return shm.ref(params, where)
-    for key in _SHM_KEYS:
-        if key in params:
-            raise Unimplemented(
-                f"{where}: parameter '{key}': shared memory is not supported by this caller; "
-                "send the tensor data in the request"
-            )
-    return None
 
 
 def _flatten(data: Any) -> list[Any]:
@@ -341,15 +327,14 @@ def _duration(d: Any) -> dict[str, int]:
     return {"count": d.count, "ns": d.ns}
 
 
-def statistics_json(models: list[Any]) -> dict[str, Any]:
-    """The statistics extension's answer for ``models`` (loaded model versions)."""
+def statistics_json(models: list[ModelStatistics]) -> dict[str, Any]:
+    """The statistics extension's answer for ``models`` (snapshots of loaded model versions)."""
     out = []
-    for model in models:
-        s = model.stats
+    for s in models:
         zero = {"count": 0, "ns": 0}
         out.append({
-            "name": model.name,
-            "version": str(model.version),
+            "name": s.name,
+            "version": str(s.version),
             "last_inference": s.last_inference_ms,
             "inference_count": s.inference_count,
             "execution_count": s.execution_count,
@@ -365,12 +350,12 @@ def statistics_json(models: list[Any]) -> dict[str, Any]:
             },
             "batch_stats": [
                 {
-                    "batch_size": size,
+                    "batch_size": b.batch_size,
                     "compute_input": _duration(b.compute_input),
                     "compute_infer": _duration(b.compute_infer),
                     "compute_output": _duration(b.compute_output),
                 }
-                for size, b in sorted(s.batch_stats.items())
+                for b in s.batch_stats
             ],
         })
     return {"model_stats": out}

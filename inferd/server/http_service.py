@@ -3,7 +3,7 @@
 A Starlette app, served by uvicorn on the server's event loop
 (:mod:`inferd.server.asgi`). Each route decodes (:mod:`inferd.server.http_codec`),
 calls the same :class:`DataPlane` as gRPC and encodes; errors are
-``{"error": "..."}`` with the status of :func:`inferd.errors.http_status`.
+``{"error": "..."}`` with the status of :func:`inferd.server.status.http_status`.
 Health and readiness answer 200 for true and 400 for false, as Triton does.
 Triton's extensions use the data plane's own state, so both frontends see one
 set of shared memory regions, trace settings and log settings; a W3C
@@ -24,10 +24,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from inferd.config import message_to_dict
-from inferd.errors import InferdError, InvalidArgument, NotFound, Unimplemented, http_status
-from inferd.server import http_codec, shared_memory
-from inferd.server.codec import parse_version
-from inferd.server.dataplane import DataPlane
+from inferd.dataplane import DataPlaneAPI
+from inferd.errors import InferdError, InvalidArgument, NotFound, Unimplemented
+from inferd.server import http_codec
+from inferd.server.codec import cuda_register_error, parse_version
+from inferd.server.status import http_status
 
 # Triton's words for an HTTP inference request to a decoupled model (clients match on them).
 DECOUPLED_HTTP = "HTTP end point doesn't support models with decoupled transaction policy"
@@ -112,8 +113,20 @@ async def _json_body(request: Request, what: str) -> dict[str, Any]:
     return doc
 
 
+async def _control_parameters(request: Request, what: str) -> dict[str, Any]:
+    """Explicit model control's body: its ``parameters`` (``config``, ``unload_dependents``), as they are."""
+    doc = await _json_body(request, f"model {what} request")
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        rpc = "RepositoryModelLoad" if what == "load" else "RepositoryModelUnload"
+        raise InvalidArgument(f"{rpc}: 'parameters' must be a JSON object")
+    return params
+
+
 class HttpFrontend:
-    def __init__(self, dataplane: DataPlane) -> None:
+    """The routes; they call only the :class:`DataPlaneAPI` façade."""
+
+    def __init__(self, dataplane: DataPlaneAPI) -> None:
         self.dp = dataplane
 
     def app(self) -> Starlette:
@@ -162,13 +175,13 @@ class HttpFrontend:
     # -- health and metadata ---------------------------------------------------
 
     async def live(self, request: Request) -> Response:
-        return Response(status_code=200 if self.dp.live else 400)
+        return Response(status_code=200 if await self.dp.server_live() else 400)
 
     async def ready(self, request: Request) -> Response:
-        return Response(status_code=200 if self.dp.server_ready() else 400)
+        return Response(status_code=200 if await self.dp.server_ready() else 400)
 
     async def server_metadata(self, request: Request) -> Response:
-        name, version, extensions = self.dp.server_metadata()
+        name, version, extensions = await self.dp.server_metadata()
         return json_response({"name": name, "version": version, "extensions": extensions})
 
     @staticmethod
@@ -178,10 +191,10 @@ class HttpFrontend:
 
     async def model_ready(self, request: Request) -> Response:
         name, version = self._target(request)
-        return Response(status_code=200 if self.dp.model_ready(name, version) else 400)
+        return Response(status_code=200 if await self.dp.model_ready(name, version) else 400)
 
     async def model_metadata(self, request: Request) -> Response:
-        md = self.dp.model_metadata(*self._target(request))
+        md = await self.dp.model_metadata(*self._target(request))
         tensors = lambda ts: [{"name": t.name, "datatype": t.datatype, "shape": t.shape} for t in ts]  # noqa: E731
         return json_response({
             "name": md.name, "versions": md.versions, "platform": md.platform,
@@ -189,13 +202,12 @@ class HttpFrontend:
         })
 
     async def model_config(self, request: Request) -> Response:
-        model = self.dp.model(*self._target(request))
-        return json_response(message_to_dict(model.config))
+        return json_response(message_to_dict(await self.dp.model_config(*self._target(request))))
 
     async def statistics(self, request: Request) -> Response:
         name = request.path_params.get("model", "")
         version = parse_version(name, request.path_params.get("version", ""))
-        return json_response(http_codec.statistics_json(self.dp.statistics_models(name, version)))
+        return json_response(http_codec.statistics_json(await self.dp.model_statistics(name, version)))
 
     # -- model repository --------------------------------------------------------
 
@@ -205,7 +217,7 @@ class HttpFrontend:
         if not isinstance(ready, bool):
             raise InvalidArgument(f"repository index request: 'ready' must be a boolean, got {ready!r}")
         out = []
-        for e in self.dp.manager.index(ready_only=ready):
+        for e in await self.dp.repository_index(ready_only=ready):
             item = {"name": e.name}
             if e.version:
                 item["version"] = e.version
@@ -216,28 +228,17 @@ class HttpFrontend:
         return json_response(out)
 
     async def load(self, request: Request) -> Response:
-        return await self._control(request, "load_model", "RepositoryModelLoad")
+        await self.dp.load_model(request.path_params["model"], await _control_parameters(request, "load"))
+        return Response(status_code=200)
 
     async def unload(self, request: Request) -> Response:
-        return await self._control(request, "unload_model", "RepositoryModelUnload")
-
-    async def _control(self, request: Request, method: str, rpc: str) -> Response:
-        """Explicit model control, through the data plane as gRPC does; the body's
-        ``parameters`` (``config``, ``unload_dependents``) go as they are."""
-        doc = await _json_body(request, f"model {method.split('_')[0]} request")
-        params = doc.get("parameters") or {}
-        if not isinstance(params, dict):
-            raise InvalidArgument(f"{rpc}: 'parameters' must be a JSON object")
-        control = getattr(self.dp, method, None)
-        if control is None:  # a data plane without model control
-            raise Unimplemented(f"{rpc} (explicit model control) is not supported by this inferd version")
-        await control(request.path_params["model"], params)
+        await self.dp.unload_model(request.path_params["model"], await _control_parameters(request, "unload"))
         return Response(status_code=200)
 
     # -- shared memory (Triton's extension; the data plane's regions, shared with gRPC) ------------
 
     async def shm_status(self, request: Request) -> Response:
-        regions = self.dp.shared_memory.status(request.path_params.get("region", ""))
+        regions = await self.dp.shm_status(request.path_params.get("region", ""))
         return json_response([{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
                               for r in regions])
 
@@ -254,11 +255,11 @@ class HttpFrontend:
                 raise InvalidArgument(f"system shared memory region '{name}': '{field}' must be a non-negative "
                                       f"integer, got {value!r}")
             sizes[field] = value
-        self.dp.shared_memory.register(name, key, sizes["offset"], sizes["byte_size"])
+        await self.dp.shm_register(name, key, sizes["offset"], sizes["byte_size"])
         return Response(status_code=200)
 
     async def shm_unregister(self, request: Request) -> Response:
-        self.dp.shared_memory.unregister(request.path_params.get("region", ""))
+        await self.dp.shm_unregister(request.path_params.get("region", ""))
         return Response(status_code=200)
 
     async def cuda_status(self, request: Request) -> Response:
@@ -269,7 +270,7 @@ class HttpFrontend:
         return json_response([])
 
     async def cuda_register(self, request: Request) -> Response:
-        raise shared_memory.cuda_register_error(request.path_params["region"])
+        raise cuda_register_error(request.path_params["region"])
 
     async def cuda_unregister(self, request: Request) -> Response:
         return Response(status_code=200)  # clients clear every region at start-up; there is none
@@ -280,12 +281,11 @@ class HttpFrontend:
         """GET reads, POST changes (as the TraceSetting RPC): a setting's value is a
         string, an array of strings, or null (clears it)."""
         model = request.path_params.get("model", "")
-        tracing = self.dp.tracing
         changes = None
         if request.method == "POST":
             doc = await _json_body(request, "trace setting request")
             changes = {key: _trace_values(key, value) for key, value in doc.items()}
-        settings = tracing.update(model, changes) if changes else tracing.settings(model)
+        settings = await self.dp.trace_settings(model, changes or None)
         # Triton's JSON: trace_level is an array, the others single strings (left out when unset).
         out: dict[str, Any] = {}
         for key, values in settings.items():
@@ -297,17 +297,15 @@ class HttpFrontend:
 
     async def log_settings(self, request: Request) -> Response:
         """GET reads, POST changes (as the LogSettings RPC)."""
-        logs = self.dp.log_settings
+        changes = None
         if request.method == "POST":
-            doc = await _json_body(request, "log setting request")
-            return json_response(logs.update(doc) if doc else logs.get())
-        return json_response(logs.get())
+            changes = await _json_body(request, "log setting request")
+        return json_response(await self.dp.log_settings(changes or None))
 
     # -- inference -----------------------------------------------------------------
 
     async def infer(self, request: Request) -> Response:
         body = await request.body()
-        self.dp.refuse_if_draining()
         headers = request.headers
         encoding = headers.get("content-encoding")
         if encoding:
@@ -315,13 +313,9 @@ class HttpFrontend:
         name = request.path_params["model"]
         decoded = http_codec.decode_infer_request(
             name, request.path_params.get("version", ""), body, headers.get(http_codec.HEADER_LENGTH),
-            self.dp.shared_memory,
         )
-        req = decoded.request
-        if self.dp.tracing.enabled:
-            # A W3C traceparent (and tracestate) header makes the request span a child of the caller's.
-            req.trace = self.dp.tracing.start(req.model_name, req.id, lambda: headers)
-        response = await self.dp.infer(req, decoupled_error=DECOUPLED_HTTP)
+        # A W3C traceparent (and tracestate) header makes the request span a child of the caller's.
+        response = await self.dp.infer(decoded.request, decoupled_error=DECOUPLED_HTTP, trace_carrier=lambda: headers)
         content, header_length = http_codec.encode_infer_response(response, decoded)
         out_headers = {}
         if header_length is not None:

@@ -12,7 +12,9 @@ from google.protobuf import text_format
 
 from inferd._proto import model_config_pb2 as mc
 from inferd.errors import ConfigError, DeadlineExceeded, Unavailable
-from inferd.scheduling.policy import DELAY, REJECT, BatchingPolicy, QueuePolicy, batching_policy
+from inferd.config import dynamic_batching
+from inferd.scheduling import policy as policy_module
+from inferd.scheduling.policy import DELAY, REJECT, BatchingPolicy, QueuePolicy
 from inferd.scheduling.queue import BatchQueue, Pending, split_rows
 
 T0 = 1000.0
@@ -479,6 +481,11 @@ def test_split_rows_refuses_a_zero_limit():
 
 def config(text: str) -> mc.ModelConfig:
     return text_format.Parse('name: "m"\n' + text, mc.ModelConfig())
+
+
+def batching_policy(config: mc.ModelConfig, **kw) -> BatchingPolicy:  # type: ignore[no-untyped-def]
+    """The policy a model with this config gets (its dynamic_batching checked by config/)."""
+    return policy_module.batching_policy(config.max_batch_size, dynamic_batching(config), **kw)
 
 
 def refused(text: str) -> str:

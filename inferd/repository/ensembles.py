@@ -1,4 +1,5 @@
-"""Loading an ensemble: what the ModelManager calls.
+"""Loading an ensemble: what the ModelManager calls (the repository's side of
+:mod:`inferd.ensemble`, which never imports the repository).
 
 An ensemble is loaded after its composing models (:func:`load_order`), on
 the event loop (it has no instances, nothing blocks). :func:`prepare` checks
@@ -14,21 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from inferd._proto import model_config_pb2 as mc
 from inferd.clock import Clock
-from inferd.config import ModelSpec, model_spec, parse_config_file, validate
-from inferd.ensemble.graph import (
-    Composing,
-    EnsembleGraph,
-    build_graph,
-    check_against_models,
-    check_ensemble_config,
-    is_ensemble,
-)
-from inferd.ensemble.scheduler import EnsembleScheduler, Resolver
+from inferd.config import ModelConfig, ModelSpec, prepare_ensemble_config, read_ensemble_config, select_versions
+from inferd.ensemble.graph import Composing, EnsembleGraph, build_graph, check_against_models
+from inferd.ensemble.scheduler import EnsembleScheduler
 from inferd.errors import ConfigError
+from inferd.model import Model, ModelLookup
 from inferd.observability.stats import ModelStats
-from inferd.repository.layout import available_versions, select_versions
+from inferd.repository.layout import available_versions
 
 READY = "READY"
 
@@ -40,33 +34,17 @@ class PreparedEnsemble:
     versions: list[int]
 
 
-def read_config(name: str, model_dir: Path) -> mc.ModelConfig | None:
+def read_config(name: str, model_dir: Path) -> ModelConfig | None:
     """The model's config when it is an ensemble; None for any other model."""
-    path = model_dir / "config.pbtxt"
-    if not path.exists():
-        return None
-    config = parse_config_file(path, model=name)
-    if not is_ensemble(config):
-        return None
-    if not config.name:
-        config.name = name
-    elif config.name != name:
-        raise ConfigError(f"model '{name}': config.pbtxt names the model '{config.name}'; it must match its folder")
-    return config
+    return read_ensemble_config(name, model_dir)
 
 
-def prepare(name: str, model_dir: Path, config: mc.ModelConfig) -> PreparedEnsemble:
+def prepare(name: str, model_dir: Path, config: ModelConfig) -> PreparedEnsemble:
     """Check the ensemble's own config and wiring; no other model is needed."""
-    check_ensemble_config(config)
-    # The checks every config gets (tensors, parameters, version_policy, refused
-    # fields), on a copy without the block that only ensembles may carry.
-    plain = mc.ModelConfig()
-    plain.CopyFrom(config)
-    plain.ClearField("ensemble_scheduling")
-    validate(plain, model_dir=model_dir)
-    graph = build_graph(config)
+    spec, wiring = prepare_ensemble_config(config, model_dir)
+    graph = build_graph(wiring)
     versions = select_versions(config, available_versions(model_dir))
-    return PreparedEnsemble(model_spec(config), graph, versions)
+    return PreparedEnsemble(spec, graph, versions)
 
 
 def dependency_problem(graph: EnsembleGraph, entry_of: Callable[[str], Any], _seen: frozenset[str] = frozenset()) -> str | None:
@@ -121,12 +99,10 @@ def check_models(prepared: PreparedEnsemble, entry_of: Callable[[str], Any]) -> 
     check_against_models(prepared.spec, prepared.graph, lookup)
 
 
-def build_versions(prepared: PreparedEnsemble, model_dir: Path, resolve: Resolver, clock: Clock | None = None,
+def build_versions(prepared: PreparedEnsemble, model_dir: Path, resolve: ModelLookup, clock: Clock | None = None,
                    problem: Callable[[], str | None] | None = None) -> dict:
     """One Model (an EnsembleScheduler and its own statistics) per selected version.
     ``problem``: why the ensemble cannot serve now (ModelManager.ensemble_problem)."""
-    from inferd.repository.model import Model
-
     models = {}
     for version in prepared.versions:
         stats = ModelStats(prepared.spec.name, version)

@@ -14,6 +14,12 @@ under /dev/shm (no ``/`` after the leading one, no ``..``), opened without
 following symlinks, and must be regular files at least as large as the
 window asked for.
 
+A frontend only checks a tensor's parameters (a plain
+:class:`~inferd.types.ShmRef`, or a :class:`~inferd.types.SharedTensor` in
+the request's inputs); the data plane, which holds the regions, resolves them
+here before the model runs (:meth:`SharedMemoryManager.resolve`), so a
+frontend needs no region of its own.
+
 Inputs are zero-copy where that is safe: a numeric tensor becomes a
 read-only ``np.frombuffer`` view on the mapping (its values are never
 validated, so a client that writes the region during the request can only
@@ -29,19 +35,16 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
-from inferd.dtypes import DataType
-from inferd.errors import AlreadyExists, InvalidArgument, NotFound, Unimplemented
+from inferd.dtypes import DataType, decode_bytes
+from inferd.errors import AlreadyExists, InvalidArgument, NotFound
+from inferd.types import InferenceRequest, SharedTensor, ShmRef
 
 SHM_DIR = Path("/dev/shm")
 _KEY = re.compile(r"^/?([A-Za-z0-9_.\-]{1,255})$")
-PARAM_REGION = "shared_memory_region"
-PARAM_OFFSET = "shared_memory_offset"
-PARAM_BYTE_SIZE = "shared_memory_byte_size"
-PARAM_KEYS = (PARAM_REGION, PARAM_OFFSET, PARAM_BYTE_SIZE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +88,6 @@ class Region:
         for d in shape:
             count *= d
         if dtype.name == "BYTES":
-            from inferd.server.codec import decode_bytes
-
             return decode_bytes(memoryview(self._map)[start:start + size], count, where).reshape(shape)
         if dtype.numpy is None:
             raise InvalidArgument(f"{where}: data type {dtype.name} is not supported on this server")
@@ -204,35 +205,31 @@ class SharedMemoryManager:
 
     # -- tensors -------------------------------------------------------------
 
-    def ref(self, params: Mapping[str, object], where: str) -> "ShmRef | None":
-        """The shared memory reference in a tensor's parameters (plain values), or None.
-
-        The region must be registered; offset and byte size must lie inside it."""
-        name = params.get(PARAM_REGION)
-        if name is None:
-            for key in (PARAM_OFFSET, PARAM_BYTE_SIZE):
-                if key in params:
-                    raise InvalidArgument(f"{where}: parameter '{key}' given without '{PARAM_REGION}'")
-            return None
-        if not isinstance(name, str) or not name:
-            raise InvalidArgument(f"{where}: parameter '{PARAM_REGION}' must be a region name, got {name!r}")
-        size = params.get(PARAM_BYTE_SIZE)
-        offset = params.get(PARAM_OFFSET, 0)
-        if type(size) is not int or size < 0 or type(offset) is not int or offset < 0:
-            if size is None:
-                raise InvalidArgument(f"{where}: shared memory region '{name}': parameter '{PARAM_BYTE_SIZE}' is required")
-            _non_negative(size, PARAM_BYTE_SIZE, name, where)
-            _non_negative(offset, PARAM_OFFSET, name, where)
-        region = self._regions.get(name)
+    def bind(self, ref: ShmRef) -> "RegionSlice":
+        """The window ``ref`` names, in its registered region; the region must be
+        registered and the window must lie inside it."""
+        region = self._regions.get(ref.region)
         if region is None:
-            raise NotFound(f"{where}: Unable to find shared memory region: '{name}'")
-        region._span(offset, size, where)  # type: ignore[arg-type]
-        return ShmRef(region, offset, size)  # type: ignore[arg-type]
+            raise NotFound(f"{ref.where}: Unable to find shared memory region: '{ref.region}'")
+        region._span(ref.offset, ref.byte_size, ref.where)
+        return RegionSlice(region, ref.offset, ref.byte_size)
+
+    def resolve(self, request: InferenceRequest) -> None:
+        """Read the request's inputs that lie in shared memory and bind its outputs
+        asked for there; called by the data plane before the model sees the request."""
+        inputs = request.inputs
+        for name, value in list(inputs.items()):
+            if isinstance(value, SharedTensor):
+                ref = value.ref
+                inputs[name] = self.bind(ref).read(value.datatype, value.shape, ref.where)
+        for r in request.requested_outputs or ():
+            if isinstance(r.shared_memory, ShmRef):
+                r.shared_memory = self.bind(r.shared_memory)
 
 
 @dataclass(frozen=True, slots=True)
-class ShmRef:
-    """Where one tensor lies: a registered region, an offset in it, a byte size."""
+class RegionSlice:
+    """One tensor's window of a registered region: an offset in it, a byte size."""
 
     region: Region
     offset: int
@@ -243,35 +240,3 @@ class ShmRef:
 
     def write(self, data: np.ndarray | bytes, where: str) -> None:
         self.region.write(data, self.offset, self.byte_size, where)
-
-
-def _non_negative(value: object, key: str, region: str, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidArgument(
-            f"{where}: shared memory region '{region}': parameter '{key}' must be a non-negative integer, got {value!r}"
-        )
-    return value
-
-
-# -- CUDA shared memory ------------------------------------------------------------
-
-
-def cuda_available() -> bool:
-    try:
-        import torch  # the only CUDA-aware library the server may have
-
-        return bool(torch.cuda.is_available())
-    except Exception:
-        return False
-
-
-def cuda_register_error(name: str) -> Unimplemented:
-    if not cuda_available():
-        return Unimplemented(
-            f"CUDA shared memory region '{name}': this server has no CUDA device; "
-            "use system shared memory (SystemSharedMemoryRegister) instead"
-        )
-    return Unimplemented(
-        f"CUDA shared memory region '{name}': CUDA shared memory is not supported by this inferd version; "
-        "use system shared memory (SystemSharedMemoryRegister) instead"
-    )

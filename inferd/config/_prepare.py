@@ -1,0 +1,132 @@
+"""The config pipeline of one model folder: read, settle the backend, complete, validate.
+
+Blocking (it reads files and asks the backend about the model file). The
+backend takes part through the :class:`ConfigCompleter` it is (its hooks see
+the ``ModelConfig`` being completed: ``resolve`` settles platform/backend,
+``complete_config`` is a Python model's ``auto_complete_config``); what comes
+out is plain data: the :class:`ModelSpec`, the backend, and the model file of
+each selected version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from inferd._proto import model_config_pb2 as mc
+from inferd.config._autocomplete import ModelSignature, autocomplete
+from inferd.config._parse import parse_config_file
+from inferd.config._spec import ModelSpec
+from inferd.config._validate import validate
+from inferd.errors import ConfigError
+
+
+class ConfigCompleter(Protocol):
+    """What the pipeline asks of a model's backend (``inferd.backends.Backend`` is one)."""
+
+    default_filename: str
+
+    def gpu_available(self) -> bool: ...
+
+    def complete_config(self, config: mc.ModelConfig, model_file: Path) -> None: ...
+
+    def signature(self, model_file: Path, model_name: str) -> ModelSignature | None: ...
+
+
+# Settles the config's platform/backend in place; the backend, or None for an ensemble.
+BackendResolver = Callable[[mc.ModelConfig, Path], Any]
+
+
+@dataclass(frozen=True)
+class PreparedConfig:
+    spec: ModelSpec
+    backend: Any  # what the resolver returned for it
+    files: dict[int, Path]  # version -> model file
+
+
+def read_model_config(name: str, model_dir: Path, override: mc.ModelConfig | None = None) -> mc.ModelConfig:
+    """The folder's config.pbtxt (or ``override``, RepositoryModelLoad's, or an empty one), named ``name``."""
+    config_path = model_dir / "config.pbtxt"
+    if override is not None:
+        config = mc.ModelConfig()
+        config.CopyFrom(override)
+    elif config_path.exists():
+        config = parse_config_file(config_path, model=name)
+    else:
+        config = mc.ModelConfig()
+    check_name(config, name)
+    return config
+
+
+def check_name(config: mc.ModelConfig, name: str) -> None:
+    """A config takes its folder's name, and may not name another."""
+    if not config.name:
+        config.name = name
+    elif config.name != name:
+        raise ConfigError(f"model '{name}': config.pbtxt names the model '{config.name}'; it must match its folder")
+
+
+def select_versions(config: mc.ModelConfig, available: list[int]) -> list[int]:
+    """The versions ``config.version_policy`` asks to load (default: the latest)."""
+    name = config.name
+    if not available:
+        raise ConfigError(f"model '{name}': no version folder (a numbered folder such as {name}/1/)")
+    policy = config.version_policy
+    kind = policy.WhichOneof("policy_choice")
+    if kind == "all":
+        return list(available)
+    if kind == "specific":
+        wanted = sorted(set(policy.specific.versions))
+        missing = [v for v in wanted if v not in available]
+        if missing:
+            raise ConfigError(
+                f"model '{name}': version_policy.specific asks for versions {missing}, "
+                f"which are not in the repository (available: {available})"
+            )
+        return wanted
+    count = policy.latest.num_versions if kind == "latest" else 1
+    return available[-count:]
+
+
+def prepare_config(name: str, model_dir: Path, available: list[int], resolve: BackendResolver,
+                   override: mc.ModelConfig | None = None) -> PreparedConfig:
+    """Read, auto-complete and validate one (non-ensemble) model folder whose version
+    folders are ``available``; ``override``: a config to use instead of ``config.pbtxt``."""
+    config = read_model_config(name, model_dir, override)
+    versions = select_versions(config, available)
+    backend: ConfigCompleter | None = resolve(config, model_dir)
+    if backend is None:
+        raise ConfigError(f"model '{name}': an ensemble is checked against its composing models: "
+                          "the ModelManager loads it (inferd.repository.ensembles), not prepare()")
+    filename = config.default_model_filename or backend.default_filename
+    files: dict[int, Path] = {}
+    for version in versions:
+        path = model_dir / str(version) / filename
+        if not path.exists():
+            raise ConfigError(f"model '{name}': version {version} has no model file '{filename}' ({path})")
+        files[version] = path
+    backend.complete_config(config, files[versions[-1]])
+    signature = backend.signature(files[versions[-1]], name)
+    if signature is not None:
+        autocomplete(config, signature)
+    _settle_instance_groups(config, backend.gpu_available)
+    spec = validate(config, model_dir=model_dir, signature=signature)
+    for version in versions[:-1]:
+        other = backend.signature(files[version], name)
+        if other is not None:
+            validate(config, model_dir=model_dir, signature=other)
+    return PreparedConfig(spec, backend, files)
+
+
+def _settle_instance_groups(config: mc.ModelConfig, gpu_available: Callable[[], bool]) -> None:
+    if not config.instance_group:
+        group = config.instance_group.add()
+        group.kind = mc.ModelInstanceGroup.KIND_AUTO
+        group.count = 1
+    for group in config.instance_group:
+        if group.count == 0:
+            group.count = 1
+        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+            # As Triton does, the config a client reads shows the kind chosen.
+            group.kind = mc.ModelInstanceGroup.KIND_GPU if gpu_available() else mc.ModelInstanceGroup.KIND_CPU

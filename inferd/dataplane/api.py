@@ -1,0 +1,145 @@
+"""The façade the frontends call: :class:`DataPlaneAPI`, and the plain data it speaks.
+
+Both frontends (gRPC, HTTP) and the gRPC health service call only these
+methods; :class:`~inferd.dataplane.plane.DataPlane` implements them in the
+process that holds the models. Every method is ``async`` and takes and returns
+plain, picklable data (dataclasses, dicts, lists, numpy arrays, the domain
+errors), so that a frontend in another process can hold a proxy with this
+same interface that forwards each call over IPC, and the frontends cannot
+tell the difference. Two values pass through opaque:
+
+- :meth:`model_config` returns the ``ModelConfig`` message as ``inferd.config``
+  produced it: the ModelConfig RPC sends it as it is and HTTP renders it with
+  ``inferd.config.message_to_dict``; a protobuf message pickles (it serializes
+  itself), so a proxy needs nothing else, and the in-process call copies nothing.
+- ``infer``'s ``trace_carrier`` is a callable that gives the request's W3C
+  trace headers, read only when the request is sampled; a proxy calls it (when
+  tracing is on) before the hop.
+
+Requests and responses are :mod:`inferd.types` (numpy arrays; tensors in a
+client's shared memory as :class:`~inferd.types.SharedTensor` /
+:class:`~inferd.types.ShmRef` references, resolved by the data plane).
+Errors are :mod:`inferd.errors` types; the frontends map them to statuses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Mapping, NamedTuple, Protocol
+
+from inferd.dataplane.shared_memory import RegionStatus
+from inferd.model import DECOUPLED_UNARY
+from inferd.observability.stats import BatchStatistics, ModelStatistics
+from inferd.repository import IndexEntry
+from inferd.streaming import StreamResponse
+from inferd.types import InferenceRequest, InferenceResponse
+
+__all__ = [
+    "BatchStatistics", "DataPlaneAPI", "IndexEntry", "ModelMetadata", "ModelStatistics", "RegionStatus",
+    "ServerMetadata", "TensorMetadata", "TraceCarrier",
+]
+
+# The request's headers / gRPC metadata, for the W3C trace context; called only when the request is traced.
+TraceCarrier = Callable[[], Mapping[str, str]]
+
+
+class ServerMetadata(NamedTuple):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMetadata:
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetadata:
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+class DataPlaneAPI(Protocol):
+    """What a frontend may ask of the server. ``version`` 0: as the version policy chooses."""
+
+    # -- health and metadata ---------------------------------------------------
+
+    async def server_live(self) -> bool: ...
+
+    async def server_ready(self) -> bool:
+        """Live, not loading, not draining, and every wanted model ready."""
+        ...
+
+    async def model_ready(self, name: str, version: int = 0) -> bool: ...
+
+    async def server_metadata(self) -> ServerMetadata: ...
+
+    async def model_metadata(self, name: str, version: int = 0) -> ModelMetadata: ...
+
+    async def model_config(self, name: str, version: int = 0) -> Any:
+        """The model's ``ModelConfig`` message, as completed and validated at load (opaque here)."""
+        ...
+
+    async def model_statistics(self, name: str = "", version: int = 0) -> list[ModelStatistics]:
+        """Snapshots of every loaded version (no ``name``), of one model's, or of one version,
+        sorted by (name, version)."""
+        ...
+
+    # -- model repository ----------------------------------------------------------
+
+    async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]: ...
+
+    async def load_model(self, name: str, parameters: Mapping[str, object] | None = None,
+                         repository: str = "") -> None:
+        """RepositoryModelLoad; ``parameters``: plain values (``config``: a JSON ModelConfig)."""
+        ...
+
+    async def unload_model(self, name: str, parameters: Mapping[str, object] | None = None,
+                           repository: str = "") -> None:
+        """RepositoryModelUnload (``unload_dependents``: bool)."""
+        ...
+
+    # -- system shared memory --------------------------------------------------------
+
+    async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None: ...
+
+    async def shm_status(self, name: str = "") -> list[RegionStatus]:
+        """Every region (no ``name``), or the one named (NotFound if it is not registered)."""
+        ...
+
+    async def shm_unregister(self, name: str = "") -> None:
+        """The region named, or every region; an unknown name is not an error."""
+        ...
+
+    # -- tracing and logging ----------------------------------------------------------
+
+    async def trace_settings(self, model: str = "",
+                             changes: Mapping[str, list[str]] | None = None) -> dict[str, list[str]]:
+        """Apply TraceSetting ``changes`` (an empty list clears one), all or nothing; the
+        settings now in force for ``model`` (the global ones for "")."""
+        ...
+
+    async def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Apply log setting ``changes``, all or nothing; the settings now in force."""
+        ...
+
+    # -- inference -----------------------------------------------------------------
+
+    async def infer(self, request: InferenceRequest, decoupled_error: str = DECOUPLED_UNARY,
+                    trace_carrier: TraceCarrier | None = None) -> InferenceResponse:
+        """Run one request (refused with UNAVAILABLE while the server drains). Outputs
+        requested into shared memory are written there (the frontend sends no data for
+        them). ``decoupled_error``: the frontend's words refusing a decoupled model."""
+        ...
+
+    def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
+        """Run one request of a stream and yield its responses as they come: one, or a
+        decoupled model's many, then the final flag. Errors are yielded (a drain's
+        refusal too); only cancellation raises."""
+        ...

@@ -1,0 +1,199 @@
+"""The protocol-neutral data plane: the one :class:`DataPlaneAPI` both frontends call.
+
+Frontends decode the wire into :class:`InferenceRequest` (numpy arrays) and
+encode what comes back; everything in between happens here or below: refuse
+new work while draining, resolve tensors in shared memory, start the trace,
+find the model, and take its path (validate, schedule, shape, count:
+:mod:`inferd.model`). The server's wiring (:mod:`inferd.server.app`) drives
+its lifecycle (:meth:`DataPlane.load_models`, :meth:`DataPlane.drain`,
+:meth:`DataPlane.close`); those are not part of the façade.
+"""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Mapping
+
+from inferd.clock import Clock, MonotonicClock
+from inferd.dataplane.api import ModelMetadata, ServerMetadata, TensorMetadata, TraceCarrier
+from inferd.dataplane.shared_memory import RegionStatus, SharedMemoryManager
+from inferd.errors import InferdError, InvalidArgument, Unavailable
+from inferd.model import DECOUPLED_UNARY, Model, find, response, run_model
+from inferd.model import infer_stream as model_infer_stream
+from inferd.observability.log_settings import LogSettings
+from inferd.observability.stats import ModelStatistics
+from inferd.observability.tracing import Tracing
+from inferd.repository import IndexEntry, ModelManager, control
+from inferd.streaming import StreamResponse
+from inferd.types import InferenceRequest, InferenceResponse
+
+SERVER_NAME = "inferd"
+SERVER_VERSION = "0.1.0"
+EXTENSIONS = [
+    "classification", "sequence", "model_repository", "schedule_policy", "model_configuration", "statistics",
+    "binary_tensor_data", "parameters", "model_repository(unload_dependents)", "system_shared_memory", "trace", "logging",
+]
+DRAINING = "inferd is shutting down and takes no new inference requests"
+
+
+class DataPlane:
+    """Implements :class:`~inferd.dataplane.api.DataPlaneAPI` over a :class:`ModelManager`."""
+
+    def __init__(self, manager: ModelManager, clock: Clock | None = None, *, tracing: Tracing | None = None,
+                 logs: LogSettings | None = None) -> None:
+        self.manager = manager
+        self.clock = clock or MonotonicClock()
+        self.live = True
+        self.draining = False
+        self.shared_memory = SharedMemoryManager()
+        self.tracing = tracing or Tracing()  # None: off (the server's comes from --trace-config)
+        self.logs = logs or LogSettings()
+        self.loading = False  # the server's start-up loading: not ready yet
+
+    # -- lifecycle (the server's wiring, not the façade) ------------------------------
+
+    async def load_models(self) -> None:
+        """Start-up: load every model the control mode asks for; then ready."""
+        try:
+            await self.manager.load_all()
+        finally:
+            self.loading = False
+
+    def drain(self) -> None:
+        """A stop has begun: not ready, and new inference requests are refused; accepted
+        ones finish (in-process calls, a Python model's BLS, are not refused: they serve them)."""
+        self.draining = True
+
+    def inflight(self) -> int:
+        """Requests accepted by a scheduler and not yet answered, over every model."""
+        return sum(m.scheduler.inflight() for m in self.manager.models())
+
+    async def close(self) -> None:
+        """Release the models, the shared memory mappings and the trace exporter."""
+        await self.manager.stop()
+        self.shared_memory.close()
+        self.tracing.shutdown()
+
+    # -- health and metadata ---------------------------------------------------
+
+    async def server_live(self) -> bool:
+        return self.live
+
+    async def server_ready(self) -> bool:
+        return self.ready_now()
+
+    def ready_now(self) -> bool:
+        """:meth:`server_ready`, for code in this process that cannot await (the metrics scrape)."""
+        return self.live and not self.draining and not self.loading and self.manager.all_ready()
+
+    async def model_ready(self, name: str, version: int = 0) -> bool:
+        return not self.draining and self.manager.is_ready(name, version)
+
+    async def server_metadata(self) -> ServerMetadata:
+        return ServerMetadata(SERVER_NAME, SERVER_VERSION, list(EXTENSIONS))
+
+    async def model_metadata(self, name: str, version: int = 0) -> ModelMetadata:
+        model = self.manager.get(name, version)
+        spec = model.spec
+        lead = [-1] if spec.max_batch_size > 0 else []
+        versions = [str(m.version) for m in self.manager.models() if m.name == name]
+        return ModelMetadata(
+            name=name,
+            versions=versions,
+            platform=_platform(model),
+            inputs=[TensorMetadata(t.name, t.datatype.name, lead + list(t.dims)) for t in spec.inputs.values()],
+            outputs=[TensorMetadata(t.name, t.datatype.name, lead + list(t.dims)) for t in spec.outputs.values()],
+        )
+
+    async def model_config(self, name: str, version: int = 0) -> Any:
+        return self.manager.get(name, version).spec.config
+
+    async def model_statistics(self, name: str = "", version: int = 0) -> list[ModelStatistics]:
+        if not name:
+            models = self.manager.models()
+        elif version:
+            models = [self.manager.get(name, version)]
+        else:
+            models = [m for m in self.manager.models() if m.name == name]
+            if not models:
+                self.manager.get(name)  # raises the right error
+        return [m.stats.snapshot() for m in sorted(models, key=lambda m: (m.name, m.version))]
+
+    # -- model repository (model control) ------------------------------------------
+
+    async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
+        return self.manager.index(ready_only=ready_only)
+
+    async def load_model(self, name: str, parameters: Mapping[str, object] | None = None,
+                         repository: str = "") -> None:
+        """RepositoryModelLoad: (re)load ``name``; ``parameters``: plain values
+        (``config``: a JSON ModelConfig; ``file:`` ones are refused). Explicit mode only."""
+        control.require_explicit(self.manager, f"failed to load '{name}'")
+        _check_repository(repository, name)
+        config = control.load_parameters(name, parameters or {})
+        await self.manager.load_model(name, config)
+
+    async def unload_model(self, name: str, parameters: Mapping[str, object] | None = None,
+                           repository: str = "") -> None:
+        """RepositoryModelUnload (``unload_dependents``: also the ensembles that use it). Explicit mode only."""
+        control.require_explicit(self.manager, f"failed to unload '{name}'")
+        _check_repository(repository, name)
+        await self.manager.unload_model(name, control.unload_parameters(name, parameters or {}))
+
+    # -- system shared memory --------------------------------------------------------
+
+    async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self.shared_memory.register(name, key, offset, byte_size)
+
+    async def shm_status(self, name: str = "") -> list[RegionStatus]:
+        return self.shared_memory.status(name)
+
+    async def shm_unregister(self, name: str = "") -> None:
+        self.shared_memory.unregister(name)
+
+    # -- tracing and logging ----------------------------------------------------------
+
+    async def trace_settings(self, model: str = "",
+                             changes: Mapping[str, list[str]] | None = None) -> dict[str, list[str]]:
+        return self.tracing.update(model, changes) if changes else self.tracing.settings(model)
+
+    async def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        return self.logs.update(changes) if changes else self.logs.get()
+
+    # -- inference -----------------------------------------------------------------
+
+    async def infer(self, request: InferenceRequest, decoupled_error: str = DECOUPLED_UNARY,
+                    trace_carrier: TraceCarrier | None = None) -> InferenceResponse:
+        if self.draining:
+            raise Unavailable(DRAINING)
+        if request.shared_memory:
+            self.shared_memory.resolve(request)
+        if self.tracing.enabled and request.trace is None:
+            request.trace = self.tracing.start(request.model_name, request.id, trace_carrier)
+        # model.dispatch.infer's two steps, inline: no extra coroutine per request on the hot path.
+        model = find(self.manager.get, request, decoupled_error)
+        return response(model, request, await run_model(model, request, self.clock))
+
+    async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
+        try:
+            if self.draining:
+                raise Unavailable(DRAINING)
+            if request.shared_memory:
+                self.shared_memory.resolve(request)
+        except InferdError as exc:
+            yield StreamResponse(error=exc, final=True)
+            return
+        async for item in model_infer_stream(self.manager.get, request, self.clock):
+            yield item
+
+
+def _check_repository(repository: str, name: str) -> None:
+    # One namespace over every --model-repository, as Triton without named repositories.
+    if repository:
+        raise InvalidArgument(f"model '{name}': repository_name '{repository}': named repositories are not "
+                              "supported; leave it empty")
+
+
+def _platform(model: Model) -> str:
+    # Triton reports the platform for ONNX/TorchScript/ensembles, and the
+    # backend's name for backend-only models such as python.
+    return model.spec.platform or model.spec.backend

@@ -1,0 +1,24 @@
+"""A loaded model version: its spec, scheduler and statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from inferd.config import ModelSpec
+from inferd.observability.stats import ModelStats
+from inferd.scheduling.base import Scheduler
+
+
+@dataclass(eq=False)
+class Model:
+    spec: ModelSpec
+    version: int
+    scheduler: Scheduler
+    stats: ModelStats
+    model_dir: Path
+    decoupled: bool = False  # model_transaction_policy.decoupled: responses only stream
+
+    @property
+    def name(self) -> str:
+        return self.spec.name

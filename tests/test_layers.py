@@ -1,0 +1,144 @@
+"""The layering of docs/ARCHITECTURE.md, enforced (issue #12).
+
+Layers, lowest first, each importing only those below it (or itself); every
+import counts, also one inside a function or under ``TYPE_CHECKING``. Protobuf
+and gRPC stay in the generated code, config/ and the frontends (and the tools
+above them); the frontends reach the data plane only through its façade.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from inferd import errors
+from inferd.dataplane import DataPlaneAPI
+from inferd.server.status import STATUS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (layer, module prefixes); the longest matching prefix decides a module's layer.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("proto", ("inferd._proto",)),
+    ("core", ("inferd.types", "inferd.errors", "inferd.clock", "inferd.dtypes", "inferd.streaming",
+              "inferd.observability")),
+    ("config", ("inferd.config",)),
+    ("backends", ("inferd.backends", "triton_python_backend_utils")),
+    ("scheduling", ("inferd.scheduling",)),
+    ("model", ("inferd.model",)),
+    ("ensemble", ("inferd.ensemble",)),
+    ("repository", ("inferd.repository",)),
+    # The Prometheus exporter reads the models' counters in the process that holds them.
+    ("dataplane", ("inferd.dataplane", "inferd.observability.metrics")),
+    ("frontends", ("inferd.server",)),
+    ("cli", ("inferd.cli", "inferd.perf", "inferd.examples")),
+]
+RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
+# Where protobuf and gRPC may be imported: the generated code, config/, the frontends and the tools above them.
+WIRE_LAYERS = {"proto", "config", "frontends", "cli"}
+WIRE_MODULES = ("grpc", "grpc_health", "grpc_reflection", "google.protobuf", "inferd._proto.model_config_pb2",
+                "inferd._proto.grpc_service_pb2", "inferd._proto.grpc_service_pb2_grpc")
+# The frontend modules that serve clients: the data plane's façade is all they may use of it.
+FACADE_USERS = ("inferd.server.grpc_service", "inferd.server.http_service", "inferd.server.health")
+BELOW_THE_FACADE = ("inferd.repository", "inferd.model", "inferd.scheduling", "inferd.ensemble", "inferd.backends",
+                    "inferd.dataplane.plane", "inferd.dataplane.shared_memory")
+
+
+def layer_of(module: str) -> str | None:
+    best: tuple[int, str] | None = None
+    for name, prefixes in LAYERS:
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                if best is None or len(prefix) > best[0]:
+                    best = (len(prefix), name)
+    return best[1] if best else None
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in ("inferd", "triton_python_backend_utils"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) for every import in the file; ``from pkg import mod`` counts as ``pkg.mod``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                found.append((node.lineno, full if full in MODULES or full in WIRE_MODULES else node.module))
+    return found
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in MODULES if m != "inferd" and layer_of(m) is None] == []
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    bad = []
+    for module, path in MODULES.items():
+        mine = layer_of(module)
+        if mine is None:
+            continue
+        for line, target in imports(path):
+            theirs = layer_of(target)
+            if theirs is not None and RANK[theirs] > RANK[mine]:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: {module} ({mine}) imports {target} ({theirs})")
+    assert bad == []
+
+
+def test_protobuf_and_grpc_stay_in_config_and_the_frontends():
+    bad = []
+    for module, path in MODULES.items():
+        if layer_of(module) in WIRE_LAYERS:
+            continue
+        for line, target in imports(path):
+            if any(target == w or target.startswith(w + ".") for w in WIRE_MODULES):
+                bad.append(f"{path.relative_to(ROOT)}:{line}: {module} imports {target}")
+    assert bad == []
+
+
+def _facade_methods() -> set[str]:
+    return {n for n, v in vars(DataPlaneAPI).items() if callable(v) and not n.startswith("_")}
+
+
+@pytest.mark.parametrize("module", FACADE_USERS)
+def test_frontends_use_only_the_data_plane_facade(module):
+    path = MODULES[module]
+    allowed = _facade_methods()
+    used = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        # self.dp.<name>: the frontend's data plane
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "dp"
+                and isinstance(node.value.value, ast.Name) and node.value.value.id == "self"):
+            used.add(node.attr)
+    assert used and used <= allowed, sorted(used - allowed)
+    below = [t for _, t in imports(path) if any(t == b or t.startswith(b + ".") for b in BELOW_THE_FACADE)]
+    assert below == []
+
+
+def test_every_error_kind_has_a_status():
+    kinds = {cls.kind for cls in vars(errors).values()
+             if isinstance(cls, type) and issubclass(cls, errors.InferdError)}
+    assert kinds - set(STATUS) == set()
+
+
+def test_the_checks_see_a_violation(tmp_path):
+    """The walk is not vacuous: an upward and a wire import in a low layer are both found."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from inferd.server import status\n\ndef f():\n    import grpc\n")
+    found = [t for _, t in imports(bad)]
+    assert "inferd.server.status" in found and "grpc" in found
+    assert RANK[layer_of("inferd.server.status")] > RANK[layer_of("inferd.scheduling.queue")]
