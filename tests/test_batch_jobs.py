@@ -239,7 +239,6 @@ def test_interactive_latency_holds_with_a_job_running(server):
         accounting.append(during["scheduling"])
     # The job did run between the interactive requests...
     assert all(p > 0 for p in progress), progress
-    assert sum(a["interactive_met_batch"] for a in accounting) >= 0
     # ...never taking capacity while interactive work was in flight...
     assert all(a["admitted_over_interactive"] == 0 for a in accounting), accounting
     # ...and the interactive median stayed within 20%.
@@ -261,10 +260,10 @@ def test_cli_batch_run_in_process_resumes_and_writes_parquet(repo, tmp_path):
         assert done.returncode == 0, done.stderr
         return done
 
-    assert "10/10" in run(first_part).stderr  # tqdm's count (with its rate and ETA)
+    assert "10/10" in run(first_part).stderr  # tqdm's count
     resumed = run(everything)  # the same output: the first ten are not run again
     assert "resuming: 10 of 30 requests already have results" in resumed.stderr and "20/20" in resumed.stderr
-    assert "it/s" in resumed.stderr
+    assert "req/s" in resumed.stderr and "<" in resumed.stderr  # tqdm's rate, and elapsed<remaining
     table = pq.read_table(out).to_pylist()
     assert sorted(r["custom_id"] for r in table) == sorted(f"row-{i}" for i in range(30))
     assert next(r for r in table if r["custom_id"] == "row-3")["OUTPUT0"] == [4] * 16

@@ -4,8 +4,9 @@ A result is a :class:`Result`: a line's ``custom_id`` and either its output
 tensors or its error. Every custom id gets exactly one: a writer knows which
 ids it holds (:meth:`done`) and a job runs only the others.
 
-- :class:`JsonlResults`: one JSON object per line, appended and flushed as
-  results arrive (``fsync`` at :meth:`~JsonlResults.sync`). Tensors are KServe
+- :class:`JsonlResults`: one JSON object per line, appended as results
+  arrive, flushed and fsync'ed at :meth:`~JsonlResults.sync` (a job syncs
+  every second, and when it stops). Tensors are KServe
   v2 JSON tensors (``name``, ``datatype``, ``shape``, ``data``); BYTES that are
   not UTF-8 are base64 (``parameters.encoding: "base64"``), so nothing is
   lost. A last line cut short by a crash is dropped when the file is reopened.
@@ -136,8 +137,9 @@ class JsonlResults:
     def write(self, result: Result) -> None:
         if result.custom_id in self._done:
             return  # exactly one result per custom id
+        # Written whole (one write of the line), made durable at the next sync: a
+        # crash loses at most the unsynced tail, whose requests simply run again.
         self._file.write(json.dumps(result_json(result), separators=(",", ":")).encode() + b"\n")
-        self._file.flush()
         self._done.add(result.custom_id)
 
     def sync(self) -> None:

@@ -71,36 +71,38 @@ async def run_lines(
     clock: Clock | None = None,
     on_result: Callable[[Result], None] | None = None,
 ) -> Progress:
-    """Run every line without a result yet; returns the counts (including earlier runs')."""
+    """Run every line without a result yet; returns the counts (including earlier runs').
+
+    ``window`` workers take the lines in file order, one at a time each."""
     clock = clock or MonotonicClock()
     progress = progress or Progress(total=len(lines))
-    todo = remaining(lines, writer.done())
-    pending: dict[asyncio.Task, Line] = {}
-    position = 0
+    todo = iter(remaining(lines, writer.done()))  # shared: each line is taken by one worker
+    loop = asyncio.get_running_loop()
+    syncing: list[asyncio.Future] = []
     last_sync = clock.now()
+
+    async def worker() -> None:
+        nonlocal last_sync
+        for line in todo:
+            result = await _attempt(line, infer, clock, progress)
+            writer.write(result)
+            progress.count(result)
+            if on_result is not None:
+                on_result(result)
+            if clock.now() - last_sync >= SYNC_EVERY_S and not syncing:
+                last_sync = clock.now()  # fsync on a thread; the next waits for this one
+                future = loop.run_in_executor(None, writer.sync)
+                syncing.append(future)
+                future.add_done_callback(lambda f: syncing.remove(f))
+
+    workers = [asyncio.ensure_future(worker()) for _ in range(max(1, window))]
     try:
-        while position < len(todo) or pending:
-            while position < len(todo) and len(pending) < window:
-                line = todo[position]
-                position += 1
-                pending[asyncio.ensure_future(_attempt(line, infer, clock, progress))] = line
-            finished, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in finished:
-                line = pending.pop(task)
-                result = task.result()
-                writer.write(result)
-                progress.count(result)
-                if on_result is not None:
-                    on_result(result)
-            if clock.now() - last_sync >= SYNC_EVERY_S:
-                last_sync = clock.now()
-                await asyncio.get_running_loop().run_in_executor(None, writer.sync)
+        await asyncio.gather(*workers)
     finally:
-        for task in pending:
+        for task in workers:
             task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-        await asyncio.get_running_loop().run_in_executor(None, writer.sync)
+        await asyncio.gather(*workers, *syncing, return_exceptions=True)
+        await loop.run_in_executor(None, writer.sync)
     return progress
 
 

@@ -12,7 +12,11 @@ and go on to the same scheduler, at its lowest priority level, only when
   most the batch work already started;
 - once interactive traffic has been quiet for ``gap_s``, ``trickle``
   batch requests at a time (one, by default, so an interactive arrival finds
-  at most one small piece of batch work ahead of it);
+  at most one small piece of batch work ahead of it), and at most ``duty`` of
+  the time: after a batch request that took t, the next waits
+  t * (1 / duty - 1). Batch work that kept the event loop busy between two
+  interactive requests would make the next one wait for the loop and the
+  GIL, even with no batch request running when it arrives;
 - once it has been quiet for ``burst_after_s``, ``burst`` at a time, so an
   idle server fills whole batches with batch work.
 
@@ -42,6 +46,8 @@ class LanePolicy:
     burst_after_s: float = 1.0  # quiet this long: `burst` at a time
     trickle: int = 1
     burst: int = 8
+    duty: float = 0.2  # while interactive traffic is recent: the share of time batch work may run
+    overhead_s: float = 0.0003  # a batch request's cost to the loop outside the scheduler
 
 
 @dataclass(slots=True)
@@ -50,6 +56,7 @@ class LaneState:
     batch: int = 0  # batch requests passed on to the scheduler and not answered
     waiting: int = 0  # batch requests waiting in the lane
     last_interactive: float = -math.inf  # when one last arrived or was answered
+    paced_until: float = -math.inf  # while trickling: no batch request starts before this
 
 
 def admit(policy: LanePolicy, state: LaneState, now: float) -> tuple[int, float | None]:
@@ -62,10 +69,18 @@ def admit(policy: LanePolicy, state: LaneState, now: float) -> tuple[int, float 
     if now < start:
         return 0, start
     if now >= burst:
-        window, wake = policy.burst, None
-    else:
-        window, wake = policy.trickle, burst
-    return max(0, min(state.waiting, window - state.batch)), wake
+        return max(0, min(state.waiting, policy.burst - state.batch)), None
+    if now < state.paced_until:
+        return 0, min(state.paced_until, burst)
+    return max(0, min(state.waiting, policy.trickle - state.batch)), burst
+
+
+def pace(policy: LanePolicy, state: LaneState, started: float, now: float) -> None:
+    """A batch request that started at ``started`` was answered at ``now``: while
+    interactive traffic is recent, the next one waits to keep batch work to ``duty``."""
+    if now < state.last_interactive + policy.burst_after_s:
+        cost = now - started + policy.overhead_s
+        state.paced_until = max(state.paced_until, now + cost * (1.0 / policy.duty - 1.0))
 
 
 class BackgroundLane(Scheduler):
@@ -114,10 +129,12 @@ class BackgroundLane(Scheduler):
         await self._admission()
         if self._lowest:
             request.priority = self._lowest
+        started = self._clock.now()
         try:
             return await self.inner.infer(request, rows)
         finally:
             state.batch -= 1
+            pace(self.policy, state, started, self._clock.now())
             if self._waiters:
                 self._decide()
 
@@ -125,25 +142,30 @@ class BackgroundLane(Scheduler):
         """Wait until this batch request may go on; it is then counted in ``state.batch``."""
         waiter: asyncio.Future = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
-        self.state.waiting += 1
         self._decide()
         try:
             await waiter
         except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.state.batch -= 1  # admitted, then its caller went away
+            if waiter.cancelled():  # its caller went away while it waited
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                self.state.waiting = len(self._waiters)
+            else:  # admitted, then its caller went away before it went on
+                self.state.batch -= 1
                 self._decide()
-            else:
-                self._waiters.remove(waiter)
-                self.state.waiting -= 1
             raise
 
     def _decide(self) -> None:
         state = self.state
+        waiters = self._waiters
+        state.waiting = len(waiters)
         count, wake = admit(self.policy, state, self._clock.now())
-        for _ in range(count):
-            waiter = self._waiters.popleft()
+        while count and waiters:
+            waiter = waiters.popleft()
             state.waiting -= 1
+            if waiter.done():  # cancelled; its task takes it out of the count itself
+                continue
+            count -= 1
             state.batch += 1
             self.admitted += 1
             if state.interactive:

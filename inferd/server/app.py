@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc
 
 from inferd.dataplane import DataPlane
+from inferd.dataplane.batches import default_batch_dir
 from inferd.errors import InferdError
 from inferd.observability.log_settings import LogSettings
 from inferd.observability.metrics import ServerMetrics
@@ -56,6 +57,7 @@ class ServerOptions:
     repository_poll_secs: float = 15.0
     tracing: Tracing | None = None  # None: off
     log_settings: LogSettings | None = None
+    batch_dir: Path | None = None  # batch jobs' state; None: next to the first repository
 
 
 class InferenceServer:
@@ -63,7 +65,8 @@ class InferenceServer:
         self.options = options
         self.manager = ModelManager(options.model_repositories, mode=options.model_control_mode,
                                     startup_models=options.load_models)
-        self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings)
+        self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings,
+                                   batch_dir=options.batch_dir or default_batch_dir(options.model_repositories[0]))
         self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
                        if options.model_control_mode == "poll" else None)
         self._grpc: grpc.aio.Server | None = None
@@ -162,6 +165,7 @@ class InferenceServer:
     async def stop(self) -> None:
         """Graceful stop: not ready at once, refuse new work, let accepted requests finish, release models."""
         self.dataplane.drain()
+        await self.dataplane.stop_batches()  # their unfinished lines run at the next start
         if self.poller is not None:
             await self.poller.stop()
         if self.health is not None:

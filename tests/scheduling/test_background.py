@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from inferd.clock import FakeClock
-from inferd.scheduling.background import BackgroundLane, LanePolicy, LaneState, admit
+from inferd.scheduling.background import BackgroundLane, LanePolicy, LaneState, admit, pace
 from inferd.scheduling.base import Scheduler
 from inferd.types import InferenceRequest
 
@@ -27,6 +27,18 @@ P = LanePolicy(gap_s=0.002, burst_after_s=1.0, trickle=1, burst=8)
 ])
 def test_admit(state, now, expected):
     assert admit(P, state, now) == expected
+
+
+def test_while_interactive_traffic_is_recent_batch_work_keeps_to_its_duty():
+    policy = LanePolicy(gap_s=0.002, burst_after_s=1.0, duty=0.2, overhead_s=0.0005)
+    state = LaneState(waiting=5, last_interactive=10.0)
+    pace(policy, state, started=10.010, now=10.011)  # 1 ms in the scheduler, 0.5 ms around it
+    assert state.paced_until == pytest.approx(10.011 + 0.0015 * 4)
+    assert admit(policy, state, 10.012) == (0, state.paced_until)
+    assert admit(policy, state, 10.018) == (1, 11.0)
+    quiet = LaneState(waiting=5, last_interactive=10.0)
+    pace(policy, quiet, started=11.5, now=11.6)  # interactive traffic long gone: no pacing
+    assert quiet.paced_until == -math.inf and admit(policy, quiet, 11.6) == (5, None)
 
 
 class Inner(Scheduler):
@@ -77,6 +89,9 @@ async def test_batch_work_waits_for_interactive_quiet_then_trickles_then_bursts(
     await settle()
     assert len(inner.running) == 1 and inner.running[0][0].priority == 3  # one, at the lowest level
     inner.finish()
+    await settle()
+    assert len(inner.running) == 0  # paced: batch work keeps to its duty while interactive traffic is recent
+    clock.advance(P.overhead_s * (1 / P.duty - 1))
     await settle()
     assert len(inner.running) == 1  # the next one, still one at a time
     clock.advance(1.0)
