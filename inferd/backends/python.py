@@ -25,6 +25,13 @@ request's :class:`~inferd.streaming.ResponseSink` (streamed to the client as
 sent); ``execute`` raising ends every request still open with its error.
 Such a model can only be reached through a stream (ModelStreamInfer).
 
+An iterative sequence model (``sequence_batching { iterative_sequence: true }``)
+is stepped by :mod:`inferd.scheduling.iterative`: a request its ``execute``
+releases with ``request.set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)``
+runs again at the next step (reported in ``BatchResult.reschedule``; a model
+that is not decoupled returns None for it, as Triton requires). Any other
+model that reschedules gets Triton's error for that request.
+
 A sequence model (``sequence_batching``) sees each request's
 ``correlation_id()`` and ``flags()`` (START 1, END 2) and its control and
 state inputs as input tensors; its state outputs are read back by the batcher.

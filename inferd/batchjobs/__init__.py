@@ -17,7 +17,7 @@ capacity that interactive requests leave idle.
 """
 
 from inferd.batchjobs._jobs import (
-    CANCELLED, COMPLETED, FAILED, QUEUED, RUNNING, BatchJobs, JobInfo, check_model_version,
+    CANCELLED, COMPLETED, FAILED, QUEUED, RUNNING, BatchJobs, JobInfo,
 )
 from inferd.batchjobs._lines import CUSTOM_ID, Line, parse_lines, remaining, to_request
 from inferd.batchjobs._results import (
@@ -27,6 +27,6 @@ from inferd.batchjobs._runner import Progress, run_lines
 
 __all__ = [
     "CANCELLED", "COMPLETED", "CUSTOM_ID", "FAILED", "QUEUED", "RUNNING", "BatchJobs", "JobInfo", "JsonlResults",
-    "Line", "ParquetResults", "Progress", "Result", "ResultWriter", "check_model_version", "npz_bytes",
+    "Line", "ParquetResults", "Progress", "Result", "ResultWriter", "npz_bytes",
     "parquet_available", "parse_lines", "read_jsonl", "remaining", "result_json", "run_lines", "to_request",
 ]

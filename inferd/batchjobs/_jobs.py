@@ -31,7 +31,7 @@ from inferd.batchjobs._lines import Line, parse_lines
 from inferd.batchjobs._results import JsonlResults, Result, read_jsonl
 from inferd.batchjobs._runner import Progress, run_lines
 from inferd.clock import Clock, MonotonicClock
-from inferd.errors import InferdError, InvalidArgument, NotFound
+from inferd.errors import InferdError, NotFound
 from inferd.observability.stats import wall_ms
 
 log = logging.getLogger(__name__)
@@ -248,16 +248,3 @@ def _read_info(folder: Path) -> JobInfo | None:
     except (OSError, ValueError, TypeError) as exc:
         log.warning("batch directory %s: skipping %s, which cannot be read: %s", folder.parent, path, exc)
         return None
-
-
-def check_model_version(value: str) -> int:
-    """A version from a query string ('' or a positive integer)."""
-    if value in ("", None):
-        return 0
-    try:
-        version = int(value)
-    except ValueError:
-        version = -1
-    if version < 1:
-        raise InvalidArgument(f"model version must be a positive integer, got '{value}'")
-    return version

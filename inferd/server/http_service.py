@@ -23,7 +23,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from inferd.batchjobs import check_model_version
 from inferd.config import message_to_dict
 from inferd.dataplane import DataPlaneAPI
 from inferd.errors import InferdError, InvalidArgument, NotFound, Unimplemented
@@ -316,7 +315,7 @@ class HttpFrontend:
         if not model:
             raise InvalidArgument("batch submission: name the model with the query parameter 'model' "
                                   "(POST /v2/batches?model=NAME)")
-        version = check_model_version(request.query_params.get("model_version", ""))
+        version = parse_version(model, request.query_params.get("model_version", ""))
         body = await request.body()
         encoding = request.headers.get("content-encoding")
         if encoding:
