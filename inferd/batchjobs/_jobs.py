@@ -138,7 +138,7 @@ class BatchJobs:
             raise NotFound(f"batch job '{job_id}' not found")
         return info
 
-    def list(self) -> list[JobInfo]:
+    def all(self) -> list[JobInfo]:
         return sorted(self._jobs.values(), key=lambda j: j.created_at_ms)
 
     async def cancel(self, job_id: str) -> JobInfo:

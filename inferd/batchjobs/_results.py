@@ -173,7 +173,7 @@ def npz_bytes(results: Iterator[Result]) -> bytes:
             arrays[f"{r.custom_id}/{name}"] = array
     arrays[ERRORS_KEY] = np.array(json.dumps(errors))
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy's stubs miss **kwds arrays
     return buffer.getvalue()
 
 

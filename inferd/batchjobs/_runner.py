@@ -54,7 +54,12 @@ async def sleep_until(clock: Clock, when: float) -> None:
     """Wait on ``clock`` (a FakeClock in tests) until ``when``."""
     loop = asyncio.get_running_loop()
     woken: asyncio.Future = loop.create_future()
-    handle = clock.call_at(when, lambda: woken.done() or woken.set_result(None))
+
+    def wake() -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    handle = clock.call_at(when, wake)
     try:
         await woken
     finally:

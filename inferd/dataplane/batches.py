@@ -46,8 +46,8 @@ class BatchService:
     def status(self, job_id: str) -> dict[str, Any]:
         return self._document(self.jobs.get(job_id))
 
-    def list(self) -> list[dict[str, Any]]:
-        return [self._document(info) for info in self.jobs.list()]
+    def all(self) -> list[dict[str, Any]]:
+        return [self._document(info) for info in self.jobs.all()]
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
         return self._document(await self.jobs.cancel(job_id))

@@ -210,7 +210,7 @@ class DataPlane:
         return await self._batch_service().submit(data, model, version)
 
     async def batch_list(self) -> list[dict[str, Any]]:
-        return self._batch_service().list()
+        return self._batch_service().all()
 
     async def batch_status(self, job_id: str) -> dict[str, Any]:
         return self._batch_service().status(job_id)

@@ -40,13 +40,13 @@ import numpy as np
 
 from inferd.backends.base import BatchResult, RequestInputs
 from inferd.clock import Alarm, Clock, MonotonicClock
-from inferd.config._sequence import CORRID, END, START, SequencePolicy
+from inferd.config._sequence import SequencePolicy
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
 from inferd.scheduling.base import Inflight, Scheduler
 from inferd.scheduling.instances import InstanceWorker
 from inferd.scheduling.iterative_queue import CANCELLED, ENDED, LEFT, WAITING, IterativeQueue, IterSeq
-from inferd.scheduling.sequence import FLAG_START, _const, _corrid_array, _frozen, _shape_key, sequence_params
+from inferd.scheduling.sequence import FLAG_START, SequenceControls, SequenceId, _shape_key, sequence_params
 from inferd.streaming import StreamEvent
 from inferd.types import InferenceRequest
 
@@ -146,17 +146,7 @@ class IterativeScheduler(Scheduler):
         self._outputs = list(output_names) + [s.output for s in policy.states if s.output not in output_names]
         self._stats = stats
         self._clock = clock or MonotonicClock()
-        self._lead = (1,) if policy.max_batch_size > 0 else ()
-        self._flags: list[tuple[str, str, np.ndarray, np.ndarray]] = []
-        self._corrid: tuple[str, np.dtype] | None = None
-        for c in policy.controls:
-            if c.kind == CORRID:
-                self._corrid = (c.input, c.datatype.numpy)
-            else:
-                shape = self._lead + (1,)
-                self._flags.append((c.kind, c.input, _const(c.false, c.datatype.numpy, shape),
-                                    _const(c.true, c.datatype.numpy, shape)))
-        self._initial = {s.input: _frozen(s.initial.reshape(self._lead + s.initial.shape)) for s in policy.states}
+        self._controls = SequenceControls(policy)
         self._keys = itertools.count(1)
         self._running: dict[Any, IterSeq] = {}  # sequence id -> its sequence, from admission to leaving
         self._alarm = Alarm(self._clock, self._pump)
@@ -221,13 +211,13 @@ class IterativeScheduler(Scheduler):
                 del self._running[key]  # it left before ever joining a step
             self._inflight.leave()
 
-    def _sequence_key(self, request: InferenceRequest) -> Any:
+    def _sequence_key(self, request: InferenceRequest) -> SequenceId:
         raw = request.parameters.get("sequence_id")
         if raw is None or raw == 0 or raw == "":
-            key = next(self._keys)
-            while key in self._running:
-                key = next(self._keys)
-            return key
+            generated = next(self._keys)
+            while generated in self._running:
+                generated = next(self._keys)
+            return generated
         key, start, _ = sequence_params(self.model, request.parameters)
         if not start:
             raise InvalidArgument(
@@ -300,16 +290,8 @@ class IterativeScheduler(Scheduler):
         request = job.request
         request.flags = FLAG_START if first else 0  # Triton: neither START nor END once rescheduled
         row: dict[str, np.ndarray] = RequestInputs(request) if self._python else dict(request.inputs)
-        for kind, name, false, true in self._flags:
-            # START on the first step only; END never (the model or max_tokens ends it); READY always.
-            on = first if kind == START else kind != END
-            row[name] = true if on else false
-        if self._corrid is not None:
-            row[self._corrid[0]] = _corrid_array(seq.key, self._corrid[1], self._lead)
-        if self._initial:
-            state = None if first else job.state
-            for name, initial in self._initial.items():
-                row[name] = initial if state is None else state[name]
+        # START on the first step only; END never (the model or max_tokens ends a sequence); READY always.
+        self._controls.fill(row, seq.key, start=first, end=False, state=None if first else job.state)
         return row
 
     def _done(self, instance: int, rows: list[IterSeq], result: BatchResult | BaseException) -> None:

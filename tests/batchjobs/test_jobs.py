@@ -104,7 +104,7 @@ async def test_a_job_completes_and_its_results_are_read_back(tmp_path):
     assert done.status == COMPLETED and done.succeeded == 4 and done.document()["request_counts"] == {
         "total": 4, "completed": 4, "succeeded": 4, "failed": 0}
     assert sorted(r.custom_id for r in jobs.results(info.id)) == [f"id-{i}" for i in range(4)]
-    assert [j.id for j in jobs.list()] == [info.id]
+    assert [j.id for j in jobs.all()] == [info.id]
     with pytest.raises(NotFound):
         jobs.get("batch_nope")
     with pytest.raises(InvalidArgument):
