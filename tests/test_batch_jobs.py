@@ -227,23 +227,23 @@ def interactive_p50s(url: str, rounds_of: int = 60, pause_s: float = 0.005) -> l
 def test_interactive_latency_holds_with_a_job_running(server):
     batches = Batches(server)
     interactive_p50s(server.url, 30)  # warm up
-    without, with_job, progress, accounting = [], [], [], []
-    for _ in range(4):  # interleaved rounds: the machine's noise hits both alike
-        without += interactive_p50s(server.url)
+    ratios, progress, accounting = [], [], []
+    for _ in range(6):  # interleaved rounds: a burst of the machine's noise hits one pair, not the verdict
+        without = statistics.median(interactive_p50s(server.url, 40))
         job = batches.submit(simple_lines(3000), "simple")
         start = batches.wait(job["id"], lambda d: d["request_counts"]["completed"] > 0)
-        with_job += interactive_p50s(server.url)
+        with_job = statistics.median(interactive_p50s(server.url, 40))
         during = batches.get(job["id"])
         http("POST", f"{batches.base}/{job['id']}/cancel")
+        ratios.append(with_job / without)
         progress.append(during["request_counts"]["completed"] - start["request_counts"]["completed"])
         accounting.append(during["scheduling"])
     # The job did run between the interactive requests...
     assert all(p > 0 for p in progress), progress
-    # ...never taking capacity while interactive work was in flight...
+    # ...never taking the model while interactive work was in flight...
     assert all(a["admitted_over_interactive"] == 0 for a in accounting), accounting
-    # ...and the interactive median stayed within 20%.
-    ratio = statistics.median(with_job) / statistics.median(without)
-    assert ratio <= 1.2, (ratio, statistics.median(with_job), statistics.median(without), progress)
+    # ...and the interactive median stayed within 20% (the median of the rounds' ratios).
+    assert statistics.median(ratios) <= 1.2, (ratios, progress)
 
 
 def test_cli_batch_run_in_process_resumes_and_writes_parquet(repo, tmp_path):
