@@ -7,7 +7,7 @@ builds the same bytes) and renders its ``config.pbtxt`` for each way it can be
 batched: ``continuous`` (``iterative_sequence``: rows join and leave between
 steps), ``request`` (dynamic batching: a batch runs until its longest request
 ends) and ``none`` (one request at a time). The repository holds the first;
-the benchmark (perf/scenarios/generative.py) builds the other two.
+the benchmark (perf/scenarios/generative.py) builds the others.
 """
 
 from __future__ import annotations
@@ -46,12 +46,17 @@ def weights(hidden: int = HIDDEN, embed: int = EMBED, layers: int = LAYERS, seed
     return buffer.getvalue()
 
 
+BATCHINGS = ("continuous", "request", "request_compact", "none")
+
+
 def config(name: str = "generator", batching: str = "continuous", max_batch_size: int = MAX_BATCH,
            hidden: int = HIDDEN, layers: int = LAYERS, max_new_tokens: int = MAX_NEW_TOKENS,
            instances: int = 1) -> str:
-    """The generator's config.pbtxt, batched ``continuous``ly, per ``request`` or ``none``."""
-    if batching not in ("continuous", "request", "none"):
-        raise ValueError(f"batching must be continuous, request or none, got {batching!r}")
+    """The generator's config.pbtxt, batched ``continuous``ly, per ``request`` (static: a batch
+    runs, padded, until its longest request ends; ``request_compact``: finished rows leave
+    the computation), or ``none``."""
+    if batching not in BATCHINGS:
+        raise ValueError(f"batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")
     text = f'''name: "{name}"
 backend: "python"
 max_batch_size: {1 if batching == "none" else max_batch_size}
@@ -64,8 +69,10 @@ model_transaction_policy {{ decoupled: true }}
 instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
 parameters {{ key: "max_new_tokens" value: {{ string_value: "{max_new_tokens}" }} }}
 '''
-    if batching == "request":
+    if batching.startswith("request"):
         text += "dynamic_batching { }\n"
+    if batching == "request_compact":
+        text += 'parameters { key: "request_batching" value: { string_value: "compact" } }\n'
     if batching == "continuous":
         text += f'''sequence_batching {{
   iterative_sequence: true

@@ -34,6 +34,7 @@ import asyncio
 import itertools
 import logging
 import math
+import threading
 from typing import Any
 
 import numpy as np
@@ -67,31 +68,55 @@ def max_tokens(model: str, parameters: dict[str, Any]) -> int:
 
 class _RowSink:
     """Stands between a Python model's response sender and the client's sink
-    for one sequence: keeps the state outputs each step sends, forwards the rest.
+    for one sequence: keeps the state outputs each step sends, passes the rest on.
 
-    ``put`` is called on the instance's thread; the driver reads ``captured``
-    on the loop after the step's execution returned."""
+    While its step runs (``held``), what the model sends waits here and the
+    driver hands it to the client when the step is back on the loop: the
+    model's thread then never wakes the loop once per response, and the loop's
+    work on a step's responses overlaps the next step's. ``put`` is called on
+    the instance's thread; ``captured``, ``take`` and ``deliver`` are used on the loop
+    once the execution returned."""
 
-    __slots__ = ("client", "state_outputs", "captured", "final")
+    __slots__ = ("client", "state_outputs", "captured", "final", "held", "_lock")
 
     def __init__(self, client: Any, state_outputs: frozenset[str]) -> None:
         self.client = client
         self.state_outputs = state_outputs
         self.captured: dict[str, np.ndarray] = {}
         self.final = False  # the model sent its final response
+        self.held: list[StreamEvent] | None = None  # a list while a step runs
+        self._lock = threading.Lock()
 
     def put(self, event: StreamEvent) -> None:
         outputs = event.outputs
         if outputs is not None and self.state_outputs:
             for name in self.state_outputs & outputs.keys():
-                self.captured[name] = outputs.pop(name)
+                self.captured[name] = outputs.pop(name)  # the backend already copied it
             if not outputs:
                 if not event.final and event.error is None:
                     return  # a response that only carried state
                 event = StreamEvent(error=event.error, final=event.final)
         if event.final:
             self.final = True
-        self.client.put(event)
+        with self._lock:
+            if self.held is not None:
+                self.held.append(event)
+                return
+        self.client.put(event)  # sent after its step, from a thread of the model's own
+
+    def hold(self) -> None:
+        """Its step is about to run."""
+        self.held = []
+
+    def take(self) -> list[StreamEvent]:
+        """On the loop, when the step is back: what it sent (from now on, sends go straight on)."""
+        with self._lock:
+            held, self.held = self.held, None
+        return held or []
+
+    def deliver(self, events: list[StreamEvent]) -> None:
+        for event in events:
+            self.client.put(event)
 
 
 class _Job:
@@ -284,6 +309,8 @@ class IterativeScheduler(Scheduler):
 
     def _row(self, seq: IterSeq, now: float) -> dict[str, np.ndarray]:
         job: _Job = seq.payload
+        if job.rows is not None:
+            job.rows.hold()
         first = seq.steps == 0
         if first:
             self._stats.record_queue(int((now - job.enqueued) * 1e9))
@@ -306,14 +333,21 @@ class IterativeScheduler(Scheduler):
                 f"model '{self.model}' failed to execute: {type(result).__name__}: {result}")
             outputs, again = [error] * len(rows), None
         ended = []
+        held = []
         for i, seq in enumerate(rows):
             out = outputs[i] if i < len(outputs) else ModelExecutionError(
                 f"model '{self.model}' returned {len(outputs)} responses for a step of {len(rows)} rows")
             ended.append(self._absorb(seq, out, bool(again and again[i])))
-        for seq, reason in self._queue.complete(instance, rows, ended, self._clock.now()):
-            self._leave(seq, reason)
+            sink = seq.payload.rows
+            if sink is not None:
+                held.append((sink, sink.take()))
+        left = self._queue.complete(instance, rows, ended, self._clock.now())
         if not self._pumping:
-            self._pump()
+            self._pump()  # the next step starts before this one's responses go out
+        for sink, events in held:
+            sink.deliver(events)
+        for seq, reason in left:
+            self._leave(seq, reason)
 
     def _absorb(self, seq: IterSeq, out: Any, rescheduled: bool) -> bool:
         """Take in one row's step: keep its state, pass its outputs on. True if the sequence ends."""
@@ -337,7 +371,9 @@ class IterativeScheduler(Scheduler):
                     f"in step {seq.steps + 1}" + (" (a decoupled Python model sends them in a response of the step)"
                                                   if job.rows is not None else ""))
                 return True
-            job.state = {s.input: np.array(out[s.output], copy=True) for s in self.policy.states}
+            # The Python backend copied what its model sent; a tensor model's outputs are its own.
+            job.state = {s.input: out[s.output] if job.rows is not None else np.array(out[s.output], copy=True)
+                         for s in self.policy.states}
         if job.rows is not None:
             return ended  # the model sent its responses itself
         client = {k: v for k, v in out.items() if k not in self._state_outputs}

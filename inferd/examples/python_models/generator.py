@@ -20,7 +20,10 @@ The model runs in either of two ways, chosen by its config:
   with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` to be stepped again, or
   sends the final flag when it is done.
 - otherwise (request-level batching, or none): ``execute`` generates every
-  request of its batch to the end, stepping the rows still going together.
+  request of its batch to the end, stepping the batch until its longest
+  request ends: every row at every step (static batching, finished rows as
+  padding), or with parameter ``request_batching: compact`` only the rows
+  still going.
 """
 
 import json
@@ -69,7 +72,11 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         self.max_new = int(params.get("max_new_tokens", "256"))
+        # One thread: a step is small GEMMs, and with the event loop on the other core (and a busy
+        # machine) torch's pool threads mostly wait for each other. torch's setting is per process.
+        torch.set_num_threads(int(params.get("torch_threads", "1")))
         self.iterative = bool(config.get("sequence_batching", {}).get("iterative_sequence", False))
+        self.compact = params.get("request_batching", "padded") == "compact"
         folder = Path(args["model_repository"]) / args["model_version"]
         with np.load(folder / "weights.npz") as weights:
             self.net = ByteGRU(weights).eval()
@@ -86,37 +93,34 @@ class TritonPythonModel:
 
     def _step(self, requests):
         net = self.net
-        hidden = torch.empty(net.layers, len(requests), net.hidden)
-        tokens = torch.empty(len(requests), dtype=torch.long)
-        counts = []
-        first = []
+        n = len(requests)
+        hidden = np.empty((net.layers, n, net.hidden), dtype=np.float32)
+        tokens = np.empty(n, dtype=np.int64)
+        counts = np.zeros(n, dtype=np.int64)
+        later = []
         for i, request in enumerate(requests):
             if request.flags() & START:
-                h, token = net.prefill(_prompt(request))
-                hidden[:, i] = h
-                tokens[i] = token
-                counts.append(0)
-                first.append(True)
+                h, tokens[i] = net.prefill(_prompt(request))
+                hidden[:, i] = h.numpy()
                 continue
-            last = pb_utils.get_input_tensor_by_name(request, "LAST_IN").as_numpy().reshape(-1)
-            hidden[:, i] = torch.from_numpy(pb_utils.get_input_tensor_by_name(request, "HIDDEN_IN").as_numpy()[0])
-            tokens[i] = int(last[0])
-            counts.append(int(last[1]))
-            first.append(False)
-        later = [i for i, f in enumerate(first) if not f]
-        if later:
-            index = torch.tensor(later)
-            next_tokens, next_hidden = net.decode(tokens[index], hidden[:, index])
-            tokens[index] = next_tokens
-            hidden[:, index] = next_hidden
+            hidden[:, i] = pb_utils.get_input_tensor_by_name(request, "HIDDEN_IN").as_numpy()[0]
+            tokens[i], counts[i] = pb_utils.get_input_tensor_by_name(request, "LAST_IN").as_numpy()[0]
+            later.append(i)
+        if later:  # one decode step for every row past its first, together
+            index = np.array(later)
+            next_tokens, next_hidden = net.decode(torch.from_numpy(tokens[index]),
+                                                  torch.from_numpy(hidden[:, index]))
+            tokens[index] = next_tokens.numpy()
+            hidden[:, index] = next_hidden.numpy()
+        counts += 1
         for i, request in enumerate(requests):
-            token, count = int(tokens[i]), counts[i] + 1
+            token, count = int(tokens[i]), int(counts[i])
             sender = request.get_response_sender()
             if token == EOS:
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             done = count >= self.max_new
-            state = [pb_utils.Tensor("HIDDEN_OUT", hidden[:, i].numpy()[None]),
+            state = [pb_utils.Tensor("HIDDEN_OUT", hidden[:, i][None]),
                      pb_utils.Tensor("LAST_OUT", np.array([[token, count]], dtype=np.int32))]
             if not done:
                 request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
@@ -126,32 +130,40 @@ class TritonPythonModel:
     # -- request-level batching: every request of the batch to its end --------------------
 
     def _generate(self, requests):
+        """The whole batch, step by step, until its longest request ends. ``padded`` (the
+        default; static batching): every row is computed at every step, a finished one as
+        padding; ``compact``: finished rows leave the computation."""
         net = self.net
-        rows = []  # (sender, remaining, token, hidden)
-        for request in requests:
-            limit = min(self.max_new, _max_tokens(request) or self.max_new)
-            h, token = net.prefill(_prompt(request))
-            rows.append([request.get_response_sender(), limit, token, h])
-        while rows:
-            going = []
-            for row in rows:
-                sender, remaining, token, _ = row
+        senders = [request.get_response_sender() for request in requests]
+        limits = [min(self.max_new, _max_tokens(request) or self.max_new) for request in requests]
+        first = [net.prefill(_prompt(request)) for request in requests]
+        hidden = torch.stack([h for h, _ in first], dim=1)
+        tokens = torch.tensor([token for _, token in first], dtype=torch.long)
+        streaming = [True] * len(requests)
+        sent = [0] * len(requests)
+        rows = list(range(len(requests)))  # the request of each row of the batch
+        while True:
+            for row, token in zip(rows, tokens.tolist()):
+                if not streaming[row]:
+                    continue  # padding
+                sender = senders[row]
                 if token == EOS or sender.is_cancelled():
                     sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    streaming[row] = False
                     continue
-                row[1] = remaining = remaining - 1
+                sent[row] += 1
+                streaming[row] = sent[row] < limits[row]
                 sender.send(pb_utils.InferenceResponse(output_tensors=_byte(token)),
-                            flags=0 if remaining else pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                if remaining:
-                    going.append(row)
-            rows = going
-            if not rows:
-                break
-            tokens = torch.tensor([row[2] for row in rows], dtype=torch.long)
-            hidden = torch.stack([row[3] for row in rows], dim=1)
+                            flags=0 if streaming[row] else pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            if not any(streaming[row] for row in rows):
+                return
+            if self.compact:
+                keep = [slot for slot, row in enumerate(rows) if streaming[row]]
+                if len(keep) < len(rows):
+                    index = torch.tensor(keep)
+                    tokens, hidden = tokens[index], hidden[:, index]
+                    rows = [rows[slot] for slot in keep]
             tokens, hidden = net.decode(tokens, hidden)
-            for i, row in enumerate(rows):
-                row[2], row[3] = int(tokens[i]), hidden[:, i]
 
 
 def _prompt(request):
