@@ -367,6 +367,8 @@ MODELS += [
 
 
 def _generator_weights() -> bytes:
+    import torch  # noqa: F401  # the model runs on PyTorch (an extra): without it, it is skipped
+
     from . import generator
 
     return generator.weights()

@@ -1,4 +1,4 @@
-"""Generative and offline work. (1) tokens/s of the example generator (a two-layer GRU over bytes, Python + torch, one byte per step) with continuous batching (sequence_batching.iterative_sequence: rows join and leave between steps) against request-level batching (dynamic_batching: a batch runs until its longest request ends) and no batching, at 32 concurrent gRPC streams (tritonclient.grpc.aio, closed loop), with generation lengths (max_tokens) drawn from a long-tailed distribution; the same lengths, in the same order, for each. The client is raw grpc.aio with tritonclient's messages, in one process. (2) A batch job's rows/s (POST /v2/batches, mlp, one row a line) against the raw onnxruntime ceiling at batch 1 and 64. The client, the server and other engineers' work share the machine's 2 cores."""
+"""Generative and offline work. (1) tokens/s of the example generator (a two-layer GRU over bytes, Python + torch, one byte per step) with continuous batching (sequence_batching.iterative_sequence: rows join and leave between steps) against request-level batching (dynamic_batching: a batch runs until its longest request ends) and no batching, at 32 concurrent gRPC streams (tritonclient.grpc.aio, closed loop), with generation lengths (max_tokens) drawn from a long-tailed distribution; the same lengths, in the same order, for each. The client is raw grpc.aio with tritonclient's messages, in one process; the same runs again in-process (the streams in the benchmark's own process through the model path, no gRPC: the scheduling without the transport's cost, and one process fewer on the cores). (2) A batch job's rows/s (POST /v2/batches, mlp, one row a line) against the raw onnxruntime ceiling at batch 1 and 64. The client, the server and other engineers' work share the machine's 2 cores."""
 
 from __future__ import annotations
 
@@ -98,6 +98,69 @@ async def drive(url: str, model: str, plan: list[int]) -> tuple[int, float, list
     return tokens, elapsed, latencies
 
 
+async def drive_in_process(manager, model: str, plan: list[int]) -> tuple[int, float, list[float]]:  # type: ignore[no-untyped-def]
+    """As :func:`drive`, with the streams in this process (the model path's ``infer_stream``, no gRPC)."""
+    from inferd.clock import MonotonicClock
+    from inferd.model import infer_stream
+    from inferd.types import InferenceRequest
+
+    clock = MonotonicClock()
+    work = list(plan)
+    tokens = 0
+    latencies: list[float] = []
+
+    async def stream() -> None:
+        nonlocal tokens
+        while work:
+            n = work.pop()
+            t0 = time.perf_counter()
+            request = InferenceRequest(model, {"PROMPT": np.array([[b"inferd"]], dtype=np.object_)},
+                                       parameters={"max_tokens": n})
+            async for item in infer_stream(manager.get, request, clock):
+                if item.error is not None:
+                    raise item.error
+                if item.response is not None:
+                    tokens += 1
+            latencies.append((time.perf_counter() - t0) * 1e6)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(stream() for _ in range(STREAMS)))
+    return tokens, time.perf_counter() - t0, latencies
+
+
+def measure_in_process(repo: Path, rounds: int, plan: list[int]) -> dict[str, list[dict]]:
+    """Every mode, ``rounds`` times (rotated), with the models and the streams in this process."""
+    from inferd.repository import ModelManager
+
+    async def measure() -> dict[str, list[dict]]:
+        manager = ModelManager([repo], mode="explicit", startup_models=[f"gen_{m}" for m, _ in MODES])
+        await manager.load_all()
+        found: dict[str, list[dict]] = {}
+        try:
+            for r in range(rounds):
+                for mode, label in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
+                    await drive_in_process(manager, f"gen_{mode}", [8] * STREAMS)  # warm-up
+                    cpu0 = cpu_seconds(os.getpid())
+                    tokens, seconds, latencies = await drive_in_process(manager, f"gen_{mode}", plan)
+                    cpu = cpu_seconds(os.getpid()) - cpu0
+                    m = Measure(f"{label}, in-process", STREAMS, 1, tokens / seconds,
+                                float(np.percentile(latencies, 50)), float(np.percentile(latencies, 99)),
+                                rows_per_s=tokens / seconds,
+                                note=f"{tokens} tokens in {seconds:.1f} s; CPU {cpu / tokens * 1e6:.0f} us/token")
+                    found.setdefault(m.label, []).append(m.__dict__)
+        finally:
+            await manager.stop()
+        return found
+
+    return asyncio.run(measure())
+
+
+def median_round(rounds: list[dict]) -> dict:
+    """The round with the median tokens/s, noting every round's figure."""
+    best = sorted(rounds, key=lambda m: m["infer_per_s"])[len(rounds) // 2]
+    return dict(best, note=best["note"] + "; tokens/s by round: " + ", ".join(f"{m['infer_per_s']:.0f}" for m in rounds))
+
+
 def measure_generation(url: str, pid: int, label: str, model: str, plan: list[int]) -> Measure:
     asyncio.run(drive(url, model, [8] * STREAMS))  # warm-up: torch's first calls, the streams' channels
     cpu0 = cpu_seconds(pid)
@@ -162,12 +225,10 @@ def run(quick: bool) -> dict:
             loads.append(loadavg())
     finally:
         server.stop()
-    for _, label in MODES:
-        ms = out["rounds"][label]
-        best = sorted(ms, key=lambda m: m["infer_per_s"])[len(ms) // 2]  # the median round
-        best = dict(best, note=best["note"] + "; tokens/s by round: "
-                    + ", ".join(f"{m['infer_per_s']:.0f}" for m in ms))
-        out["measures"].append(best)
+    out["rounds"].update(measure_in_process(gen_repo, rounds, plan))
+    loads.append(loadavg())
+    for label in out["rounds"]:
+        out["measures"].append(median_round(out["rounds"][label]))
     mlp_repo = bench_repository(big=False)
     from perf.bench import free_port
 
@@ -194,17 +255,18 @@ def run(quick: bool) -> dict:
 
 def ratios(result: dict) -> dict:
     by = {m["label"]: m for m in result["measures"]}
-    cont, req, compact, none = (by.get(label) for _, label in MODES)
     job = next((m for m in result["measures"] if m["label"].startswith("batch job")), None)
     out = {}
-    if cont and req and req["infer_per_s"]:
-        out["continuous / request-level batching, tokens/s"] = (
-            f"{cont['infer_per_s'] / req['infer_per_s']:.2f}x (target >= 2x)")
-    if cont and compact and compact["infer_per_s"]:
-        out["continuous / request-level batching (compact), tokens/s"] = (
-            f"{cont['infer_per_s'] / compact['infer_per_s']:.2f}x")
-    if cont and none and none["infer_per_s"]:
-        out["continuous / no batching, tokens/s"] = f"{cont['infer_per_s'] / none['infer_per_s']:.2f}x"
+    for where, suffix in (("over gRPC", ""), ("in-process", ", in-process")):
+        cont, req, compact, none = (by.get(label + suffix) for _, label in MODES)
+        if not cont:
+            continue
+        for name, other, target in (("request-level batching (static)", req, " (target >= 2x)"),
+                                    ("request-level batching (compact)", compact, ""),
+                                    ("no batching", none, "")):
+            if other and other["infer_per_s"]:
+                out[f"{where}: continuous / {name}, tokens/s"] = (
+                    f"{cont['infer_per_s'] / other['infer_per_s']:.2f}x{target}")
     if job:
         for key, ceiling in result["ceilings"].items():
             out[f"batch job rows/s / {key}"] = f"{job['rows_per_s'] / ceiling:.3f}x"
