@@ -70,6 +70,9 @@ class BatchService:
             "admitted_over_interactive": getattr(lane, "admitted_over_interactive", 0),
             "interactive_met_batch": getattr(lane, "interactive_met_batch", 0),
         }
+        steps = getattr(lane, "background_over_foreground", None)  # an iterative model's parking accounting
+        if steps is not None:
+            doc["scheduling"]["steps_with_batch_rows_while_interactive_waited"] = steps
         return doc
 
     async def _infer(self, model: str, version: int, line: Line) -> tuple[str, dict[str, np.ndarray]]:

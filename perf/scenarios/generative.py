@@ -1,4 +1,4 @@
-"""Generative and offline work. (1) tokens/s of the example generator (a two-layer GRU over bytes, Python + torch, one byte per step) with continuous batching (sequence_batching.iterative_sequence: rows join and leave between steps) against request-level batching (dynamic_batching: a batch runs until its longest request ends) and no batching, at 32 concurrent gRPC streams (tritonclient.grpc.aio, closed loop), with generation lengths (max_tokens) drawn from a long-tailed distribution; the same lengths, in the same order, for each. The client is raw grpc.aio with tritonclient's messages, in one process; the same runs again in-process (the streams in the benchmark's own process through the model path, no gRPC: the scheduling without the transport's cost, and one process fewer on the cores). (2) A batch job's rows/s (POST /v2/batches, mlp, one row a line) against the raw onnxruntime ceiling at batch 1 and 64. The client, the server and other engineers' work share the machine's 2 cores."""
+"""Generative and offline work. (1) tokens/s of the example generator (a two-layer GRU over bytes, Python + torch, one byte per step; hidden 256 as in the example repository, and 768, where a step's compute outweighs serving its tokens) with continuous batching (sequence_batching.iterative_sequence: rows join and leave between steps) against request-level batching (dynamic_batching: a batch runs until its longest request ends) and no batching, at 32 concurrent gRPC streams (tritonclient.grpc.aio, closed loop), with generation lengths (max_tokens) drawn from a long-tailed distribution; the same lengths, in the same order, for each. The client is raw grpc.aio with tritonclient's messages, in one process; the same runs again in-process (the streams in the benchmark's own process through the model path, no gRPC: the scheduling without the transport's cost, and one process fewer on the cores). (2) A batch job's rows/s (POST /v2/batches, mlp, one row a line) against the raw onnxruntime ceiling at batch 1 and 64. The client, the server and other engineers' work share the machine's 2 cores."""
 
 from __future__ import annotations
 
@@ -21,6 +21,19 @@ MODES = (("continuous", "continuous batching (iterative_sequence)"),
          ("none", "no batching"))
 
 
+# The example generator (hidden 256: a step's compute is small next to serving each token), and
+# one whose step is heavier (hidden 768: the step's compute dominates, as in larger models).
+SIZES = (256, 768)
+
+
+def model_name(hidden: int, mode: str) -> str:
+    return f"gen{hidden}_{mode}"
+
+
+def model_label(hidden: int, label: str) -> str:
+    return f"{label}, hidden {hidden}"
+
+
 def lengths(count: int, seed: int = 0) -> list[int]:
     """Long-tailed generation lengths: lognormal (median 16), cut to 4..256."""
     rng = np.random.default_rng(seed)
@@ -33,9 +46,13 @@ def repository() -> Path:
     from inferd.examples.python_models import source
 
     repo = OUT / "generative_repo"
-    specs = [ModelSpec(f"gen_{mode}", g.config(f"gen_{mode}", batching=mode),
-                       {"1/model.py": source("generator"), "1/weights.npz": g.weights})
-             for mode, _ in MODES]
+
+    def weights(hidden: int):  # type: ignore[no-untyped-def]
+        return lambda: g.weights(hidden=hidden)
+
+    specs = [ModelSpec(model_name(h, mode), g.config(model_name(h, mode), batching=mode, hidden=h),
+                       {"1/model.py": source("generator"), "1/weights.npz": weights(h)})
+             for h in SIZES for mode, _ in MODES]
     build_repository(repo, models=specs, log=None)
     return repo
 
@@ -128,26 +145,34 @@ async def drive_in_process(manager, model: str, plan: list[int]) -> tuple[int, f
     return tokens, time.perf_counter() - t0, latencies
 
 
+def rotated(r: int) -> tuple[tuple[str, str], ...]:
+    """The modes in round ``r``'s order: a drift in the machine's load hits each alike."""
+    return MODES[r % len(MODES):] + MODES[:r % len(MODES)]
+
+
 def measure_in_process(repo: Path, rounds: int, plan: list[int]) -> dict[str, list[dict]]:
-    """Every mode, ``rounds`` times (rotated), with the models and the streams in this process."""
+    """Every mode of every size, ``rounds`` times (rotated), with the models and the streams in this process."""
     from inferd.repository import ModelManager
 
     async def measure() -> dict[str, list[dict]]:
-        manager = ModelManager([repo], mode="explicit", startup_models=[f"gen_{m}" for m, _ in MODES])
+        manager = ModelManager([repo], mode="explicit",
+                               startup_models=[model_name(h, m) for h in SIZES for m, _ in MODES])
         await manager.load_all()
         found: dict[str, list[dict]] = {}
         try:
             for r in range(rounds):
-                for mode, label in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
-                    await drive_in_process(manager, f"gen_{mode}", [8] * STREAMS)  # warm-up
-                    cpu0 = cpu_seconds(os.getpid())
-                    tokens, seconds, latencies = await drive_in_process(manager, f"gen_{mode}", plan)
-                    cpu = cpu_seconds(os.getpid()) - cpu0
-                    m = Measure(f"{label}, in-process", STREAMS, 1, tokens / seconds,
-                                float(np.percentile(latencies, 50)), float(np.percentile(latencies, 99)),
-                                rows_per_s=tokens / seconds,
-                                note=f"{tokens} tokens in {seconds:.1f} s; CPU {cpu / tokens * 1e6:.0f} us/token")
-                    found.setdefault(m.label, []).append(m.__dict__)
+                for h in SIZES:
+                    for mode, label in rotated(r):
+                        name = model_name(h, mode)
+                        await drive_in_process(manager, name, [8] * STREAMS)  # warm-up
+                        cpu0 = cpu_seconds(os.getpid())
+                        tokens, seconds, latencies = await drive_in_process(manager, name, plan)
+                        cpu = cpu_seconds(os.getpid()) - cpu0
+                        m = Measure(f"{model_label(h, label)}, in-process", STREAMS, 1, tokens / seconds,
+                                    float(np.percentile(latencies, 50)), float(np.percentile(latencies, 99)),
+                                    rows_per_s=tokens / seconds,
+                                    note=f"{tokens} tokens in {seconds:.1f} s; CPU {cpu / tokens * 1e6:.0f} us/token")
+                        found.setdefault(m.label, []).append(dict(m.__dict__, cpu_us_per_token=cpu / tokens * 1e6))
         finally:
             await manager.stop()
         return found
@@ -161,14 +186,15 @@ def median_round(rounds: list[dict]) -> dict:
     return dict(best, note=best["note"] + "; tokens/s by round: " + ", ".join(f"{m['infer_per_s']:.0f}" for m in rounds))
 
 
-def measure_generation(url: str, pid: int, label: str, model: str, plan: list[int]) -> Measure:
+def measure_generation(url: str, pid: int, label: str, model: str, plan: list[int]) -> dict:
     asyncio.run(drive(url, model, [8] * STREAMS))  # warm-up: torch's first calls, the streams' channels
     cpu0 = cpu_seconds(pid)
     tokens, seconds, latencies = asyncio.run(drive(url, model, plan))
     cpu = cpu_seconds(pid) - cpu0
-    return Measure(label, STREAMS, 1, tokens / seconds, float(np.percentile(latencies, 50)),
-                   float(np.percentile(latencies, 99)), rows_per_s=tokens / seconds,
-                   note=f"{tokens} tokens in {seconds:.1f} s; server CPU {cpu / tokens * 1e6:.0f} us/token")
+    return dict(Measure(label, STREAMS, 1, tokens / seconds, float(np.percentile(latencies, 50)),
+                        float(np.percentile(latencies, 99)), rows_per_s=tokens / seconds,
+                        note=f"{tokens} tokens in {seconds:.1f} s; server CPU {cpu / tokens * 1e6:.0f} us/token"
+                        ).__dict__, cpu_us_per_token=cpu / tokens * 1e6)
 
 
 def mlp_lines(n: int) -> bytes:
@@ -219,9 +245,10 @@ def run(quick: bool) -> dict:
         # Rounds, each mode once a round in a rotated order: the machine's load (other engineers'
         # work) drifts, and a drift then hits every mode alike; the medians are reported.
         for r in range(rounds):
-            for mode, label in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
-                m = measure_generation(url, server.proc.pid, label, f"gen_{mode}", plan)
-                out["rounds"].setdefault(label, []).append(m.__dict__)
+            for h in SIZES:
+                for mode, label in rotated(r):
+                    m = measure_generation(url, server.proc.pid, model_label(h, label), model_name(h, mode), plan)
+                    out["rounds"].setdefault(m["label"], []).append(m)
             loads.append(loadavg())
     finally:
         server.stop()
@@ -257,16 +284,21 @@ def ratios(result: dict) -> dict:
     by = {m["label"]: m for m in result["measures"]}
     job = next((m for m in result["measures"] if m["label"].startswith("batch job")), None)
     out = {}
-    for where, suffix in (("over gRPC", ""), ("in-process", ", in-process")):
-        cont, req, compact, none = (by.get(label + suffix) for _, label in MODES)
-        if not cont:
-            continue
-        for name, other, target in (("request-level batching (static)", req, " (target >= 2x)"),
-                                    ("request-level batching (compact)", compact, ""),
-                                    ("no batching", none, "")):
-            if other and other["infer_per_s"]:
-                out[f"{where}: continuous / {name}, tokens/s"] = (
-                    f"{cont['infer_per_s'] / other['infer_per_s']:.2f}x{target}")
+    for h in SIZES:
+        for where, suffix in (("over gRPC", ""), ("in-process", ", in-process")):
+            cont, req, compact, none = (by.get(model_label(h, label) + suffix) for _, label in MODES)
+            if not cont:
+                continue
+            for name, other, target in (("request-level batching (static)", req, " (target >= 2x)"),
+                                        ("request-level batching (compact)", compact, ""),
+                                        ("no batching", none, "")):
+                if other and other["infer_per_s"]:
+                    cpu = ""
+                    if cont.get("cpu_us_per_token") and other.get("cpu_us_per_token"):
+                        cpu = (f"; CPU per token {other['cpu_us_per_token'] / cont['cpu_us_per_token']:.2f}x "
+                               "as much without continuous batching")
+                    out[f"hidden {h}, {where}: continuous / {name}, tokens/s"] = (
+                        f"{cont['infer_per_s'] / other['infer_per_s']:.2f}x{target}{cpu}")
     if job:
         for key, ceiling in result["ceilings"].items():
             out[f"batch job rows/s / {key}"] = f"{job['rows_per_s'] / ceiling:.3f}x"
