@@ -1,7 +1,7 @@
 """Batch jobs: a file of inference requests run on idle capacity, a file of results back.
 
 The engine is a library over an injected ``infer`` callable, so the server
-(``POST /v2/batches``, :mod:`inferd.server.batches`) and the laptop command
+(``POST /v2/batches``, :mod:`inferd.dataplane.batches`) and the laptop command
 (``inferd batch run``, in-process) share it:
 
 - :func:`parse_lines`: JSONL input, one KServe v2 inference request per line,

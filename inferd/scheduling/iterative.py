@@ -45,7 +45,7 @@ from inferd.config._sequence import SequencePolicy
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
 from inferd.scheduling.base import Inflight, Scheduler
-from inferd.scheduling.instances import InstanceWorker
+from inferd.scheduling.instances import InstanceWorker, close_workers
 from inferd.scheduling.iterative_queue import CANCELLED, ENDED, LEFT, WAITING, IterativeQueue, IterSeq
 from inferd.scheduling.sequence import FLAG_START, SequenceControls, SequenceId, _shape_key, sequence_params
 from inferd.streaming import StreamEvent
@@ -266,11 +266,7 @@ class IterativeScheduler(Scheduler):
         self._stopped = True
         await self._inflight.drained()
         self._alarm.cancel()
-        await asyncio.get_running_loop().run_in_executor(None, self._close_workers)
-
-    def _close_workers(self) -> None:
-        for worker in self.workers:
-            worker.close()
+        await close_workers(self.workers)
 
     # -- driving the queue ------------------------------------------------------------
 

@@ -52,7 +52,7 @@ from inferd.config import CORRID, END, READY, START, SequencePolicy
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
 from inferd.scheduling.base import Inflight, Scheduler
-from inferd.scheduling.instances import InstanceWorker
+from inferd.scheduling.instances import InstanceWorker, close_workers
 from inferd.types import InferenceRequest
 
 log = logging.getLogger(__name__)
@@ -473,11 +473,7 @@ class SequenceScheduler(Scheduler):
         self._stopped = True
         await self._inflight.drained()
         self._alarm.cancel()
-        await asyncio.get_running_loop().run_in_executor(None, self._close_workers)
-
-    def _close_workers(self) -> None:
-        for worker in self.workers:
-            worker.close()
+        await close_workers(self.workers)
 
     # -- driving the queue ---------------------------------------------------
 
