@@ -13,6 +13,7 @@ from pathlib import Path
 
 from inferd._proto import model_config_pb2 as mc
 from inferd.config._autocomplete import ModelSignature, SignatureTensor
+from inferd.config._batching import check_dynamic_batching
 from inferd.config._sequence import (
     check_sequence_signature, decoupled_problem, normalize_sequence_batching, sequence_policy, sequence_tensor_names,
 )
@@ -40,18 +41,16 @@ _REFUSED = {
 _OPTIMIZATION_HONOURED = {"graph", "input_pinned_memory", "output_pinned_memory", "priority"}
 
 
-def validate(
-    config: mc.ModelConfig,
-    *,
-    model_dir: Path | None = None,
-    signature: ModelSignature | None = None,
-    refused: dict[str, str] | None = None,
-) -> ModelSpec:
-    """Check ``config`` (already auto-completed) and return its plain-data spec.
+def check_declared(config: mc.ModelConfig, *, model_dir: Path | None = None,
+                   refused: dict[str, str] | None = None) -> None:
+    """The checks a config passes on its own, before any model file is read.
 
-    ``signature`` is what the model file says about its tensors, where the
-    backend can tell; ``refused`` lets a caller (the ensemble loader, say)
-    override the table of refused fields.
+    Triton runs these when it reads a config, before it looks for version
+    folders, so a broken config is reported for what is wrong in it, not for
+    a missing folder: fields inferd refuses, max_batch_size, version_policy,
+    optimization, every listed tensor (dims, reshape), instance groups,
+    dynamic_batching's ordering rules and sequence_batching. Auto-complete
+    only adds tensors to an empty list, so nothing checked here can change.
     """
     name = config.name
     table = dict(_REFUSED)
@@ -67,18 +66,36 @@ def validate(
         raise ConfigError(f"model '{name}': max_batch_size must be >= 0, got {config.max_batch_size}")
     _check_version_policy(config)
     _check_optimization(config)
+    _check_tensors(name, "input", config.input, config.max_batch_size)
+    _check_tensors(name, "output", config.output, config.max_batch_size)
+    _check_instance_groups(config)
+    check_dynamic_batching(config)
+    sequence_policy(config, model_dir)
+
+
+def validate(
+    config: mc.ModelConfig,
+    *,
+    model_dir: Path | None = None,
+    signature: ModelSignature | None = None,
+    refused: dict[str, str] | None = None,
+) -> ModelSpec:
+    """Check ``config`` (already auto-completed) and return its plain-data spec.
+
+    ``signature`` is what the model file says about its tensors, where the
+    backend can tell; ``refused`` lets a caller (the ensemble loader, say)
+    override the table of refused fields.
+    """
+    name = config.name
+    check_declared(config, model_dir=model_dir, refused=refused)
     if not config.input and config.platform != "ensemble" and config.backend != "python":
         raise ConfigError(f"model '{name}': the config lists no input and the model file does not say")
     if not config.output:
         raise ConfigError(f"model '{name}': the config lists no output and the model file does not say")
-    _check_tensors(name, "input", config.input)
-    _check_tensors(name, "output", config.output)
-    both = {t.name for t in config.input} & {t.name for t in config.output}
     labels: dict[str, tuple[str, ...]] = {}
     for t in config.output:
         if t.label_filename:
             labels[t.name] = _read_labels(name, t, model_dir)
-    _check_instance_groups(config)
     _check_warmup(config)
     problem = decoupled_problem(config)
     if problem:
@@ -89,7 +106,7 @@ def validate(
         if sequence is not None:
             check_sequence_signature(config, sequence, signature)
         _check_against_signature(config, signature)
-    del both  # an input and an output may share a name (Triton allows it)
+    # An input and an output may share a name (Triton allows it).
     return model_spec(config, labels, model_dir=model_dir, sequence=sequence)
 
 
@@ -121,7 +138,7 @@ def _check_optimization(config: mc.ModelConfig) -> None:
         raise ConfigError(f"model '{config.name}': optimization.graph.level must be -1, 0, 1 or 2, got {level}")
 
 
-def _check_tensors(model: str, kind: str, tensors) -> None:  # type: ignore[no-untyped-def]
+def _check_tensors(model: str, kind: str, tensors, max_batch_size: int) -> None:  # type: ignore[no-untyped-def]
     seen: set[str] = set()
     for i, t in enumerate(tensors):
         where = f"model '{model}': {kind}[{i}]"
@@ -140,7 +157,7 @@ def _check_tensors(model: str, kind: str, tensors) -> None:  # type: ignore[no-u
         _check_dims(where, "dims", t.dims)
         if t.HasField("reshape"):
             _check_dims(where, "reshape.shape", t.reshape.shape)
-            _check_reshape(where, list(t.dims), list(t.reshape.shape))
+            _check_reshape(where, list(t.dims), list(t.reshape.shape), max_batch_size)
         if t.is_shape_tensor:
             raise ConfigError(f"{where}: is_shape_tensor is only meaningful for TensorRT and not supported")
         if t.is_non_linear_format_io:
@@ -161,13 +178,48 @@ def _check_dims(where: str, field: str, dims) -> None:  # type: ignore[no-untype
             raise ConfigError(f"{where}: {field} {list(dims)} has {d}; each dimension must be >= 1, or -1 for variable")
 
 
-def _check_reshape(where: str, dims: list[int], shape: list[int]) -> None:
+def _check_reshape(where: str, dims: list[int], shape: list[int], max_batch_size: int) -> None:
+    """Triton's reshape rules: the same elements in both, variable dimensions kept in place."""
+    if not shape and max_batch_size == 0:
+        raise ConfigError(
+            f"{where}: reshape.shape [] on a model that does not batch (max_batch_size 0) would make the tensor a "
+            "scalar, which reshape does not support; give reshape.shape at least one dimension, or set "
+            "max_batch_size > 0 (an empty reshape means one value per batch row)"
+        )
     if (-1 in dims) != (-1 in shape):
         raise ConfigError(f"{where}: reshape.shape {shape} and dims {dims} must both be fixed or both be variable")
-    if -1 not in dims and math.prod(dims) != math.prod(shape):
+    if -1 not in dims:
+        if math.prod(dims) != math.prod(shape):
+            raise ConfigError(
+                f"{where}: reshape.shape {shape} has {math.prod(shape)} elements but dims {dims} has {math.prod(dims)}"
+            )
+        return
+    # Both variable: each run of fixed dimensions before, between and after the
+    # variable ones must hold as many elements in both ([2, 4, -1, 6] -> [8, -1, 1, 6]).
+    have, want = _runs(dims), _runs(shape)
+    if len(have) != len(want):
         raise ConfigError(
-            f"{where}: reshape.shape {shape} has {math.prod(shape)} elements but dims {dims} has {math.prod(dims)}"
+            f"{where}: reshape.shape {shape} has {len(want) - 1} variable dimension(s) but dims {dims} has "
+            f"{len(have) - 1}; reshape keeps each variable dimension, so both need the same number of -1"
         )
+    if have != want:
+        raise ConfigError(
+            f"{where}: reshape.shape {shape} and dims {dims} hold different numbers of elements around their "
+            f"variable dimensions (reshape.shape: {want}, dims: {have}); each run of fixed dimensions before, "
+            "between and after the -1s must hold the same number of elements in both"
+        )
+
+
+def _runs(dims: list[int]) -> list[int]:
+    """Element counts of the runs of fixed dimensions that the -1s separate."""
+    runs, current = [], 1
+    for d in dims:
+        if d == -1:
+            runs.append(current)
+            current = 1
+        else:
+            current *= d
+    return runs + [current]
 
 
 def _read_labels(model: str, t: mc.ModelOutput, model_dir: Path | None) -> tuple[str, ...]:

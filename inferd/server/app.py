@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from inferd.dataplane import DataPlane
+from inferd.dataplane import SERVER_NAME, DataPlane
 from inferd.dataplane.batches import default_batch_dir
 from inferd.errors import InferdError
 from inferd.observability.log_settings import LogSettings
@@ -62,6 +62,7 @@ class ServerOptions:
     tracing: Tracing | None = None  # None: off
     log_settings: LogSettings | None = None
     strict_model_config: bool = False  # True: every model brings a complete config.pbtxt (no auto-complete)
+    server_name: str = SERVER_NAME  # ServerMetadata's name
     batch_dir: Path | None = None  # batch jobs' state; None: next to the first repository
 
 
@@ -72,6 +73,7 @@ class InferenceServer:
                                     startup_models=options.load_models,
                                     auto_complete=not options.strict_model_config)
         self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings,
+                                   server_name=options.server_name,
                                    batch_dir=options.batch_dir or default_batch_dir(options.model_repositories[0]))
         self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
                        if options.model_control_mode == "poll" else None)
