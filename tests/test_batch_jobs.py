@@ -156,7 +156,7 @@ def test_a_line_the_model_refuses_is_that_line_s_error(server):
     ("?model=simple", b'{"inputs": []}\n', 400, ["line 1", "custom_id"]),
     ("?model=nope", b"", 404, ["nope"]),
     ("", b"", 400, ["model"]),
-    ("?model=simple&model_version=x", b"", 400, ["version must be a non-negative integer", "'x'"]),
+    ("?model=simple&model_version=x", b"", 400, ["version string 'x'", "a version is a non-negative integer"]),
 ])
 def test_bad_submissions_are_refused(server, url, body, code, words):
     status, text = http("POST", f"http://{server.http_url}/v2/batches{url}", body or simple_lines(1))
