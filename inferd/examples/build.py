@@ -416,6 +416,32 @@ MODELS += [
               {"1/model.onnx": _encoder_file("onnx")}),
     ModelSpec("text_encoder_torch", encoder_config("text_encoder_torch", "pytorch_libtorch", ENCODER_PADDING),
               {"1/model.pt": _encoder_file("torchscript")}),
+
+
+# Generative: a byte-level GRU language model (Python, torch) whose steps are
+# batched continuously (sequence_batching.iterative_sequence); see
+# inferd/examples/generator.py.
+
+
+def _generator_weights() -> bytes:
+    import torch  # noqa: F401  # the model runs on PyTorch (an extra): without it, it is skipped
+
+    from . import generator
+
+    return generator.weights()
+
+
+def _generator_config() -> str:
+    from . import generator
+
+    return generator.config()
+
+
+MODELS += [
+    ModelSpec("generator", _generator_config(), {
+        "1/model.py": _python_file("generator"),
+        "1/weights.npz": _generator_weights,
+    }),
 ]
 
 

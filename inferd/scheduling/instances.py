@@ -171,3 +171,12 @@ class InstanceWorker:
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.instance.close()
+
+
+async def close_workers(workers: Sequence["InstanceWorker"]) -> None:
+    """Stop every worker's thread and free its runtime, off the event loop (a scheduler's stop)."""
+    def close() -> None:
+        for worker in workers:
+            worker.close()
+
+    await asyncio.get_running_loop().run_in_executor(None, close)

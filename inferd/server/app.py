@@ -23,6 +23,7 @@ from pathlib import Path
 import grpc
 
 from inferd.dataplane import SERVER_NAME, DataPlane
+from inferd.dataplane.batches import default_batch_dir
 from inferd.errors import InferdError
 from inferd.observability.log_settings import LogSettings
 from inferd.observability.metrics import ServerMetrics
@@ -62,6 +63,7 @@ class ServerOptions:
     log_settings: LogSettings | None = None
     strict_model_config: bool = False  # True: every model brings a complete config.pbtxt (no auto-complete)
     server_name: str = SERVER_NAME  # ServerMetadata's name
+    batch_dir: Path | None = None  # batch jobs' state; None: next to the first repository
 
 
 class InferenceServer:
@@ -71,7 +73,8 @@ class InferenceServer:
                                     startup_models=options.load_models,
                                     auto_complete=not options.strict_model_config)
         self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings,
-                                   server_name=options.server_name)
+                                   server_name=options.server_name,
+                                   batch_dir=options.batch_dir or default_batch_dir(options.model_repositories[0]))
         self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
                        if options.model_control_mode == "poll" else None)
         self._grpc: grpc.aio.Server | None = None
@@ -183,6 +186,7 @@ class InferenceServer:
         """Graceful stop: not ready at once, refuse new work, let accepted requests finish (for ``grace``
         seconds, the options' by default), release models."""
         self.dataplane.drain()
+        await self.dataplane.stop_batches()  # their unfinished lines run at the next start
         if self.poller is not None:
             await self.poller.stop()
         if self.health is not None:
