@@ -416,6 +416,7 @@ MODELS += [
               {"1/model.onnx": _encoder_file("onnx")}),
     ModelSpec("text_encoder_torch", encoder_config("text_encoder_torch", "pytorch_libtorch", ENCODER_PADDING),
               {"1/model.pt": _encoder_file("torchscript")}),
+]
 
 
 # Generative: a byte-level GRU language model (Python, torch) whose steps are
