@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from typing import Callable
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from inferd.backends.base import BatchResult, RequestInputs
 from inferd.clock import Alarm, Clock, MonotonicClock
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
-from inferd.scheduling.base import Inflight, Scheduler
+from inferd.scheduling.base import Completion, Inflight, Relay, Scheduler
 from inferd.scheduling.instances import InstanceWorker
 from inferd.scheduling.policy import BatchingPolicy
 from inferd.scheduling.queue import BatchQueue, Pending, split_rows
@@ -39,16 +40,35 @@ DEFER_PROBE_EVERY = 16
 
 
 class _Job:
-    """What the driver keeps for a queued request."""
+    """What the driver keeps for a queued request; ``future``: an asyncio.Future, or a _Call."""
 
     __slots__ = ("request", "future", "enqueued", "traced_ns")
 
-    def __init__(self, request: InferenceRequest, future: asyncio.Future, enqueued: float) -> None:
+    def __init__(self, request: InferenceRequest, future: Completion, enqueued: float) -> None:
         self.request = request
         self.future = future
         self.enqueued = enqueued
         # A traced request's wall-clock time (ns) when queued, then when dispatched.
         self.traced_ns = time.time_ns() if request.trace is not None else 0
+
+
+class _Call(Relay):
+    """A request :meth:`BatchScheduler.submit` took: it leaves the in-flight count once,
+    answered or cancelled; cancelled, it is dropped from the queue if it has not started."""
+
+    __slots__ = ("owner", "item")
+
+    def __init__(self, owner: "BatchScheduler", completion: Completion) -> None:
+        super().__init__(completion)
+        self.owner = owner
+        self.item: Pending | None = None
+
+    def settle(self) -> None:
+        self.owner._inflight.leave()
+
+    def drop(self) -> None:
+        if self.item is not None:
+            self.owner._queue.cancel(self.item)
 
 
 class _Batch:
@@ -100,6 +120,27 @@ class BatchScheduler(Scheduler):
         return len(self._queue)
 
     async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
+        if self._refuse(rows):
+            return await self._infer_split(request, rows)
+        return await self._infer_one(request, rows)
+
+    def submit(self, request: InferenceRequest, rows: int, completion: Completion,
+               more: bool = False) -> Callable[[], None]:
+        """:meth:`infer` with no task or coroutine per request (the hand-off's entry point):
+        the same admission, queue and fast path; the batch resolves ``completion``."""
+        if self._refuse(rows):
+            return super().submit(request, rows, completion)  # split: several executions, rare
+        call = _Call(self, completion)
+        self._inflight.enter()
+        try:
+            call.item = self._enqueue(request, rows, call, more)
+        except BaseException:
+            call.cancel()  # leaves the count; nothing was queued
+            raise
+        return call.cancel
+
+    def _refuse(self, rows: int) -> bool:
+        """Raise what refuses a request before it is queued; whether it must be split."""
         if self._stopped:
             raise Unavailable(f"model '{self.model}' is unloading and takes no new requests")
         p = self.policy
@@ -109,10 +150,28 @@ class BatchScheduler(Scheduler):
                     f"model '{self.model}': inference request batch-size must be <= {p.max_batch_size}, "
                     f"got {rows} (set parameter inferd.split_large_requests to split larger requests)"
                 )
-            return await self._infer_split(request, rows)
-        return await self._infer_one(request, rows)
+            return True
+        return False
 
     async def _infer_one(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._inflight.enter()
+        try:
+            item = self._enqueue(request, rows, future, False)
+            if item is None:  # run at once
+                return future.result()
+            try:
+                return await future
+            except asyncio.CancelledError:
+                # The client went away: if the request has not started, it never will.
+                self._queue.cancel(item)
+                raise
+        finally:
+            self._inflight.leave()
+
+    def _enqueue(self, request: InferenceRequest, rows: int, completion: Completion, more: bool) -> Pending | None:
+        """Queue the request for ``completion`` (and step the queue, or arrange to), or run it at
+        once on the idle fast path and resolve ``completion`` before returning None."""
         loop = asyncio.get_running_loop()
         free = self._free
         p = self.policy
@@ -121,19 +180,24 @@ class BatchScheduler(Scheduler):
             # Refuses a request no batch could hold (too long for the buckets or the
             # budget), on the fast path too.
             group = p.grouping.describe(self.model, request.inputs, rows)
-        if (not self._queue and free and free[0].inline and request.trace is None and not self._ordered
-                and not self.policy.max_queue_delay_us
+        if (not more and not self._queue and free and free[0].inline and request.trace is None
+                and not self._ordered and not self.policy.max_queue_delay_us
                 and (_nothing_else_ready(loop) or not self._worth_waiting())):
             # The idle fast path: nothing is queued, a free instance executes
             # inline, no queue delay asks to wait for company, and no request
             # could join a batch this loop turn (nothing else is ready to run, or
             # recent turns brought none). Run it now, with none of the queue's
             # bookkeeping; what a client sees (results, errors, statistics) is the same.
-            return self._run_now(free.popleft(), request, rows, time.perf_counter_ns())
+            try:
+                outputs = self._run_now(free.popleft(), request, rows, time.perf_counter_ns())
+            except Exception as exc:
+                completion.set_exception(exc)
+            else:
+                completion.set_result(outputs)
+            return None
         if group is None:
             group = p.grouping.describe(self.model, request.inputs, rows) if p.batching else (None, 0)
         key, length = group
-        future: asyncio.Future = loop.create_future()
         now = self._clock.now()
         item = Pending(
             rows,
@@ -142,12 +206,11 @@ class BatchScheduler(Scheduler):
             priority=request.priority,
             timeout_us=request.timeout_us,
             deadline=request.deadline,
-            payload=_Job(request, future, now),
+            payload=_Job(request, completion, now),
         )
         self._queue.admit(item, now)  # raises Unavailable when the queue is full
-        self._inflight.enter()
         if not self._pump_scheduled:
-            if _nothing_else_ready(loop):
+            if not more and _nothing_else_ready(loop):
                 # No other callback is waiting to run this turn, so no other
                 # request can join a batch by waiting: step now, and a fast
                 # inline model answers before the await, saving two loop turns.
@@ -157,14 +220,7 @@ class BatchScheduler(Scheduler):
                 # share the batch, with no queue delay configured.
                 self._pump_scheduled = True
                 loop.call_soon(self._pump)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            # The client went away: if the request has not started, it never will.
-            self._queue.cancel(item)
-            raise
-        finally:
-            self._inflight.leave()
+        return item
 
     def _worth_waiting(self) -> bool:
         """Whether to let the rest of this loop turn's requests join this one's batch."""
