@@ -60,6 +60,9 @@ class Channel(asyncio.Protocol):
         self.sent = 0  # messages, for tests and benchmarks
         self.writes = 0  # socket writes: sent / writes is the batching achieved
         self.received = 0
+        # While on_message runs: other messages of the same read follow this one (a receiver
+        # may hold work back to do it once for all of them).
+        self.more = False
 
     @classmethod
     async def open(cls, sock: socket.socket, on_message: Callable[[list[Any]], None],
@@ -77,16 +80,19 @@ class Channel(asyncio.Protocol):
         self.closed = self._loop.create_future()
 
     def data_received(self, data: bytes) -> None:
-        unpacker = self._unpacker
-        unpacker.feed(data)
+        self._unpacker.feed(data)
         handle = self.on_message
-        for msg in unpacker:
+        messages = list(self._unpacker)
+        last = len(messages) - 1
+        for i, msg in enumerate(messages):
             self.received += 1
+            self.more = i < last
             try:
                 handle(msg)
             except Exception:  # one bad message must not stop the channel
                 log.exception("%s: failed to handle a control message (kind %r)", self.name,
                               msg[0] if isinstance(msg, list) and msg else msg)
+        self.more = False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None

@@ -1,0 +1,114 @@
+"""The core's hand-off endpoint against a real data plane, over a recording channel: one
+final message per request, whether it is answered, refused, cancelled or its worker is lost."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from inferd.dataplane import DataPlane
+from inferd.examples import onnx_models as om
+from inferd.handoff import wire
+from inferd.handoff.arena import Arena, ArenaWriter
+from inferd.handoff.endpoint import CANCELLED, CoreEndpoint
+from inferd.repository import ModelManager
+from repo_builder import add_model, config
+
+IO = [("INPUT0", "TYPE_INT32", [16]), ("INPUT1", "TYPE_INT32", [16])]
+OUT = [("OUTPUT0", "TYPE_INT32", [16]), ("OUTPUT1", "TYPE_INT32", [16])]
+WAIT = 10.0
+
+
+class Recorder:
+    """The endpoint's channel: keeps what the core sends."""
+
+    more = False
+
+    def __init__(self) -> None:
+        self.sent: list[list] = []
+
+    def send(self, message: list) -> None:
+        self.sent.append(message)
+
+
+class FakeLink:
+    index = 0
+
+    def __init__(self) -> None:
+        self.channel = Recorder()
+        self.inputs = Arena.create(1 << 20)
+        self.outputs = ArenaWriter(Arena.create(1 << 20))
+
+
+@pytest.fixture
+async def core(tmp_path):
+    add_model(tmp_path, "simple", om.add_sub(np.int32, 16, batch=True), config("simple", IO, OUT, 8))
+    # A queue delay no test waits out: its requests stay queued until cancelled.
+    add_model(tmp_path, "delayed", om.add_sub(np.int32, 16, batch=True),
+              config("delayed", IO, OUT, 8, extra="dynamic_batching { max_queue_delay_microseconds: 60000000 }"))
+    dp = DataPlane(ModelManager([tmp_path]))
+    await dp.load_models()
+    link = FakeLink()
+    a = np.arange(16, dtype=np.int32)
+    link.inputs.write(0, a.tobytes())
+    yield CoreEndpoint(link, dp, lambda *args: None), link
+    await dp.close()
+
+
+def infer(rid: int, model: str) -> list:
+    tensors = [[name, "INT32", [1, 16], 0, 64, None] for name in ("INPUT0", "INPUT1")]
+    return wire.infer(rid, model, "", f"r{rid}", None, tensors, None)
+
+
+async def until(predicate) -> None:  # type: ignore[no-untyped-def]
+    async def wait() -> None:
+        while not predicate():
+            await asyncio.sleep(0)
+    await asyncio.wait_for(wait(), WAIT)
+
+
+async def test_an_infer_is_answered_with_its_outputs_in_the_output_arena(core):
+    endpoint, link = core
+    endpoint.on_message(infer(1, "simple"))
+    await until(lambda: link.channel.sent)
+    (kind, rid, final, model, _, request_id, outputs, _, block), = link.channel.sent
+    assert (kind, rid, final, model, request_id) == (wire.RESPONSE, 1, True, "simple", "r1")
+    by_name = {o[0]: o for o in outputs}
+    _, datatype, shape, offset, nbytes = by_name["OUTPUT0"]
+    got = np.frombuffer(link.outputs.arena.read(offset, nbytes), np.int32).reshape(shape)
+    np.testing.assert_array_equal(got, 2 * np.arange(16, dtype=np.int32).reshape(1, 16))
+    assert datatype == "INT32" and not endpoint.runs
+    endpoint.on_message([wire.FREE, [block]])
+
+
+async def test_a_refused_request_gets_one_final_error_naming_the_model(core):
+    endpoint, link = core
+    endpoint.on_message(infer(2, "missing"))
+    (kind, rid, final, error_kind, message), = link.channel.sent
+    assert (kind, rid, final, error_kind) == (wire.ERROR, 2, True, "NotFound") and "missing" in message
+
+
+async def test_a_cancelled_queued_request_never_runs_and_gets_one_final_error(core):
+    endpoint, link = core
+    endpoint.on_message(infer(3, "delayed"))
+    await asyncio.sleep(0)
+    assert 3 in endpoint.runs and not link.channel.sent
+    endpoint.on_message([wire.CANCEL, 3])
+    assert link.channel.sent == [[wire.ERROR, 3, True, "Cancelled", CANCELLED]]
+    await asyncio.sleep(0)
+    (stats,) = await endpoint.dp.model_statistics("delayed")
+    assert stats.inference_count == 0 and not endpoint.runs
+    assert len(link.channel.sent) == 1
+
+
+async def test_a_lost_worker_drops_its_queued_requests_without_answering(core):
+    endpoint, link = core
+    endpoint.on_message(infer(4, "delayed"))
+    await asyncio.sleep(0)
+    endpoint.lost()
+    await asyncio.sleep(0)
+    (stats,) = await endpoint.dp.model_statistics("delayed")
+    assert stats.inference_count == 0 and not endpoint.runs and not link.channel.sent
+    assert endpoint.dp.inflight() == 0
