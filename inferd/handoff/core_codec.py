@@ -16,6 +16,7 @@ from inferd.dtypes import BY_NAME, encode_bytes, from_numpy
 from inferd.errors import InvalidArgument
 from inferd.handoff import wire
 from inferd.handoff.arena import Arena, ArenaWriter
+from inferd.server import codec
 from inferd.types import InferenceRequest, RequestedOutput, SharedTensor
 
 _NUMPY_NAME = {t.numpy: t.name for t in BY_NAME.values() if t.numpy is not None}
@@ -24,8 +25,6 @@ _NUMPY_NAME = {t.numpy: t.name for t in BY_NAME.values() if t.numpy is not None}
 def request_from(msg: list[Any], inputs: Arena) -> InferenceRequest:
     """The request an INFER message carries. Tensors in a client's system shared memory stay
     references (SharedTensor inputs, ShmRef outputs), resolved by the data plane."""
-    from inferd.server import codec
-
     model = msg[wire.I_MODEL]
     arrays: dict[str, Any] = {}
     shared = False
