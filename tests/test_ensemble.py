@@ -32,7 +32,6 @@ from inferd.ensemble import EnsembleScheduler, build_graph
 from inferd.errors import DeadlineExceeded, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.examples import onnx_models as om
 from inferd.observability.stats import ModelStats
-from inferd.scheduling.base import Scheduler
 from inferd.types import InferenceRequest
 from repo_builder import add_model
 
@@ -529,8 +528,6 @@ class FakeScheduler:
             raise
         finally:
             self.active -= 1
-
-    submit = Scheduler.submit  # the run_model path's entry: the default, over infer
 
 
 @dataclass

@@ -4,9 +4,9 @@ The data plane runs every client request through :func:`run_model` (one
 response) or :func:`stream_model` (a stream's request: one response, or a
 decoupled model's many), and an ensemble runs each of its steps through
 :func:`run_model` too, so a step is validated, batched, traced and counted
-exactly as a direct request to that model. :func:`run_model` is
-:func:`submit_model` awaited: the hand-off's core takes the same path with a
-callback (:class:`ModelRun`) and no task or coroutine per request. All take
+exactly as a direct request to that model. :func:`run_model` and
+:func:`submit_model` (the hand-off's core: a callback, no task or coroutine per
+request) share one :class:`ModelRun`. All take
 the same steps (:func:`_admit`, :func:`_shape`, :func:`_record_failure`); only
 how the outputs come back differs.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from functools import partial
 from typing import AsyncIterator, Callable
 
 import numpy as np
@@ -125,28 +124,29 @@ async def run_model(
     model: Model, request: InferenceRequest, clock: Clock,
     describe: Callable[[Exception], Exception] | None = None,
 ) -> dict[str, np.ndarray]:
-    """The request's outputs, shaped as the client asked: :func:`submit_model`, awaited.
-    Records success or failure (with its reason) in ``model.stats`` and ends
-    ``request.trace``; outputs requested into shared memory are written there.
-    ``describe`` turns a failure into the error raised and traced (an ensemble names
-    its step). Cancelling the awaiting task cancels the request."""
-    future: asyncio.Future = asyncio.get_running_loop().create_future()
-    run = submit_model(model, request, clock, partial(_settle, future), describe)
-    if not run.finished:
-        try:
-            await future
-        except asyncio.CancelledError:
-            run.cancel()
-            raise
+    """The request's outputs, shaped as the client asked. Records success or
+    failure (with its reason) in ``model.stats`` and ends ``request.trace``;
+    outputs requested into shared memory are written there. ``describe`` turns
+    a failure into the error raised and traced (an ensemble names its step).
+    The same steps as :func:`submit_model` (a :class:`ModelRun`), awaiting the
+    scheduler's ``infer`` in the caller's task: no task of its own, whatever the
+    scheduler. Cancelling the awaiting task cancels the request."""
+    run = ModelRun(model, request, clock, _awaited, describe)
+    try:
+        rows = _admit(model, request)
+        result = await model.scheduler.infer(request, rows)
+    except BaseException as exc:
+        run.set_exception(exc)
+    else:
+        run.set_result(result)
     if run.error is not None:
         raise run.error
     assert run.outputs is not None
     return run.outputs
 
 
-def _settle(future: asyncio.Future, run: ModelRun) -> None:
-    if not future.done():
-        future.set_result(None)
+def _awaited(run: ModelRun) -> None:
+    """run_model's on_done: its caller reads the run once it has ended."""
 
 
 async def stream_model(model: Model, request: InferenceRequest, clock: Clock) -> AsyncIterator[StreamResponse]:
