@@ -120,7 +120,7 @@ class BatchScheduler(Scheduler):
         return len(self._queue)
 
     async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
-        if self._refuse(rows):
+        if self._must_split(rows):
             return await self._infer_split(request, rows)
         return await self._infer_one(request, rows)
 
@@ -128,7 +128,7 @@ class BatchScheduler(Scheduler):
                more: bool = False) -> Callable[[], None]:
         """:meth:`infer` with no task or coroutine per request (the hand-off's entry point):
         the same admission, queue and fast path; the batch resolves ``completion``."""
-        if self._refuse(rows):
+        if self._must_split(rows):
             return super().submit(request, rows, completion)  # split: several executions, rare
         call = _Call(self, completion)
         self._inflight.enter()
@@ -139,7 +139,7 @@ class BatchScheduler(Scheduler):
             raise
         return call.cancel
 
-    def _refuse(self, rows: int) -> bool:
+    def _must_split(self, rows: int) -> bool:
         """Raise what refuses a request before it is queued; whether it must be split."""
         if self._stopped:
             raise Unavailable(f"model '{self.model}' is unloading and takes no new requests")
