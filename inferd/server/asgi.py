@@ -18,6 +18,8 @@ from typing import Any, Iterator
 
 import uvicorn
 
+from inferd.server.tls import TlsFiles
+
 log = logging.getLogger(__name__)
 
 
@@ -52,8 +54,10 @@ def bind(host: str, port: int, what: str) -> socket.socket:
 class AsgiServer:
     """``app`` served on ``host:port``; :meth:`start` returns the bound port."""
 
-    def __init__(self, app: Any, host: str, port: int, what: str) -> None:
+    def __init__(self, app: Any, host: str, port: int, what: str, tls: TlsFiles | None = None) -> None:
+        """``tls``: serve HTTPS (mutual TLS when it says so) with these files."""
         self.app = app
+        self.tls = tls
         self.host = host
         self.requested_port = port
         self.what = what
@@ -74,6 +78,7 @@ class AsgiServer:
             server_header=False,
             ws="none",
             timeout_keep_alive=75,  # clients (perf_analyzer, tritonclient) keep connections open
+            **(self.tls.uvicorn_options() if self.tls is not None else {}),
         )
         server = _Server(config)
         self._server = server

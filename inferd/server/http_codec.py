@@ -73,6 +73,8 @@ def load_json(data: bytes | memoryview, what: str) -> Any:
         return json.loads(bytes(data) if isinstance(data, memoryview) else data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgument(f"{what}: the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidArgument(f"{what}: the JSON body nests arrays or objects too deeply") from None
 
 
 def decode_infer_request(model: str, version: str, body: bytes, header_length: str | None = None) -> HttpInferRequest:
