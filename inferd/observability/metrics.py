@@ -163,9 +163,20 @@ class InferdCollector:
                 state.add_metric([entry.name, entry.version, name], 1 if entry.state == name else 0)
         ready = GaugeMetricFamily("inferd_server_ready", "1 when the server is ready for inference")
         ready.add_metric([], 1 if self.dp.ready_now() else 0)
+        admission = self.dp.admission
+        queued = GaugeMetricFamily("inferd_server_queued_requests",
+                                   "Client requests the server holds (queued or executing), over all models")
+        queued.add_metric([], admission.requests)
+        queued_bytes = GaugeMetricFamily("inferd_server_queued_bytes", "Input tensor bytes of the requests held")
+        queued_bytes.add_metric([], admission.bytes)
+        rejected = CounterMetricFamily("inferd_server_overload_rejected",
+                                       "Requests refused because the server held --max-queued-requests or "
+                                       "--max-queued-bytes already")
+        rejected.add_metric([], admission.refused)
 
         yield from (success, failure, count, exec_count, request_us, queue_us, input_us, infer_us, output_us,
-                    pending, inflight, request_h, queue_h, compute_h, batch_h, state, ready)
+                    pending, inflight, request_h, queue_h, compute_h, batch_h, state, ready, queued, queued_bytes,
+                    rejected)
 
 
 class ServerMetrics:
