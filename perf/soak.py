@@ -103,6 +103,32 @@ class Window:
         self.latencies: list[float] = []
 
 
+def server_buckets(metrics_url: str) -> dict[float, float]:
+    """The in-server request duration histogram, summed over models: upper bound (s) -> cumulative count."""
+    import urllib.request
+
+    out: dict[float, float] = collections.defaultdict(float)
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith("inferd_inference_request_duration_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float("inf") if le == "+Inf" else float(le)] += float(line.rsplit(" ", 1)[1])
+    return dict(out)
+
+
+def bucket_quantile(now: dict[float, float], before: dict[float, float], q: float) -> float:
+    """The ``q`` quantile (s) of the observations between two scrapes, as the bucket bound that holds it."""
+    bounds = sorted(now)
+    counts = [now[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    if total <= 0:
+        return 0.0
+    for bound, cumulative in zip(bounds, counts):
+        if cumulative >= q * total:
+            return bound
+    return bounds[-1]
+
+
 def proc_sample(pid: int) -> tuple[float, float]:
     """(RSS MiB, CPU seconds) of ``pid``."""
     rss = 0.0
@@ -114,7 +140,8 @@ def proc_sample(pid: int) -> tuple[float, float]:
     return rss, cpu
 
 
-async def drive(url: str, pid: int, total: int, rate: float, window_s: float, seed: int) -> list[dict]:
+async def drive(url: str, metrics_url: str, pid: int, total: int, rate: float, window_s: float,
+                seed: int) -> list[dict]:
     import grpc
     from tritonclient.grpc import service_pb2_grpc as pbg
 
@@ -130,6 +157,8 @@ async def drive(url: str, pid: int, total: int, rate: float, window_s: float, se
     inflight: set[asyncio.Task] = set()
     start = time.monotonic()
     last_cpu = proc_sample(pid)[1]
+    last_buckets = server_buckets(metrics_url)
+    own_cpu = time.process_time()
 
     async def one(i: int) -> None:
         stub = stubs[i % len(stubs)]
@@ -162,20 +191,26 @@ async def drive(url: str, pid: int, total: int, rate: float, window_s: float, se
             current.codes["CANCELLED (client)" if code == "CANCELLED" and call.cancelled() else code] += 1
 
     def close_window(now: float) -> None:
-        nonlocal current, last_cpu
+        nonlocal current, last_cpu, last_buckets, own_cpu
         rss, cpu = proc_sample(pid)
+        buckets = server_buckets(metrics_url)
+        server_p99 = bucket_quantile(buckets, last_buckets, 0.99)
+        last_buckets = buckets
+        client_cpu, own_cpu = time.process_time() - own_cpu, time.process_time()
         lat = sorted(current.latencies)
         rows.append({
             "t": round(now - start, 1), "sent": sent, "answered": sum(current.codes.values()),
             "rss_mib": round(rss, 1), "cpu_s": round(cpu - last_cpu, 2),
             "p50_ms": round(lat[len(lat) // 2] * 1e3, 2) if lat else 0.0,
             "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3, 2) if lat else 0.0,
+            "server_p99_ms": round(server_p99 * 1e3, 3), "client_cpu_s": round(client_cpu, 2),
             "codes": dict(current.codes),
         })
         last_cpu = cpu
         current = Window()
         r = rows[-1]
         print(f"t={r['t']:7.1f}s sent={sent:8d} rss={rss:7.1f}MiB p99={r['p99_ms']:7.2f}ms "
+              f"in-server p99<={r['server_p99_ms']:g}ms "
               f"cpu={r['cpu_s']:.2f}s {r['codes']}", flush=True)
 
     next_window = start + window_s
@@ -213,9 +248,11 @@ def plot(rows: list[dict], out: Path) -> None:
     fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
     axes[0].plot(t, [r["rss_mib"] for r in rows])
     axes[0].set_ylabel("server RSS (MiB)")
-    axes[0].set_ylim(bottom=0)
+    axes[0].set_ylim(0, max(r["rss_mib"] for r in rows) * 1.25)
     axes[1].plot(t, [r["p99_ms"] for r in rows], label="p99")
     axes[1].plot(t, [r["p50_ms"] for r in rows], label="p50")
+    axes[1].plot(t, [r["server_p99_ms"] for r in rows], label="p99 in the server (bucket bound)")
+    axes[1].set_yscale("log")
     axes[1].set_ylabel("latency of OK (ms)")
     axes[1].legend()
     codes = sorted({c for r in rows for c in r["codes"] if c != "OK"})
@@ -245,8 +282,10 @@ def summarize(rows: list[dict], total: int, rate: float, elapsed: float, window_
             "label": f"soak, {label}", "concurrency": 0, "batch": 1,
             "infer_per_s": sum(r["codes"].get("OK", 0) for r in part) / max(1e-9, window_s * len(part)),
             "p50_us": mean([r["p50_ms"] for r in part]) * 1e3, "p99_us": mean([r["p99_ms"] for r in part]) * 1e3,
-            "note": f"RSS {mean([r['rss_mib'] for r in part]):.0f} MiB, server CPU "
-                    f"{mean([r['cpu_s'] for r in part]) / window_s:.2f} cores",
+            "note": f"client-seen latency (mean of windows); in the server p99 <= "
+                    f"{max(r['server_p99_ms'] for r in part):g} ms; RSS {mean([r['rss_mib'] for r in part]):.0f} MiB, "
+                    f"server CPU {mean([r['cpu_s'] for r in part]) / window_s:.2f} cores, client CPU "
+                    f"{mean([r['client_cpu_s'] for r in part]) / window_s:.2f} cores",
         })
     notes = (
         f"{total:,} requests offered open-loop at {rate:.0f}/s over {elapsed / 60:.1f} min (gRPC, 4 channels); "
@@ -283,9 +322,11 @@ def main(argv: list[str] | None = None) -> int:
             if server.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the server did not start: {(work / 'server.log').read_text()[-2000:]}")
             time.sleep(0.2)
-        url = f"127.0.0.1:{json.loads(port_file.read_text())['grpc']}"
+        ports = json.loads(port_file.read_text())
+        url = f"127.0.0.1:{ports['grpc']}"
+        metrics_url = f"http://127.0.0.1:{ports['metrics']}/metrics"
         began = time.monotonic()
-        rows = asyncio.run(drive(url, server.pid, args.requests, args.rate, args.window, args.seed))
+        rows = asyncio.run(drive(url, metrics_url, server.pid, args.requests, args.rate, args.window, args.seed))
         elapsed = time.monotonic() - began
     finally:
         os.killpg(server.pid, signal.SIGTERM)
