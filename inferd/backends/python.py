@@ -74,6 +74,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from inferd.backends.base import (
     Backend, BatchResult, ExecutionTimes, InferenceDispatcher, InstanceSpec, ModelInstance, RequestInputs,
+    resident_bytes,
 )
 from inferd.config import ModelConfig, ModelSpec, config_from_dict, message_to_dict
 from inferd.errors import (
@@ -251,6 +252,7 @@ class PythonInstance(ModelInstance):
         t0 = time.perf_counter_ns()
         requests = [self._request(item) for item in inputs]
         t1 = time.perf_counter_ns()
+        rss = resident_bytes()  # the model's own code is measured: what it keeps shows as growth
         _enter(name, self._dispatcher)
         try:
             responses = self._execute(requests)
@@ -261,15 +263,16 @@ class PythonInstance(ModelInstance):
             error = ModelExecutionError(f"model '{name}' failed to execute: {type(exc).__name__}: {exc}")
             times.infer_ns = time.perf_counter_ns() - t1
             times.input_ns = t1 - t0
-            return BatchResult([error] * len(inputs), times)
+            return BatchResult([error] * len(inputs), times, resident_bytes() - rss)
         finally:
             _leave()
+        grown = resident_bytes() - rss
         t2 = time.perf_counter_ns()
         results = self._results(requests, responses)
         times.input_ns = t1 - t0
         times.infer_ns = t2 - t1
         times.output_ns = time.perf_counter_ns() - t2
-        return BatchResult(results, times)
+        return BatchResult(results, times, grown)
 
     def _request(self, item: dict[str, np.ndarray]) -> pb_utils.InferenceRequest:
         tensors = [pb_utils.Tensor._of_request(n, a) for n, a in item.items()]

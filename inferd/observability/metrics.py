@@ -117,6 +117,9 @@ class InferdCollector:
                      "Cumulative compute infer (model) duration, microseconds (per request)", labels=L)
         output_us = c("inferd_inference_compute_output_duration_us",
                       "Cumulative compute output duration, microseconds (per request)", labels=L)
+        memory = GaugeMetricFamily("inferd_model_memory_growth_bytes",
+                                   "Resident memory the process gained while this version's own code executed, "
+                                   "summed over executions (Python models only)", labels=L)
         pending = GaugeMetricFamily("inferd_inference_pending_request_count",
                                     "Requests waiting in the queue for a model instance", labels=L)
         inflight = GaugeMetricFamily("inferd_inference_inflight_request_count",
@@ -146,6 +149,8 @@ class InferdCollector:
             input_us.add_metric(lv, s.compute_input.ns // 1000)
             infer_us.add_metric(lv, s.compute_infer.ns // 1000)
             output_us.add_metric(lv, s.compute_output.ns // 1000)
+            if s.memory_growth is not None:
+                memory.add_metric(lv, s.memory_growth)
             depth = getattr(model.scheduler, "queue_depth", None)
             pending.add_metric(lv, depth() if depth is not None else s.pending)
             inflight.add_metric(lv, s.pending)
@@ -176,7 +181,7 @@ class InferdCollector:
 
         yield from (success, failure, count, exec_count, request_us, queue_us, input_us, infer_us, output_us,
                     pending, inflight, request_h, queue_h, compute_h, batch_h, state, ready, queued, queued_bytes,
-                    rejected)
+                    rejected, memory)
 
 
 class ServerMetrics:

@@ -32,6 +32,16 @@ class Scheduler(abc.ABC):
     async def stop(self) -> None:
         """Finish every accepted request, then release the instances."""
 
+    def problem(self) -> str | None:
+        """Why the model cannot execute now (every instance failed), or None."""
+        return None
+
+
+def workers_problem(workers: list) -> str | None:  # type: ignore[type-arg]
+    """The first instance's reason when every one of ``workers`` has failed (InstanceWorker.failed)."""
+    reasons = [w.failed for w in workers]
+    return reasons[0] if reasons and all(reasons) else None
+
 
 class Inflight:
     """The requests a scheduler accepted and has not answered, and a way to
