@@ -10,18 +10,22 @@ GRPC_PORT ?= 8001
 HTTP_PORT ?= 8000
 METRICS_PORT ?= 8002
 
-.PHONY: serve test models proto bench check clean
+.PHONY: install serve test models proto bench check clean
 
-$(STAMP): pyproject.toml
+# The server with its TorchScript backend, the client package (clients/) and what the
+# README's examples import: every README example runs against `make serve` as written.
+$(STAMP): pyproject.toml clients/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: this exact CPU build lies on local disk; any other spec pulls a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e .
+	$(PIP) install -q -e '.[torch,examples]' -e ./clients
 	touch $@
 
 $(TEST_STAMP): $(STAMP)
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[torch,examples,test]' -e ./clients
 	touch $@
+
+install: $(STAMP)
 
 models: $(STAMP)
 	$(PY) -m inferd.examples.build --output $(REPO)

@@ -60,8 +60,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                         "default interval it can wait up to 5 ms for the busy event loop to give it up")
     p.add_argument("--exit-on-error", action=argparse.BooleanOptionalAction, default=False,
                    help="exit if any model fails to load (default: serve the others)")
-    p.add_argument("--strict-model-config", action=argparse.BooleanOptionalAction, default=False,
-                   help="accepted for Triton compatibility; configs are always auto-completed from the model file")
+    p.add_argument("--strict-model-config", type=_flag, nargs="?", const=True, default=False, metavar="true|false",
+                   help="as Triton: true refuses a model without a complete config.pbtxt (nothing is filled in from "
+                        "the model file or a Python model's auto_complete_config); default false")
+    p.add_argument("--disable-auto-complete-config", action="store_const", const=True, dest="strict_model_config",
+                   help="Triton's newer name for --strict-model-config=true")
     p.add_argument("--log-verbose", type=int, default=0, help="0: info, >=1: debug")
     from inferd.observability import log_settings, tracing
 
@@ -137,8 +140,18 @@ def _check_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("repository", nargs="+", type=Path, help="model repository folder(s)")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("inferd")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="inferd", description="A multi-model inference server.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _check_parser(sub)
@@ -158,6 +171,18 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def _repository_problem(repositories: list[Path]) -> str | None:
+    """Why the repository paths cannot be served (a missing one), checked before any port opens."""
+    from inferd.errors import InferdError
+    from inferd.repository.layout import check_repositories
+
+    try:
+        check_repositories(repositories)
+    except InferdError as exc:
+        return exc.message
+    return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     from inferd.server.app import InferenceServer, ServerOptions
 
@@ -173,6 +198,8 @@ def _serve(args: argparse.Namespace) -> int:
                        error=args.log_error, format=args.log_format)
     logs.apply()
     problem = check_arguments(args.model_control_mode, args.load_models, args.repository_poll_secs)
+    if problem is None:
+        problem = _repository_problem(args.model_repository)
     if problem:
         print(f"inferd: {problem}", file=sys.stderr)
         return 2
@@ -224,6 +251,7 @@ def _serve(args: argparse.Namespace) -> int:
         **security,
         grace_seconds=args.grace,
         exit_on_error=args.exit_on_error,
+        strict_model_config=args.strict_model_config,
         model_control_mode=args.model_control_mode,
         load_models=args.load_models,
         repository_poll_secs=args.repository_poll_secs,
@@ -272,14 +300,11 @@ def _exit_now(code: int) -> NoReturn:
 def _check(repositories: list[Path]) -> int:
     """Load every model as ``serve`` would (ModelManager.load_all: ensembles after their
     composing models, checked against them), print one line per model, release them."""
-    from inferd.errors import InferdError
-    from inferd.repository.layout import scan
     from inferd.repository.manager import READY, ModelManager
 
-    try:
-        scan(repositories)
-    except InferdError as exc:
-        print(f"error: {exc}")
+    problem = _repository_problem(repositories)
+    if problem:
+        print(f"error: {problem}")
         return 1
     # The report says why a model failed; the manager's own log lines would only repeat it.
     logging.getLogger("inferd").setLevel(logging.CRITICAL)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from inferd.errors import InvalidArgument
+from inferd.suggest import did_you_mean
 
 try:  # onnx depends on ml_dtypes, so it is normally present
     import ml_dtypes
@@ -53,6 +54,19 @@ _TYPES = [
 BY_NAME: dict[str, DataType] = {t.name: t for t in _TYPES}
 BY_CONFIG: dict[str, DataType] = {t.config: t for t in _TYPES}
 BY_ONNX: dict[str, DataType] = {t.onnx: t for t in _TYPES}
+
+
+def datatype_problem(value: object) -> str:
+    """Why a request's ``datatype`` is not a type, saying what would be: missing, the
+    config's spelling (``TYPE_INT32``), or a misspelling, then the valid names."""
+    valid = f"(valid: {', '.join(BY_NAME)})"
+    if value is None or value == "":
+        return f"missing 'datatype' {valid}"
+    if isinstance(value, str) and value in BY_CONFIG:
+        return (f"unknown datatype '{value}': that is the config's spelling; a request says "
+                f"'{BY_CONFIG[value].name}' {valid}")
+    hint = did_you_mean(value.upper(), BY_NAME) if isinstance(value, str) else ""
+    return f"unknown datatype {value!r}{hint} {valid}"
 _BY_NUMPY: dict[np.dtype, DataType] = {t.numpy: t for t in _TYPES if t.numpy is not None}
 
 

@@ -10,6 +10,10 @@ have been valid.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from inferd.suggest import did_you_mean
+
 
 class InferdError(Exception):
     """Base of every error inferd reports to a client."""
@@ -89,8 +93,13 @@ class ConfigError(InferdError):
     kind = "INVALID_ARGUMENT"
 
 
-def unknown_model(name: str, version: str | int | None = None) -> NotFound:
+def unknown_model(name: str, version: str | int | None = None, *, known_models: Iterable[str] = (),
+                  loaded_versions: Iterable[int] = ()) -> NotFound:
+    """``known_models``: the names a misspelt one may have meant; ``loaded_versions``:
+    the versions of ``name`` there are, listed when another was asked for."""
     # Triton's wording: clients (and perf_analyzer) match on this prefix.
     if version in (None, "", -1, 0):
-        return NotFound(f"Request for unknown model: '{name}' is not found")
-    return NotFound(f"Request for unknown model: '{name}' version {version} is not found")
+        return NotFound(f"Request for unknown model: '{name}' is not found{did_you_mean(name, known_models)}")
+    loaded = ", ".join(str(v) for v in sorted(loaded_versions))
+    return NotFound(f"Request for unknown model: '{name}' version {version} is not found"
+                    + (f"; loaded versions: {loaded}" if loaded else ""))

@@ -239,7 +239,7 @@ def test_check_loads_ensembles_as_serve_does(tmp_path):
 def test_check_missing_repository(tmp_path):
     proc = _check(tmp_path / "nowhere")
     assert proc.returncode == 1
-    assert "nowhere" in proc.stdout and "not a directory" in proc.stdout
+    assert "nowhere" in proc.stdout and "does not exist" in proc.stdout
 
 
 # -- the same through RepositoryIndex ----------------------------------------------------

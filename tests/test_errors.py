@@ -172,7 +172,7 @@ def test_wrong_datatype(stub, client):
 def test_unknown_datatype(stub):
     request = _request()
     request.inputs[0].datatype = "FLOAT"
-    _fails(stub, request, INVALID, "simple", "INPUT0", "unknown data type 'FLOAT'")
+    _fails(stub, request, INVALID, "simple", "INPUT0", "unknown datatype 'FLOAT'")
 
 
 def test_shape_not_matching_config(stub):

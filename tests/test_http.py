@@ -334,7 +334,7 @@ def test_errors_through_tritonclient(client, server):
     ('{"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, "x"]}]}', None, 400,
      ["must be numbers", "'x'"]),
     ('{"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FLOAT", "data": [1, 2]}]}', None, 400,
-     ["unknown data type", "FLOAT"]),
+     ["unknown datatype", "FLOAT"]),
     ('{"inputs": [{"name": "INPUT0", "shape": [1, -2], "datatype": "FP32", "data": []}]}', None, 400,
      ["negative"]),
     ('{"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32"}]}', None, 400,

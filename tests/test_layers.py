@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("proto", ("inferd._proto",)),
     ("core", ("inferd.types", "inferd.errors", "inferd.clock", "inferd.dtypes", "inferd.streaming",
-              "inferd.observability")),
+              "inferd.observability", "inferd.suggest")),
     ("config", ("inferd.config",)),
     ("backends", ("inferd.backends", "triton_python_backend_utils")),
     ("scheduling", ("inferd.scheduling",)),

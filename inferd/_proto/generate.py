@@ -5,6 +5,10 @@ Usage::
     python -m inferd._proto.generate           # rewrite the generated files
     python -m inferd._proto.generate --check   # exit 1 if they are stale
 
+Two packages get the same code: the server's ``inferd/_proto`` and the client
+package's ``clients/inferd_client/_proto`` (which cannot import inferd, so it
+also gets a copy of ``_pool.py``).
+
 Needs ``grpcio-tools`` (a test/dev dependency only: the output is committed,
 so installing inferd needs no build step). Steps:
 
@@ -19,7 +23,7 @@ so installing inferd needs no build step). Steps:
    private symbol database too (see ``_pool.py``), under their real module
    name ``inferd._proto.*_pb2`` (so pickle can find them);
 4. drop ``model_config_pb2_grpc.py`` (that file declares no service) and copy
-   the rest into this package.
+   the rest into each target package.
 
 ``--check`` compares against a fresh generation; its result depends on the
 grpcio-tools version, whose version numbers end up in the generated headers.
@@ -36,6 +40,9 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent.parent
 PROTO_DIR = REPO_ROOT / "proto"
+CLIENT_PACKAGE_DIR = REPO_ROOT / "clients" / "inferd_client" / "_proto"
+# Where the generated files go: the server's package, and the client package's.
+TARGETS = (PACKAGE_DIR, CLIENT_PACKAGE_DIR)
 
 PROTO_FILES = ("model_config.proto", "grpc_service.proto")
 MODULES = tuple(Path(p).stem + "_pb2" for p in PROTO_FILES)  # model_config_pb2, grpc_service_pb2
@@ -138,12 +145,25 @@ def render() -> dict[str, str]:
         return {name: _postprocess(name, (Path(tmp) / name).read_text()) for name in OUTPUTS}
 
 
-def stale_files(rendered: dict[str, str]) -> list[str]:
+def files_for(target: Path, rendered: dict[str, str]) -> dict[str, str]:
+    """What ``target`` must hold: the rendered modules, and for a package other than
+    this one a copy of ``_pool.py`` (the client package cannot import inferd)."""
+    out = dict(rendered)
+    if target != PACKAGE_DIR:
+        out["_pool.py"] = _COPY_HEADER + (PACKAGE_DIR / "_pool.py").read_text()
+    return out
+
+
+_COPY_HEADER = "# Copied from inferd/_proto/_pool.py by inferd._proto.generate; do not edit.\n"
+
+
+def stale_files(rendered: dict[str, str], targets: tuple[Path, ...] = TARGETS) -> list[Path]:
     out = []
-    for name, text in rendered.items():
-        path = PACKAGE_DIR / name
-        if not path.exists() or path.read_text() != text:
-            out.append(name)
+    for target in targets:
+        for name, text in files_for(target, rendered).items():
+            path = target / name
+            if not path.exists() or path.read_text() != text:
+                out.append(path)
     return out
 
 
@@ -159,13 +179,14 @@ def main(argv: list[str] | None = None) -> int:
     stale = stale_files(rendered)
     if opts.check:
         if stale:
-            print("stale generated files: " + ", ".join(stale), file=sys.stderr)
+            print("stale generated files: " + ", ".join(map(str, stale)), file=sys.stderr)
             return 1
         print("generated files are up to date")
         return 0
-    for name in stale:
-        (PACKAGE_DIR / name).write_text(rendered[name])
-        print(f"wrote {PACKAGE_DIR / name}")
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(files_for(path.parent, rendered)[path.name])
+        print(f"wrote {path}")
     if not stale:
         print("generated files are up to date")
     return 0

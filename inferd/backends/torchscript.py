@@ -121,6 +121,15 @@ class TorchScriptBackend(Backend):
         return self._gpu
 
     def complete_config(self, config: ModelConfig, model_file: Path) -> None:
+        # The first call at load that names the model: PyTorch is an extra (inferd[torch]).
+        try:
+            _torch()
+        except ImportError as exc:
+            raise ConfigError(
+                f"model '{config.name}': the TorchScript backend (platform pytorch_libtorch) needs PyTorch, "
+                f"which is not installed ({exc}); install it with: pip install 'inferd[torch]' "
+                "(in an inferd checkout: pip install -e '.[torch]')"
+            ) from None
         missing = [kind for kind, tensors in (("input", config.input), ("output", config.output)) if not tensors]
         if missing:
             raise ConfigError(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 
 from inferd._proto import model_config_pb2 as mc
 from inferd.errors import ConfigError
+from inferd.suggest import did_you_mean
 
 PREFIX = "inferd."
 
@@ -43,9 +44,10 @@ class InferdParameters:
                 continue
             name = key[len(PREFIX):]
             if name not in known:
+                keys = sorted(PREFIX + k for k in known)
                 raise ConfigError(
-                    f"model '{config.name}': unknown parameter '{key}'; "
-                    f"known inferd parameters: {', '.join(PREFIX + k for k in sorted(known))}"
+                    f"model '{config.name}': unknown parameter '{key}'{did_you_mean(key, keys)} "
+                    f"(known inferd parameters: {', '.join(keys)})"
                 )
             raw = param.string_value.strip()
             default = known[name].default

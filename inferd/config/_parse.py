@@ -11,6 +11,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from inferd._proto import model_config_pb2 as mc
+from inferd.config._suggest import parse_problem
 from inferd.errors import ConfigError, InvalidArgument
 
 
@@ -19,7 +20,10 @@ def parse_config_text(text: str, *, model: str) -> mc.ModelConfig:
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
-        raise ConfigError(f"model '{model}': config.pbtxt is not a valid ModelConfig: {exc}") from None
+        problem = parse_problem(str(exc))
+        if problem is None:
+            raise ConfigError(f"model '{model}': config.pbtxt is not a valid ModelConfig: {exc}") from None
+        raise ConfigError(f"model '{model}': config.pbtxt line {exc.GetLine()}: {problem}") from None
     return config
 
 
@@ -37,8 +41,11 @@ def config_from_json(name: str, text: str) -> mc.ModelConfig:
     try:
         json_format.Parse(text, config)
     except json_format.ParseError as exc:
-        raise InvalidArgument(f"failed to load '{name}': parameter 'config' is not a valid "
-                              f"ModelConfig in JSON: {exc}") from None
+        problem = parse_problem(str(exc))
+        if problem is None:
+            raise InvalidArgument(f"failed to load '{name}': parameter 'config' is not a valid "
+                                  f"ModelConfig in JSON: {exc}") from None
+        raise InvalidArgument(f"failed to load '{name}': parameter 'config': {problem}") from None
     if config.name and config.name != name:
         raise InvalidArgument(f"failed to load '{name}': the config names the model '{config.name}'")
     config.name = name

@@ -45,14 +45,20 @@ class PreparedConfig:
     files: dict[int, Path]  # version -> model file
 
 
-def read_model_config(name: str, model_dir: Path, override: mc.ModelConfig | None = None) -> mc.ModelConfig:
-    """The folder's config.pbtxt (or ``override``, RepositoryModelLoad's, or an empty one), named ``name``."""
+def read_model_config(name: str, model_dir: Path, override: mc.ModelConfig | None = None,
+                      auto_complete: bool = True) -> mc.ModelConfig:
+    """The folder's config.pbtxt (or ``override``, RepositoryModelLoad's, or an empty one), named ``name``.
+    Without ``auto_complete`` (``--strict-model-config``) a model must bring its config."""
     config_path = model_dir / "config.pbtxt"
     if override is not None:
         config = mc.ModelConfig()
         config.CopyFrom(override)
     elif config_path.exists():
         config = parse_config_file(config_path, model=name)
+    elif not auto_complete:
+        raise ConfigError(f"model '{name}': no config.pbtxt ({config_path}), and --strict-model-config=true "
+                          "forbids completing one from the model file; write one, or serve with "
+                          "--strict-model-config=false")
     else:
         config = mc.ModelConfig()
     check_name(config, name)
@@ -90,10 +96,12 @@ def select_versions(config: mc.ModelConfig, available: list[int]) -> list[int]:
 
 
 def prepare_config(name: str, model_dir: Path, available: list[int], resolve: BackendResolver,
-                   override: mc.ModelConfig | None = None) -> PreparedConfig:
+                   override: mc.ModelConfig | None = None, auto_complete: bool = True) -> PreparedConfig:
     """Read, auto-complete and validate one (non-ensemble) model folder whose version
-    folders are ``available``; ``override``: a config to use instead of ``config.pbtxt``."""
-    config = read_model_config(name, model_dir, override)
+    folders are ``available``; ``override``: a config to use instead of ``config.pbtxt``.
+    ``auto_complete=False`` is Triton's strict mode: nothing is filled in from the model
+    file (nor by a Python model's ``auto_complete_config``); the config is only checked."""
+    config = read_model_config(name, model_dir, override, auto_complete)
     versions = select_versions(config, available)
     backend: ConfigCompleter | None = resolve(config, model_dir)
     if backend is None:
@@ -106,9 +114,10 @@ def prepare_config(name: str, model_dir: Path, available: list[int], resolve: Ba
         if not path.exists():
             raise ConfigError(f"model '{name}': version {version} has no model file '{filename}' ({path})")
         files[version] = path
-    backend.complete_config(config, files[versions[-1]])
+    if auto_complete:
+        backend.complete_config(config, files[versions[-1]])
     signature = backend.signature(files[versions[-1]], name)
-    if signature is not None:
+    if signature is not None and auto_complete:
         autocomplete(config, signature)
     _settle_instance_groups(config, backend.gpu_available)
     spec = validate(config, model_dir=model_dir, signature=signature)

@@ -395,7 +395,14 @@ def build_repository(
     os.makedirs(output, exist_ok=True)
     result = {}
     for spec in specs:
-        written = write_model(spec, output)
+        try:
+            written = write_model(spec, output)
+        except ModuleNotFoundError as exc:
+            if exc.name != "torch":
+                raise
+            if log is not None:  # PyTorch is an extra: the other models still build
+                log(f"{spec.name}: skipped, building it needs PyTorch: pip install 'inferd[torch]'")
+            continue
         result[spec.name] = written
         if log is not None:
             state = f"wrote {', '.join(written)}" if written else "unchanged"

@@ -189,6 +189,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
+PLOT_REQUIREMENT = "matplotlib>=3.8"  # the perf extra in pyproject.toml
+
+
 @dataclass
 class PerfOptions:
     """Validated settings (built from the parsed arguments)."""
@@ -250,7 +253,10 @@ def run(args: argparse.Namespace) -> int:
             try:
                 import matplotlib  # noqa: F401  (checked before any load is sent)
             except ImportError:
-                raise PerfError("--plot needs matplotlib: pip install 'inferd[perf]'") from None
+                # The requirement itself: 'inferd[perf]' would fetch some other "inferd" from the index
+                # (or nothing) where inferd was installed from a checkout.
+                raise PerfError(f"--plot needs matplotlib, which is not installed: pip install '{PLOT_REQUIREMENT}' "
+                                "(in an inferd checkout: pip install -e '.[perf]')") from None
         from .runner import perf_main
 
         return perf_main(options)

@@ -10,6 +10,20 @@ from pathlib import Path
 from inferd.errors import ConfigError
 
 
+def check_repositories(repositories: list[Path]) -> list[Path]:
+    """Raise ConfigError (one sentence) for a repository path that is missing or not a
+    folder; return the repositories that hold no model folder (worth a warning)."""
+    empty = []
+    for repo in repositories:
+        if not repo.exists():
+            raise ConfigError(f"model repository '{repo}' does not exist")
+        if not repo.is_dir():
+            raise ConfigError(f"model repository '{repo}' is not a directory")
+        if not scan([repo]):
+            empty.append(repo)
+    return empty
+
+
 def scan(repositories: list[Path]) -> dict[str, Path]:
     """Model name -> model folder, over every repository folder given."""
     models: dict[str, Path] = {}

@@ -80,11 +80,11 @@ class Prepared:
     files: dict[int, Path]  # version -> model file
 
 
-def prepare(name: str, model_dir: Path, override: ModelConfig | None = None) -> Prepared:
+def prepare(name: str, model_dir: Path, override: ModelConfig | None = None, auto_complete: bool = True) -> Prepared:
     """Read, auto-complete and validate one model folder (:func:`inferd.config.prepare_config`). Blocking.
 
     ``override``: a config to use instead of ``config.pbtxt`` (RepositoryModelLoad's ``config``)."""
-    done = prepare_config(name, model_dir, available_versions(model_dir), backends.resolve, override)
+    done = prepare_config(name, model_dir, available_versions(model_dir), backends.resolve, override, auto_complete)
     return Prepared(done.spec, done.backend, done.files)
 
 
@@ -98,13 +98,14 @@ def load_versions(prepared: Prepared, model_dir: Path, clock: Clock | None = Non
 
 class ModelManager:
     def __init__(self, repositories: list[Path], clock: Clock | None = None, *, mode: str = "none",
-                 startup_models: list[str] | None = None) -> None:
+                 startup_models: list[str] | None = None, auto_complete: bool = True) -> None:
         if mode not in MODES:
             raise ValueError(f"model control mode must be one of {MODES}, got '{mode}'")
         self.repositories = repositories
         self.clock = clock
         self.mode = mode
         self.startup_models = list(startup_models or [])  # explicit mode: --load-model ("*": all)
+        self.auto_complete = auto_complete  # False: --strict-model-config, every model brings its config
         self._entries: dict[str, _Entry] = {}
         # Handed to every instance it builds: a Python model's BLS calls reach the other models through it.
         self.dispatcher = ModelDispatcher(self.get, clock)
@@ -114,12 +115,12 @@ class ModelManager:
     def get(self, name: str, version: int = 0) -> Model:
         entry = self._entries.get(name)
         if entry is None:
-            raise unknown_model(name)
+            raise unknown_model(name, known_models=self._entries)
         if version:
             model = entry.versions.get(version)
             if model is None:
                 if entry.state == READY:
-                    raise unknown_model(name, version)
+                    raise unknown_model(name, version, loaded_versions=entry.versions)
                 raise Unavailable(f"model '{name}' version {version} is not ready: {entry.reason or entry.state}")
             return model
         model = entry.latest
@@ -241,7 +242,7 @@ class ModelManager:
         it was built from is kept as it is. Blocking (runs on a worker thread)."""
         path = entry.path
         entry.fingerprint = folder = fingerprint(path)  # first: a change during the load is seen next poll
-        prepared = prepare(entry.name, path, config)
+        prepared = prepare(entry.name, path, config, self.auto_complete)
         config_bytes = prepared.spec.config_bytes()
         shared = tuple(f for f in folder if not f[0].split("/", 1)[0].isdigit())
         old, old_sources = entry.versions, entry.sources

@@ -1,14 +1,17 @@
 """Wiring: build the manager, data plane and frontends; run until a signal.
 
-Start-up opens the ports (gRPC with health and reflection, HTTP/REST,
-metrics; each can be turned off), then loads every model (a broken one is
-reported, not fatal, unless ``exit_on_error``): the server is live but not
-ready while models load. SIGINT/SIGTERM start a graceful stop: readiness turns
-false and gRPC health NOT_SERVING at once, new inference requests are refused
-(UNAVAILABLE / 503) while the ports stay open, accepted ones finish (up to
-``grace`` seconds in all), then the ports close, the gRPC one answering what
-arrives meanwhile UNAVAILABLE, never CANCELLED (:class:`GrpcPort`), and the
-models are released; metrics answer until the end.
+Start-up checks the repository paths (a missing one stops it before any port
+opens; an empty one is warned about), opens the ports (gRPC with health and
+reflection, HTTP/REST, metrics; each can be turned off), then loads every model
+(a broken one is reported, not fatal, unless ``exit_on_error``): the server is
+live but not ready while models load. When loading ends it prints one table of
+the models and a line saying whether it is ready and, if not, why.
+SIGINT/SIGTERM start a graceful stop: readiness turns false and gRPC health
+NOT_SERVING at once, new inference requests are refused (UNAVAILABLE / 503)
+while the ports stay open, accepted ones finish (up to ``grace`` seconds in
+all), then the ports close, the gRPC one answering what arrives meanwhile
+UNAVAILABLE, never CANCELLED (:class:`GrpcPort`), and the models are released;
+metrics answer until the end.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from inferd.observability.metrics import ServerMetrics
 from inferd.observability.tracing import Tracing
 from inferd.repository import ModelManager
 from inferd.repository.control import RepositoryPoller
+from inferd.repository.layout import check_repositories
+from inferd.repository.report import format_table, model_rows, readiness
 from inferd.server.asgi import AsgiServer
 from inferd.server.grpc_server import GrpcPort, GrpcPortOptions
 from inferd.server.grpc_service import InferenceServicer
@@ -66,13 +71,15 @@ class ServerOptions:
     repository_poll_secs: float = 15.0
     tracing: Tracing | None = None  # None: off
     log_settings: LogSettings | None = None
+    strict_model_config: bool = False  # True: every model brings a complete config.pbtxt (no auto-complete)
 
 
 class InferenceServer:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
         self.manager = ModelManager(options.model_repositories, mode=options.model_control_mode,
-                                    startup_models=options.load_models)
+                                    startup_models=options.load_models,
+                                    auto_complete=not options.strict_model_config)
         self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings,
                                    admission=Admission(options.max_queued_requests, options.max_queued_bytes))
         self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
@@ -114,6 +121,13 @@ class InferenceServer:
 
     async def start(self) -> None:
         o = self.options
+        try:  # before any port opens: a wrong path is one line, not a half-started server
+            empty = check_repositories(o.model_repositories)
+        except InferdError as exc:
+            raise SystemExit(exc.message) from None
+        for repo in empty:
+            log.warning("model repository '%s' holds no model folder (a model is %s/<name>/1/model.onnx, "
+                        "model.py or model.pt, with an optional %s/<name>/config.pbtxt)", repo, repo, repo)
         self.dataplane.loading = True  # live, not ready, until the models are in
         try:
             await self._open_ports()
@@ -123,6 +137,7 @@ class InferenceServer:
         try:
             await self.dataplane.load_models()
         except InferdError as exc:  # a --load-model that names no model
+            await self.stop()  # the ports close on the loop that opened them
             raise SystemExit(exc.message) from None
         if self.poller is not None:
             self.poller.start()
@@ -191,6 +206,15 @@ class InferenceServer:
             self.metrics.close()
         log.info("stopped")
 
+    async def startup_report(self, where: str) -> str:
+        """The models table, then ``inferd: ready, N of N models ready; <where>`` or, when some
+        model is not ready, ``inferd: NOT ready, ...`` naming them."""
+        rows = model_rows(self.manager)
+        ready = await self.dataplane.server_ready()
+        status = "ready" if ready else "NOT ready"
+        table = format_table(rows) or "no models"
+        return f"{table}\ninferd: {status}, {readiness(rows, ready)}; serving {where}"
+
     def request_stop(self) -> None:
         self._stopping.set()
 
@@ -203,7 +227,7 @@ class InferenceServer:
         where = [f"gRPC on {o.address}:{self.grpc_port}" if o.allow_grpc else "",
                  f"HTTP on {self.http_address}:{self.http_port}" if o.allow_http else "",
                  f"metrics on {self.metrics_address}:{self.metrics_port}/metrics" if o.allow_metrics else ""]
-        print(f"inferd: ready, {', '.join(w for w in where if w)}", flush=True)
+        print(await self.startup_report(", ".join(w for w in where if w)), flush=True)
         await self._stopping.wait()
         log.info("stopping: finishing in-flight requests")
         await self.stop()

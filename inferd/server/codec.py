@@ -12,7 +12,7 @@ from typing import Mapping
 import numpy as np
 
 from inferd._proto import grpc_service_pb2 as pb
-from inferd.dtypes import BY_NAME, DataType, decode_bytes, encode_bytes
+from inferd.dtypes import BY_NAME, DataType, datatype_problem, decode_bytes, encode_bytes
 from inferd.errors import InvalidArgument, Unimplemented
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput, SharedTensor, ShmRef
 
@@ -160,7 +160,7 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
         where = f"input '{t.name}' for model '{model}'"
         dtype = BY_NAME.get(t.datatype)
         if dtype is None:
-            raise InvalidArgument(f"{where}: unknown data type '{t.datatype}'")
+            raise InvalidArgument(f"{where}: {datatype_problem(t.datatype)}")
         shape = tuple(t.shape)
         if any(d < 0 for d in shape):
             raise InvalidArgument(f"{where}: shape {list(shape)} has a negative dimension")

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd.dtypes import BY_NAME, DataType, encode_bytes, from_numpy
+from inferd.dtypes import BY_NAME, DataType, datatype_problem, encode_bytes, from_numpy
 from inferd.errors import InvalidArgument
 from inferd.observability.stats import ModelStatistics
 from inferd.server.codec import array_from_raw, int_param, parse_version, shm_ref
@@ -117,7 +117,7 @@ def decode_infer_request(model: str, version: str, body: bytes, header_length: s
             raise InvalidArgument(f"{where}: the input is given twice")
         dtype = BY_NAME.get(t.get("datatype"))  # type: ignore[arg-type]
         if dtype is None:
-            raise InvalidArgument(f"{where}: unknown data type {t.get('datatype')!r}")
+            raise InvalidArgument(f"{where}: {datatype_problem(t.get('datatype'))}")
         shape = _shape(t.get("shape"), where)
         tparams = _object(t.get("parameters"), f"{where}: 'parameters'")
         ref = shm_ref(tparams, where) if tparams else None

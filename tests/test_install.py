@@ -1,0 +1,106 @@
+"""What a fresh install gives: ``inferd --version``, wheels that build offline, and
+PyTorch as an extra (``inferd[torch]``) whose absence is a clear load error."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# Runs an inferd entry point in a process where ``import <missing>`` fails, as without the extra.
+_WITHOUT = "import sys; sys.modules[{missing!r}] = None; from {module} import main; sys.exit(main({argv!r}))"
+
+
+def _without(missing: str, module: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    code = _WITHOUT.format(missing=missing, module=module, argv=list(argv))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def _without_torch(module: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return _without("torch", module, *argv)
+
+
+def test_version_flag() -> None:
+    proc = subprocess.run([sys.executable, "-m", "inferd.cli", "--version"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"inferd {version('inferd')}", proc.stderr
+
+
+def test_a_torchscript_model_without_torch_fails_to_load_naming_the_model_and_the_extra(
+        example_repository: Path, tmp_path: Path) -> None:
+    for name in ("simple", "torch_add_sub"):
+        shutil.copytree(example_repository / name, tmp_path / name)
+    proc = _without_torch("inferd.cli", "check", str(tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if line.startswith(("simple", "torch")))
+    assert lines["simple"].startswith("READY")
+    assert "model 'torch_add_sub'" in lines["torch_add_sub"]
+    assert "pip install 'inferd[torch]'" in lines["torch_add_sub"]
+
+
+def test_the_example_repository_builds_without_torch_skipping_its_torch_models(tmp_path: Path) -> None:
+    proc = _without_torch("inferd.examples.build", "--output", str(tmp_path), "--model", "simple",
+                          "--model", "torch_mlp")
+    assert proc.returncode == 0, proc.stderr
+    assert "torch_mlp: skipped, building it needs PyTorch: pip install 'inferd[torch]'" in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["simple"]
+
+
+def _wheel(source: Path, out: Path) -> zipfile.ZipFile:
+    """``pip wheel`` of a copy of ``source`` (no network: no deps, no build isolation)."""
+    src = out / "src"
+    shutil.copytree(source, src, ignore=shutil.ignore_patterns(
+        ".venv", "model_repository", "__pycache__", "*.egg-info", "build", ".git", "perf"))
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                           "--no-index", "-q", "-w", str(out), str(src)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (wheel,) = out.glob("*.whl")
+    return zipfile.ZipFile(wheel)
+
+
+def _metadata(wheel: zipfile.ZipFile) -> list[str]:
+    (name,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    return wheel.read(name).decode().splitlines()
+
+
+@pytest.mark.timeout(600)
+def test_the_server_wheel_builds_offline_with_torch_as_an_extra(tmp_path: Path) -> None:
+    wheel = _wheel(ROOT, tmp_path)
+    names = set(wheel.namelist())
+    assert {"inferd/cli.py", "inferd/py.typed", "inferd/_proto/grpc_service_pb2.py",
+            "triton_python_backend_utils/__init__.py"} <= names
+    assert not any(n.startswith(("tests/", "clients/", "inferd_client/")) for n in names)
+    requires = [line for line in _metadata(wheel) if line.startswith("Requires-Dist:")]
+    torch = [line for line in requires if line.startswith("Requires-Dist: torch")]
+    assert torch and all('extra == "torch"' in line for line in torch), requires
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    assert "inferd = inferd.cli:main" in wheel.read(entry_points).decode()
+
+
+@pytest.mark.timeout(600)
+def test_the_client_wheel_builds_offline_and_carries_its_stubs(tmp_path: Path) -> None:
+    wheel = _wheel(ROOT / "clients", tmp_path)
+    names = set(wheel.namelist())
+    assert {"inferd_client/__init__.py", "inferd_client/py.typed", "inferd_client/_proto/_pool.py",
+            "inferd_client/_proto/grpc_service_pb2_grpc.py", "inferd_client/_proto/grpc_service_pb2.pyi"} <= names
+    assert not any(n.startswith("examples/") for n in names)
+    requires = {line.split(":", 1)[1].strip().split(">")[0].split("<")[0]
+                for line in _metadata(wheel) if line.startswith("Requires-Dist:")}
+    assert requires == {"grpcio", "protobuf", "numpy"}
+
+
+def test_perf_plot_without_matplotlib_names_the_requirement_of_the_perf_extra(tmp_path: Path) -> None:
+    import tomllib
+
+    (requirement,) = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["perf"]
+    proc = _without("matplotlib", "inferd.cli", "perf", "-m", "simple", "-u", "127.0.0.1:1",
+                    "--plot", str(tmp_path / "plot.png"))
+    assert proc.returncode == 1
+    assert f"--plot needs matplotlib, which is not installed: pip install '{requirement}'" in proc.stderr
