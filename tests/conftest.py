@@ -88,10 +88,11 @@ class ServerProcess:
 
 
 @contextmanager
-def running(repository: Path, *, exit_zero: bool = True, no_traceback: bool = True) -> Iterator[ServerProcess]:
+def running(repository: Path, *, exit_zero: bool = True, no_traceback: bool = True,
+            extra_args: list[str] | None = None) -> Iterator[ServerProcess]:
     """A server for a fixture's lifetime. At the end it is stopped and, as asked, must
     have exited with status 0 and logged no traceback (no unexpected internal error)."""
-    server = ServerProcess(repository)
+    server = ServerProcess(repository, extra_args)
     yield server
     code = server.stop()
     if exit_zero:
