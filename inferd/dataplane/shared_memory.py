@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd.dtypes import DataType, decode_bytes
+from inferd.dtypes import DataType, decode_bytes, element_count
 from inferd.errors import AlreadyExists, InvalidArgument, NotFound
 from inferd.types import InferenceRequest, SharedTensor, ShmRef
 
@@ -84,9 +84,7 @@ class Region:
 
     def read(self, dtype: DataType, shape: tuple[int, ...], offset: int, size: int, where: str) -> np.ndarray:
         start = self._span(offset, size, where)
-        count = 1
-        for d in shape:
-            count *= d
+        count = element_count(shape, where)
         if dtype.name == "BYTES":
             return decode_bytes(memoryview(self._map)[start:start + size], count, where).reshape(shape)
         if dtype.numpy is None:

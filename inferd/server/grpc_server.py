@@ -131,8 +131,10 @@ class _Guarded:
         self._restrictions = restrictions
         self._gate = gate
 
-    def __getattr__(self, name: str) -> Callable[..., Any]:
+    def __getattr__(self, name: str) -> Any:
         method = getattr(self._servicer, name)
+        if name not in GRPC_METHODS:  # not an RPC (a helper the registration may use): as it is
+            return method
         group = GRPC_METHODS.get(name)
         restricted = group is not None and group in self._restrictions.by_group
         return _guard(method, name, group if restricted else None, self._restrictions, self._gate)
