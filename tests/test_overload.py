@@ -20,20 +20,9 @@ import pytest
 
 from inferd.dataplane.admission import Admission, request_bytes
 from inferd.errors import Unavailable
-from repo_builder import add_model, config
+from repo_builder import add_model, config, sleeping_identity
 
-SLOW = '''
-import time
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        time.sleep(0.05)
-        return [pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-            for r in requests]
-'''
+SLOW = sleeping_identity(0.05)
 CAP = 8  # --max-queued-requests for the server under test
 
 

@@ -22,20 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from repo_builder import add_model, config
+from repo_builder import add_model, config, sleeping_identity
 
-WORK = '''
-import time
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        time.sleep(0.02)
-        return [pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-            for r in requests]
-'''
+WORK = sleeping_identity(0.02)
 GRACE = 20  # --exit-timeout-secs
 
 
