@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 def _flag(text: str) -> bool:
@@ -118,12 +118,12 @@ def _security_arguments(p: argparse.ArgumentParser) -> None:
                         "the header KEY: VALUE (repeatable); the groups as --grpc-restricted-protocol")
 
 
-def _security_options(args: argparse.Namespace) -> dict:
+def _security_options(args: argparse.Namespace) -> dict[str, Any]:
     """ServerOptions' TLS and restriction fields from the flags; ValueError saying what does not fit."""
     from inferd.server.restrictions import GRPC_HEADER_PREFIX, Restrictions
     from inferd.server.tls import tls_from_flags
 
-    out = {}
+    out: dict[str, Any] = {}
     for proto in ("grpc", "http"):
         out[f"{proto}_tls"] = tls_from_flags(
             proto, getattr(args, f"{proto}_use_ssl"), getattr(args, f"{proto}_use_ssl_mutual"),

@@ -27,16 +27,14 @@ class TlsFiles:
 
     def read(self, what: str) -> tuple[bytes, bytes, bytes | None]:
         """(key, certificate chain, root certificates); SystemExit naming the file when one cannot be read."""
-        out = []
-        for label, path in (("key", self.key), ("certificate", self.cert), ("root certificate", self.root)):
-            if path is None:
-                out.append(None)
-                continue
+        def load(label: str, path: Path) -> bytes:
             try:
-                out.append(Path(path).read_bytes())
+                return Path(path).read_bytes()
             except OSError as exc:
                 raise SystemExit(f"cannot read the {what} TLS {label} {path}: {exc.strerror}") from None
-        return out[0], out[1], out[2]  # type: ignore[return-value]
+
+        root = load("root certificate", self.root) if self.root is not None else None
+        return load("key", self.key), load("certificate", self.cert), root
 
     def grpc_credentials(self) -> Any:
         import grpc
