@@ -204,6 +204,7 @@ async def drive(url: str, metrics_url: str, pid: int, total: int, rate: float, w
             "p50_ms": round(lat[len(lat) // 2] * 1e3, 2) if lat else 0.0,
             "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3, 2) if lat else 0.0,
             "server_p99_ms": round(server_p99 * 1e3, 3), "client_cpu_s": round(client_cpu, 2),
+            "loadavg": round(os.getloadavg()[0], 2),
             "codes": dict(current.codes),
         })
         last_cpu = cpu
@@ -254,6 +255,10 @@ def plot(rows: list[dict], out: Path) -> None:
     axes[1].plot(t, [r["server_p99_ms"] for r in rows], label="p99 in the server (bucket bound)")
     axes[1].set_yscale("log")
     axes[1].set_ylabel("latency of OK (ms)")
+    if all("loadavg" in r for r in rows):  # the machine's run queue: what the latency mostly follows here
+        load = axes[1].twinx()
+        load.plot(t, [r["loadavg"] for r in rows], color="grey", alpha=0.4, linewidth=1)
+        load.set_ylabel("machine load average (2 cores)", color="grey")
     axes[1].legend()
     codes = sorted({c for r in rows for c in r["codes"] if c != "OK"})
     for c in codes:
@@ -336,7 +341,10 @@ def main(argv: list[str] | None = None) -> int:
     plot(rows, args.out / "soak.png")
     result = summarize(rows, args.requests, args.rate, elapsed, args.window)
     result["server_exit_status"] = code
-    tracebacks = (work / "server.log").read_text(errors="replace").count("Traceback")
+    server_log = (work / "server.log").read_text(errors="replace")
+    tracebacks = server_log.count("Traceback")
+    if tracebacks:  # kept next to the results: what went wrong must be readable after the run
+        (args.out / "soak-server.log").write_text(server_log)
     result["notes"] += f"\n\nServer exit status after SIGTERM: {code}; tracebacks in its log: {tracebacks}."
     data = {"scenario": "soak", "doc": (__doc__ or "").strip().split("\n\n")[0], "result": result,
             "when": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
