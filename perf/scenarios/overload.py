@@ -30,7 +30,7 @@ from repo_builder import sleeping_identity  # noqa: E402
 SLOW = sleeping_identity(0.01)
 CONFIG = '''name: "{name}"
 backend: "python"
-max_batch_size: 0
+max_batch_size: {batch}
 input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 256 ] }} ]
 output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 256 ] }} ]
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]
@@ -41,10 +41,11 @@ def _repository(out: Path) -> Path:
     from inferd.examples.build import build_repository
 
     build_repository(out, log=lambda *_: None)  # mlp for the transport-bound case
-    for name, extra in (("slow", ""), ("slow_q16", "dynamic_batching { default_queue_policy { max_queue_size: 16 } }\n")):
+    for name, batch, extra in (("slow", 0, ""),
+                               ("slow_q16", 1, "dynamic_batching { default_queue_policy { max_queue_size: 16 } }\n")):
         (out / name / "1").mkdir(parents=True, exist_ok=True)
         (out / name / "1" / "model.py").write_text(SLOW)
-        (out / name / "config.pbtxt").write_text(CONFIG.format(name=name, extra=extra))
+        (out / name / "config.pbtxt").write_text(CONFIG.format(name=name, batch=batch, extra=extra))
     return out
 
 
@@ -66,7 +67,7 @@ def _message(model: str, width: int):  # type: ignore[no-untyped-def]
 
     msg = pb.ModelInferRequest(model_name=model)
     t = msg.inputs.add(name="INPUT0", datatype="FP32")
-    t.shape.extend([1, width] if model == "mlp" else [width])
+    t.shape.extend([width] if model == "slow" else [1, width])  # slow does not batch; the others take [1, N]
     msg.raw_input_contents.append(np.ones(width, np.float32).tobytes())
     return msg
 
