@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PERF = ROOT / "perf"
 RESULTS_DIR = PERF / "results"
 OUT = PERF / "out"
-PERF_ANALYZER = ROOT.parent / "shared" / "tools" / "perf_analyzer"
+# INFERD_PERF_ANALYZER: another perf_analyzer (the GPU machine runs the one of its PyPI wheel).
+PERF_ANALYZER = Path(os.environ.get("INFERD_PERF_ANALYZER") or ROOT.parent / "shared" / "tools" / "perf_analyzer")
 
 
 # -- processes ---------------------------------------------------------------
@@ -121,13 +122,13 @@ def perf_analyzer_available() -> bool:
 
 def run_pa(label: str, model: str, url: str, concurrency: int, *, shape: str | None = None,
            batch: int = 1, window_ms: int = 2000, extra: list[str] | None = None,
-           protocol: str = "grpc", cpus: str | None = None) -> Measure:
-    """One perf_analyzer run at one concurrency; medians of its stable windows."""
+           protocol: str = "grpc", cpus: str | None = None, trials: int = 8) -> Measure:
+    """One perf_analyzer run at one concurrency; medians of its stable windows (at most ``trials``)."""
     with tempfile.TemporaryDirectory() as tmp:
         csv_path = Path(tmp) / "pa.csv"
         args = [*pinned(cpus), str(PERF_ANALYZER), "-m", model, "-u", url, "-i", protocol,
                 "--concurrency-range", str(concurrency), "-b", str(batch), "-p", str(window_ms),
-                "--max-trials", "8", "-s", "15", "-f", str(csv_path)]
+                "--max-trials", str(trials), "-s", "15", "-f", str(csv_path)]
         if shape:
             args += ["--shape", shape]
         args += extra or []

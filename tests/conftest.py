@@ -123,6 +123,21 @@ def stub(server: ServerProcess) -> Iterator:
 
 
 @pytest.fixture(scope="session")
+def perf_analyzer() -> str:
+    """The path of a working Triton perf_analyzer; the test is skipped where none can run."""
+    candidates = [os.environ.get("PERF_ANALYZER", ""), str(ROOT.parent / "shared" / "tools" / "perf_analyzer"),
+                  shutil.which("perf_analyzer") or ""]
+    for path in candidates:
+        if path and Path(path).is_file() and os.access(path, os.X_OK):
+            try:
+                if subprocess.run([path, "--version"], capture_output=True, timeout=300).returncode == 0:
+                    return path
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+    pytest.skip("perf_analyzer is not available or cannot run here")
+
+
+@pytest.fixture(scope="session")
 def example_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bundled example repository, built once per test session."""
     from inferd.examples.build import build_repository

@@ -16,7 +16,8 @@ from tritonclient.utils import InferenceServerException
 from conftest import running
 from inferd.examples import torch_models as tm
 from inferd.examples.build import (
-    TORCH_MLP_D_IN, TORCH_MLP_D_OUT, TORCH_MLP_HIDDEN, TORCH_MLP_SEED, build_repository, triton_config,
+    TORCH_MLP_D_IN, TORCH_MLP_D_OUT, TORCH_MLP_HIDDEN, TORCH_MLP_SEED, build_repository, ensemble_steps,
+    triton_config,
 )
 
 # wire type -> (numpy dtype, config type); add_sub works on all of these
@@ -87,6 +88,15 @@ parameters { key: "ENABLE_NVFUSER" value { string_value: "false" } }
     (repo / "ts_corrupt" / "1").mkdir(parents=True)
     (repo / "ts_corrupt" / "1" / "model.pt").write_bytes(b"not a zip archive")
     (repo / "ts_corrupt" / "config.pbtxt").write_text(_add_sub_config("ts_corrupt", "TYPE_FP32"))
+    # Two TorchScript steps on one device (the CPU): the middle tensors pass as torch tensors.
+    (repo / "ts_twice" / "1").mkdir(parents=True)
+    (repo / "ts_twice" / "config.pbtxt").write_text(triton_config(
+        "ts_twice", [("A", "TYPE_FP32", [8]), ("B", "TYPE_FP32", [8])],
+        [("TWICE_A", "TYPE_FP32", [8]), ("TWICE_B", "TYPE_FP32", [8])], max_batch_size=4, platform="ensemble",
+        instance_count=0, extra=ensemble_steps([
+            ("ts_fp32", {"INPUT__0": "A", "INPUT__1": "B"}, {"OUTPUT__0": "sum", "OUTPUT__1": "diff"}),
+            ("ts_fp32", {"INPUT__0": "sum", "INPUT__1": "diff"}, {"OUTPUT__0": "TWICE_A", "OUTPUT__1": "TWICE_B"}),
+        ])))
     return repo
 
 
@@ -211,6 +221,14 @@ def test_load_errors_are_clear(client):
     if not torch.cuda.is_available():
         assert index["ts_gpu"].state == "UNAVAILABLE"
         assert "KIND_GPU" in index["ts_gpu"].reason or "CUDA" in index["ts_gpu"].reason
+
+
+def test_an_ensemble_of_torchscript_steps_on_one_device_is_right(client):
+    a = np.arange(16, dtype=np.float32).reshape(2, 8)
+    b = np.full((2, 8), -3, np.float32)
+    r = client.infer("ts_twice", [_input("A", a, "FP32"), _input("B", b, "FP32")])
+    np.testing.assert_array_equal(r.as_numpy("TWICE_A"), 2 * a)
+    np.testing.assert_array_equal(r.as_numpy("TWICE_B"), 2 * b)
 
 
 def test_output_type_mismatch_is_internal_naming_the_model(client):

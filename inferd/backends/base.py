@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -164,19 +164,24 @@ class TensorInstance(ModelInstance):
         except Exception as exc:
             raise ModelExecutionError(f"model '{self.model.name}' failed to execute: {exc}") from exc
         t2 = time.perf_counter_ns()
-        if len(inputs) == 1:
-            results: list[dict[str, np.ndarray] | InferdError] = [out]
-        else:
-            results = []
-            start = 0
-            for r in inputs:
-                rows = len(next(iter(r.values()))) if r else 0
-                results.append({k: v[start:start + rows] for k, v in out.items()})
-                start += rows
+        results = split_batch(inputs, out)
         times.input_ns = t1 - t0
         times.infer_ns = t2 - t1
         times.output_ns = time.perf_counter_ns() - t2
         return BatchResult(results, times)
+
+
+def split_batch(inputs: Sequence[dict[str, Any]], out: dict[str, Any]) -> list[dict[str, Any] | InferdError]:
+    """The batch's outputs cut back into one dict per request, by each request's rows (views, no copy)."""
+    if len(inputs) == 1:
+        return [out]
+    results: list[dict[str, Any] | InferdError] = []
+    start = 0
+    for r in inputs:
+        rows = len(next(iter(r.values()))) if r else 0
+        results.append({k: v[start:start + rows] for k, v in out.items()})
+        start += rows
+    return results
 
 
 class Backend(abc.ABC):

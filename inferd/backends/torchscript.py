@@ -38,11 +38,16 @@ Parameters (the keys of Triton's pytorch backend, ``parameters`` in the config):
   ``ENABLE_JIT_PROFILING``: accepted so Triton repositories load; they have no
   effect here and a warning says so.
 
-Data: inputs become tensors without copying where the layout allows
-(``torch.from_numpy``; the request's read-only buffers are shared, so a model
-that writes into its inputs in place writes into the request's copy only).
-BF16 travels as 16-bit words: ``ml_dtypes.bfloat16`` numpy <-> ``torch.bfloat16``
-through an int16 view. Outputs come back with ``Tensor.numpy()`` (no copy on CPU).
+Data (inferd/backends/torch_device.py): on the CPU a lone request's inputs become
+tensors without copying where the layout allows (``torch.from_numpy``; the
+request's read-only buffers are shared, so a model that writes into its inputs in
+place writes into the request's copy only) and a batch is joined once. On
+``cuda:k`` each instance has its own CUDA stream and thread: the batch is joined
+once into pinned host memory and copied to the device in one non-blocking copy
+per input, outputs come back once through pinned memory, and inputs already on
+the device (CUDA shared memory, an ensemble step's output) are not moved through
+the host. BF16 travels as 16-bit words: ``ml_dtypes.bfloat16`` numpy <->
+``torch.bfloat16`` through an int16 view.
 """
 
 from __future__ import annotations
@@ -50,16 +55,19 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 
-from inferd.backends.base import Backend, InstanceSpec, ModelInstance, TensorInstance, int_parameter
+from inferd.backends.base import (
+    Backend, BatchResult, ExecutionTimes, InstanceSpec, ModelInstance, RequestInputs, int_parameter, split_batch,
+)
+from inferd.backends.torch_device import TorchStager
 from inferd.config import ModelConfig, ModelSignature, ModelSpec
-from inferd.dtypes import BY_NAME
-from inferd.errors import ConfigError, ModelExecutionError
+from inferd.errors import ConfigError, InferdError, ModelExecutionError
+from inferd.gpu.inventory import default_inventory
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +125,7 @@ class TorchScriptBackend(Backend):
 
     def gpu_available(self) -> bool:
         if self._gpu is None:
-            self._gpu = bool(_torch().cuda.is_available())
+            self._gpu = bool(default_inventory().gpus())  # the GPUs placement sees (torch's view)
         return self._gpu
 
     def complete_config(self, config: ModelConfig, model_file: Path) -> None:
@@ -142,7 +150,7 @@ class TorchScriptBackend(Backend):
         return TorchScriptInstance(self, spec, instance)
 
 
-class TorchScriptInstance(TensorInstance):
+class TorchScriptInstance(ModelInstance):
     def __init__(self, backend: TorchScriptBackend, spec: ModelSpec, instance: InstanceSpec) -> None:
         super().__init__(spec, instance)
         torch = _torch()
@@ -175,7 +183,14 @@ class TorchScriptInstance(TensorInstance):
         self.module = module
         self._map_inputs(module)
         self._map_outputs()
-        self._bf16 = BY_NAME["BF16"].numpy
+        self._input_dtypes: dict[str, Any] = {n: t.datatype.numpy for n, t in spec.inputs.items()}
+        self._stager = TorchStager(torch, self._device)
+        # Where this instance takes and gives torch tensors: an ensemble keeps a step's outputs
+        # there when its next steps run on the same device (Model.tensor_device).
+        self.tensor_device = str(self._device)
+        # A GPU instance waits for its stream each batch, and two instances overlap only on their
+        # own threads: never inline on the event loop.
+        self.thread_only = self._cuda
 
     # -- load-time checks ------------------------------------------------------
 
@@ -279,22 +294,48 @@ class TorchScriptInstance(TensorInstance):
 
     # -- execution ---------------------------------------------------------------
 
-    def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
+    def execute(self, inputs: Sequence[dict[str, Any]], output_names: Sequence[str]) -> BatchResult:
+        """The batch through the stager (backends/torch_device.py): inputs joined once onto the
+        instance's device, one forward, outputs back once (or kept on the device for requests
+        whose next ensemble step runs there)."""
         torch = self._torch
+        stager = self._stager
+        times = ExecutionTimes()
+        t0 = time.perf_counter_ns()
         if torch.get_num_threads() != self._threads:
             torch.set_num_threads(self._threads)
-        tensors = {n: self._to_torch(a) for n, a in inputs.items()}
-        grad_mode = torch.inference_mode() if self._inference_mode else torch.no_grad()
-        with grad_mode:
-            if self._optimized:
-                result = self._call(tensors)
-            else:
-                with torch.jit.optimized_execution(False):
-                    result = self._call(tensors)
-            out = self._outputs(result, inputs)
+        try:
+            with stager.running():
+                tensors = {n: stager.batch_input([r[n] for r in inputs], self._input_dtypes[n]) for n in inputs[0]}
+                t1 = time.perf_counter_ns()
+                grad_mode = torch.inference_mode() if self._inference_mode else torch.no_grad()
+                with grad_mode:
+                    if self._optimized:
+                        result = self._call(tensors)
+                    else:
+                        with torch.jit.optimized_execution(False):
+                            result = self._call(tensors)
+                    checked = self._outputs(result, _rows(tensors) if self.model.batching else None)
+                stager.synchronize()  # the forward's kernels are done: the infer time ends here
+                t2 = time.perf_counter_ns()
+                out = stager.outputs(checked, keep_on_device=self._keep_on_device(inputs))
+        except InferdError:
+            raise
+        except Exception as exc:
+            raise ModelExecutionError(f"model '{self.model.name}' failed to execute: {exc}") from exc
         if self._clean_cache:
             torch.cuda.empty_cache()
-        return out
+        results = split_batch(inputs, out)
+        times.input_ns = t1 - t0
+        times.infer_ns = t2 - t1
+        times.output_ns = time.perf_counter_ns() - t2
+        return BatchResult(results, times)
+
+    def _keep_on_device(self, inputs: Sequence[dict[str, Any]]) -> bool:
+        # Every request of the batch asked for its outputs here (an ensemble whose next steps run on
+        # this device sets InferenceRequest.output_device); else they go to the host.
+        device = self.tensor_device
+        return all(isinstance(r, RequestInputs) and r.request.output_device == device for r in inputs)
 
     def _call(self, tensors: dict[str, Any]) -> Any:
         positional = self._positional
@@ -302,17 +343,8 @@ class TorchScriptInstance(TensorInstance):
             return self.module(*[tensors[n] for n in positional])
         return self.module(**{self._arg_of[n]: t for n, t in tensors.items()})
 
-    def _to_torch(self, array: np.ndarray):  # type: ignore[no-untyped-def]
-        torch = self._torch
-        if array.dtype == self._bf16:
-            tensor = torch.from_numpy(_torchable(array).view(np.int16)).view(torch.bfloat16)
-        else:
-            tensor = torch.from_numpy(_torchable(array))
-        if self._cuda:
-            tensor = tensor.to(self._device, non_blocking=False)
-        return tensor
-
-    def _outputs(self, result: Any, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _outputs(self, result: Any, rows: int | None) -> dict[str, Any]:
+        """forward()'s result checked against the config: one tensor per output, by name."""
         torch = self._torch
         model = self.model.name
         if isinstance(result, torch.Tensor):
@@ -324,8 +356,7 @@ class TorchScriptInstance(TensorInstance):
                 f"model '{model}': forward() returned {type(result).__name__}; inferd takes a Tensor or a "
                 "tuple/list of Tensors"
             )
-        rows = len(next(iter(inputs.values()))) if self.model.batching and inputs else None
-        out: dict[str, np.ndarray] = {}
+        out: dict[str, Any] = {}
         for name, index in self._output_index.items():
             if index >= len(results):
                 raise ModelExecutionError(
@@ -348,16 +379,8 @@ class TorchScriptInstance(TensorInstance):
                     f"model '{model}': output '{name}' has shape {list(tensor.shape)}; with max_batch_size > 0 "
                     f"its first dimension must be the batch size {rows}"
                 )
-            out[name] = self._to_numpy(tensor)
+            out[name] = tensor
         return out
-
-    def _to_numpy(self, tensor) -> np.ndarray:  # type: ignore[no-untyped-def]
-        torch = self._torch
-        if tensor.device.type != "cpu":
-            tensor = tensor.cpu()
-        if tensor.dtype == torch.bfloat16:
-            return tensor.view(torch.int16).numpy().view(self._bf16)
-        return tensor.numpy()
 
     def close(self) -> None:
         del self.module
@@ -365,12 +388,9 @@ class TorchScriptInstance(TensorInstance):
             self._torch.cuda.empty_cache()
 
 
-def _torchable(array: np.ndarray) -> np.ndarray:
-    # torch.from_numpy takes any layout numpy can describe with non-negative
-    # strides; anything else (a reversed view, say) is copied.
-    if any(s < 0 for s in array.strides):
-        return np.ascontiguousarray(array)
-    return array
+def _rows(tensors: dict[str, Any]) -> int | None:
+    first = next(iter(tensors.values()), None)
+    return int(first.shape[0]) if first is not None and first.dim() > 0 else None
 
 
 def _set_interop_threads(model: str, count: int) -> None:

@@ -22,6 +22,7 @@ from inferd.config._parameters import InferdParameters
 from inferd.config._parse import (
     config_from_dict, config_from_json, config_to_json, message_to_dict, parse_config_file, parse_config_text,
 )
+from inferd.config._placement import placements, settle_groups
 from inferd.config._prepare import (
     BackendResolver, ConfigCompleter, PreparedConfig, check_name, prepare_config, read_model_config, select_versions,
 )
@@ -38,6 +39,6 @@ __all__ = [
     "SequencePolicy", "SignatureTensor", "StateSpec", "StepConfig", "TensorSpec", "WarmupInput", "WarmupSample",
     "autocomplete", "check_ensemble_config", "check_name", "config_from_dict", "config_from_json", "config_to_json",
     "dynamic_batching", "ensemble_config", "is_ensemble", "message_to_dict", "model_spec", "parse_config_file",
-    "parse_config_text", "prepare_config", "prepare_ensemble_config", "read_ensemble_config", "read_model_config",
-    "select_versions", "validate",
+    "parse_config_text", "placements", "prepare_config", "prepare_ensemble_config", "read_ensemble_config",
+    "read_model_config", "select_versions", "settle_groups", "validate",
 ]

@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Mapping
 from inferd.clock import Clock, MonotonicClock
 from inferd.dataplane.admission import Admission, request_bytes
 from inferd.dataplane.api import ModelMetadata, ServerMetadata, TensorMetadata, TraceCarrier
+from inferd.dataplane.cuda_shared_memory import CudaRegionStatus
 from inferd.dataplane.shared_memory import RegionStatus, SharedMemoryManager
 from inferd.errors import InferdError, InvalidArgument, Unavailable
 from inferd.model import DECOUPLED_UNARY, Model, find, response, run_model
@@ -96,7 +97,8 @@ class DataPlane:
         return not self.draining and self.manager.is_ready(name, version)
 
     async def server_metadata(self) -> ServerMetadata:
-        return ServerMetadata(SERVER_NAME, SERVER_VERSION, list(EXTENSIONS))
+        cuda = ["cuda_shared_memory"] if self.manager.gpus.gpus() else []  # as a GPU build of Triton lists it
+        return ServerMetadata(SERVER_NAME, SERVER_VERSION, list(EXTENSIONS) + cuda)
 
     async def model_metadata(self, name: str, version: int = 0) -> ModelMetadata:
         model = self.manager.get(name, version)
@@ -156,6 +158,17 @@ class DataPlane:
 
     async def shm_unregister(self, name: str = "") -> None:
         self.shared_memory.unregister(name)
+
+    # -- CUDA shared memory ----------------------------------------------------------
+
+    async def cuda_shm_register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        self.shared_memory.register_cuda(name, raw_handle, device_id, byte_size)
+
+    async def cuda_shm_status(self, name: str = "") -> list[CudaRegionStatus]:
+        return self.shared_memory.status(name, kind="cuda")
+
+    async def cuda_shm_unregister(self, name: str = "") -> None:
+        self.shared_memory.unregister(name, kind="cuda")
 
     # -- tracing and logging ----------------------------------------------------------
 

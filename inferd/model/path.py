@@ -20,6 +20,7 @@ import numpy as np
 from inferd.clock import Clock
 from inferd.dtypes import encode_bytes
 from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError
+from inferd.gpu.tensor import DeviceTensor
 from inferd.model.model import Model
 from inferd.model.validation import check_requested_outputs, prepare_inputs, shape_outputs
 from inferd.streaming import ResponseSink, StreamEvent, StreamResponse
@@ -130,6 +131,12 @@ def _admit(model: Model, request: InferenceRequest) -> int:
     spec = model.spec
     inputs, rows = prepare_inputs(spec, request)
     check_requested_outputs(spec, request.requested_outputs)
+    if model.tensor_device is None:
+        # Device tensors (a CUDA shared memory input, a step's output kept on its GPU) reach only
+        # models that take torch tensors; anything else gets them copied to the host, once.
+        for name, value in inputs.items():
+            if isinstance(value, DeviceTensor):
+                inputs[name] = value.to_host()
     request.inputs = inputs
     trace = request.trace
     if trace is not None:
@@ -142,6 +149,10 @@ def _shape(model: Model, outputs: dict[str, np.ndarray], request: InferenceReque
     """One response's outputs as the client asked for them; those requested into shared memory written there."""
     requested = request.requested_outputs
     result = shape_outputs(model.spec, outputs, requested)
+    if request.output_device is None:
+        for name, value in result.items():
+            if isinstance(value, DeviceTensor):  # an ensemble's input handed straight out, say
+                result[name] = value.to_host()
     if requested:
         _write_shared_memory(model.spec.name, result, requested)
     return result

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, make_asgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from inferd.observability import gpu_metrics
 from inferd.observability import stats as stats_module
 from inferd.observability.stats import ModelStats
 
@@ -187,10 +188,14 @@ class InferdCollector:
 class ServerMetrics:
     """The registry behind ``/metrics``; attaches histograms to each model version as it is built."""
 
-    def __init__(self, dataplane: "DataPlane") -> None:
+    def __init__(self, dataplane: "DataPlane", nvml: Any = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)
         self.registry.register(InferdCollector(dataplane))  # type: ignore[arg-type]
+        # nv_gpu_* where NVML answers (``nvml``: a fake pynvml for tests); none on a CPU host.
+        self.gpu = gpu_metrics.gpu_collector(nvml, gpu_metrics.visible_uuids)
+        if self.gpu is not None:
+            self.registry.register(self.gpu)  # type: ignore[arg-type]
         stats_module.on_create.append(self._attach)
         for model in dataplane.manager.models():  # any already loaded
             self._attach(model.stats)
@@ -203,6 +208,8 @@ class ServerMetrics:
     def close(self) -> None:
         if self._attach in stats_module.on_create:
             stats_module.on_create.remove(self._attach)
+        if self.gpu is not None:
+            self.gpu.close()
 
     def asgi_app(self) -> Any:
         """``/metrics`` (Prometheus text, or OpenMetrics when asked); 404 elsewhere."""

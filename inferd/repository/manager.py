@@ -25,13 +25,14 @@ import gc
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from inferd import backends
 from inferd.clock import Clock
 from inferd.config import ModelConfig, ModelSpec, ensemble_config, is_ensemble, prepare_config
 from inferd.ensemble.graph import EnsembleGraph, build_graph, dependents, find_cycle, load_order
 from inferd.errors import ConfigError, InferdError, NotFound, Unavailable, unknown_model
+from inferd.gpu.inventory import GpuInventory, default_inventory
 from inferd.model import ModelDispatcher
 from inferd.repository import ensembles as ensemble_loader
 from inferd.repository.layout import available_versions, fingerprint, scan
@@ -80,11 +81,14 @@ class Prepared:
     files: dict[int, Path]  # version -> model file
 
 
-def prepare(name: str, model_dir: Path, override: ModelConfig | None = None, auto_complete: bool = True) -> Prepared:
+def prepare(name: str, model_dir: Path, override: ModelConfig | None = None, auto_complete: bool = True,
+            gpus: Sequence[int] = ()) -> Prepared:
     """Read, auto-complete and validate one model folder (:func:`inferd.config.prepare_config`). Blocking.
 
-    ``override``: a config to use instead of ``config.pbtxt`` (RepositoryModelLoad's ``config``)."""
-    done = prepare_config(name, model_dir, available_versions(model_dir), backends.resolve, override, auto_complete)
+    ``override``: a config to use instead of ``config.pbtxt`` (RepositoryModelLoad's ``config``);
+    ``gpus``: the GPU indexes instances may be placed on."""
+    done = prepare_config(name, model_dir, available_versions(model_dir), backends.resolve, override, auto_complete,
+                          gpus)
     return Prepared(done.spec, done.backend, done.files)
 
 
@@ -98,7 +102,8 @@ def load_versions(prepared: Prepared, model_dir: Path, clock: Clock | None = Non
 
 class ModelManager:
     def __init__(self, repositories: list[Path], clock: Clock | None = None, *, mode: str = "none",
-                 startup_models: list[str] | None = None, auto_complete: bool = True) -> None:
+                 startup_models: list[str] | None = None, auto_complete: bool = True,
+                 gpus: GpuInventory | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"model control mode must be one of {MODES}, got '{mode}'")
         self.repositories = repositories
@@ -109,6 +114,8 @@ class ModelManager:
         self._entries: dict[str, _Entry] = {}
         # Handed to every instance it builds: a Python model's BLS calls reach the other models through it.
         self.dispatcher = ModelDispatcher(self.get, clock)
+        # The GPUs instance groups are placed on (torch's view; a fake one in tests).
+        self.gpus = gpus or default_inventory()
 
     # -- lookup (hot path) ---------------------------------------------------
 
@@ -242,7 +249,7 @@ class ModelManager:
         it was built from is kept as it is. Blocking (runs on a worker thread)."""
         path = entry.path
         entry.fingerprint = folder = fingerprint(path)  # first: a change during the load is seen next poll
-        prepared = prepare(entry.name, path, config, self.auto_complete)
+        prepared = prepare(entry.name, path, config, self.auto_complete, [g.index for g in self.gpus.gpus()])
         config_bytes = prepared.spec.config_bytes()
         shared = tuple(f for f in folder if not f[0].split("/", 1)[0].isdigit())
         old, old_sources = entry.versions, entry.sources

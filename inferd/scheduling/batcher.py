@@ -176,7 +176,8 @@ class BatchScheduler(Scheduler):
         stats = self._stats
         stats.record_queue(time.perf_counter_ns() - arrived_ns)  # the time it took to get here: no wait
         try:
-            result = worker.run_inline([request.inputs], self._outputs)
+            result = worker.run_inline([_entry(request, getattr(worker.instance, "wants_requests", False))],
+                                       self._outputs)
         finally:
             self._free.append(worker)
         if isinstance(result, BaseException):
@@ -274,7 +275,7 @@ class BatchScheduler(Scheduler):
             job = item.payload
             stats.record_queue(int((now - job.enqueued) * 1e9))
             rows += item.rows
-            inputs.append(RequestInputs(job.request) if wants_requests else job.request.inputs)
+            inputs.append(_entry(job.request, wants_requests))
             if job.traced_ns:
                 traced = True
         batch = _Batch(items, rows, traced, worker.name)
@@ -356,3 +357,9 @@ def _nothing_else_ready(loop: asyncio.AbstractEventLoop) -> bool:
 
 def _shape_key(inputs: dict[str, np.ndarray]) -> tuple:
     return tuple((name, a.shape[1:]) for name, a in inputs.items())
+
+
+def _entry(request: InferenceRequest, wants_requests: bool) -> dict[str, np.ndarray]:
+    """What an instance's execute() gets for one request: its inputs, or the request with them
+    (RequestInputs) when the instance reads the request or its outputs should stay on a device."""
+    return RequestInputs(request) if wants_requests or request.output_device else request.inputs

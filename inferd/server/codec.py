@@ -13,7 +13,7 @@ import numpy as np
 
 from inferd._proto import grpc_service_pb2 as pb
 from inferd.dtypes import BY_NAME, DataType, datatype_problem, decode_bytes, element_count, encode_bytes
-from inferd.errors import InvalidArgument, Unimplemented
+from inferd.errors import InvalidArgument
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput, SharedTensor, ShmRef
 
 _TYPED_FIELD = {
@@ -247,27 +247,3 @@ def _dtype_name(dtype: np.dtype) -> str:
     from inferd.dtypes import from_numpy
 
     return from_numpy(dtype).name
-
-
-# -- CUDA shared memory (no region can exist: registration is refused) --------------------
-
-
-def cuda_available() -> bool:
-    try:
-        import torch  # the only CUDA-aware library the server may have
-
-        return bool(torch.cuda.is_available())
-    except Exception:
-        return False
-
-
-def cuda_register_error(name: str) -> Unimplemented:
-    if not cuda_available():
-        return Unimplemented(
-            f"CUDA shared memory region '{name}': this server has no CUDA device; "
-            "use system shared memory (SystemSharedMemoryRegister) instead"
-        )
-    return Unimplemented(
-        f"CUDA shared memory region '{name}': CUDA shared memory is not supported by this inferd version; "
-        "use system shared memory (SystemSharedMemoryRegister) instead"
-    )

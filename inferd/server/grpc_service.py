@@ -17,7 +17,7 @@ from inferd._proto import grpc_service_pb2 as pb
 from inferd._proto import grpc_service_pb2_grpc as pb_grpc
 from inferd.clock import Clock, MonotonicClock
 from inferd.dataplane import DataPlaneAPI
-from inferd.errors import InferdError, NotFound, Unimplemented
+from inferd.errors import InferdError, Unimplemented
 from inferd.server import codec
 from inferd.server.status import grpc_status
 
@@ -257,16 +257,26 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request, context):  # type: ignore[no-untyped-def]
-        # No CUDA region can exist (registration is refused): all of none, or not found.
-        if request.name:
-            return await self._abort(context, NotFound(f"Unable to find cuda shared memory region: '{request.name}'"))
-        return pb.CudaSharedMemoryStatusResponse()
+        try:
+            regions = await self.dp.cuda_shm_status(request.name)
+        except Exception as exc:
+            return await self._abort(context, exc)
+        response = pb.CudaSharedMemoryStatusResponse()
+        for r in regions:
+            out = response.regions[r.name]
+            out.name, out.device_id, out.byte_size = r.name, r.device_id, r.byte_size
+        return response
 
     async def CudaSharedMemoryRegister(self, request, context):  # type: ignore[no-untyped-def]
-        await self._abort(context, codec.cuda_register_error(request.name))
+        try:
+            await self.dp.cuda_shm_register(request.name, bytes(request.raw_handle), request.device_id,
+                                            request.byte_size)
+        except Exception as exc:
+            return await self._abort(context, exc)
+        return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(self, request, context):  # type: ignore[no-untyped-def]
-        # Clients clear every region at start-up; there is none to clear.
+        await self.dp.cuda_shm_unregister(request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- tracing and logging ---------------------------------------------------------------

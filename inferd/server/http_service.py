@@ -17,6 +17,8 @@ before it is all read; restricted groups (``--http-restricted-api``,
 
 from __future__ import annotations
 
+import base64
+import binascii
 import gzip
 import logging
 import zlib
@@ -30,9 +32,9 @@ from starlette.routing import Route
 
 from inferd.config import message_to_dict
 from inferd.dataplane import DataPlaneAPI
-from inferd.errors import InferdError, InvalidArgument, NotFound, TooLarge, Unimplemented
+from inferd.errors import InferdError, InvalidArgument, TooLarge, Unimplemented
 from inferd.server import http_codec
-from inferd.server.codec import cuda_register_error, parse_version
+from inferd.server.codec import parse_version
 from inferd.server.restrictions import Restrictions
 from inferd.server.status import http_status
 
@@ -328,17 +330,35 @@ class HttpFrontend:
         return Response(status_code=200)
 
     async def cuda_status(self, request: Request) -> Response:
-        # No CUDA region can exist (registration is refused): all of none, or not found.
-        name = request.path_params.get("region", "")
-        if name:
-            raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
-        return json_response([])
+        regions = await self.dp.cuda_shm_status(request.path_params.get("region", ""))
+        return json_response([{"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size} for r in regions])
 
     async def cuda_register(self, request: Request) -> Response:
-        raise cuda_register_error(request.path_params["region"])
+        name = request.path_params["region"]
+        doc = await _json_body(request, f"CUDA shared memory register request for region '{name}'", self.max_input)
+        raw = doc.get("raw_handle")
+        b64 = raw.get("b64") if isinstance(raw, dict) else None
+        if not isinstance(b64, str):
+            raise InvalidArgument(f"CUDA shared memory region '{name}': 'raw_handle' must be {{\"b64\": \"...\"}}, "
+                                  f"got {raw!r}")
+        try:
+            handle = base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidArgument(f"CUDA shared memory region '{name}': 'raw_handle' must be a valid base64 encoded "
+                                  "cudaIpcMemHandle_t") from None
+        sizes = {}
+        for field in ("device_id", "byte_size"):
+            value = doc.get(field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgument(f"CUDA shared memory region '{name}': '{field}' must be a non-negative "
+                                      f"integer, got {value!r}")
+            sizes[field] = value
+        await self.dp.cuda_shm_register(name, handle, sizes["device_id"], sizes["byte_size"])
+        return Response(status_code=200)
 
     async def cuda_unregister(self, request: Request) -> Response:
-        return Response(status_code=200)  # clients clear every region at start-up; there is none
+        await self.dp.cuda_shm_unregister(request.path_params.get("region", ""))
+        return Response(status_code=200)
 
     # -- tracing and logging -------------------------------------------------------------------
 
