@@ -111,10 +111,10 @@ def decode_bytes(raw: bytes | memoryview, count: int, where: str) -> np.ndarray:
     """Length-prefixed BYTES elements into an object array of ``bytes``."""
     view = memoryview(raw)
     pos, end = 0, len(view)
-    if count * 4 > end:  # every element takes its 4-byte length at least: refuse before allocating
-        raise InvalidArgument(f"{where}: {end} bytes of BYTES data cannot hold {count} elements (each needs a "
-                              "4-byte length before its bytes; malformed framing)")
-    out = np.empty(count, dtype=np.object_)
+    # The elements are read before the array is made: a shape that claims more elements than the
+    # bytes can frame (each takes 4 bytes at least) fails within len(raw) / 4 steps, never allocating
+    # for the claimed count.
+    items: list[bytes] = []
     for i in range(count):
         if pos + 4 > end:
             raise InvalidArgument(f"{where}: BYTES data ends after {i} of {count} elements (malformed framing)")
@@ -124,10 +124,12 @@ def decode_bytes(raw: bytes | memoryview, count: int, where: str) -> np.ndarray:
             raise InvalidArgument(
                 f"{where}: BYTES element {i} claims {length} bytes but only {end - pos} remain (malformed framing)"
             )
-        out[i] = bytes(view[pos:pos + length])
+        items.append(bytes(view[pos:pos + length]))
         pos += length
     if pos != end:
         raise InvalidArgument(f"{where}: {end - pos} bytes left over after {count} BYTES elements (malformed framing)")
+    out = np.empty(count, dtype=np.object_)
+    out[:] = items
     return out
 
 
