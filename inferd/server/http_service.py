@@ -103,17 +103,23 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
         return body
     if encoding not in ("gzip", "deflate"):
         raise Unimplemented(f"Content-Encoding '{encoding}' is not supported; use gzip or deflate")
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(body, limit + 1)
-        if len(out) > limit or inflater.unconsumed_tail:
-            raise _too_large(f"more than {limit}", limit, f"the {encoding} request body, decompressed,")
-        out += inflater.flush()
-    except zlib.error as exc:
-        raise InvalidArgument(f"the request body is not valid {encoding} data: {exc}") from None
-    if not inflater.eof:
-        raise InvalidArgument(f"the request body is not valid {encoding} data: it ends before the stream does")
-    return out
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    out = b""
+    rest = body
+    while True:  # a gzip body may hold several members, one after the other
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out += inflater.decompress(rest, limit + 1 - len(out))
+            if len(out) > limit or inflater.unconsumed_tail:
+                raise _too_large(f"more than {limit}", limit, f"the {encoding} request body, decompressed,")
+            out += inflater.flush()
+        except zlib.error as exc:
+            raise InvalidArgument(f"the request body is not valid {encoding} data: {exc}") from None
+        if not inflater.eof:
+            raise InvalidArgument(f"the request body is not valid {encoding} data: it ends before the stream does")
+        rest = inflater.unused_data
+        if not rest or encoding != "gzip":
+            return out
 
 
 class BodyLimit:
