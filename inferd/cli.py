@@ -65,6 +65,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                         "the model file or a Python model's auto_complete_config); default false")
     p.add_argument("--disable-auto-complete-config", action="store_const", const=True, dest="strict_model_config",
                    help="Triton's newer name for --strict-model-config=true")
+    p.add_argument("--server-name", default="triton", metavar="NAME",
+                   help="the name ServerMetadata (gRPC, GET /v2) answers (default 'triton', which Triton's own "
+                        "clients check for; the version it answers is inferd's)")
     p.add_argument("--log-verbose", type=int, default=0, help="0: info, >=1: debug")
     from inferd.observability import log_settings, tracing
 
@@ -78,6 +81,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECONDS",
                    help="poll mode: seconds between rescans (default 15)")
     tracing.add_arguments(p)
+    p.add_argument("--frontend-workers", type=int, default=None, metavar="N",
+                   help="processes that serve the gRPC and HTTP ports (SO_REUSEPORT) and hand each request to "
+                        "this process, which runs the models: 0 serves everything in one process. Default: "
+                        f"half the cores, at least 2 (here {default_frontend_workers()})")
     p.add_argument("--port-file", type=Path, default=None,
                    help='once ready, write the bound ports to this file as JSON: {"grpc": P, "http": P, '
                         '"metrics": P}, null for a frontend that is off (for tests and scripts)')
@@ -133,6 +140,15 @@ def _security_options(args: argparse.Namespace) -> dict[str, Any]:
                                                   GRPC_HEADER_PREFIX, protocol="protocol")
     out["http_restrictions"] = Restrictions.parse(args.http_restricted_api, "--http-restricted-api")
     return out
+def default_frontend_workers(cores: int | None = None) -> int:
+    """Half the cores, at least two, at most 16. A worker spends most of a request's CPU (the
+    grpc.aio transport: 2-3x the core's share, perf/RESULTS.md), so the wire gets cores of its own;
+    the other half is left to the core and the models' runtime threads. At least two so that the
+    ports keep a listener while a dead worker restarts."""
+    import os
+
+    cores = cores or len(os.sched_getaffinity(0)) or 1
+    return max(2, min(16, cores // 2))
 
 
 def _check_parser(sub: argparse._SubParsersAction) -> None:
@@ -230,6 +246,10 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"inferd: {exc}", file=sys.stderr)
         return 2
+    workers = default_frontend_workers() if args.frontend_workers is None else args.frontend_workers
+    if workers < 0:
+        print(f"inferd: --frontend-workers must be >= 0, got {workers}", file=sys.stderr)
+        return 2
     if not (args.allow_grpc or args.allow_http):
         print("inferd: --allow-grpc and --allow-http are both false: nothing would take requests", file=sys.stderr)
         return 2
@@ -257,10 +277,16 @@ def _serve(args: argparse.Namespace) -> int:
         repository_poll_secs=args.repository_poll_secs,
         tracing=tracer,
         log_settings=logs,
+        server_name=args.server_name,
     )
 
     async def run() -> None:
-        server = InferenceServer(options)
+        if workers:
+            from inferd.handoff.server import MultiProcessServer
+
+            server: InferenceServer = MultiProcessServer(options, workers)
+        else:
+            server = InferenceServer(options)
         if args.port_file is not None:
             # A file left by a run that was killed names ports nobody serves now: gone before start-up.
             args.port_file.unlink(missing_ok=True)

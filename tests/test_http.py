@@ -120,7 +120,7 @@ def test_health_and_metadata(client, server):
     assert _raw(server, "GET", "/v2/health/ready")[0] == 400
     assert _raw(server, "GET", "/v2/health/live")[0] == 200
     md = client.get_server_metadata()
-    assert md["name"] == "inferd" and "binary_tensor_data" in md["extensions"]
+    assert md["name"] == "triton" and "binary_tensor_data" in md["extensions"]
     assert client.is_model_ready("identity_fp32") is True
     assert client.is_model_ready("identity_fp32", "1") is True
     assert client.is_model_ready("identity_fp32", "2") is False

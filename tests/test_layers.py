@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("repository", ("inferd.repository",)),
     # The Prometheus exporter reads the models' counters in the process that holds them.
     ("dataplane", ("inferd.dataplane", "inferd.observability.metrics")),
-    ("frontends", ("inferd.server",)),
+    ("frontends", ("inferd.server", "inferd.handoff")),  # the hand-off to the core is a frontend tier too
     ("cli", ("inferd.cli", "inferd.perf", "inferd.examples", "inferd.deploy")),
 ]
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}

@@ -18,6 +18,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from inferd.backends.batching import Joined, join, request_rows, split
 from inferd.config import ModelConfig, ModelSignature, ModelSpec
 from inferd.errors import ConfigError, InferdError, ModelExecutionError
 from inferd.types import InferenceRequest, InferenceResponse
@@ -49,6 +50,9 @@ class BatchResult:
 
     outputs: list[dict[str, np.ndarray] | InferdError]
     times: ExecutionTimes = field(default_factory=ExecutionTimes)
+    # Padded batches: elements of the requests' own data in padded inputs, and of padding.
+    real_elements: int = 0
+    pad_elements: int = 0
     memory_delta: int | None = None
 
 
@@ -143,7 +147,12 @@ class ModelInstance(abc.ABC):
 
 
 class TensorInstance(ModelInstance):
-    """Base for runtimes that take one tensor per input for the whole batch."""
+    """Base for runtimes that take one tensor per input for the whole batch.
+
+    ``execute`` joins the requests' inputs (concatenated; padded, masked or
+    ragged for a model with variable-length batching: :mod:`inferd.backends.batching`),
+    runs once and splits the outputs back per request.
+    """
 
     @abc.abstractmethod
     def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
@@ -151,37 +160,27 @@ class TensorInstance(ModelInstance):
 
     def execute(self, inputs: Sequence[dict[str, np.ndarray]], output_names: Sequence[str]) -> BatchResult:
         times = ExecutionTimes()
+        varlen = self.model.varlen
         t0 = time.perf_counter_ns()
-        if len(inputs) == 1:
-            joined = inputs[0]
-        else:
-            joined = {name: np.concatenate([r[name] for r in inputs]) for name in inputs[0]}
+        joined = join(inputs, varlen)
         t1 = time.perf_counter_ns()
         try:
-            out = self.run(joined, output_names)
+            out = self.run(joined.inputs, output_names)
         except InferdError:
             raise
         except Exception as exc:
             raise ModelExecutionError(f"model '{self.model.name}' failed to execute: {exc}") from exc
         t2 = time.perf_counter_ns()
-        results = split_batch(inputs, out)
+        results: list[dict[str, np.ndarray] | InferdError] = list(split(self.model.name, joined, out, varlen))
         times.input_ns = t1 - t0
         times.infer_ns = t2 - t1
         times.output_ns = time.perf_counter_ns() - t2
-        return BatchResult(results, times)
+        return BatchResult(results, times, joined.real_elements, joined.pad_elements)
 
 
 def split_batch(inputs: Sequence[dict[str, Any]], out: dict[str, Any]) -> list[dict[str, Any] | InferdError]:
     """The batch's outputs cut back into one dict per request, by each request's rows (views, no copy)."""
-    if len(inputs) == 1:
-        return [out]
-    results: list[dict[str, Any] | InferdError] = []
-    start = 0
-    for r in inputs:
-        rows = len(next(iter(r.values()))) if r else 0
-        results.append({k: v[start:start + rows] for k, v in out.items()})
-        start += rows
-    return results
+    return list(split("", Joined({}, request_rows(inputs)), out))
 
 
 class Backend(abc.ABC):

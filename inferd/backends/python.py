@@ -256,7 +256,7 @@ class PythonInstance(ModelInstance):
             error = ModelExecutionError(f"model '{name}' failed to execute: {type(exc).__name__}: {exc}")
             times.infer_ns = time.perf_counter_ns() - t1
             times.input_ns = t1 - t0
-            return BatchResult([error] * len(inputs), times, resident_bytes() - rss)
+            return BatchResult([error] * len(inputs), times, memory_delta=resident_bytes() - rss)
         finally:
             _leave()
         grown = resident_bytes() - rss
@@ -265,7 +265,7 @@ class PythonInstance(ModelInstance):
         times.input_ns = t1 - t0
         times.infer_ns = t2 - t1
         times.output_ns = time.perf_counter_ns() - t2
-        return BatchResult(results, times, grown)
+        return BatchResult(results, times, memory_delta=grown)
 
     def _request(self, item: dict[str, np.ndarray]) -> pb_utils.InferenceRequest:
         tensors = [pb_utils.Tensor._of_request(n, a) for n, a in item.items()]

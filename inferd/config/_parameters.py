@@ -34,6 +34,15 @@ class InferdParameters:
     # Retired instances whose stuck execution has not returned, per instance, before it stops
     # being replaced (and answers UNAVAILABLE until one returns).
     max_retired_instances: int = 2
+    # Variable-length batching (docs in inferd/config/_varlen.py, README "Variable-length batching"):
+    # requests of different lengths share a batch, padded to its longest.
+    padding: bool = False
+    pad_value: str = ""  # "VALUE" for every padded input, or "NAME:VALUE,..." (default 0)
+    lengths_input: str = ""  # a config input inferd fills with each row's length
+    mask_input: str = ""  # a config input inferd fills with 1 for real positions, 0 for padding
+    unpad_outputs: str = ""  # "OUTPUT:INPUT,OUTPUT:none,...": which input an output's variable dims follow
+    length_buckets: str = ""  # "16,32,64": a batch holds requests of one bucket only
+    max_batch_elements: int = 0  # rows x longest length of a batch stays <= this (0: no budget)
 
     @classmethod
     def from_config(cls, config: mc.ModelConfig) -> "InferdParameters":

@@ -20,7 +20,7 @@ from inferd.config._parse import parse_config_file
 from inferd.config._paths import check_inside
 from inferd.config._placement import settle_groups
 from inferd.config._spec import ModelSpec, _instance_groups
-from inferd.config._validate import validate
+from inferd.config._validate import check_declared, validate
 from inferd.errors import ConfigError
 
 
@@ -106,6 +106,9 @@ def prepare_config(name: str, model_dir: Path, available: list[int], resolve: Ba
     file (nor by a Python model's ``auto_complete_config``); the config is only checked.
     ``gpus``: the GPU indexes instances may be placed on (the server's inventory)."""
     config = read_model_config(name, model_dir, override, auto_complete)
+    # What the config says on its own is checked first, as Triton does: a broken config
+    # is reported for itself, not for a missing version folder or model file.
+    check_declared(config, model_dir=model_dir)
     versions = select_versions(config, available)
     backend: ConfigCompleter | None = resolve(config, model_dir)
     if backend is None:

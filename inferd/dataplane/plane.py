@@ -28,7 +28,9 @@ from inferd.repository import IndexEntry, ModelManager, control
 from inferd.streaming import StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse
 
-SERVER_NAME = "inferd"
+# ServerMetadata's name: Triton's own clients check for "triton" (README, "Server name"); the
+# version is inferd's, so a client can still tell which server answers.
+SERVER_NAME = "triton"
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = [
     "classification", "sequence", "model_repository", "schedule_policy", "model_configuration", "statistics",
@@ -41,8 +43,10 @@ class DataPlane:
     """Implements :class:`~inferd.dataplane.api.DataPlaneAPI` over a :class:`ModelManager`."""
 
     def __init__(self, manager: ModelManager, clock: Clock | None = None, *, tracing: Tracing | None = None,
-                 logs: LogSettings | None = None, admission: Admission | None = None) -> None:
+                 logs: LogSettings | None = None, server_name: str = SERVER_NAME,
+                 admission: Admission | None = None) -> None:
         self.manager = manager
+        self.server_name = server_name
         # Server-wide caps on the requests inside (--max-queued-requests / --max-queued-bytes).
         self.admission = admission or Admission()
         self.clock = clock or MonotonicClock()
@@ -98,7 +102,7 @@ class DataPlane:
 
     async def server_metadata(self) -> ServerMetadata:
         cuda = ["cuda_shared_memory"] if self.manager.gpus.gpus() else []  # as a GPU build of Triton lists it
-        return ServerMetadata(SERVER_NAME, SERVER_VERSION, list(EXTENSIONS) + cuda)
+        return ServerMetadata(self.server_name, SERVER_VERSION, list(EXTENSIONS) + cuda)
 
     async def model_metadata(self, name: str, version: int = 0) -> ModelMetadata:
         model = self.manager.get(name, version)
@@ -134,12 +138,13 @@ class DataPlane:
 
     async def load_model(self, name: str, parameters: Mapping[str, object] | None = None,
                          repository: str = "") -> None:
-        """RepositoryModelLoad: (re)load ``name``; ``parameters``: plain values
-        (``config``: a JSON ModelConfig; ``file:`` ones are refused). Explicit mode only."""
+        """RepositoryModelLoad: (re)load ``name``; ``parameters``: plain values (``config``: a
+        JSON ModelConfig; ``file:<path>``: bytes, the files of an override model folder).
+        Explicit mode only."""
         control.require_explicit(self.manager, f"failed to load '{name}'")
         _check_repository(repository, name)
-        config = control.load_parameters(name, parameters or {})
-        await self.manager.load_model(name, config)
+        config, files = control.load_parameters(name, parameters or {})
+        await self.manager.load_model(name, config, files)
 
     async def unload_model(self, name: str, parameters: Mapping[str, object] | None = None,
                            repository: str = "") -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from typing import List, Tuple
 
 import numpy as np
 import torch
@@ -36,6 +37,39 @@ class Identity(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
+
+
+class StringAddSub(torch.nn.Module):
+    """Triton's QA string models (gen_qa_models.py): integers written as text in
+    ``List[str]``, their sum and difference back as text."""
+
+    def forward(self, INPUT0: List[str], INPUT1: List[str]) -> Tuple[List[str], List[str]]:
+        a = torch.tensor([int(v) for v in INPUT0])
+        b = torch.tensor([int(v) for v in INPUT1])
+        return [str(v.item()) for v in a + b], [str(v.item()) for v in a - b]
+
+
+class StringToTensor(torch.nn.Module):
+    """Text in, one text and one INT32 tensor out (the QA models' mixed case)."""
+
+    def forward(self, INPUT0: List[str], INPUT1: List[str]) -> Tuple[List[str], torch.Tensor]:
+        a = torch.tensor([int(v) for v in INPUT0])
+        b = torch.tensor([int(v) for v in INPUT1])
+        return [str(v.item()) for v in a + b], (a - b).to(torch.int32)
+
+
+class TensorToString(torch.nn.Module):
+    """Tensors in, ``List[str]`` alone out: forward returns a list, not a tuple."""
+
+    def forward(self, INPUT0: torch.Tensor, INPUT1: torch.Tensor) -> List[str]:
+        return [str(v.item()) for v in (INPUT0 + INPUT1).reshape(-1)]
+
+
+class Upper(torch.nn.Module):
+    """Each string upper-cased: text through untouched by numbers (UTF-8 round trip)."""
+
+    def forward(self, TEXT: List[str]) -> List[str]:
+        return [t.upper() for t in TEXT]
 
 
 class MLP(torch.nn.Module):
@@ -71,6 +105,22 @@ def add_sub() -> bytes:
 
 def identity() -> bytes:
     return save(Identity())
+
+
+def string_add_sub() -> bytes:
+    return save(StringAddSub())
+
+
+def string_to_tensor() -> bytes:
+    return save(StringToTensor())
+
+
+def tensor_to_string() -> bytes:
+    return save(TensorToString())
+
+
+def upper() -> bytes:
+    return save(Upper())
 
 
 def mlp_weights(d_in: int, hidden: int, d_out: int, seed: int = 0) -> tuple[np.ndarray, ...]:

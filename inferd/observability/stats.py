@@ -79,7 +79,7 @@ class ModelStats:
     __slots__ = (
         "name", "version", "success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
         "inference_count", "execution_count", "last_inference_ms", "batch_stats", "fail_reasons",
-        "observers", "pending", "memory_growth",
+        "observers", "pending", "memory_growth", "real_elements", "pad_elements",
     )
 
     def __init__(self, name: str, version: int) -> None:
@@ -101,6 +101,11 @@ class ModelStats:
         # Bytes the process's resident memory grew across this version's executions, summed; None
         # for backends that do not measure it (only the Python backend does: see BatchResult).
         self.memory_growth: int | None = None
+        # Padded models: elements of the requests' own data in padded inputs, and the
+        # padding added around them (padding waste = pad / real). ModelStatistics has no
+        # field for them; /metrics exports them.
+        self.real_elements = 0
+        self.pad_elements = 0
         for hook in on_create:
             hook(self)
 
@@ -164,3 +169,8 @@ class ModelStats:
         if self.observers:
             self._notify("execution", {"rows": batch_rows, "requests": requests,
                                        "input_ns": input_ns, "infer_ns": infer_ns, "output_ns": output_ns})
+
+    def record_padding(self, real: int, pad: int) -> None:
+        """One padded execution: ``real`` elements of request data, ``pad`` of padding."""
+        self.real_elements += real
+        self.pad_elements += pad

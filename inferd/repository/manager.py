@@ -35,6 +35,7 @@ from inferd.errors import ConfigError, InferdError, NotFound, Unavailable, unkno
 from inferd.gpu.inventory import GpuInventory, default_inventory
 from inferd.model import ModelDispatcher
 from inferd.repository import ensembles as ensemble_loader
+from inferd.repository.overrides import OverrideFolders
 from inferd.repository.layout import available_versions, fingerprint, scan
 from inferd.repository.model import Model, build_model
 
@@ -66,6 +67,12 @@ class _Entry:
     fingerprint: tuple = ()  # the model folder as last (re)loaded: poll mode's change test
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one load/unload at a time
     ensemble: Any = None  # an ensemble's PreparedEnsemble, once loaded
+    origin: Path | None = None  # its folder in the repository (None: known only from an override)
+    override: Path | None = None  # the override folder ``path`` points to, while loaded from one
+
+    def __post_init__(self) -> None:
+        if self.origin is None and self.override is None:
+            self.origin = self.path
 
     def set_versions(self, versions: dict[int, Model]) -> None:
         self.versions = versions
@@ -112,6 +119,7 @@ class ModelManager:
         self.startup_models = list(startup_models or [])  # explicit mode: --load-model ("*": all)
         self.auto_complete = auto_complete  # False: --strict-model-config, every model brings its config
         self._entries: dict[str, _Entry] = {}
+        self.overrides = OverrideFolders()  # RepositoryModelLoad's file: parameters
         # Handed to every instance it builds: a Python model's BLS calls reach the other models through it.
         self.dispatcher = ModelDispatcher(self.get, clock)
         # The GPUs instance groups are placed on (torch's view; a fake one in tests).
@@ -304,18 +312,39 @@ class ModelManager:
                   if getattr(e, "ensemble", None) is not None and e.versions]
         return dependents(name, graphs) if graphs else []
 
-    async def load_model(self, name: str, config: ModelConfig | None = None) -> None:
-        """Load or reload ``name`` (RepositoryModelLoad, poll mode); raises when it fails."""
+    async def load_model(self, name: str, config: ModelConfig | None = None,
+                         files: dict[str, object] | None = None) -> None:
+        """Load or reload ``name`` (RepositoryModelLoad, poll mode); raises when it fails.
+        ``files`` (``file:<path>`` -> bytes): load from an override folder made of them and
+        ``config`` instead of the repository's folder (:mod:`inferd.repository.overrides`)."""
+        loop = asyncio.get_running_loop()
         entry = self._entries.get(name)
-        if entry is None:
-            loop = asyncio.get_running_loop()
+        folder = None
+        if files:
+            folder = await loop.run_in_executor(None, self.overrides.write, name, config, files)
+            if entry is None:
+                entry = self._entries.setdefault(name, _Entry(name, folder, override=folder))
+        elif entry is None or entry.origin is None:
             found = await loop.run_in_executor(None, scan, self.repositories)
             if name not in found:
                 raise NotFound(f"failed to load '{name}': no such model in the model repositories")
             entry = self._entries.setdefault(name, _Entry(name, found[name]))
+            entry.origin = found[name]
         async with entry.lock:
             entry.wanted = True
+            before = (entry.path, entry.override)
+            entry.path, entry.override = (folder, folder) if folder is not None else (entry.origin, None)
             error = await self.load(name, config)
+            if error is None:
+                dropped = before[1]
+            else:  # what still serves, if anything, was loaded from where the entry pointed before
+                entry.path, entry.override = before
+                dropped = folder
+            if dropped is not None and dropped != entry.override:
+                self.overrides.release(dropped)
+            if not entry.versions and entry.override is not None:  # nothing serves from it
+                self.overrides.release(entry.override)
+                entry.override = None
         if error is not None:
             raise type(error)(f"failed to load '{name}': {error.message}")
         if entry.state != READY or entry.reason:  # an ensemble reports through its entry
@@ -426,6 +455,7 @@ class ModelManager:
         for entry in self._entries.values():
             entry.set_versions({})
             entry.state, entry.reason = UNAVAILABLE, "unloaded"
+        self.overrides.close()
 
 
 def _release_memory() -> None:

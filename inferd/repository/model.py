@@ -62,7 +62,7 @@ def build_model(
     ``dispatcher``: how the instances reach other models (BLS); None outside a server."""
     params = spec.params
     policy = batching_policy(spec.max_batch_size, spec.dynamic_batching, aging_us=params.priority_aging_microseconds,
-                             split=params.split_large_requests)
+                             split=params.split_large_requests, varlen=spec.varlen)
     sequence = spec.sequence  # None without sequence_batching
     instances = []
     ispecs = instance_specs(spec, backend, model_dir, version, model_file, dispatcher)

@@ -118,6 +118,12 @@ class BatchScheduler(Scheduler):
     async def _infer_one(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
         loop = asyncio.get_running_loop()
         free = self._free
+        p = self.policy
+        group = None
+        if p.batching and not p.grouping.plain:
+            # Refuses a request no batch could hold (too long for the buckets or the
+            # budget), on the fast path too.
+            group = p.grouping.describe(self.model, request.inputs, rows)
         if (not self._queue and free and free[0].inline and request.trace is None and not self._ordered
                 and not self.policy.max_queue_delay_us
                 and (_nothing_else_ready(loop) or not self._worth_waiting())):
@@ -127,11 +133,15 @@ class BatchScheduler(Scheduler):
             # recent turns brought none). Run it now, with none of the queue's
             # bookkeeping; what a client sees (results, errors, statistics) is the same.
             return self._run_now(free.popleft(), request, rows, time.perf_counter_ns())
+        if group is None:
+            group = p.grouping.describe(self.model, request.inputs, rows) if p.batching else (None, 0)
+        key, length = group
         future: asyncio.Future = loop.create_future()
         now = self._clock.now()
         item = Pending(
             rows,
-            _shape_key(request.inputs) if self.policy.batching else None,
+            key,
+            length=length,
             priority=request.priority,
             timeout_us=request.timeout_us,
             deadline=request.deadline,
@@ -185,6 +195,8 @@ class BatchScheduler(Scheduler):
                 f"model '{self.model}' failed to execute: {type(result).__name__}: {result}")
         t = result.times
         stats.record_execution(rows, 1, t.input_ns, t.infer_ns, t.output_ns)
+        if result.real_elements:
+            stats.record_padding(result.real_elements, result.pad_elements)
         out = result.outputs[0] if result.outputs else ModelExecutionError(
             f"model '{self.model}' returned no response for its request")
         if isinstance(out, BaseException):
@@ -291,6 +303,8 @@ class BatchScheduler(Scheduler):
             t = result.times
             self._stats.record_execution(batch.rows, len(batch.items), t.input_ns, t.infer_ns, t.output_ns)
             self._stats.record_memory(result.memory_delta)
+            if result.real_elements:
+                self._stats.record_padding(result.real_elements, result.pad_elements)
         batch.result = result
         if batch.traced:
             _trace_executed(batch)
@@ -353,10 +367,6 @@ def _nothing_else_ready(loop: asyncio.AbstractEventLoop) -> bool:
     # loop without it (uvloop) we always defer, which is merely slower.
     ready = getattr(loop, "_ready", None)
     return ready is not None and not ready
-
-
-def _shape_key(inputs: dict[str, np.ndarray]) -> tuple:
-    return tuple((name, a.shape[1:]) for name, a in inputs.items())
 
 
 def _entry(request: InferenceRequest, wants_requests: bool) -> dict[str, np.ndarray]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inferd.config import DELAY, REJECT, DynamicBatching, QueuePolicy
+from inferd.config import DELAY, REJECT, DynamicBatching, QueuePolicy, VarlenSpec
+from inferd.scheduling.formation import Grouping
 
 __all__ = ["DELAY", "REJECT", "BatchingPolicy", "QueuePolicy", "batching_policy"]
 
@@ -33,6 +34,7 @@ class BatchingPolicy:
     priority_queue_policy: tuple[tuple[int, QueuePolicy], ...] = ()
     aging_us: int = 0
     split_large_requests: bool = False
+    grouping: Grouping = Grouping()  # which requests may share a batch (shapes, padding, buckets, budget)
 
     def queue_policy(self, level: int) -> QueuePolicy:
         for lvl, policy in self.priority_queue_policy:
@@ -47,11 +49,13 @@ class BatchingPolicy:
 
 
 def batching_policy(max_batch_size: int, dynamic: DynamicBatching | None, *, aging_us: int = 0,
-                    split: bool = False) -> BatchingPolicy:
+                    split: bool = False, varlen: VarlenSpec | None = None) -> BatchingPolicy:
     """The policy of a model with ``max_batch_size`` and the checked ``dynamic_batching``
-    block ``dynamic`` (None: the plain scheduler)."""
+    block ``dynamic`` (None: the plain scheduler); ``varlen``: its variable-length batching."""
+    grouping = Grouping.of(varlen)
     if dynamic is None:
-        return BatchingPolicy(max_batch_size=max_batch_size, aging_us=aging_us, split_large_requests=split)
+        return BatchingPolicy(max_batch_size=max_batch_size, aging_us=aging_us, split_large_requests=split,
+                              grouping=grouping)
     return BatchingPolicy(
         max_batch_size=max_batch_size,
         batching=True,
@@ -64,4 +68,5 @@ def batching_policy(max_batch_size: int, dynamic: DynamicBatching | None, *, agi
         priority_queue_policy=dynamic.priority_queue_policy,
         aging_us=aging_us,
         split_large_requests=split,
+        grouping=grouping,
     )

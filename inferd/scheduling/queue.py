@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterator
 
 from inferd.errors import DeadlineExceeded, InferdError, Unavailable
+from inferd.scheduling.formation import FULL, OTHER_GROUP, OVER_BUDGET, OpenBatch
 from inferd.scheduling.policy import DELAY, BatchingPolicy
 
 QUEUED, DELAYED, DONE = 0, 1, 2
@@ -31,13 +32,15 @@ QUEUED, DELAYED, DONE = 0, 1, 2
 class Pending:
     """One request waiting in the queue."""
 
-    __slots__ = ("rows", "shape_key", "level", "arrival", "seq", "timeout_at", "deadline", "state", "payload")
+    __slots__ = ("rows", "shape_key", "length", "level", "arrival", "seq", "timeout_at", "deadline", "state",
+                 "payload")
 
     def __init__(
         self,
         rows: int,
         shape_key: Hashable = None,
         *,
+        length: int = 0,
         priority: int = 0,
         timeout_us: int = 0,
         deadline: float | None = None,
@@ -45,6 +48,7 @@ class Pending:
     ) -> None:
         self.rows = rows  # batch rows this request fills (1 for a non-batching model)
         self.shape_key = shape_key  # only requests with equal keys share a batch
+        self.length = length  # padded models: the request's length (rows x longest counts against a budget)
         self.level = priority  # requested; admit() turns it into a valid level
         self.arrival = 0.0
         self.seq = 0
@@ -237,42 +241,44 @@ class BatchQueue:
 
     def _decide(self, now: float, out: Step) -> None:
         p = self.policy
-        max_rows = p.max_rows
         batch: list[Pending] = []
-        rows = 0
         best_prefix = 0  # batch[:best_prefix] fills a preferred size exactly
         skipped = 0
-        blocked = False  # the next request in order does not fit: waiting cannot grow the batch
-        head: Pending | None = None
+        blocked = False  # a request in order does not fit: waiting cannot grow the batch in order
+        forming: OpenBatch | None = None
         for item in self._ordered(now):
-            if head is None:
-                head = item
+            if forming is None:
+                # The batch always starts with the request first in service order.
+                forming = OpenBatch(item, p.max_rows, p.grouping.max_elements)
                 batch.append(item)
-                rows = item.rows
-                if not p.batching or rows >= max_rows:
+                if not p.batching or forming.full:
                     break
-                if rows in p.preferred_batch_sizes:
+                if forming.rows in p.preferred_batch_sizes:
                     best_prefix = 1
                 continue
-            if item.shape_key != head.shape_key or rows + item.rows > max_rows:
-                if item.shape_key == head.shape_key:
-                    # Would overflow: later requests wait for the next batch, in
-                    # order, so this batch cannot grow any more: run it now.
-                    blocked = True
-                    break
+            verdict = forming.offer(item)
+            if verdict == FULL:
+                # Would overflow the rows: later requests wait for the next batch, in
+                # order, so this batch cannot grow any more: run it now.
+                blocked = True
+                break
+            if verdict in (OTHER_GROUP, OVER_BUDGET):
+                # Another group, or too long for the element budget left: it heads a later
+                # batch; a request after it may still fit this one.
+                blocked = blocked or verdict == OVER_BUDGET
                 skipped += 1
-                if skipped > self.SCAN_FACTOR * max_rows:
+                if skipped > self.SCAN_FACTOR * p.max_rows:
                     break
                 continue
             batch.append(item)
-            rows += item.rows
-            if rows in p.preferred_batch_sizes:
+            if forming.rows in p.preferred_batch_sizes:
                 best_prefix = len(batch)
-            if rows >= max_rows:
+            if forming.full:
                 break
-        if head is None:
+        if forming is None:
             return
-        if not p.batching or rows >= max_rows or now >= head.arrival + self._delay_s:
+        head = batch[0]
+        if not p.batching or forming.full or now >= head.arrival + self._delay_s:
             chosen = batch  # full, or waited long enough (at once when there is no delay)
         elif best_prefix:
             chosen = batch[:best_prefix]  # a preferred size is reached: run it rather than wait

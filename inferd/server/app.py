@@ -22,7 +22,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inferd.dataplane import DataPlane
+from inferd.dataplane import SERVER_NAME, DataPlane
 from inferd.dataplane.admission import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS, Admission
 from inferd.errors import InferdError
 from inferd.observability.log_settings import LogSettings
@@ -72,6 +72,7 @@ class ServerOptions:
     tracing: Tracing | None = None  # None: off
     log_settings: LogSettings | None = None
     strict_model_config: bool = False  # True: every model brings a complete config.pbtxt (no auto-complete)
+    server_name: str = SERVER_NAME  # ServerMetadata's name
 
 
 class InferenceServer:
@@ -81,6 +82,7 @@ class InferenceServer:
                                     startup_models=options.load_models,
                                     auto_complete=not options.strict_model_config)
         self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings,
+                                   server_name=options.server_name,
                                    admission=Admission(options.max_queued_requests, options.max_queued_bytes))
         self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
                        if options.model_control_mode == "poll" else None)
@@ -154,10 +156,7 @@ class InferenceServer:
     async def _open_ports(self) -> None:
         o = self.options
         if o.allow_metrics:
-            self.metrics = ServerMetrics(self.dataplane)  # before loading: histograms attach as models build
-            self._metrics_server = AsgiServer(self.metrics.asgi_app(), self.metrics_address, o.metrics_port, "metrics")
-            await self._metrics_server.start()
-            log.info("serving metrics on %s:%d/metrics", self.metrics_address, self.metrics_port)
+            await self._start_metrics()
         if o.allow_grpc:
             await self._start_grpc()
         if o.allow_http:
@@ -165,6 +164,13 @@ class InferenceServer:
             self._http = AsgiServer(app, self.http_address, o.http_port, "HTTP", tls=o.http_tls)
             await self._http.start()
             log.info("serving HTTP on %s:%d", self.http_address, self.http_port)
+
+    async def _start_metrics(self) -> None:
+        o = self.options
+        self.metrics = ServerMetrics(self.dataplane)  # before loading: histograms attach as models build
+        self._metrics_server = AsgiServer(self.metrics.asgi_app(), self.metrics_address, o.metrics_port, "metrics")
+        await self._metrics_server.start()
+        log.info("serving metrics on %s:%d/metrics", self.metrics_address, self.metrics_port)
 
     async def _start_grpc(self) -> None:
         o = self.options
@@ -175,15 +181,16 @@ class InferenceServer:
         self._grpc = port
         log.info("serving gRPC%s on %s:%d", " (TLS)" if o.grpc_tls else "", o.address, self.grpc_port)
 
-    async def stop(self) -> None:
-        """Graceful stop: not ready at once, refuse new work, let accepted requests finish, release models."""
+    async def stop(self, grace: float | None = None) -> None:
+        """Graceful stop: not ready at once, refuse new work, let accepted requests finish (for ``grace``
+        seconds, the options' by default), release models."""
         self.dataplane.drain()
         if self.poller is not None:
             await self.poller.stop()
         if self._grpc is not None:
             self._grpc.health.drain()
         loop = asyncio.get_running_loop()
-        grace = self.options.grace_seconds
+        grace = self.options.grace_seconds if grace is None else grace
         deadline = loop.time() + grace
         # The ports stay open meanwhile: health, readiness and metadata answer, inference is refused.
         # Up to a quarter of the grace (at most a second) is kept for closing the ports.

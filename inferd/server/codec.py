@@ -7,7 +7,7 @@ length-prefixed framing.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -56,7 +56,9 @@ def parse_version(model: str, version: str) -> int:
     except ValueError:
         value = -1
     if value < 0:
-        raise InvalidArgument(f"model '{model}': version must be a non-negative integer, got '{version}'")
+        raise InvalidArgument(  # Triton's words first: its clients match on them
+            f"failed to get model version from specified version string '{version}' for model '{model}'; "
+            "a version is a non-negative integer, or empty for the model's latest")
     return value
 
 
@@ -133,6 +135,11 @@ def _non_negative(value: object, key: str, region: str, where: str) -> int:
     return value
 
 
+def _mixed_contents(name: str, model: str) -> str:
+    return (f"contents field must not be specified when using raw_input_contents for '{name}' for model "
+            f"'{model}'; send every input as raw_input_contents, or every one in its contents")
+
+
 def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
     """The request as plain data. Tensors in shared memory are left as references
     (:class:`SharedTensor` inputs, :class:`ShmRef` outputs) for the data plane."""
@@ -144,6 +151,10 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
             ref = shm_ref({k: param_value(v) for k, v in t.parameters.items()}, f"input '{t.name}' for model '{model}'")
             if ref is not None:
                 in_shm[t.name] = ref
+    if raw:  # before the count: a client mixing the two is told so (Triton's words, clients match them)
+        mixed = next((t.name for t in msg.inputs if t.HasField("contents") and t.name not in in_shm), None)
+        if mixed is not None:
+            raise InvalidArgument(_mixed_contents(mixed, model))
     if raw and len(raw) != len(msg.inputs) - len(in_shm):
         raise InvalidArgument(
             f"model '{model}': {len(raw)} raw_input_contents for {len(msg.inputs) - len(in_shm)} inputs"
@@ -154,12 +165,7 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
     ri = 0
     for t in msg.inputs:
         where = f"input '{t.name}' for model '{model}'"
-        dtype = BY_NAME.get(t.datatype)
-        if dtype is None:
-            raise InvalidArgument(f"{where}: {datatype_problem(t.datatype)}")
-        shape = tuple(t.shape)
-        if any(d < 0 for d in shape):
-            raise InvalidArgument(f"{where}: shape {list(shape)} has a negative dimension")
+        dtype, shape = tensor_type(t.datatype, t.shape, where)
         if t.name in inputs:
             raise InvalidArgument(f"{where}: the input is given twice")
         if in_shm and t.name in in_shm:
@@ -167,10 +173,6 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
                 raise InvalidArgument(f"{where}: contents field must not be specified for an input in shared memory")
             inputs[t.name] = SharedTensor(in_shm[t.name], dtype, shape)  # type: ignore[assignment]
         elif raw:
-            if t.HasField("contents"):
-                raise InvalidArgument(
-                    f"{where}: contents field must not be specified when using raw_input_contents"
-                )
             inputs[t.name] = array_from_raw(raw[ri], dtype, shape, where)
             ri += 1
         else:
@@ -200,6 +202,17 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
             requested.append(r)
         request.requested_outputs = requested
     return request
+
+
+def tensor_type(datatype: str, shape: Any, where: str) -> tuple[DataType, tuple[int, ...]]:
+    """A tensor's wire data type and shape, checked: a known type, no negative dimension."""
+    dtype = BY_NAME.get(datatype)
+    if dtype is None:
+        raise InvalidArgument(f"{where}: {datatype_problem(datatype)}")
+    dims = tuple(shape)
+    if any(d < 0 for d in dims):
+        raise InvalidArgument(f"{where}: shape {list(dims)} has a negative dimension")
+    return dtype, dims
 
 
 def int_param(model: str, params: dict[str, object], key: str) -> int:

@@ -27,13 +27,13 @@ from typing import Any, Awaitable, Callable
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from inferd.config import message_to_dict
 from inferd.dataplane import DataPlaneAPI
-from inferd.errors import InferdError, InvalidArgument, TooLarge, Unimplemented
-from inferd.server import http_codec
+from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, TooLarge, Unimplemented
+from inferd.server import generate, http_codec
 from inferd.server.codec import parse_version
 from inferd.server.restrictions import Restrictions
 from inferd.server.status import http_status
@@ -181,13 +181,25 @@ async def _json_body(request: Request, what: str, limit: int = DEFAULT_MAX_INPUT
 
 
 async def _control_parameters(request: Request, what: str, limit: int) -> dict[str, Any]:
-    """Explicit model control's body: its ``parameters`` (``config``, ``unload_dependents``), as they are."""
+    """Explicit model control's body: its ``parameters`` (``config``, ``unload_dependents``) as they
+    are, and the ``file:<path>`` ones base64-decoded (JSON carries a file's bytes as base64)."""
     doc = await _json_body(request, f"model {what} request", limit)
     params = doc.get("parameters") or {}
+    rpc = "RepositoryModelLoad" if what == "load" else "RepositoryModelUnload"
     if not isinstance(params, dict):
-        rpc = "RepositoryModelLoad" if what == "load" else "RepositoryModelUnload"
         raise InvalidArgument(f"{rpc}: 'parameters' must be a JSON object")
-    return params
+    return {key: _file_content(rpc, key, value) if key.startswith("file:") else value
+            for key, value in params.items()}
+
+
+def _file_content(rpc: str, key: str, value: Any) -> bytes:
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            pass
+    raise InvalidArgument(f"{rpc}: parameter '{key}' must be the file's content, base64-encoded, as a JSON string; "
+                          f"got {str(value)[:40]!r}")
 
 
 class HttpFrontend:
@@ -211,6 +223,8 @@ class HttpFrontend:
 
         # The groups are Triton's (--http-restricted-api).
         route("/v2/models/{model}/infer", self.infer, "inference", "POST", versioned=True)  # first: the hot path
+        route("/v2/models/{model}/generate", self.generate, "inference", "POST", versioned=True)
+        route("/v2/models/{model}/generate_stream", self.generate_stream, "inference", "POST", versioned=True)
         route("/v2/health/live", self.live, "health")
         route("/v2/health/ready", self.ready, "health")
         route("/v2", self.server_metadata, "metadata")
@@ -394,6 +408,62 @@ class HttpFrontend:
         return json_response(await self.dp.log_settings(changes or None))
 
     # -- inference -----------------------------------------------------------------
+
+    # -- the generate extension (inferd/server/generate.py) ----------------------------
+
+    async def _generate_responses(self, request: Request):  # type: ignore[no-untyped-def]
+        """The request's responses (StreamResponse items), plain model or decoupled. A request
+        that is refused before it reaches the model raises here (a JSON error answer)."""
+        name, version = request.path_params["model"], request.path_params.get("version", "")
+        metadata = await self.dp.model_metadata(name, parse_version(name, version))
+        doc = await _json_body(request, f"generate request for model '{name}'", self.max_input)
+        return self.dp.infer_stream(generate.decode_generate_request(doc, metadata, version))
+
+    async def generate(self, request: Request) -> Response:
+        """One JSON object; a model that answers with other than exactly one response is an error."""
+        responses = []
+        async for item in await self._generate_responses(request):
+            if item.error is not None:
+                raise item.error
+            if item.response is not None:
+                responses.append(item.response)
+        if len(responses) != 1:
+            raise ModelExecutionError(f"{generate.ONE_RESPONSE} (model '{request.path_params['model']}' sent "
+                                      f"{len(responses)})")
+        return json_response(generate.generate_response(responses[0]))
+
+    async def generate_stream(self, request: Request) -> Response:
+        """Server-sent events, one per response; the status is the first response's, as Triton sets it."""
+        items = (await self._generate_responses(request)).__aiter__()
+        first = None
+        async for first in items:
+            if first.response is not None or first.error is not None:
+                break
+        status = http_status(first.error)[0] if first is not None and first.error is not None else 200
+
+        def event(item) -> bytes | None:  # type: ignore[no-untyped-def]
+            if item.error is not None:
+                return generate.sse({"error": http_status(item.error)[1]})
+            if item.response is None:  # a final flag alone
+                return None
+            try:
+                return generate.sse(generate.generate_response(item.response))
+            except InferdError as exc:
+                return generate.sse(generate.error_json(exc))
+
+        async def body():  # type: ignore[no-untyped-def]
+            try:
+                if first is not None and (chunk := event(first)) is not None:
+                    yield chunk
+                async for item in items:
+                    if (chunk := event(item)) is not None:
+                        yield chunk
+            finally:
+                close = getattr(items, "aclose", None)
+                if close is not None:
+                    await close()  # the client went away: stop the model's stream too
+
+        return StreamingResponse(body(), status_code=status, media_type="text/event-stream; charset=utf-8")
 
     async def infer(self, request: Request) -> Response:
         body = await request.body()
