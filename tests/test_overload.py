@@ -159,7 +159,7 @@ def test_a_grpc_burst_far_beyond_capacity_is_shed_unavailable_never_cancelled(se
     assert all("overloaded" in d and f"--max-queued-requests {CAP}" in d and "retry" in d for d in details), details
     # Recovery: nothing left inside, the refusals counted, and a normal request is served.
     assert _metric(server, "inferd_server_queued_requests") == 0
-    assert _metric(server, "inferd_inference_pending_request_count", '{model="slow",version="1"}') == 0
+    assert _metric(server, "nv_inference_pending_request_count", '{model="slow",version="1"}') == 0
     assert _metric(server, "inferd_server_overload_rejected_total") >= codes["UNAVAILABLE"]
     codes, _ = asyncio.run(_burst(server.url, 1))
     assert codes == {"OK": 1}

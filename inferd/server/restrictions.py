@@ -81,6 +81,14 @@ class Restrictions:
                 by_group[group] = Restriction(header.lower() if header_prefix else header, value)
         return cls(by_group, protocol)
 
+    def to_plain(self) -> dict[str, list[str]]:
+        """As plain data (a frontend worker's configuration travels as msgpack): group -> [header, value]."""
+        return {group: [r.header, r.value] for group, r in self.by_group.items()}
+
+    @classmethod
+    def from_plain(cls, doc: dict[str, list[str]] | None, protocol: str = "API") -> "Restrictions":
+        return cls({group: Restriction(header, value) for group, (header, value) in (doc or {}).items()}, protocol)
+
     def refusal(self, group: str, headers: Callable[[str], str | None], endpoint: str,
                 peer: str = "") -> PermissionDenied | None:
         """The error to answer a request to ``group`` with (logged), or None when it may go on.

@@ -36,6 +36,18 @@ class TlsFiles:
         root = load("root certificate", self.root) if self.root is not None else None
         return load("key", self.key), load("certificate", self.cert), root
 
+    def to_plain(self) -> dict[str, Any]:
+        """As plain data (a frontend worker's configuration travels as msgpack)."""
+        return {"cert": str(self.cert), "key": str(self.key), "root": None if self.root is None else str(self.root),
+                "mutual": self.mutual}
+
+    @classmethod
+    def from_plain(cls, doc: dict[str, Any] | None) -> "TlsFiles | None":
+        if not doc:
+            return None
+        return cls(Path(doc["cert"]), Path(doc["key"]), None if doc["root"] is None else Path(doc["root"]),
+                   bool(doc["mutual"]))
+
     def grpc_credentials(self) -> Any:
         import grpc
 
