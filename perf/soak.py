@@ -13,7 +13,8 @@ offers an open-loop gRPC load at ``--rate`` requests/s until ``--requests`` were
 - 5% with a queue timeout of 1-200 us (``timeout`` parameter; REJECT, UNAVAILABLE when it passes),
   and a client deadline of 2-20 ms on one request in three of those (DEADLINE_EXCEEDED).
 
-Every ``--window`` seconds it records the server's RSS (/proc), its CPU time, the requests
+The server runs in its default process mode (here: the core and 2 frontend workers). Every
+``--window`` seconds it records the server's RSS and CPU time (/proc, over its process group), the requests
 answered, the p50/p99 latency of successful ones and the answers by status; at the end it
 writes perf/results/soak.json (RESULTS.md's "soak" section, rendered by perf.bench) and
 perf/results/soak.png (RSS, p99 and errors over time). The client and the server share the
@@ -129,15 +130,19 @@ def bucket_quantile(now: dict[float, float], before: dict[float, float], q: floa
     return bounds[-1]
 
 
-def proc_sample(pid: int) -> tuple[float, float]:
-    """(RSS MiB, CPU seconds) of ``pid``."""
-    rss = 0.0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss = int(line.split()[1]) / 1024
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return rss, cpu
+def proc_sample(pgid: int) -> tuple[float, float]:
+    """(RSS MiB, CPU seconds) of the server: every process of its process group (the core and its
+    frontend workers in the default process mode)."""
+    rss_pages, ticks = 0, 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[2]) == pgid:  # fields[2] is the process group (the 5th field of stat)
+            ticks += int(fields[11]) + int(fields[12])
+            rss_pages += int(fields[21])
+    return rss_pages * os.sysconf("SC_PAGE_SIZE") / 2**20, ticks / os.sysconf("SC_CLK_TCK")
 
 
 async def drive(url: str, metrics_url: str, pid: int, total: int, rate: float, window_s: float,
@@ -346,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     if tracebacks:  # kept next to the results: what went wrong must be readable after the run
         (args.out / "soak-server.log").write_text(server_log)
     result["notes"] += f"\n\nServer exit status after SIGTERM: {code}; tracebacks in its log: {tracebacks}."
-    data = {"scenario": "soak", "doc": (__doc__ or "").strip().split("\n\n")[0], "result": result,
+    data = {"scenario": "soak", "doc": (__doc__ or "").strip(), "result": result,
             "when": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": _machine(), "command": "python -m perf.soak " + " ".join(argv or sys.argv[1:])}
     (args.out / "soak.json").write_text(json.dumps(data, indent=1))
