@@ -1,4 +1,4 @@
-"""The ``inferd`` command: ``serve``, ``check``, ``perf``."""
+"""The ``inferd`` command: ``serve``, ``check``, ``perf``, ``batch``."""
 
 from __future__ import annotations
 
@@ -85,6 +85,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="processes that serve the gRPC and HTTP ports (SO_REUSEPORT) and hand each request to "
                         "this process, which runs the models: 0 serves everything in one process. Default: "
                         f"half the cores, at least 2 (here {default_frontend_workers()})")
+    p.add_argument("--batch-dir", type=Path, default=None, metavar="DIR",
+                   help="where batch jobs (POST /v2/batches) keep their state and results, and resume from after "
+                        "a restart (default: <first repository>.batches, next to it)")
     p.add_argument("--port-file", type=Path, default=None,
                    help='once ready, write the bound ports to this file as JSON: {"grpc": P, "http": P, '
                         '"metrics": P}, null for a frontend that is off (for tests and scripts)')
@@ -172,13 +175,19 @@ def main(argv: list[str] | None = None) -> int:
     _serve_parser(sub)
     _check_parser(sub)
     from inferd.perf.options import add_parser as _perf_parser
+    from inferd.batch_cli import add_parser as _batch_parser
 
     _perf_parser(sub)
+    _batch_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "check":
         return _check(args.repository)
+    if args.command == "batch":
+        from inferd.batch_cli import main as _batch
+
+        return _batch(args)
     if args.command == "perf":
         from inferd.perf import run as _perf
 
@@ -277,6 +286,7 @@ def _serve(args: argparse.Namespace) -> int:
         repository_poll_secs=args.repository_poll_secs,
         tracing=tracer,
         log_settings=logs,
+        batch_dir=args.batch_dir,
         server_name=args.server_name,
     )
 

@@ -122,7 +122,7 @@ def test_every_rpc_answers_alike_through_either_frontend(pinned) -> None:  # typ
     assert a.get_model_metadata("simple") == b.get_model_metadata("simple")
     assert a.get_model_config("simple").config == b.get_model_config("simple").config
     assert a.is_server_ready() and b.is_server_ready() and a.is_model_ready("mlp") and b.is_model_ready("mlp")
-    assert a.get_server_metadata().name == "inferd"
+    assert a.get_server_metadata().name == b.get_server_metadata().name == "triton"  # --server-name's default
     x = np.arange(16, dtype=np.int32).reshape(1, 16)
     before = b.get_inference_statistics("simple").model_stats[0].inference_count
     for c in (a, b, a):
@@ -230,7 +230,7 @@ def test_http_and_one_metrics_endpoint_for_the_whole_server(server, pinned) -> N
         h.close()
     count = pinned[0].get_inference_statistics("simple").model_stats[0].inference_count
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    line = next(l for l in text.splitlines() if l.startswith("inferd_inference_count") and '"simple"' in l)
+    line = next(l for l in text.splitlines() if l.startswith("nv_inference_count{") and '"simple"' in l)
     assert float(line.rsplit(" ", 1)[1]) == count
 
 

@@ -54,6 +54,10 @@ class BatchResult:
     real_elements: int = 0
     pad_elements: int = 0
     memory_delta: int | None = None
+    # Iterative sequences: per row, whether the model released its request with
+    # TRITONSERVER_REQUEST_RELEASE_RESCHEDULE (run it again at the next step).
+    # None: no row was rescheduled.
+    reschedule: list[bool] | None = None
 
 
 _STATM: int | None = None

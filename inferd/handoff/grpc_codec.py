@@ -19,7 +19,7 @@ from inferd.dtypes import encode_bytes
 from inferd.errors import InvalidArgument
 from inferd.handoff import wire
 from inferd.handoff.arena import Arena, ArenaWriter
-from inferd.server.codec import param_value, set_param
+from inferd.server.codec import mixed_contents, param_value, set_param
 
 SHM_REGION = "shared_memory_region"
 
@@ -50,8 +50,7 @@ def infer_message(rid: int, msg: pb.ModelInferRequest, inputs: ArenaWriter, flag
             continue
         if raw:
             if t.HasField("contents"):
-                raise InvalidArgument(f"input '{t.name}' for model '{model}': contents field must not be "
-                                      "specified when using raw_input_contents")
+                raise InvalidArgument(mixed_contents(t.name, model))
         else:
             parts.append(_contents_bytes(model, t))
         tensors.append([t.name, t.datatype, list(t.shape), None, 0, params])  # placed below

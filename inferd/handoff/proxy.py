@@ -37,7 +37,7 @@ CALLS = frozenset({
     "server_live", "server_ready", "model_ready", "server_metadata", "model_metadata", "model_config",
     "model_statistics", "repository_index", "load_model", "unload_model", "shm_register", "shm_status",
     "shm_unregister", "cuda_shm_register", "cuda_shm_status", "cuda_shm_unregister", "trace_settings",
-    "log_settings",
+    "log_settings", "batch_submit", "batch_list", "batch_status", "batch_cancel", "batch_results",
 })
 
 
@@ -107,6 +107,22 @@ class RemoteDataPlane:
 
     async def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return await self.link.call("log_settings", dict(changes) if changes else None)
+
+    # Batch jobs run in the core (their state on its disk); a JSONL file travels once, as bytes.
+    async def batch_submit(self, data: bytes, model: str, version: int = 0) -> dict[str, Any]:
+        return await self.link.call("batch_submit", data, model, version)
+
+    async def batch_list(self) -> list[dict[str, Any]]:
+        return await self.link.call("batch_list")
+
+    async def batch_status(self, job_id: str) -> dict[str, Any]:
+        return await self.link.call("batch_status", job_id)
+
+    async def batch_cancel(self, job_id: str) -> dict[str, Any]:
+        return await self.link.call("batch_cancel", job_id)
+
+    async def batch_results(self, job_id: str, fmt: str = "jsonl") -> bytes:
+        return await self.link.call("batch_results", job_id, fmt)
 
     # -- inference: tensors through the arenas ---------------------------------------------
 

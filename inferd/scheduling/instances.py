@@ -309,3 +309,12 @@ def _close_quietly(instance: ModelInstance) -> None:
         instance.close()
     except Exception:
         log.exception("closing a retired instance of %s failed", instance.name)
+
+
+async def close_workers(workers: Sequence["InstanceWorker"]) -> None:
+    """Stop every worker's thread and free its runtime, off the event loop (a scheduler's stop)."""
+    def close() -> None:
+        for worker in workers:
+            worker.close()
+
+    await asyncio.get_running_loop().run_in_executor(None, close)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from inferd.dataplane import SERVER_NAME, DataPlane
 from inferd.dataplane.admission import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS, Admission
+from inferd.dataplane.batches import default_batch_dir
 from inferd.errors import InferdError
 from inferd.observability.log_settings import LogSettings
 from inferd.observability.metrics import ServerMetrics
@@ -73,6 +74,7 @@ class ServerOptions:
     log_settings: LogSettings | None = None
     strict_model_config: bool = False  # True: every model brings a complete config.pbtxt (no auto-complete)
     server_name: str = SERVER_NAME  # ServerMetadata's name
+    batch_dir: Path | None = None  # batch jobs' state; None: next to the first repository
 
 
 class InferenceServer:
@@ -83,7 +85,8 @@ class InferenceServer:
                                     auto_complete=not options.strict_model_config)
         self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings,
                                    server_name=options.server_name,
-                                   admission=Admission(options.max_queued_requests, options.max_queued_bytes))
+                                   admission=Admission(options.max_queued_requests, options.max_queued_bytes),
+                                   batch_dir=options.batch_dir or default_batch_dir(options.model_repositories[0]))
         self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
                        if options.model_control_mode == "poll" else None)
         self._grpc: GrpcPort | None = None
@@ -185,6 +188,7 @@ class InferenceServer:
         """Graceful stop: not ready at once, refuse new work, let accepted requests finish (for ``grace``
         seconds, the options' by default), release models."""
         self.dataplane.drain()
+        await self.dataplane.stop_batches()  # their unfinished lines run at the next start
         if self.poller is not None:
             await self.poller.stop()
         if self._grpc is not None:

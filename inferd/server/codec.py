@@ -135,7 +135,8 @@ def _non_negative(value: object, key: str, region: str, where: str) -> int:
     return value
 
 
-def _mixed_contents(name: str, model: str) -> str:
+def mixed_contents(name: str, model: str) -> str:
+    """Triton's words for typed contents given beside raw_input_contents (its example clients match them)."""
     return (f"contents field must not be specified when using raw_input_contents for '{name}' for model "
             f"'{model}'; send every input as raw_input_contents, or every one in its contents")
 
@@ -154,7 +155,7 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
     if raw:  # before the count: a client mixing the two is told so (Triton's words, clients match them)
         mixed = next((t.name for t in msg.inputs if t.HasField("contents") and t.name not in in_shm), None)
         if mixed is not None:
-            raise InvalidArgument(_mixed_contents(mixed, model))
+            raise InvalidArgument(mixed_contents(mixed, model))
     if raw and len(raw) != len(msg.inputs) - len(in_shm):
         raise InvalidArgument(
             f"model '{model}': {len(raw)} raw_input_contents for {len(msg.inputs) - len(in_shm)} inputs"
