@@ -6,13 +6,15 @@
     with only the server-wide defaults (--max-queued-requests 1024), and with the model's own
     max_queue_size 16 (Triton's per-model bound, set for latency). Then the issue's transport-bound case:
     mlp with 1,800 calls kept in flight (closed loop) for 12 s, where the gRPC transport, not the model,
-    is the limit. The client and the server share the 2 cores, and the machine was shared with other
+    is the limit. All of it in one process (--frontend-workers 0) and in the default mode (frontend
+    workers, half the cores, at least 2); RSS counts the core and its workers. The client and the server share the 2 cores, and the machine was shared with other
     engineers' builds and tests while this ran."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import re
 import sys
 import tempfile
@@ -50,10 +52,17 @@ def _repository(out: Path) -> Path:
 
 
 def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    """The resident memory of the server: ``pid`` and its children (the frontend workers)."""
+    pages = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[1].split()
+        if int(stat.parent.name) == pid or int(fields[1]) == pid:  # fields[1]: the parent's pid
+            pages += int(fields[21])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def _metric(url: str, name: str) -> float:
@@ -146,13 +155,14 @@ def _measure(label: str, result: dict, note: str) -> dict:
             "p50_us": result["p50_us"], "p99_us": result["p99_us"], "note": note}
 
 
-def run(quick: bool) -> dict:
-    repo = _repository(Path(tempfile.mkdtemp(dir=OUT if OUT.exists() else None)) / "repo")
-    grpc_port = free_port()
+def _run_mode(repo: Path, workers: int, quick: bool) -> tuple[list[dict], list[dict]]:
+    """The three loads against one server with ``--frontend-workers workers``."""
+    mode = "one process" if workers == 0 else f"{workers} frontend workers"
+    grpc_port, metrics_port = free_port(), free_port()
     server = Proc([sys.executable, "-m", "inferd.cli", "serve", "--model-repository", str(repo),
-                   "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port), "--http-port", "0",
-                   "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics_port := free_port())],
-                  "inferd: ready", "inferd_overload")
+                   "--frontend-workers", str(workers), "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
+                   "--http-port", "0", "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics_port)],
+                  "inferd: ready", f"inferd_overload_{workers}")
     url, metrics = f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{metrics_port}/metrics"
     pid = server.proc.pid
     measures, details = [], []
@@ -160,7 +170,7 @@ def run(quick: bool) -> dict:
     try:
         cap_tally, cap_s, _ = asyncio.run(_drive(url, _message("slow", 256), concurrency=4, seconds=5, pid=pid))
         capacity = cap_tally.codes["OK"] / cap_s
-        measures.append(_measure("capacity: slow, 4 in flight", cap_tally.summary(cap_s), "closed loop, 5 s"))
+        measures.append(_measure(f"{mode}: capacity of slow, 4 in flight", cap_tally.summary(cap_s), "closed loop, 5 s"))
         for model, bound in (("slow", "server-wide defaults only (--max-queued-requests 1024)"),
                              ("slow_q16", "the model's max_queue_size 16")):
             rss_before = _rss_mib(pid)
@@ -174,34 +184,47 @@ def run(quick: bool) -> dict:
             note = (f"offered {offered:,.0f}/s (10x); answers {r['codes']}; RSS {rss_before:.0f} MiB before, "
                     f"{peak:.0f} at most, {_rss_mib(pid):.0f} after; after the load: "
                     f"{recovered.codes.get('OK', 0)} served in 1 s, queued requests gauge {gauges:.0f}")
-            measures.append(_measure(f"10x capacity, {bound}", r, note))
-            details.append({"model": model, "offered_per_s": offered, **r, "rss_before_mib": rss_before,
+            measures.append(_measure(f"{mode}: 10x capacity, {bound}", r, note))
+            details.append({"mode": mode, "model": model, "offered_per_s": offered, **r, "rss_before_mib": rss_before,
                             "rss_peak_mib": peak, "rss_after_mib": _rss_mib(pid), "recovered_ok": recovered.codes["OK"],
                             "queued_after": gauges})
         tally, elapsed, peak = asyncio.run(_drive(url, _message("mlp", 256), concurrency=1800,
                                                   seconds=6 if quick else 12, pid=pid))
         r = tally.summary(elapsed)
-        measures.append(_measure("mlp, 1,800 in flight (transport-bound)", r,
+        measures.append(_measure(f"{mode}: mlp, 1,800 in flight (transport-bound)", r,
                                  f"answers {r['codes']}; RSS at most {peak:.0f} MiB"))
-        details.append({"model": "mlp", "concurrency": 1800, **r, "rss_peak_mib": peak})
+        details.append({"mode": mode, "model": "mlp", "concurrency": 1800, **r, "rss_peak_mib": peak})
     finally:
         server.stop()
-    return {"measures": measures, "details": details, "capacity_per_s": capacity,
+    return measures, details
+
+
+def run(quick: bool) -> dict:
+    from inferd.cli import default_frontend_workers
+
+    repo = _repository(Path(tempfile.mkdtemp(dir=OUT if OUT.exists() else None)) / "repo")
+    measures, details = [], []
+    for workers in (0, default_frontend_workers()):
+        m, d = _run_mode(repo, workers, quick)
+        measures += m
+        details += d
+    return {"measures": measures, "details": details,
             "notes": "Shed answers are UNAVAILABLE with the reason, e.g. "
-                     + "; ".join(f"'{x}'" for d in details for x in d.get("reasons", [])[:1])}
+                     + "; ".join(f"'{x}'" for d in details[:2] for x in d.get("reasons", [])[:1])}
 
 
 def ratios(result: dict) -> dict:
     out = {}
     for d in result.get("details", []):
         codes = d["codes"]
+        mode = d.get("mode", "one process")
         if "offered_per_s" in d:
-            out[f"{d['model']}: admitted / offered at 10x capacity"] = (
+            out[f"{mode}, {d['model']}: admitted / offered at 10x capacity"] = (
                 f"{d['ok_per_s']:,.0f} / {d['offered_per_s']:,.0f} per s; p99 admitted {d['p99_us'] / 1e3:,.0f} ms; "
                 f"CANCELLED {codes.get('CANCELLED', 0)}, other errors "
                 f"{sum(v for k, v in codes.items() if k not in ('OK', 'UNAVAILABLE', 'CANCELLED'))}")
         else:
-            out["mlp, 1,800 in flight: CANCELLED"] = (
+            out[f"{mode}, mlp with 1,800 in flight: CANCELLED"] = (
                 f"{codes.get('CANCELLED', 0)} of {sum(codes.values()):,} (issue 16 found 8,060 of ~30,000); "
-                f"p99 {d['p99_us'] / 1e3:,.0f} ms")
+                f"{d['ok_per_s']:,.0f} served/s, p99 {d['p99_us'] / 1e3:,.0f} ms")
     return out
