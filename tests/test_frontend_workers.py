@@ -351,9 +351,9 @@ def test_sigterm_under_load_answers_every_accepted_request(tmp_path: Path, start
         c.close()
     assert held == ["ok"] * 4, held
     assert code == 0 and not server.left_behind, server.log()
-    # Answered, or refused as not taken (retryable). A request racing the gRPC server's own final
-    # stop is cancelled by grpc before inferd sees it, in one process as here (see the README).
-    assert set(results) <= {"ok", "StatusCode.UNAVAILABLE", "StatusCode.CANCELLED"}, sorted(set(results))
+    # Answered, or refused as not taken (retryable): never CANCELLED, also for the calls that race a
+    # worker's port closing (GrpcPort holds them until none is left unclaimed in gRPC core, issue 16).
+    assert set(results) <= {"ok", "StatusCode.UNAVAILABLE"}, sorted(set(results))
     assert results.count("ok") > 50
 
 
