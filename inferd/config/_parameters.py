@@ -28,6 +28,12 @@ class InferdParameters:
     execution: str = "auto"
     # "auto" mode: a model whose executions take longer than this runs on a thread.
     inline_max_microseconds: int = 1000
+    # An execution that runs longer fails its batch (DEADLINE_EXCEEDED) and its instance is
+    # retired and replaced (0: no limit). The model then always executes on its threads.
+    execution_timeout_microseconds: int = 0
+    # Retired instances whose stuck execution has not returned, per instance, before it stops
+    # being replaced (and answers UNAVAILABLE until one returns).
+    max_retired_instances: int = 2
     # Variable-length batching (docs in inferd/config/_varlen.py, README "Variable-length batching"):
     # requests of different lengths share a batch, padded to its longest.
     padding: bool = False
@@ -82,6 +88,12 @@ class InferdParameters:
             raise ConfigError(
                 f"model '{config.name}': parameter 'inferd.execution' must be auto, thread or inline, "
                 f"got '{params.execution}'"
+            )
+        if params.execution_timeout_microseconds and params.execution == "inline":
+            raise ConfigError(
+                f"model '{config.name}': parameter 'inferd.execution_timeout_microseconds' needs the model to "
+                "execute on its instances' threads (an execution on the event loop cannot be timed out); "
+                "remove 'inferd.execution: inline'"
             )
         iterative = config.HasField("sequence_batching") and config.sequence_batching.iterative_sequence
         for key, value in (("iterative_end_output", params.iterative_end_output),

@@ -11,10 +11,12 @@ its lifecycle (:meth:`DataPlane.load_models`, :meth:`DataPlane.drain`,
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping
 
 from inferd.clock import Clock, MonotonicClock
+from inferd.dataplane.admission import Admission, request_bytes
 from inferd.dataplane.api import ModelMetadata, ServerMetadata, TensorMetadata, TraceCarrier
 from inferd.dataplane.batches import BatchService
 from inferd.dataplane.cuda_shared_memory import CudaRegionStatus
@@ -45,9 +47,11 @@ class DataPlane:
 
     def __init__(self, manager: ModelManager, clock: Clock | None = None, *, tracing: Tracing | None = None,
                  logs: LogSettings | None = None, server_name: str = SERVER_NAME,
-                 batch_dir: Path | None = None) -> None:
+                 admission: Admission | None = None, batch_dir: Path | None = None) -> None:
         self.manager = manager
         self.server_name = server_name
+        # Server-wide caps on the requests inside (--max-queued-requests / --max-queued-bytes).
+        self.admission = admission or Admission()
         self.clock = clock or MonotonicClock()
         # Batch jobs (POST /v2/batches), kept in batch_dir; None: off.
         self.batches = BatchService(manager, batch_dir, self.clock) if batch_dir is not None else None
@@ -80,8 +84,12 @@ class DataPlane:
         self.draining = True
 
     def inflight(self) -> int:
-        """Requests accepted by a scheduler and not yet answered, over every model."""
-        return sum(m.scheduler.inflight() for m in self.manager.models())
+        """Client requests accepted and not yet answered, over every model."""
+        return self.admission.requests
+
+    async def drained(self) -> None:
+        """Return once every accepted client request has been answered (a stop waits for it)."""
+        await self.admission.idle()
 
     async def close(self) -> None:
         """Release the models, the shared memory mappings and the trace exporter."""
@@ -192,8 +200,11 @@ class DataPlane:
 
     async def infer(self, request: InferenceRequest, decoupled_error: str = DECOUPLED_UNARY,
                     trace_carrier: TraceCarrier | None = None) -> InferenceResponse:
-        model = self._model_for(request, decoupled_error, trace_carrier)
-        return response(model, request, await run_model(model, request, self.clock))
+        model, nbytes = self._admit(request, decoupled_error, trace_carrier)
+        try:
+            return response(model, request, await run_model(model, request, self.clock))
+        finally:
+            self.admission.release(nbytes)
 
     def submit(self, request: InferenceRequest, on_done: Callable[[ModelRun], None],
                decoupled_error: str = DECOUPLED_UNARY, trace_carrier: TraceCarrier | None = None,
@@ -202,31 +213,54 @@ class DataPlane:
         endpoint (not part of the façade): the same checks, then the model's path
         (:func:`~inferd.model.path.submit_model`; ``more``: other requests follow this turn).
         Raises what refuses the request before it reaches a model; otherwise ``on_done(run)``
-        comes once, with ``run.outputs`` or ``run.error``, unless the run is cancelled first."""
-        model = self._model_for(request, decoupled_error, trace_carrier)
-        return submit_model(model, request, self.clock, on_done, more=more)
+        comes once, with ``run.outputs`` or ``run.error`` (a CancelledError once cancelled)."""
+        model, nbytes = self._admit(request, decoupled_error, trace_carrier)
+        return submit_model(model, request, self.clock, partial(self._answered, nbytes, on_done), more=more)
 
-    def _model_for(self, request: InferenceRequest, decoupled_error: str,
-                   trace_carrier: TraceCarrier | None) -> Model:
+    def _answered(self, nbytes: int, on_done: Callable[[ModelRun], None], run: ModelRun) -> None:
+        self.admission.release(nbytes)
+        on_done(run)
+
+    def _admit(self, request: InferenceRequest, decoupled_error: str,
+               trace_carrier: TraceCarrier | None) -> tuple[Model, int]:
+        """Refuse while draining or full, resolve shared memory, start the trace, find the model:
+        the model and the bytes admitted, which the caller releases once the request has ended."""
         if self.draining:
             raise Unavailable(DRAINING)
-        if request.shared_memory:
-            self.shared_memory.resolve(request)
-        if self.tracing.enabled and request.trace is None:
-            request.trace = self.tracing.start(request.model_name, request.id, trace_carrier)
-        return find(self.manager.get, request, decoupled_error)
+        nbytes = request_bytes(request.inputs)
+        admission = self.admission
+        admission.admit(nbytes, request.model_name)  # raises Unavailable when the server is full
+        try:
+            if request.shared_memory:
+                self.shared_memory.resolve(request)
+            if self.tracing.enabled and request.trace is None:
+                request.trace = self.tracing.start(request.model_name, request.id, trace_carrier)
+            return find(self.manager.get, request, decoupled_error), nbytes
+        except BaseException:
+            admission.release(nbytes)
+            raise
 
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
+        nbytes = request_bytes(request.inputs)
         try:
             if self.draining:
                 raise Unavailable(DRAINING)
-            if request.shared_memory:
-                self.shared_memory.resolve(request)
+            self.admission.admit(nbytes, request.model_name)
         except InferdError as exc:
             yield StreamResponse(error=exc, final=True)
             return
-        async for item in model_infer_stream(self.manager.get, request, self.clock):
-            yield item
+        try:
+            if request.shared_memory:
+                self.shared_memory.resolve(request)
+        except InferdError as exc:
+            self.admission.release(nbytes)
+            yield StreamResponse(error=exc, final=True)
+            return
+        try:
+            async for item in model_infer_stream(self.manager.get, request, self.clock):
+                yield item
+        finally:
+            self.admission.release(nbytes)
 
 
     # -- batch jobs ------------------------------------------------------------------

@@ -66,10 +66,9 @@ class CoreEndpoint:
                 free(block)
         elif kind == wire.CANCEL:
             rid = msg[1]
-            run = self.runs.pop(rid, None)
+            run = self.runs.get(rid)
             if run is not None:
-                run.cancel()
-                self._send([wire.ERROR, rid, True, "Cancelled", CANCELLED])
+                run.cancel()  # answered at once (_answered), whether or not it had started
                 return
             task = self.tasks.get(rid)
             if task is not None:
@@ -96,7 +95,8 @@ class CoreEndpoint:
             request = request_from(msg, self.inputs)
             flags = msg[wire.I_FLAGS]
             if flags & wire.STREAM:
-                self.tasks[rid] = self._loop.create_task(self._stream(rid, request))
+                task = self.tasks[rid] = self._loop.create_task(self._stream(rid, request))
+                task.add_done_callback(lambda t: self._cancelled_before_start(rid, t))
                 return
             trace = msg[wire.I_TRACE]
             run = self.dp.submit(request, partial(self._answered, rid),
@@ -108,10 +108,22 @@ class CoreEndpoint:
         if not run.finished:
             self.runs[rid] = run
 
+    def _cancelled_before_start(self, rid: int, task: asyncio.Task) -> None:
+        # A CANCEL read with its INFER (one channel read) cancels the task before its coroutine starts:
+        # the coroutine never runs, so neither its final answer nor its cleanup happen. Answered here,
+        # or the worker would wait for that request's final message for ever (a drain then takes the
+        # whole grace period: the soak found 674 such requests after 1,546 short client deadlines).
+        if task.cancelled() and self.tasks.get(rid) is task:
+            del self.tasks[rid]
+            self._send([wire.ERROR, rid, True, "Cancelled", CANCELLED])
+
     def _answered(self, rid: int, run: ModelRun) -> None:
-        """A one-response request's end (on the loop, as its batch ends): RESPONSE or ERROR."""
+        """A one-response request's end (on the loop, as its batch ends, or as it is cancelled):
+        RESPONSE or ERROR."""
         self.runs.pop(rid, None)
-        if run.error is not None:
+        if isinstance(run.error, asyncio.CancelledError):
+            message = [wire.ERROR, rid, True, "Cancelled", CANCELLED]
+        elif run.error is not None:
             message = [wire.ERROR, rid, True, *error_kind(run.error)]
         else:
             try:

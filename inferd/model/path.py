@@ -37,7 +37,7 @@ class ModelRun:
     are recorded, its trace is ended, :attr:`outputs` (shaped as the client asked,
     those requested into shared memory written there) or :attr:`error` is set and
     ``on_done(run)`` is called, once, on the loop (maybe before :func:`submit_model`
-    returns). :meth:`cancel` ends it instead, counted as cancelled, with no callback.
+    returns). :meth:`cancel` ends it early, counted as cancelled, ``on_done`` still called.
     """
 
     __slots__ = ("model", "request", "clock", "describe", "on_done", "start", "finished", "outputs", "error",
@@ -95,7 +95,9 @@ class ModelRun:
         self.on_done(self)
 
     def cancel(self) -> None:
-        """The caller has gone: drop the request if it has not started. No callback follows."""
+        """The caller has gone: drop the request if it has not started (one that has runs on,
+        its outcome ignored). The run ends now, counted as cancelled: ``on_done`` sees a
+        CancelledError as its :attr:`error`."""
         if self.finished:
             return
         self.finished = True
@@ -104,6 +106,8 @@ class ModelRun:
             self._cancel()
         cancelled = asyncio.CancelledError()
         _record_failure(self.model, self.request, self.clock, self.start, cancelled, cancelled)
+        self.error = cancelled
+        self.on_done(self)
 
 
 def submit_model(model: Model, request: InferenceRequest, clock: Clock, on_done: Callable[[ModelRun], None],

@@ -3,11 +3,12 @@ warm-up, scheduler and statistics, from the plain :class:`ModelSpec`."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
 
-from inferd.backends import Backend, Device, InferenceDispatcher, InstanceSpec
+from inferd.backends import Backend, Device, InferenceDispatcher, InstanceSpec, ModelInstance
 from inferd.clock import Clock
 from inferd.config import ModelSpec, placements
 from inferd.errors import ConfigError
@@ -66,19 +67,33 @@ def build_model(
                              split=params.split_large_requests, varlen=spec.varlen)
     sequence = spec.sequence  # None without sequence_batching
     instances = []
-    try:
-        for ispec in instance_specs(spec, backend, model_dir, version, model_file, dispatcher):
-            instances.append(backend.create_instance(spec, ispec))
-        if spec.warmup:  # before the version can report ready
-            samples = warmup_samples(spec, model_dir)
-            for instance in instances:
+    ispecs = instance_specs(spec, backend, model_dir, version, model_file, dispatcher)
+    samples = warmup_samples(spec, model_dir) if spec.warmup else None
+
+    def create(ispec: InstanceSpec) -> ModelInstance:
+        instance = backend.create_instance(spec, ispec)
+        if samples is not None:  # before the version can report ready
+            try:
                 run_warmup(spec, instance, samples)
+            except BaseException:
+                instance.close()
+                raise
+        return instance
+
+    try:
+        for ispec in ispecs:
+            instances.append(create(ispec))
     except BaseException:
         for instance in instances:
             instance.close()
         raise
-    workers = [InstanceWorker(i, "thread" if i.thread_only else params.execution, params.inline_max_microseconds)
-               for i in instances]
+    timeout = params.execution_timeout_microseconds
+    workers = [
+        InstanceWorker(i, "thread" if i.thread_only or timeout else params.execution, params.inline_max_microseconds,
+                       timeout_us=timeout, rebuild=functools.partial(create, ispec),
+                       max_retired=params.max_retired_instances, clock=clock)
+        for i, ispec in zip(instances, ispecs)
+    ]
     if any(w.mode == "auto" for w in workers):
         sample = sample_inputs(spec)
         if sequence is not None:

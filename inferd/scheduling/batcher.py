@@ -25,7 +25,7 @@ from inferd.backends.base import BatchResult, RequestInputs
 from inferd.clock import Alarm, Clock, MonotonicClock
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
-from inferd.scheduling.base import Completion, Inflight, Relay, Scheduler
+from inferd.scheduling.base import Completion, Inflight, Relay, Scheduler, workers_problem
 from inferd.scheduling.instances import InstanceWorker
 from inferd.scheduling.policy import BatchingPolicy
 from inferd.scheduling.queue import BatchQueue, Pending, split_rows
@@ -118,6 +118,9 @@ class BatchScheduler(Scheduler):
 
     def queue_depth(self) -> int:
         return len(self._queue)
+
+    def problem(self) -> str | None:
+        return workers_problem(self.workers)
 
     async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
         if self._must_split(rows):
@@ -355,6 +358,7 @@ class BatchScheduler(Scheduler):
         if isinstance(result, BatchResult):
             t = result.times
             self._stats.record_execution(batch.rows, len(batch.items), t.input_ns, t.infer_ns, t.output_ns)
+            self._stats.record_memory(result.memory_delta)
             if result.real_elements:
                 self._stats.record_padding(result.real_elements, result.pad_elements)
         batch.result = result

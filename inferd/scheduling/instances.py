@@ -21,6 +21,18 @@ model's compute. So each instance decides where it runs:
   move it back when the running mean passes the limit, or at once when one
   execution takes ten times the limit. After three such flips the model stays
   on its thread, so a model with erratic timing cannot keep stalling the loop.
+
+A model with ``inferd.execution_timeout_microseconds`` always runs on its
+thread, and an execution that passes the limit fails its batch with
+DEADLINE_EXCEEDED at once. A thread cannot be killed, so the worker *retires*
+it: the thread is left to finish the stuck call on its own (then it closes its
+instance and ends), and a new instance is built off the loop (``rebuild``: the
+backend loads the model again and warms it up) to take the next batches, which
+wait for it. Each retired thread keeps its instance's memory (the model's
+weights, its runtime) until its call returns, and one stuck in Python code
+also takes its share of the GIL; so at most ``max_retired`` of them may be
+outstanding per instance: past that no new instance is built and the worker
+answers UNAVAILABLE (the model is reported not ready) until one returns.
 """
 
 from __future__ import annotations
@@ -35,6 +47,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from inferd.backends.base import BatchResult, ModelInstance
+from inferd.clock import Clock, MonotonicClock, TimerHandle
+from inferd.errors import DeadlineExceeded, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +59,37 @@ MAX_FLIPS = 3
 SLOW_FACTOR = 10  # one inline run this many times the limit moves the model off the loop
 
 
+class _Job:
+    __slots__ = ("inputs", "outputs", "done", "loop", "timer", "over")
+
+    def __init__(self, inputs: Sequence[dict[str, np.ndarray]], outputs: Sequence[str], done: Done,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.inputs = inputs
+        self.outputs = outputs
+        self.done = done
+        self.loop = loop
+        self.timer: TimerHandle | None = None
+        self.over = False  # ran past the execution timeout: answered already
+
+
+class _Thread:
+    """A worker thread and the instance it executes on; ``retired`` once an execution overran."""
+
+    __slots__ = ("instance", "jobs", "thread", "retired")
+
+    def __init__(self, instance: ModelInstance) -> None:
+        self.instance = instance
+        self.jobs: SimpleQueue = SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.retired = False
+
+
 class InstanceWorker:
-    def __init__(self, instance: ModelInstance, mode: str = "auto", inline_max_us: int = 1000) -> None:
+    def __init__(self, instance: ModelInstance, mode: str = "auto", inline_max_us: int = 1000, *,
+                 timeout_us: int = 0, rebuild: Callable[[], ModelInstance] | None = None, max_retired: int = 2,
+                 clock: Clock | None = None) -> None:
+        """``timeout_us``: the execution timeout (0: none; it needs ``mode`` thread); ``rebuild``:
+        creates a fresh instance when one is retired (None: it is not replaced)."""
         self.instance = instance
         self.name = instance.name
         self.mode = mode
@@ -55,9 +98,20 @@ class InstanceWorker:
         self._fast_runs = 0
         self._flips = 0
         self.mean_ns: int | None = None
-        self._jobs: SimpleQueue | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: _Thread | None = None
         self.busy = False
+        if timeout_us and mode != "thread":
+            raise ValueError(f"instance {self.name}: an execution timeout needs mode 'thread', got '{mode}'")
+        self._timeout_s = timeout_us / 1e6
+        self._rebuild = rebuild
+        self._max_retired = max_retired
+        self._clock = clock or MonotonicClock()
+        self.retired = 0  # retired threads whose stuck execution has not returned yet
+        self.failed: str | None = None  # why no instance can execute now (retired too many, rebuild failed)
+        self._rebuilding = False
+        self._waiting: _Job | None = None  # the batch that waits for the new instance
+        self._owned = True  # ``instance`` is ours to close (not a retired thread's)
+        self._closed = False
 
     def calibrate(self, sample: dict[str, np.ndarray], outputs: Sequence[str], runs: int = 3) -> int | None:
         """Time ``runs`` executions of ``sample`` at load; blocking. Returns the
@@ -86,7 +140,7 @@ class InstanceWorker:
     ) -> None:
         """Execute a batch; ``done(worker, result)`` is called on the loop.
 
-        Inline, ``done`` runs before this returns; on a thread, later.
+        Inline (or refused: the worker has failed), ``done`` runs before this returns; on a thread, later.
         """
         self.busy = True
         if self.inline:
@@ -94,10 +148,25 @@ class InstanceWorker:
             self.busy = False
             done(self, result)
             return
-        if self._thread is None:
-            self._start()
-        assert self._jobs is not None
-        self._jobs.put((inputs, outputs, done, loop))
+        if self.failed is not None:
+            self.busy = False
+            done(self, Unavailable(self.failed))
+            return
+        job = _Job(inputs, outputs, done, loop)
+        if self._rebuilding:
+            self._waiting = job  # the scheduler gives a worker one batch at a time
+            return
+        self._submit(job)
+
+    def _submit(self, job: _Job) -> None:
+        t = self._thread
+        if t is None:
+            t = self._thread = _Thread(self.instance)
+            t.thread = threading.Thread(target=self._serve, args=(t,), name=f"inferd-{self.name}", daemon=True)
+            t.thread.start()
+        if self._timeout_s:
+            job.timer = self._clock.call_at(self._clock.now() + self._timeout_s, lambda: self._overran(job))
+        t.jobs.put(job)
 
     def run_inline(self, inputs: Sequence[dict[str, np.ndarray]], outputs: Sequence[str]) -> BatchResult | BaseException:
         """Execute a batch here, on the calling (loop) thread; never raises."""
@@ -109,34 +178,92 @@ class InstanceWorker:
         self._observe(time.thread_time_ns() - t0)
         return result
 
-    def _start(self) -> None:
-        self._jobs = SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name=f"inferd-{self.name}", daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        jobs = self._jobs
-        assert jobs is not None
+    def _serve(self, t: _Thread) -> None:
+        jobs = t.jobs
         while True:
             job = jobs.get()
             if job is None:
-                return
-            inputs, outputs, done, loop = job
+                break
             t0 = time.thread_time_ns()
             try:
-                result: BatchResult | BaseException = self.instance.execute(inputs, outputs)
+                result: BatchResult | BaseException = t.instance.execute(job.inputs, job.outputs)
             except BaseException as exc:
                 result = exc
             elapsed = time.thread_time_ns() - t0
             try:
-                loop.call_soon_threadsafe(self._finish, done, result, elapsed)
+                job.loop.call_soon_threadsafe(self._finish, job, result, elapsed)
             except RuntimeError:  # the loop closed under us: nobody is waiting
-                return
+                break
+            if t.retired:
+                break
+        if t.retired:  # its stuck execution returned at last: nobody else will use the instance
+            _close_quietly(t.instance)
 
-    def _finish(self, done: Done, result: BatchResult | BaseException, elapsed_ns: int) -> None:
+    def _finish(self, job: _Job, result: BatchResult | BaseException, elapsed_ns: int) -> None:
+        if job.over:  # answered at its timeout; a retired thread got free
+            self.retired -= 1
+            log.info("instance %s: a retired execution returned after the timeout; %d still stuck",
+                     self.name, self.retired)
+            if self.failed is not None and self._rebuild is not None and self.retired <= self._max_retired:
+                self.failed = None
+                self._start_rebuild(job.loop)
+            return
+        if job.timer is not None:
+            job.timer.cancel()
         self._observe(elapsed_ns)
         self.busy = False
-        done(self, result)
+        job.done(self, result)
+
+    def _overran(self, job: _Job) -> None:
+        """The execution timeout passed: fail the batch, retire the thread, replace the instance."""
+        job.over = True
+        t = self._thread
+        assert t is not None
+        t.retired = True
+        t.jobs.put(None)  # the thread ends once the stuck call returns, and closes its instance
+        self._thread = None
+        self._owned = False
+        self.retired += 1
+        model = getattr(getattr(t.instance, "model", None), "name", self.name)
+        limit_us = round(self._timeout_s * 1e6)
+        error = DeadlineExceeded(
+            f"model '{model}': the execution on instance {self.name} ran past inferd.execution_timeout_microseconds "
+            f"({limit_us} us); the instance was retired and a new one takes the next requests")
+        log.error("%s (%d retired executions still running)", error.message, self.retired)
+        if self._rebuild is None or self.retired > self._max_retired:
+            self.failed = (f"model '{model}': instance {self.name} is unavailable: {self.retired} executions are "
+                           f"stuck past inferd.execution_timeout_microseconds ({limit_us} us), more than "
+                           f"inferd.max_retired_instances ({self._max_retired}); it serves again when one returns")
+        else:
+            self._start_rebuild(job.loop)
+        self.busy = False
+        job.done(self, error)
+
+    def _start_rebuild(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._rebuilding = True
+        assert self._rebuild is not None
+        loop.run_in_executor(None, self._rebuild).add_done_callback(self._rebuilt)
+
+    def _rebuilt(self, future: asyncio.Future) -> None:
+        self._rebuilding = False
+        exc = future.exception()
+        if exc is not None:
+            self.failed = f"instance {self.name} is unavailable: building a new instance failed: {exc}"
+            log.error("%s", self.failed)
+        elif self._closed:
+            _close_quietly(future.result())
+            return
+        else:
+            self.instance, self._owned = future.result(), True
+            log.info("instance %s: a new instance replaced the retired one", self.name)
+        waiting, self._waiting = self._waiting, None
+        if waiting is None:
+            return
+        if self.failed is not None:
+            self.busy = False
+            waiting.done(self, Unavailable(self.failed))
+        else:
+            self._submit(waiting)
 
     def _observe(self, elapsed_ns: int) -> None:
         if self.mode != "auto":
@@ -165,12 +292,23 @@ class InstanceWorker:
             self._fast_runs = 0
 
     def close(self) -> None:
-        """Stop the thread (after the jobs already queued) and free the runtime."""
-        if self._jobs is not None:
-            self._jobs.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-        self.instance.close()
+        """Stop the thread (after the jobs already queued) and free the runtime. Retired threads are
+        not waited for: each closes its own instance if its stuck call ever returns."""
+        self._closed = True
+        t = self._thread
+        if t is not None:
+            t.jobs.put(None)
+            if t.thread is not None:
+                t.thread.join(timeout=30)
+        if self._owned:
+            self.instance.close()
+
+
+def _close_quietly(instance: ModelInstance) -> None:
+    try:
+        instance.close()
+    except Exception:
+        log.exception("closing a retired instance of %s failed", instance.name)
 
 
 async def close_workers(workers: Sequence["InstanceWorker"]) -> None:

@@ -1,15 +1,19 @@
-"""The core's hand-off endpoint against a real data plane, over a recording channel: one
-final message per request, whether it is answered, refused, cancelled or its worker is lost."""
+"""The core's hand-off endpoint over a recording channel: one final message per request, whether
+it is answered, refused, cancelled (even by a CANCEL in the same channel read, before a stream's
+task has started) or its worker is lost."""
 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from inferd.dataplane import DataPlane
 from inferd.examples import onnx_models as om
+from inferd.handoff import endpoint as ep
 from inferd.handoff import wire
 from inferd.handoff.arena import Arena, ArenaWriter
 from inferd.handoff.endpoint import CANCELLED, CoreEndpoint
@@ -80,6 +84,7 @@ async def test_an_infer_is_answered_with_its_outputs_in_the_output_arena(core):
     got = np.frombuffer(link.outputs.arena.read(offset, nbytes), np.int32).reshape(shape)
     np.testing.assert_array_equal(got, 2 * np.arange(16, dtype=np.int32).reshape(1, 16))
     assert datatype == "INT32" and not endpoint.runs
+    assert endpoint.dp.admission.requests == 0 and endpoint.dp.admission.bytes == 0  # released as answered
     endpoint.on_message([wire.FREE, [block]])
 
 
@@ -95,8 +100,10 @@ async def test_a_cancelled_queued_request_never_runs_and_gets_one_final_error(co
     endpoint.on_message(infer(3, "delayed"))
     await asyncio.sleep(0)
     assert 3 in endpoint.runs and not link.channel.sent
+    assert endpoint.dp.admission.requests == 1
     endpoint.on_message([wire.CANCEL, 3])
     assert link.channel.sent == [[wire.ERROR, 3, True, "Cancelled", CANCELLED]]
+    assert endpoint.dp.admission.requests == 0 and endpoint.dp.admission.bytes == 0
     await asyncio.sleep(0)
     (stats,) = await endpoint.dp.model_statistics("delayed")
     assert stats.inference_count == 0 and not endpoint.runs
@@ -111,4 +118,52 @@ async def test_a_lost_worker_drops_its_queued_requests_without_answering(core):
     await asyncio.sleep(0)
     (stats,) = await endpoint.dp.model_statistics("delayed")
     assert stats.inference_count == 0 and not endpoint.runs and not link.channel.sent
-    assert endpoint.dp.inflight() == 0
+    assert endpoint.dp.inflight() == 0 and endpoint.dp.admission.requests == 0
+
+
+# -- stream requests: a task each ------------------------------------------------------
+
+
+class _StreamPlane:
+    def __init__(self) -> None:
+        self.started = 0
+
+    async def infer_stream(self, request: Any):  # type: ignore[no-untyped-def]
+        self.started += 1
+        await asyncio.sleep(60)
+        yield None
+
+
+def _stream_message(rid: int) -> list[Any]:
+    msg: list[Any] = [None] * (wire.I_TRACE + 1)
+    msg[0], msg[wire.I_RID], msg[wire.I_FLAGS] = wire.INFER, rid, wire.STREAM
+    return msg
+
+
+@pytest.fixture
+async def stream_core(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(ep, "request_from", lambda msg, inputs: SimpleNamespace(cancelled=False))
+    channel = Recorder()
+    link = SimpleNamespace(channel=channel, inputs=None, outputs=None, index=0)
+    return CoreEndpoint(link, _StreamPlane(), lambda *a: None), channel  # type: ignore[arg-type]
+
+
+async def test_a_cancel_read_with_its_stream_infer_still_gets_the_final_answer(stream_core) -> None:  # type: ignore[no-untyped-def]
+    core, channel = stream_core
+    core.on_message(_stream_message(7))
+    core.on_message([wire.CANCEL, 7])  # same read: the task has not started
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert channel.sent == [[wire.ERROR, 7, True, "Cancelled", CANCELLED]]
+    assert core.tasks == {} and core.dp.started == 0
+
+
+async def test_a_stream_cancelled_after_its_start_is_answered_once(stream_core) -> None:  # type: ignore[no-untyped-def]
+    core, channel = stream_core
+    core.on_message(_stream_message(8))
+    await asyncio.sleep(0)  # the request reached the data plane
+    core.on_message([wire.CANCEL, 8])
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert channel.sent == [[wire.ERROR, 8, True, "Cancelled", CANCELLED]]
+    assert core.tasks == {} and core.dp.started == 1
