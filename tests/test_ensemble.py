@@ -536,6 +536,7 @@ class FakeModel:
     scheduler: FakeScheduler
     stats: ModelStats
     version: int = 1
+    cache: None = None  # no response cache
 
 
 def fake_model(name: str, fn, n_inputs: int = 1) -> FakeModel:  # type: ignore[no-untyped-def]

@@ -77,6 +77,7 @@ class InstanceSpec:
     version: int
     model_file: Path
     threads: int  # intra-op threads this instance may use (cores / instances)
+    group: int = 0  # the index of its instance_group in the config
     dispatcher: InferenceDispatcher | None = field(default=None, compare=False, repr=False)
 
 

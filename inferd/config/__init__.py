@@ -27,7 +27,8 @@ from inferd.config._prepare import (
 )
 from inferd.config._sequence import CORRID, END, READY, START, Control, SequencePolicy, StateSpec
 from inferd.config._spec import (
-    KIND_AUTO, KIND_CPU, KIND_GPU, InstanceGroup, ModelSpec, TensorSpec, WarmupInput, WarmupSample, model_spec,
+    KIND_AUTO, KIND_CPU, KIND_GPU, InstanceGroup, ModelSpec, RateLimitResource, TensorSpec, WarmupInput, WarmupSample,
+    model_spec,
 )
 from inferd.config._validate import validate
 
@@ -35,7 +36,8 @@ __all__ = [
     "CORRID", "DELAY", "END", "KIND_AUTO", "KIND_CPU", "KIND_GPU", "READY", "REJECT", "START",
     "BackendResolver", "ConfigCompleter", "Control", "DynamicBatching", "EnsembleConfig", "InferdParameters",
     "InstanceGroup", "ModelConfig", "ModelSignature", "ModelSpec", "PreparedConfig", "QueuePolicy",
-    "SequencePolicy", "SignatureTensor", "StateSpec", "StepConfig", "TensorSpec", "WarmupInput", "WarmupSample",
+    "RateLimitResource", "SequencePolicy", "SignatureTensor", "StateSpec", "StepConfig", "TensorSpec", "WarmupInput",
+    "WarmupSample",
     "autocomplete", "check_ensemble_config", "check_name", "config_from_dict", "config_from_json", "config_to_json",
     "dynamic_batching", "ensemble_config", "is_ensemble", "message_to_dict", "model_spec", "parse_config_file",
     "parse_config_text", "prepare_config", "prepare_ensemble_config", "read_ensemble_config", "read_model_config",

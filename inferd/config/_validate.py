@@ -22,11 +22,10 @@ from inferd.errors import ConfigError
 _HONOURED = {
     "name", "platform", "backend", "version_policy", "max_batch_size", "input", "output",
     "instance_group", "default_model_filename", "parameters", "dynamic_batching", "optimization",
-    "runtime", "model_warmup", "sequence_batching", "model_transaction_policy",
+    "runtime", "model_warmup", "sequence_batching", "model_transaction_policy", "response_cache",
 }
 _REFUSED = {
     "ensemble_scheduling": "ensemble_scheduling is only valid with platform: \"ensemble\"",
-    "response_cache": "the response cache is not supported by inferd",
     "model_repository_agents": "repository agents are not supported by inferd",
     "batch_input": "batch_input (ragged batching) is not supported by inferd",
     "batch_output": "batch_output (ragged batching) is not supported by inferd",
@@ -80,7 +79,7 @@ def validate(
             labels[t.name] = _read_labels(name, t, model_dir)
     _check_instance_groups(config)
     _check_warmup(config)
-    problem = decoupled_problem(config)
+    problem = decoupled_problem(config) or _response_cache_problem(config)
     if problem:
         raise ConfigError(problem)
     normalize_sequence_batching(config)
@@ -91,6 +90,19 @@ def validate(
         _check_against_signature(config, signature)
     del both  # an input and an output may share a name (Triton allows it)
     return model_spec(config, labels, model_dir=model_dir, sequence=sequence)
+
+
+def _response_cache_problem(config: mc.ModelConfig) -> str | None:
+    """Where Triton refuses the response cache: sequences and decoupled models (its words)."""
+    if not config.response_cache.enable:
+        return None
+    if config.HasField("sequence_batching"):
+        return (f"Response Cache does not currently support model {config.name} with sequence batching "
+                "scheduler. Please disable the response cache.")
+    if config.model_transaction_policy.decoupled:
+        return (f"Response Cache does not currently support model {config.name} with 'decoupled' transaction "
+                "policy. Please disable the response cache.")
+    return None
 
 
 def _check_version_policy(config: mc.ModelConfig) -> None:
@@ -193,12 +205,24 @@ def _check_instance_groups(config: mc.ModelConfig) -> None:
             raise ConfigError(f"{where}: kind KIND_MODEL is not supported; use KIND_CPU, KIND_GPU or KIND_AUTO")
         if any(gpu < 0 for gpu in g.gpus):
             raise ConfigError(f"{where}: gpus {list(g.gpus)} must be >= 0")
-        for field in ("rate_limiter", "secondary_devices", "profile", "passive", "host_policy"):
+        _check_rate_limiter(where, g.rate_limiter)
+        for field in ("secondary_devices", "profile", "passive", "host_policy"):
             value = getattr(g, field)
             if (field in ("passive", "host_policy") and value) or (
                 field not in ("passive", "host_policy") and (value if not hasattr(value, "ListFields") else value.ListFields())
             ):
                 raise ConfigError(f"{where}: {field} is not supported by inferd")
+
+
+def _check_rate_limiter(where: str, limiter: mc.ModelRateLimiter) -> None:
+    seen: set[str] = set()
+    for j, r in enumerate(limiter.resources):
+        if not r.name:
+            raise ConfigError(f"{where}: rate_limiter.resources[{j}] has no name")
+        if r.name in seen:
+            raise ConfigError(f"{where}: rate_limiter lists resource '{r.name}' twice; give it once, with the "
+                              "count one instance needs")
+        seen.add(r.name)
 
 
 def _check_warmup(config: mc.ModelConfig) -> None:

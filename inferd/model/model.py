@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from inferd.config import ModelSpec
 from inferd.observability.stats import ModelStats
 from inferd.scheduling.base import Scheduler
+
+if TYPE_CHECKING:
+    from inferd.model.cache import ResponseCache
 
 
 @dataclass(eq=False)
@@ -18,6 +22,8 @@ class Model:
     stats: ModelStats
     model_dir: Path
     decoupled: bool = False  # model_transaction_policy.decoupled: responses only stream
+    # The server's response cache, when the config enables it and the server has one.
+    cache: "ResponseCache | None" = None
 
     @property
     def name(self) -> str:

@@ -35,7 +35,7 @@ LATENCY_BUCKETS = (
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # Failure reasons always exported (as 0 until one happens), so rate() works from the first scrape.
-FAILURE_REASONS = ("INVALID_ARGUMENT", "UNAVAILABLE", "TIMEOUT", "CANCELED", "INTERNAL")
+FAILURE_REASONS = ("INVALID_ARGUMENT", "UNAVAILABLE", "SLO_REFUSED", "TIMEOUT", "CANCELED", "INTERNAL")
 # A client that went away is "CANCELED" whichever way the data plane learnt of it.
 _REASON_ALIASES = {"CANCELLED": "CANCELED"}
 LOAD_STATES = ("READY", "LOADING", "UNLOADING", "UNAVAILABLE")
@@ -117,6 +117,12 @@ class InferdCollector:
                      "Cumulative compute infer (model) duration, microseconds (per request)", labels=L)
         output_us = c("inferd_inference_compute_output_duration_us",
                       "Cumulative compute output duration, microseconds (per request)", labels=L)
+        hits = c("inferd_cache_hit_count", "Requests answered from the response cache", labels=L)
+        misses = c("inferd_cache_miss_count", "Requests the response cache did not hold (then executed)", labels=L)
+        hit_us = c("inferd_cache_hit_duration_us",
+                   "Cumulative time finding and extracting response cache hits, microseconds", labels=L)
+        miss_us = c("inferd_cache_miss_duration_us",
+                    "Cumulative time looking up and inserting response cache misses, microseconds", labels=L)
         pending = GaugeMetricFamily("inferd_inference_pending_request_count",
                                     "Requests waiting in the queue for a model instance", labels=L)
         inflight = GaugeMetricFamily("inferd_inference_inflight_request_count",
@@ -146,6 +152,10 @@ class InferdCollector:
             input_us.add_metric(lv, s.compute_input.ns // 1000)
             infer_us.add_metric(lv, s.compute_infer.ns // 1000)
             output_us.add_metric(lv, s.compute_output.ns // 1000)
+            hits.add_metric(lv, s.cache_hit.count)
+            misses.add_metric(lv, s.cache_miss.count)
+            hit_us.add_metric(lv, s.cache_hit.ns // 1000)
+            miss_us.add_metric(lv, s.cache_miss.ns // 1000)
             depth = getattr(model.scheduler, "queue_depth", None)
             pending.add_metric(lv, depth() if depth is not None else s.pending)
             inflight.add_metric(lv, s.pending)
@@ -165,7 +175,7 @@ class InferdCollector:
         ready.add_metric([], 1 if self.dp.ready_now() else 0)
 
         yield from (success, failure, count, exec_count, request_us, queue_us, input_us, infer_us, output_us,
-                    pending, inflight, request_h, queue_h, compute_h, batch_h, state, ready)
+                    hits, misses, hit_us, miss_us, pending, inflight, request_h, queue_h, compute_h, batch_h, state, ready)
 
 
 class ServerMetrics:

@@ -3,6 +3,7 @@ warm-up, scheduler and statistics, from the plain :class:`ModelSpec`."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -13,19 +14,23 @@ from inferd.clock import Clock
 from inferd.config import KIND_AUTO, KIND_CPU, KIND_GPU, ModelSpec
 from inferd.errors import ConfigError
 from inferd.model import Model
+from inferd.model.cache import ResponseCache
 from inferd.observability.stats import ModelStats
 from inferd.scheduling.base import Scheduler
 from inferd.scheduling.batcher import BatchScheduler
 from inferd.scheduling.instances import InstanceWorker
 from inferd.repository.warmup import run_warmup, warmup_samples
 from inferd.scheduling.policy import batching_policy
+from inferd.scheduling.rate_limiter import RateLimiter, Ticket
 from inferd.scheduling.sequence import SequenceScheduler, sequence_sample
+
+log = logging.getLogger(__name__)
 
 
 def instance_specs(spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path,
                    dispatcher: InferenceDispatcher | None = None) -> list[InstanceSpec]:
     """One InstanceSpec per instance that ``instance_group`` asks for."""
-    devices: list[tuple[str, Device]] = []
+    devices: list[tuple[str, Device, int]] = []
     for gi, group in enumerate(spec.instance_groups):
         count = group.count or 1
         kind = group.kind
@@ -41,16 +46,16 @@ def instance_specs(spec: ModelSpec, backend: Backend, model_dir: Path, version: 
             gpus = list(group.gpus) or [0]
             for gpu in gpus:
                 for i in range(count):
-                    devices.append((f"{base}_{gpu}_{i}" if len(gpus) > 1 else f"{base}_{i}", Device("cuda", gpu)))
+                    devices.append((f"{base}_{gpu}_{i}" if len(gpus) > 1 else f"{base}_{i}", Device("cuda", gpu), gi))
         else:
             for i in range(count):
-                devices.append((f"{base}_{i}", Device("cpu")))
-    cpu_instances = sum(1 for _, d in devices if d.kind == "cpu") or 1
+                devices.append((f"{base}_{i}", Device("cpu"), gi))
+    cpu_instances = sum(1 for _, d, _ in devices if d.kind == "cpu") or 1
     threads = max(1, (os.cpu_count() or 1) // cpu_instances)
     return [
         InstanceSpec(name=name, device=device, model_dir=model_dir, version_dir=model_dir / str(version),
-                     version=version, model_file=model_file, threads=threads, dispatcher=dispatcher)
-        for name, device in devices
+                     version=version, model_file=model_file, threads=threads, group=group, dispatcher=dispatcher)
+        for name, device, group in devices
     ]
 
 
@@ -69,17 +74,24 @@ def sample_inputs(spec: ModelSpec) -> dict[str, np.ndarray]:
 
 def build_model(
     spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path, clock: Clock | None = None,
-    dispatcher: InferenceDispatcher | None = None,
+    dispatcher: InferenceDispatcher | None = None, *, cache: ResponseCache | None = None,
+    limiter: RateLimiter | None = None,
 ) -> Model:
     """Create every instance and the scheduler; blocking (runtimes load here).
-    ``dispatcher``: how the instances reach other models (BLS); None outside a server."""
+    ``dispatcher``: how the instances reach other models (BLS); None outside a server.
+    ``cache``: the server's response cache (used when the config enables it);
+    ``limiter``: the server's rate limiter (None: ``--rate-limit off``)."""
     params = spec.params
     policy = batching_policy(spec.max_batch_size, spec.dynamic_batching, aging_us=params.priority_aging_microseconds,
                              split=params.split_large_requests)
     sequence = spec.sequence  # None without sequence_batching
+    ispecs = instance_specs(spec, backend, model_dir, version, model_file, dispatcher)
     instances = []
+    tickets: list[Ticket | None] = []
     try:
-        for ispec in instance_specs(spec, backend, model_dir, version, model_file, dispatcher):
+        for ispec in ispecs:  # first: a load the resources could never run fails before any runtime loads
+            tickets.append(_ticket(spec, ispec, limiter))
+        for ispec in ispecs:
             instances.append(backend.create_instance(spec, ispec))
         if spec.warmup:  # before the version can report ready
             samples = warmup_samples(spec, model_dir)
@@ -88,9 +100,12 @@ def build_model(
     except BaseException:
         for instance in instances:
             instance.close()
+        for ticket in tickets:
+            if ticket is not None:
+                ticket.close()
         raise
-    workers = [InstanceWorker(i, "thread" if i.thread_only else params.execution, params.inline_max_microseconds)
-               for i in instances]
+    workers = [InstanceWorker(i, "thread" if i.thread_only else params.execution, params.inline_max_microseconds,
+                              ticket) for i, ticket in zip(instances, tickets)]
     if any(w.mode == "auto" for w in workers):
         sample = sample_inputs(spec)
         if sequence is not None:
@@ -104,5 +119,17 @@ def build_model(
         scheduler = SequenceScheduler(spec.name, sequence, workers, list(spec.outputs), stats, clock)
     else:
         scheduler = BatchScheduler(spec.name, policy, workers, list(spec.outputs), stats, clock)
+    if spec.response_cache and cache is None:
+        log.info("model '%s': response_cache is enabled, but the server has no cache (--cache-config "
+                 "local,size=BYTES): its responses are not cached", spec.name)
     return Model(spec=spec, version=version, scheduler=scheduler, stats=stats, model_dir=model_dir,
-                 decoupled=spec.decoupled)
+                 decoupled=spec.decoupled, cache=cache if spec.response_cache else None)
+
+
+def _ticket(spec: ModelSpec, ispec: InstanceSpec, limiter: RateLimiter | None) -> Ticket | None:
+    """The instance's place in the rate limiter; None when it is off or the group has no rate_limiter."""
+    group = spec.instance_groups[ispec.group] if ispec.group < len(spec.instance_groups) else None
+    if limiter is None or group is None or not group.rate_limited:
+        return None
+    device = ispec.device.index if ispec.device.kind == "cuda" else 0  # CPU instances: device 0, as in Triton
+    return limiter.register(spec.name, ispec.name, device, group.resources, group.rate_priority)

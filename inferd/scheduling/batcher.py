@@ -115,7 +115,8 @@ class BatchScheduler(Scheduler):
     async def _infer_one(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
         loop = asyncio.get_running_loop()
         free = self._free
-        if (not self._queue and free and free[0].inline and request.trace is None and not self._ordered
+        if (not self._queue and free and free[0].inline and free[0].ticket is None and request.trace is None
+                and not self._ordered
                 and not self.policy.max_queue_delay_us
                 and (_nothing_else_ready(loop) or not self._worth_waiting())):
             # The idle fast path: nothing is queued, a free instance executes

@@ -35,6 +35,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from inferd.backends.base import BatchResult, ModelInstance
+from inferd.scheduling.rate_limiter import Ticket
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,13 @@ SLOW_FACTOR = 10  # one inline run this many times the limit moves the model off
 
 
 class InstanceWorker:
-    def __init__(self, instance: ModelInstance, mode: str = "auto", inline_max_us: int = 1000) -> None:
+    """``ticket``: the instance's place in the server's rate limiter (None: not limited);
+    each execution waits for its resources, and gives them back when it ends."""
+
+    def __init__(self, instance: ModelInstance, mode: str = "auto", inline_max_us: int = 1000,
+                 ticket: Ticket | None = None) -> None:
         self.instance = instance
+        self.ticket = ticket
         self.name = instance.name
         self.mode = mode
         self.inline = mode == "inline"
@@ -86,16 +92,26 @@ class InstanceWorker:
     ) -> None:
         """Execute a batch; ``done(worker, result)`` is called on the loop.
 
-        Inline, ``done`` runs before this returns; on a thread, later.
+        Inline, ``done`` runs before this returns; on a thread, later; with a rate
+        limiter ticket, once the resources are allocated.
         """
         self.busy = True
+        if self.ticket is not None:
+            self.ticket.request(lambda: self._start(inputs, outputs, done, loop))
+            return
+        self._start(inputs, outputs, done, loop)
+
+    def _start(self, inputs: Sequence[dict[str, np.ndarray]], outputs: Sequence[str], done: Done,
+               loop: asyncio.AbstractEventLoop) -> None:
         if self.inline:
             result = self.run_inline(inputs, outputs)
             self.busy = False
+            if self.ticket is not None:
+                self.ticket.release()
             done(self, result)
             return
         if self._thread is None:
-            self._start()
+            self._start_thread()
         assert self._jobs is not None
         self._jobs.put((inputs, outputs, done, loop))
 
@@ -109,7 +125,7 @@ class InstanceWorker:
         self._observe(time.thread_time_ns() - t0)
         return result
 
-    def _start(self) -> None:
+    def _start_thread(self) -> None:
         self._jobs = SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=f"inferd-{self.name}", daemon=True)
         self._thread.start()
@@ -136,6 +152,8 @@ class InstanceWorker:
     def _finish(self, done: Done, result: BatchResult | BaseException, elapsed_ns: int) -> None:
         self._observe(elapsed_ns)
         self.busy = False
+        if self.ticket is not None:
+            self.ticket.release()
         done(self, result)
 
     def _observe(self, elapsed_ns: int) -> None:
@@ -170,4 +188,6 @@ class InstanceWorker:
             self._jobs.put(None)
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self.ticket is not None:
+            self.ticket.close()
         self.instance.close()

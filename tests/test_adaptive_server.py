@@ -1,0 +1,184 @@
+"""Issue 20 through tritonclient on a real server: the response cache, the rate limiter, latency SLOs.
+
+One server for the module, with ``--cache-config local,size=...`` and ``--rate-limit execution_count``.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from inferd.examples import onnx_models as om
+from tests.conftest import ServerProcess
+from tests.repo_builder import add_model, config
+from tests.test_metrics import get, scrape
+
+tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
+
+# A Python model that records when each of its executions started and ended, in its log folder.
+RECORDING = '''
+import json, os, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        folder = config["parameters"]["log_dir"]["string_value"]
+        self.path = os.path.join(folder, config["name"] + ".log")
+
+    def execute(self, requests):
+        start = time.monotonic()
+        time.sleep(0.03)
+        end = time.monotonic()
+        with open(self.path, "a") as f:
+            f.write(f"{start} {end}\\n")
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+                for r in requests]
+'''
+LIMITED = 'rate_limiter { resources [ { name: "R" count: 1 } ] }'
+
+
+def _recording_model(repo: Path, name: str, logs: Path, limiter: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.py").write_text(textwrap.dedent(RECORDING).lstrip())
+    (repo / name / "config.pbtxt").write_text(
+        config(name, [("IN", "TYPE_FP32", [1])], [("OUT", "TYPE_FP32", [1])], platform=None,
+               extra=f'backend: "python"\ninstance_group [ {{ kind: KIND_CPU count: 1 {limiter} }} ]\n'
+                     f'parameters {{ key: "log_dir" value {{ string_value: "{logs}" }} }}\n'))
+
+
+MLP_IO = ([("INPUT0", "TYPE_FP32", [256])], [("OUTPUT0", "TYPE_FP32", [256])])
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("executions")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, logs: Path) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("adaptive_repo")
+    add_model(repo, "cached", om.mlp(), config("cached", *MLP_IO, max_batch_size=8,
+                                                extra="dynamic_batching { }\nresponse_cache { enable: true }\n"))
+    add_model(repo, "uncached", om.mlp(), config("uncached", *MLP_IO, max_batch_size=8, extra="dynamic_batching { }\n"))
+    for name in ("limited_a", "limited_b"):
+        _recording_model(repo, name, logs, LIMITED)
+    for name in ("free_a", "free_b"):  # no rate_limiter block: not limited
+        _recording_model(repo, name, logs, "")
+    add_model(repo, "both_ways", om.mlp(), config(
+        "both_ways", *MLP_IO, max_batch_size=8,
+        extra='instance_group [ { kind: KIND_CPU rate_limiter { resources [ { name: "G" global: true count: 1 } ] } },'
+              ' { kind: KIND_CPU rate_limiter { resources [ { name: "G" count: 1 } ] } } ]\n'))
+    server = ServerProcess(repo, ["--cache-config", "local,size=1048576", "--rate-limit", "execution_count"])
+    yield server
+    code = server.stop()
+    assert code == 0, server.log()
+    assert "Traceback" not in server.log(), server.log()
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> Iterator:
+    c = tritonclient_grpc.InferenceServerClient(server.url)
+    yield c
+    c.close()
+
+
+def _mlp_inputs(seed: int) -> list:
+    x = np.random.default_rng(seed).standard_normal((1, 256), dtype=np.float32)
+    inp = tritonclient_grpc.InferInput("INPUT0", [1, 256], "FP32")
+    inp.set_data_from_numpy(x)
+    return [inp]
+
+
+def _stats(client, model: str) -> dict:  # type: ignore[no-untyped-def]
+    return client.get_inference_statistics(model, as_json=True)["model_stats"][0]
+
+
+# -- response cache ----------------------------------------------------------------------------
+
+
+def test_a_repeated_request_is_a_cache_hit_in_model_statistics_and_metrics(client, server):
+    first = client.infer("cached", _mlp_inputs(1)).as_numpy("OUTPUT0")
+    second = client.infer("cached", _mlp_inputs(1)).as_numpy("OUTPUT0")
+    other = client.infer("cached", _mlp_inputs(2)).as_numpy("OUTPUT0")
+    np.testing.assert_array_equal(first, second)
+    assert not np.array_equal(first, other)
+    s = _stats(client, "cached")
+    stats = s["inference_stats"]
+    assert int(stats["cache_hit"]["count"]) == 1 and int(stats["cache_hit"]["ns"]) > 0
+    assert int(stats["cache_miss"]["count"]) == 2 and int(stats["cache_miss"]["ns"]) > 0
+    assert int(stats["success"]["count"]) == 3
+    # As in Triton, a hit never reaches the model: two inferences, two executions.
+    assert int(s["inference_count"]) == 2 and int(s["execution_count"]) == 2
+    metrics = scrape(server)
+    assert get(metrics, "inferd_cache_hit_count_total", "cached") == 1
+    assert get(metrics, "inferd_cache_miss_count_total", "cached") == 2
+
+
+def test_a_model_that_does_not_enable_the_cache_executes_every_request(client):
+    for _ in range(2):
+        client.infer("uncached", _mlp_inputs(3))
+    s = _stats(client, "uncached")
+    assert int(s["execution_count"]) == 2
+    assert int(s["inference_stats"].get("cache_hit", {}).get("count", 0)) == 0
+
+
+# -- rate limiter ------------------------------------------------------------------------------
+
+
+def _intervals(logs: Path, name: str) -> list[tuple[float, float]]:
+    return [tuple(map(float, line.split())) for line in (logs / f"{name}.log").read_text().splitlines()]  # type: ignore[misc]
+
+
+def _overlaps(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> int:
+    return sum(1 for s1, e1 in a for s2, e2 in b if s1 < e2 and s2 < e1)
+
+
+def _hammer(server: ServerProcess, models: tuple[str, str], per_model: int = 6) -> None:
+    """``per_model`` requests to each model, all in flight together."""
+    errors: list[BaseException] = []
+
+    def call(model: str) -> None:
+        c = tritonclient_grpc.InferenceServerClient(server.url)
+        try:
+            inp = tritonclient_grpc.InferInput("IN", [1], "FP32")
+            inp.set_data_from_numpy(np.ones(1, np.float32))
+            c.infer(model, [inp], client_timeout=60)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=call, args=(m,)) for m in models for _ in range(per_model)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert not errors, errors
+
+
+def test_two_models_sharing_a_rate_limited_resource_never_execute_at_once(server, logs):
+    _hammer(server, ("limited_a", "limited_b"))
+    a, b = _intervals(logs, "limited_a"), _intervals(logs, "limited_b")
+    assert a and b
+    assert _overlaps(a, b) == 0
+
+
+def test_the_same_models_without_a_rate_limiter_do_execute_at_once(server, logs):
+    _hammer(server, ("free_a", "free_b"))
+    assert _overlaps(_intervals(logs, "free_a"), _intervals(logs, "free_b")) > 0
+
+
+def test_a_resource_used_both_globally_and_per_device_fails_the_load(client):
+    index = {m["name"]: m for m in client.get_model_repository_index(as_json=True)["models"]}
+    entry = index["both_ways"]
+    assert entry["state"] == "UNAVAILABLE"
+    assert 'Resource "G" is present as both global and device-specific resource' in entry["reason"]
