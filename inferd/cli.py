@@ -59,6 +59,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                         "the model file or a Python model's auto_complete_config); default false")
     p.add_argument("--disable-auto-complete-config", action="store_const", const=True, dest="strict_model_config",
                    help="Triton's newer name for --strict-model-config=true")
+    p.add_argument("--server-name", default="triton", metavar="NAME",
+                   help="the name ServerMetadata (gRPC, GET /v2) answers (default 'triton', which Triton's own "
+                        "clients check for; the version it answers is inferd's)")
     p.add_argument("--log-verbose", type=int, default=0, help="0: info, >=1: debug")
     from inferd.observability import log_settings, tracing
 
@@ -222,6 +225,7 @@ def _serve(args: argparse.Namespace) -> int:
         cache_bytes=cache_bytes,
         rate_limit=args.rate_limit,
         rate_limit_resources=resources,
+        server_name=args.server_name,
     )
 
     async def run() -> None:

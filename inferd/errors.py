@@ -82,6 +82,13 @@ class ModelExecutionError(InferdError):
     kind = "INTERNAL"
 
 
+class RepositoryPollError(InferdError):
+    """The files a load request sent could not be made into a model folder. INTERNAL, as
+    Triton answers it ("failed to poll from model repository"); its clients match on that."""
+
+    kind = "INTERNAL"
+
+
 class ConfigError(InferdError):
     """A model's configuration is invalid; raised at load, never per request."""
 

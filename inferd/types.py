@@ -74,6 +74,9 @@ class InferenceRequest:
     # A decoupled model's responses go here (an inferd.streaming.ResponseSink,
     # set by DataPlane.infer_stream); None for one-response requests.
     responder: Any = None
+    # Leave the outputs on this torch device ("cuda:0"; "cpu"), as DeviceTensors, when the model runs
+    # there: an ensemble sets it for a step whose consumers run on that device too. None: host numpy.
+    output_device: str | None = None
 
 
 @dataclass(slots=True, eq=False)

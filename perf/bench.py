@@ -31,11 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
+from perf.compare_clients import PERF_ANALYZER  # found above a worktree too
+
 ROOT = Path(__file__).resolve().parent.parent
 PERF = ROOT / "perf"
 RESULTS_DIR = PERF / "results"
 OUT = PERF / "out"
-PERF_ANALYZER = ROOT.parent / "shared" / "tools" / "perf_analyzer"
 
 
 # -- processes ---------------------------------------------------------------
@@ -121,13 +122,13 @@ def perf_analyzer_available() -> bool:
 
 def run_pa(label: str, model: str, url: str, concurrency: int, *, shape: str | None = None,
            batch: int = 1, window_ms: int = 2000, extra: list[str] | None = None,
-           protocol: str = "grpc", cpus: str | None = None) -> Measure:
-    """One perf_analyzer run at one concurrency; medians of its stable windows."""
+           protocol: str = "grpc", cpus: str | None = None, trials: int = 8) -> Measure:
+    """One perf_analyzer run at one concurrency; medians of its stable windows (at most ``trials``)."""
     with tempfile.TemporaryDirectory() as tmp:
         csv_path = Path(tmp) / "pa.csv"
         args = [*pinned(cpus), str(PERF_ANALYZER), "-m", model, "-u", url, "-i", protocol,
                 "--concurrency-range", str(concurrency), "-b", str(batch), "-p", str(window_ms),
-                "--max-trials", "8", "-s", "15", "-f", str(csv_path)]
+                "--max-trials", str(trials), "-s", "15", "-f", str(csv_path)]
         if shape:
             args += ["--shape", shape]
         args += extra or []
@@ -302,26 +303,6 @@ def scenario_ensemble(quick: bool) -> dict:
     return out
 
 
-def scenario_clients(quick: bool) -> dict:
-    """The load client itself: `inferd perf` and perf_analyzer on mlp at concurrency 16,
-    one after the other against the same server (perf/compare_clients.py)."""
-    from perf.compare_clients import compare
-
-    repo = bench_repository(big=False)
-    server, url = start_inferd(repo)
-    try:
-        result = compare(url, model="mlp", concurrency=16, interval_ms=3000, stability=15.0)
-    finally:
-        server.stop()
-    out: dict = {"measures": [], "ceilings": {}}
-    for label, key in (("inferd perf (Python, 1 process)", "inferd_perf"), ("perf_analyzer (C++)", "perf_analyzer")):
-        r = result[key]
-        out["measures"].append(asdict(Measure(label, 16, 1, r.get("throughput", 0.0), r.get("p50_us", 0.0),
-                                              r.get("p99_us", 0.0), note=r.get("error", r.get("skipped", "")) or
-                                              f"client CPU {r.get('client_cpu_s', 0):.1f} s over {r.get('wall_s', 0):.0f} s")))
-    return out
-
-
 def scenario_protocols(quick: bool) -> dict:
     """mlp over gRPC, HTTP/REST (JSON header + binary data) and gRPC with system shared memory,
     and perf_analyzer -m simple --concurrency-range 1:8 (the README's newcomer check)."""
@@ -363,7 +344,6 @@ SCENARIOS = {
     "request_path": scenario_request_path,
     "compute_bound": scenario_compute_bound,
     "ensemble": scenario_ensemble,
-    "clients": scenario_clients,
     "protocols": scenario_protocols,
     "sequence": scenario_sequence,
 }
@@ -477,11 +457,6 @@ def add_ratios(name: str, result: dict) -> None:
             runtime = f", of which the runtime's call {infer:.0f} us" if infer else ""
             ratios[f"c=1: in-server time per request, {model}"] = (
                 f"{total:.0f} us{runtime} (median of rounds: {', '.join(str(v[0]) for v in values)})")
-    if name == "clients":
-        ours, theirs = find("inferd perf (Python, 1 process)", 16), find("perf_analyzer (C++)", 16)
-        if ours and theirs and theirs["infer_per_s"]:
-            ratios["inferd perf / perf_analyzer throughput, mlp c=16"] = (
-                f"{ours['infer_per_s'] / theirs['infer_per_s']:.3f}x (target: within 15%)")
     result["ratios"] = ratios
 
 

@@ -1,13 +1,16 @@
 """``inferd perf`` next to Triton's perf_analyzer against the same server, in one run.
 
-    python -m perf.compare_clients [-m mlp] [-c 16] [--url HOST:PORT] [-p 5000] [--workers 1]
+    python -m perf.compare_clients [-m mlp] [-c 16] [--url HOST:PORT] [-p 5000] [--rounds 3] [--workers N]
 
 Without ``--url`` it builds the example model in a temporary repository, starts
 ``inferd serve`` on a free port and stops it afterwards. The two clients run one after the
-other (never together) with the same concurrency, measurement window and stability rule;
-the script prints both throughputs, their ratio, the latency percentiles and the CPU time
-each client used (getrusage of the child processes). perf_analyzer is skipped, with a
-message, when it cannot be installed or run.
+other (never together) with the same concurrency, measurement window and stability rule,
+``--rounds`` times each, alternating (A B B A A B ...), so both sample the same drift of a
+shared machine; their ratio is the ratio of the medians. For each run it prints the
+throughput, the latency percentiles, the client's CPU time (getrusage of the child) and,
+per inference, the client's and the server's CPU (the server's from /proc, divided by the
+server's own ModelStatistics count over the run). perf_analyzer is skipped, with a message,
+when it cannot be installed or run.
 
 From the benchmark suite: ``compare(url, model, concurrency, ...)`` returns the same
 numbers as a dict.
@@ -29,7 +32,22 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PERF_ANALYZER = ROOT.parent / "shared" / "tools" / "perf_analyzer"
+TOOL = Path("shared") / "tools" / "perf_analyzer"
+
+
+def find_perf_analyzer() -> Path:
+    """$INFERD_PERF_ANALYZER (another perf_analyzer: the GPU machine runs the one of its PyPI
+    wheel), else shared/tools/perf_analyzer in the nearest folder above the checkout that has
+    one (a worktree may sit deeper than the main checkout)."""
+    if os.environ.get("INFERD_PERF_ANALYZER"):
+        return Path(os.environ["INFERD_PERF_ANALYZER"])
+    for folder in ROOT.parents:
+        if (folder / TOOL).exists():
+            return folder / TOOL
+    return ROOT.parent / TOOL
+
+
+PERF_ANALYZER = find_perf_analyzer()
 
 
 def _children_cpu() -> float:
@@ -71,12 +89,12 @@ def _summary(row: dict[str, str]) -> dict[str, float]:
 
 
 def run_inferd_perf(url: str, model: str, concurrency: int, interval_ms: int, stability: float,
-                    workers: int, out_dir: Path, timeout: float = 600) -> dict:
+                    workers: int | None, out_dir: Path, timeout: float = 600) -> dict:
     csv_path, json_path = out_dir / "inferd_perf.csv", out_dir / "inferd_perf.json"
     csv_path.unlink(missing_ok=True)
     args = [sys.executable, "-m", "inferd.cli", "perf", "-m", model, "-u", url,
             "--concurrency-range", str(concurrency), "-p", str(interval_ms), "-s", str(stability),
-            "--workers", str(workers), "-f", str(csv_path), "--json", str(json_path)]
+            *(["--workers", str(workers)] if workers else []), "-f", str(csv_path), "--json", str(json_path)]
     code, out, wall, cpu = _run(args, timeout)
     result: dict = {"command": " ".join(args[1:]).replace("-m inferd.cli", "inferd", 1), "exit": code,
                     "wall_s": wall, "client_cpu_s": cpu}
@@ -89,6 +107,8 @@ def run_inferd_perf(url: str, model: str, concurrency: int, interval_ms: int, st
     result["stable"] = level["stable"]
     result["windows"] = level["windows"]
     result["measured_s"] = level["duration_s"]
+    if level.get("requests"):  # the workers' CPU inside the windows only: no start-up
+        result["client_cpu_us_per_infer_in_windows"] = 1e6 * level["client_cpu_s"] / level["requests"]
     return result
 
 
@@ -115,25 +135,86 @@ def run_perf_analyzer(url: str, model: str, concurrency: int, interval_ms: int, 
     return result
 
 
+def _server_counters(url: str, model: str, pid: int | None) -> tuple[int, float | None]:
+    """(the model's successful requests so far, the server process's CPU seconds or None)."""
+    import grpc
+
+    from inferd._proto import grpc_service_pb2 as pb
+    from inferd._proto import grpc_service_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(url) as channel:
+        stats = pb_grpc.GRPCInferenceServiceStub(channel).ModelStatistics(pb.ModelStatisticsRequest(name=model),
+                                                                         timeout=30)
+    count = sum(s.inference_stats.success.count for s in stats.model_stats)
+    cpu = None
+    if pid is not None:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            cpu = None
+    return count, cpu
+
+
+def _measured(run, url: str, model: str, server_pid: int | None) -> dict:  # type: ignore[no-untyped-def]
+    """One client run with the server's count and CPU around it: CPU per inference of both."""
+    n0, s0 = _server_counters(url, model, server_pid)
+    result = run()
+    n1, s1 = _server_counters(url, model, server_pid)
+    served = n1 - n0
+    if served > 0:
+        result["client_cpu_us_per_infer"] = 1e6 * result["client_cpu_s"] / served
+        if s0 is not None and s1 is not None:
+            result["server_cpu_us_per_infer"] = 1e6 * (s1 - s0) / served
+    return result
+
+
+def _median(runs: list[dict], key: str) -> float | None:
+    values = sorted(r[key] for r in runs if key in r)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
 def compare(url: str, model: str = "mlp", concurrency: int = 16, interval_ms: int = 5000,
-            stability: float = 10.0, workers: int = 1, out_dir: Path | None = None,
-            perf_analyzer: Path = PERF_ANALYZER) -> dict:
-    """Run both clients against ``url`` one after the other; the numbers and their ratio."""
+            stability: float = 10.0, workers: int | None = None, out_dir: Path | None = None,
+            perf_analyzer: Path = PERF_ANALYZER, rounds: int = 1, server_pid: int | None = None) -> dict:
+    """Run both clients against ``url``, ``rounds`` times each, alternating who goes first in
+    each round (ABBA...); per-run numbers, their medians and the ratio of the medians."""
     tmp = None
     if out_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="compare_clients-")
         out_dir = Path(tmp.name)
+    runs: dict[str, list[dict]] = {"inferd_perf": [], "perf_analyzer": []}
+    clients = {
+        "inferd_perf": lambda: run_inferd_perf(url, model, concurrency, interval_ms, stability, workers, out_dir),
+        "perf_analyzer": lambda: run_perf_analyzer(url, model, concurrency, interval_ms, stability, out_dir,
+                                                   perf_analyzer),
+    }
     try:
-        inferd = run_inferd_perf(url, model, concurrency, interval_ms, stability, workers, out_dir)
-        pa = run_perf_analyzer(url, model, concurrency, interval_ms, stability, out_dir, perf_analyzer)
+        for r in range(rounds):
+            order = ("inferd_perf", "perf_analyzer") if r % 2 == 0 else ("perf_analyzer", "inferd_perf")
+            for name in order:
+                result = _measured(clients[name], url, model, server_pid)
+                runs[name].append(result)
+                if "skipped" in result:  # not installed: no point in more rounds of it
+                    clients[name] = lambda result=result: dict(result)
     finally:
         if tmp is not None:
             tmp.cleanup()
-    ratio = None
-    if "throughput" in inferd and "throughput" in pa and pa["throughput"] > 0:
-        ratio = inferd["throughput"] / pa["throughput"]
-    return {"model": model, "url": url, "concurrency": concurrency, "interval_ms": interval_ms,
-            "inferd_perf": inferd, "perf_analyzer": pa, "ratio_inferd_over_perf_analyzer": ratio}
+    summary: dict = {"model": model, "url": url, "concurrency": concurrency, "interval_ms": interval_ms,
+                     "rounds": rounds, "runs": runs}
+    for name, results in runs.items():
+        merged = dict(results[-1])
+        for key in ("throughput", "p50_us", "p99_us", "client_cpu_us_per_infer", "server_cpu_us_per_infer"):
+            value = _median(results, key)
+            if value is not None:
+                merged[key] = value
+        summary[name] = merged
+    ours, theirs = summary["inferd_perf"].get("throughput"), summary["perf_analyzer"].get("throughput")
+    summary["ratio_inferd_over_perf_analyzer"] = ours / theirs if ours and theirs else None
+    return summary
 
 
 # --------------------------------------------------------------------------- own server
@@ -170,8 +251,13 @@ def _print(result: dict) -> None:
     print(f"\nmodel {result['model']} at {result['url']}, concurrency {result['concurrency']}, "
           f"{result['interval_ms']} ms windows")
     for name in ("inferd_perf", "perf_analyzer"):
+        for i, run in enumerate(result["runs"][name]):
+            if "throughput" in run:
+                cpu = "".join(f"  {who} CPU {run[k]:.0f} us/infer" for who, k in (
+                    ("client", "client_cpu_us_per_infer"), ("server", "server_cpu_us_per_infer")) if k in run)
+                print(f"  {name.replace('_', ' '):14s} run {i + 1}: {run['throughput']:10.1f} infer/s{cpu}")
         r = result[name]
-        label = name.replace("_", " ")
+        label = name.replace("_", " ") + (" (median)" if result["rounds"] > 1 else "")
         if "throughput" in r:
             print(f"  {label:14s} {r['throughput']:10.1f} infer/s  p50 {r['p50_us']:8.0f} us  "
                   f"p99 {r['p99_us']:8.0f} us  {'stable' if r.get('stable') else 'NOT stable'}  "
@@ -190,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-u", "--url", default=None, help="an already running server (default: start one)")
     parser.add_argument("-p", "--measurement-interval", type=int, default=5000, metavar="MS")
     parser.add_argument("-s", "--stability-percentage", type=float, default=10.0)
-    parser.add_argument("--workers", type=int, default=1, help="inferd perf --workers")
+    parser.add_argument("--workers", type=int, default=None, help="inferd perf --workers (default: its own)")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each client, alternating (default 1)")
     parser.add_argument("--perf-analyzer", type=Path, default=PERF_ANALYZER,
                         help=f"perf_analyzer to run (default {PERF_ANALYZER}; its first run installs it)")
     parser.add_argument("--json", default=None, help="also write the numbers here")
@@ -217,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
             _wait_ready(url, args.model, server)
         result = compare(url, args.model, args.concurrency, args.measurement_interval,
-                         args.stability_percentage, args.workers, perf_analyzer=args.perf_analyzer)
+                         args.stability_percentage, args.workers, perf_analyzer=args.perf_analyzer,
+                         rounds=args.rounds, server_pid=server.pid if server is not None else None)
     finally:
         if server is not None:
             server.terminate()

@@ -88,12 +88,15 @@ class ServerProcess:
 
 
 @contextmanager
-def running(repository: Path, *, exit_zero: bool = True, no_traceback: bool = True) -> Iterator[ServerProcess]:
+def running(repository: Path, *, exit_zero: bool = True, no_traceback: bool = True,
+            extra_args: list[str] | None = None) -> Iterator[ServerProcess]:
     """A server for a fixture's lifetime. At the end it is stopped and, as asked, must
     have exited with status 0 and logged no traceback (no unexpected internal error)."""
-    server = ServerProcess(repository)
-    yield server
-    code = server.stop()
+    server = ServerProcess(repository, extra_args)
+    try:
+        yield server
+    finally:  # stopped also when the fixture's body failed: nothing is left running
+        code = server.stop()
     if exit_zero:
         assert code == 0, server.log()
     if no_traceback:
@@ -110,6 +113,16 @@ def client(server: ServerProcess) -> Iterator:
     c.close()
 
 
+@pytest.fixture
+async def aio_client(server: ServerProcess):  # type: ignore[no-untyped-def]
+    """A tritonclient asyncio gRPC client on the module's ``server``, closed after the test."""
+    import tritonclient.grpc.aio as aioclient
+
+    c = aioclient.InferenceServerClient(server.url)
+    yield c
+    await c.close()
+
+
 @pytest.fixture(scope="module")
 def stub(server: ServerProcess) -> Iterator:
     """A raw gRPC stub (tritonclient's generated one) on the module's ``server``."""
@@ -119,6 +132,21 @@ def stub(server: ServerProcess) -> Iterator:
     channel = grpc.insecure_channel(server.url)
     yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
     channel.close()
+
+
+@pytest.fixture(scope="session")
+def perf_analyzer() -> str:
+    """The path of a working Triton perf_analyzer; the test is skipped where none can run."""
+    candidates = [os.environ.get("PERF_ANALYZER", ""), str(ROOT.parent / "shared" / "tools" / "perf_analyzer"),
+                  shutil.which("perf_analyzer") or ""]
+    for path in candidates:
+        if path and Path(path).is_file() and os.access(path, os.X_OK):
+            try:
+                if subprocess.run([path, "--version"], capture_output=True, timeout=300).returncode == 0:
+                    return path
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+    pytest.skip("perf_analyzer is not available or cannot run here")
 
 
 @pytest.fixture(scope="session")

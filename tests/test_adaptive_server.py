@@ -46,13 +46,16 @@ class TritonPythonModel:
 LIMITED = 'rate_limiter { resources [ { name: "R" count: 1 } ] }'
 
 
-def _recording_model(repo: Path, name: str, logs: Path, limiter: str) -> None:
+def _recording_model(repo: Path, name: str, logs: Path, limiter: str, extra: str = "") -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "1" / "model.py").write_text(textwrap.dedent(RECORDING).lstrip())
     (repo / name / "config.pbtxt").write_text(
         config(name, [("IN", "TYPE_FP32", [1])], [("OUT", "TYPE_FP32", [1])], platform=None,
                extra=f'backend: "python"\ninstance_group [ {{ kind: KIND_CPU count: 1 {limiter} }} ]\n'
-                     f'parameters {{ key: "log_dir" value {{ string_value: "{logs}" }} }}\n'))
+                     f'parameters {{ key: "log_dir" value {{ string_value: "{logs}" }} }}\n' + extra))
+
+
+SLO_US = 50_000  # each execution of the recording model takes 30 ms: a second one queued cannot make it
 
 
 MLP_IO = ([("INPUT0", "TYPE_FP32", [256])], [("OUTPUT0", "TYPE_FP32", [256])])
@@ -73,6 +76,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, logs: Path) -> Iterator[Ser
         _recording_model(repo, name, logs, LIMITED)
     for name in ("free_a", "free_b"):  # no rate_limiter block: not limited
         _recording_model(repo, name, logs, "")
+    _recording_model(repo, "slo", logs, "", f'parameters {{ key: "inferd.max_latency_microseconds" '
+                                            f'value {{ string_value: "{SLO_US}" }} }}\n')
     add_model(repo, "both_ways", om.mlp(), config(
         "both_ways", *MLP_IO, max_batch_size=8,
         extra='instance_group [ { kind: KIND_CPU rate_limiter { resources [ { name: "G" global: true count: 1 } ] } },'
@@ -119,8 +124,10 @@ def test_a_repeated_request_is_a_cache_hit_in_model_statistics_and_metrics(clien
     # As in Triton, a hit never reaches the model: two inferences, two executions.
     assert int(s["inference_count"]) == 2 and int(s["execution_count"]) == 2
     metrics = scrape(server)
-    assert get(metrics, "inferd_cache_hit_count_total", "cached") == 1
-    assert get(metrics, "inferd_cache_miss_count_total", "cached") == 2
+    assert get(metrics, "nv_cache_num_hits_per_model", "cached") == 1
+    assert get(metrics, "nv_cache_num_misses_per_model", "cached") == 2
+    assert get(metrics, "nv_cache_hit_duration_per_model", "cached") >= 0
+    assert ("nv_cache_num_hits_per_model", (("model", "uncached"), ("version", "1"))) not in metrics  # as Triton
 
 
 def test_a_model_that_does_not_enable_the_cache_executes_every_request(client):
@@ -142,8 +149,8 @@ def _overlaps(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> int
     return sum(1 for s1, e1 in a for s2, e2 in b if s1 < e2 and s2 < e1)
 
 
-def _hammer(server: ServerProcess, models: tuple[str, str], per_model: int = 6) -> None:
-    """``per_model`` requests to each model, all in flight together."""
+def _hammer(server: ServerProcess, models: tuple[str, ...], per_model: int = 6) -> list[BaseException]:
+    """``per_model`` requests to each model, all in flight together; the errors they got."""
     errors: list[BaseException] = []
 
     def call(model: str) -> None:
@@ -162,18 +169,18 @@ def _hammer(server: ServerProcess, models: tuple[str, str], per_model: int = 6) 
         t.start()
     for t in threads:
         t.join(90)
-    assert not errors, errors
+    return errors
 
 
 def test_two_models_sharing_a_rate_limited_resource_never_execute_at_once(server, logs):
-    _hammer(server, ("limited_a", "limited_b"))
+    assert not _hammer(server, ("limited_a", "limited_b"))
     a, b = _intervals(logs, "limited_a"), _intervals(logs, "limited_b")
     assert a and b
     assert _overlaps(a, b) == 0
 
 
 def test_the_same_models_without_a_rate_limiter_do_execute_at_once(server, logs):
-    _hammer(server, ("free_a", "free_b"))
+    assert not _hammer(server, ("free_a", "free_b"))
     assert _overlaps(_intervals(logs, "free_a"), _intervals(logs, "free_b")) > 0
 
 
@@ -182,3 +189,26 @@ def test_a_resource_used_both_globally_and_per_device_fails_the_load(client):
     entry = index["both_ways"]
     assert entry["state"] == "UNAVAILABLE"
     assert 'Resource "G" is present as both global and device-specific resource' in entry["reason"]
+
+
+# -- latency SLO -------------------------------------------------------------------------------
+
+
+def test_a_request_that_cannot_meet_the_slo_is_refused_and_counted(client, server):
+    inp = tritonclient_grpc.InferInput("IN", [1], "FP32")
+    inp.set_data_from_numpy(np.ones(1, np.float32))
+    for _ in range(3):  # the scheduler learns how long an execution takes
+        client.infer("slo", [inp])
+    errors = _hammer(server, ("slo",), per_model=6)
+    assert errors, "six requests at once: at most two fit a 50 ms SLO of 30 ms executions"
+    for exc in errors:
+        assert exc.status() == "StatusCode.UNAVAILABLE", exc
+        message = exc.message()
+        assert f"model 'slo': request refused: it cannot meet the latency SLO of {SLO_US} us" in message, message
+        assert "estimated" in message and "queued ahead of it" in message, message
+    s = _stats(client, "slo")
+    assert int(s["inference_stats"]["fail"]["count"]) == len(errors)
+    assert int(s["inference_stats"]["success"]["count"]) == 3 + 6 - len(errors)
+    metrics = scrape(server)
+    assert get(metrics, "inferd_inference_request_failure_total", "slo", reason="SLO_REFUSED") == len(errors)
+    assert get(metrics, "nv_inference_request_failure", "slo", reason="REJECTED") == len(errors)

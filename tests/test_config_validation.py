@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
 from conftest import ROOT, running
+from inferd.errors import ConfigError
 from inferd.examples import onnx_models as om
 from repo_builder import add_model, config
 
@@ -65,6 +66,47 @@ BROKEN = {
     "zero_latest": ["zero_latest", "num_versions", "0"],
     "bad_param_value": ["bad_param_value", "inferd.execution", "'fast'"],
 }
+# Triton's own invalid configurations (server qa/L0_model_config/noautofill_platform and
+# autofill_noplatform/ensemble) that inferd used to accept: name -> the exact reason.
+FP32_1 = [("OUTPUT", "TYPE_FP32", [1])]
+TRITON_RESHAPE = {
+    "reshape_nobatch_empty": "model 'reshape_nobatch_empty': input 'INPUT': reshape.shape [] on a model that does "
+    "not batch (max_batch_size 0) would make the tensor a scalar, which reshape does not support; give "
+    "reshape.shape at least one dimension, or set max_batch_size > 0 (an empty reshape means one value per batch row)",
+    "reshape_variable_runs": "model 'reshape_variable_runs': input 'INPUT': reshape.shape [2, -1, 2] and dims "
+    "[2, -1] hold different numbers of elements around their variable dimensions (reshape.shape: [2, 2], dims: "
+    "[2, 1]); each run of fixed dimensions before, between and after the -1s must hold the same number of "
+    "elements in both",
+    "reshape_variable_count": "model 'reshape_variable_count': output 'OUTPUT': reshape.shape [2, -1, -1] has 2 "
+    "variable dimension(s) but dims [2, -1] has 1; reshape keeps each variable dimension, so both need the same "
+    "number of -1",
+}
+TRITON_ORDERING = {
+    "preserve_ordering_levels": "model 'preserve_ordering_levels': dynamic_batching.priority_levels is 3 with "
+    "preserve_ordering true; responses sent in arrival order allow one priority level only: set priority_levels "
+    "to 0 or 1, or preserve_ordering to false",
+    "preserve_ordering_delay": "model 'preserve_ordering_delay': dynamic_batching.priority_queue_policy[1] has "
+    "timeout_action DELAY (default_timeout_microseconds 1000) with preserve_ordering true; a delayed request "
+    "would hold back every response behind it: use timeout_action REJECT, or preserve_ordering false",
+}
+TRITON_CONTROL = {
+    "control_tensor_multiple": "model 'control_tensor_multiple': sequence_batching: control tensor 'START' is "
+    "declared for CONTROL_SEQUENCE_START and for CONTROL_SEQUENCE_READY; a control tensor carries one control "
+    "kind: give each control_input its own tensor name",
+}
+TRITON_ENSEMBLE = {
+    "redundant_tensor_as_output": "ensemble 'redundant_tensor_as_output' step 0 (model 'good'): output "
+    "'OUTPUT1' is mapped to tensor 'unused', which no step consumes and which is not an ensemble output; leave "
+    "the output out of output_map (a step maps only the outputs the ensemble uses), or list the tensor in output",
+}
+# A plain model whose config is broken and which has no version folder: refused for the config.
+TRITON_CONFIG_FIRST = {
+    "priority_no_folder": "model 'priority_no_folder': dynamic_batching.default_priority_level must be in "
+    "1..priority_levels (3), got 0",
+}
+for _group in (TRITON_RESHAPE, TRITON_ORDERING, TRITON_CONTROL, TRITON_ENSEMBLE, TRITON_CONFIG_FIRST):
+    BROKEN.update({name: [reason] for name, reason in _group.items()})
+
 GOOD = ["good", "auto_batch", "auto_nobatch", "auto_scalar", "v_latest", "v_all", "v_specific", "custom_file", "reshaped",
         "optional_b"]
 
@@ -117,6 +159,8 @@ def build(repo):
     add_model(repo, "bad_param_value", _add_sub(), config(
         "bad_param_value", INT16, OUT16, 8, extra='parameters { key: "inferd.execution" value { string_value: "fast" } }\n'))
 
+    _build_triton_refused(repo)
+
     # auto-complete: no config.pbtxt at all
     add_model(repo, "auto_batch", _add_sub(), None)
     add_model(repo, "auto_nobatch", _add_sub(batch=False), None)
@@ -145,6 +189,38 @@ def build(repo):
     add_model(repo, "optional_b", _with_default_b(), config(
         "optional_b", [("A", "TYPE_FP32", [4]), ("B", "TYPE_FP32", [4])], [("C", "TYPE_FP32", [4])], 0,
         input_extra={"B": "optional: true"}))
+
+
+def _build_triton_refused(repo) -> None:
+    one = om.identity(np.float32, [1], batch=True)
+    add_model(repo, "reshape_nobatch_empty", one, config(
+        "reshape_nobatch_empty", [("INPUT", "TYPE_FP32", [1])], FP32_1, 0, input_extra={"INPUT": "reshape { shape: [ ] }"}))
+    add_model(repo, "reshape_variable_runs", one, config(
+        "reshape_variable_runs", [("INPUT", "TYPE_FP32", [2, -1])], FP32_1, 4,
+        input_extra={"INPUT": "reshape { shape: [ 2, -1, 2 ] }"}))
+    add_model(repo, "reshape_variable_count", one, config(
+        "reshape_variable_count", [("INPUT", "TYPE_FP32", [1])], [("OUTPUT", "TYPE_FP32", [2, -1])], 4,
+        output_extra={"OUTPUT": "reshape { shape: [ 2, -1, -1 ] }"}))
+    int1 = ([("INPUT", "TYPE_INT32", [1])], [("OUTPUT", "TYPE_INT32", [1])])
+    add_model(repo, "preserve_ordering_levels", one, config("preserve_ordering_levels", *int1, 8, extra=(
+        "dynamic_batching { preserve_ordering: true priority_levels: 3 default_priority_level: 2 "
+        "priority_queue_policy { key: 1 value: { } } }\n")))
+    add_model(repo, "preserve_ordering_delay", one, config("preserve_ordering_delay", *int1, 8, extra=(
+        "dynamic_batching { preserve_ordering: true priority_levels: 1 default_priority_level: 1 "
+        "priority_queue_policy { key: 1 value: { timeout_action: DELAY default_timeout_microseconds: 1000 } } }\n")))
+    add_model(repo, "control_tensor_multiple", one, config("control_tensor_multiple", *int1, 8, extra=(
+        "sequence_batching { control_input [ "
+        "{ name: \"START\" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] }, "
+        "{ name: \"START\" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] } ] }\n")))
+    add_model(repo, "priority_no_folder", None, config("priority_no_folder", *int1, 8, extra=(
+        "dynamic_batching { priority_levels: 3 }\n")))  # Triton's default_priority_level0, no version folder
+    # An ensemble with no version folder: refused for its wiring, as Triton does, not for the folder.
+    add_model(repo, "redundant_tensor_as_output", None, config(
+        "redundant_tensor_as_output", INT16, [("OUTPUT0", "TYPE_INT32", [16])], 8, platform="ensemble", extra=(
+            "ensemble_scheduling { step [ { model_name: \"good\" model_version: -1 "
+            "input_map { key: \"INPUT0\" value: \"INPUT0\" } input_map { key: \"INPUT1\" value: \"INPUT1\" } "
+            "output_map { key: \"OUTPUT0\" value: \"OUTPUT0\" } output_map { key: \"OUTPUT1\" value: \"unused\" } "
+            "} ] }\n")))
 
 
 @pytest.fixture(scope="module")
@@ -256,6 +332,36 @@ def test_repository_index_reasons(client, check_output):
         assert check_output[name] == "UNAVAILABLE: " + index[name].reason
     ready = {m.name for m in client.get_model_repository_index().models if m.state == "READY"}
     assert ready == set(GOOD)
+
+
+def _reasons(client) -> dict[str, str]:
+    return {m.name: m.reason for m in client.get_model_repository_index().models}
+
+
+def test_triton_refuses_reshape_that_contradicts_dims(client):
+    reasons = _reasons(client)
+    for name, reason in TRITON_RESHAPE.items():
+        assert reasons[name] == reason
+
+
+def test_triton_refuses_preserve_ordering_with_priorities_or_delay(client):
+    reasons = _reasons(client)
+    for name, reason in TRITON_ORDERING.items():
+        assert reasons[name] == reason
+
+
+def test_triton_refuses_a_control_tensor_for_two_kinds(client):
+    assert _reasons(client)["control_tensor_multiple"] == TRITON_CONTROL["control_tensor_multiple"]
+
+
+def test_a_broken_config_is_refused_for_itself_before_its_missing_folder(client, repo):
+    assert not (repo / "priority_no_folder").joinpath("1").exists()
+    assert _reasons(client)["priority_no_folder"] == TRITON_CONFIG_FIRST["priority_no_folder"]
+
+
+def test_triton_refuses_an_ensemble_for_its_config_before_its_missing_folder(client, repo):
+    assert not any(p.is_dir() for p in (repo / "redundant_tensor_as_output").iterdir())
+    assert _reasons(client)["redundant_tensor_as_output"] == TRITON_ENSEMBLE["redundant_tensor_as_output"]
 
 
 def test_broken_models_do_not_stop_the_others(client):
@@ -381,3 +487,15 @@ def test_optional_input(client):
     with pytest.raises(InferenceServerException) as exc:
         client.infer("optional_b", [b])
     assert exc.value.status() == "StatusCode.INVALID_ARGUMENT" and "'A'" in exc.value.message()
+
+
+def test_reshape_keeping_variable_dimensions_in_place_is_accepted():
+    """Triton's own example of a valid variable reshape: [2, 4, -1, 6] -> [8, -1, 1, 6]."""
+    from inferd.config import check_declared, parse_config_text
+
+    text = config("ok", [("INPUT", "TYPE_FP32", [2, 4, -1, 6])], FP32_1, 4,
+                  input_extra={"INPUT": "reshape { shape: [ 8, -1, 1, 6 ] }"})
+    check_declared(parse_config_text(text, model="ok"))  # raises on a refusal
+    moved = text.replace("8, -1, 1, 6", "4, -1, 2, 6")
+    with pytest.raises(ConfigError, match=r"reshape.shape \[4, -1, 2, 6\] and dims \[2, 4, -1, 6\] hold different"):
+        check_declared(parse_config_text(moved, model="ok"))

@@ -536,6 +536,7 @@ class FakeModel:
     scheduler: FakeScheduler
     stats: ModelStats
     version: int = 1
+    tensor_device: str | None = None  # a torch device: the model takes and gives DeviceTensors there
     cache: None = None  # no response cache
 
 
@@ -581,6 +582,59 @@ async def test_intermediate_tensors_are_not_copied():
     assert stats.inference_count == 2 and stats.execution_count == 1
     assert stats.queue.count == 1 and stats.queue.ns == 0
     assert a.stats.success.count == 1 and b.stats.success.count == 1
+
+
+def device_fn(device: str):  # type: ignore[no-untyped-def]
+    """A model on a torch device: its outputs stay there (as DeviceTensors) when the request asks."""
+    import torch
+
+    from inferd.gpu.tensor import DeviceTensor
+
+    async def fn(request):  # type: ignore[no-untyped-def]
+        x = np.asarray(request.inputs["INPUT0"]) + 1
+        if request.output_device == device:
+            return {"OUTPUT0": DeviceTensor.of(torch.from_numpy(x))}
+        return {"OUTPUT0": x}
+    return fn
+
+
+async def test_between_steps_on_one_torch_device_the_tensors_stay_there():
+    a, b, c = (fake_model(n, device_fn("cuda:0")) for n in "abc")
+    for m in (a, b, c):
+        m.tensor_device = "cuda:0"
+    sched, _ = make_ensemble({"a": a, "b": b, "c": c}, chain("a", "b", "c"))
+    out = await sched.infer(request(np.zeros((1, 4), np.float32)), 1)
+    assert [m.scheduler.calls[0].output_device for m in (a, b, c)] == ["cuda:0", "cuda:0", None]
+    from inferd.gpu.tensor import DeviceTensor
+
+    assert isinstance(b.scheduler.calls[0].inputs["INPUT0"], DeviceTensor)  # a's output, never on the host
+    assert isinstance(out["OUTPUT0"], np.ndarray) and out["OUTPUT0"].tolist() == [[3.0] * 4]
+
+
+async def test_a_step_on_another_device_or_runtime_gets_host_arrays():
+    a, b = fake_model("a", device_fn("cuda:0")), fake_model("b", identity_fn())
+    a.tensor_device = "cuda:0"  # b: not a torch model (tensor_device None)
+    sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
+    await sched.infer(request(np.zeros((1, 4), np.float32)), 1)
+    assert a.scheduler.calls[0].output_device is None
+    b.tensor_device = "cuda:1"
+    sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
+    await sched.infer(request(np.zeros((1, 4), np.float32)), 1)
+    assert a.scheduler.calls[-1].output_device is None and isinstance(b.scheduler.calls[-1].inputs["INPUT0"], np.ndarray)
+
+
+async def test_a_device_tensor_reaching_a_host_model_is_copied_to_the_host_once():
+    import torch
+
+    from inferd.gpu.tensor import DeviceTensor
+
+    b = fake_model("b", identity_fn())  # a host model
+    sched, _ = make_ensemble({"b": b}, chain("b"))
+    x = DeviceTensor.of(torch.arange(4, dtype=torch.float32).reshape(1, 4))
+    out = await sched.infer(request(x), 1)  # a CUDA shared memory input, say
+    seen = b.scheduler.calls[0].inputs["INPUT0"]
+    assert isinstance(seen, np.ndarray) and seen.tolist() == [[0.0, 1.0, 2.0, 3.0]]
+    assert isinstance(out["OUTPUT0"], np.ndarray)
 
 
 async def test_priority_timeout_deadline_and_id_reach_every_step():

@@ -279,3 +279,28 @@ def test_save_skips_identical(tmp_path):
     assert p.stat().st_mtime_ns == mtime
     assert om.save(om.relu(5), p) is True
     assert not [f for f in os.listdir(p.parent) if f.startswith(".tmp-")]
+
+
+def test_triton_example_repository_computes_what_tritons_does(tmp_path):
+    """Triton's docs/examples/model_repository, built in code: its eight models, and the
+    ONNX graphs compute what Triton's do (the example clients check these values)."""
+    from inferd.examples import triton_examples
+
+    names = triton_examples.build(tmp_path)
+    assert sorted(names) == ["densenet_onnx", "inception_onnx", "simple", "simple_dyna_sequence", "simple_identity",
+                             "simple_int8", "simple_sequence", "simple_string"]
+    a = np.array([[str(i) for i in range(16)]], dtype=object)  # onnxruntime's own API takes str
+    b = np.array([["1"] * 16], dtype=object)
+    out = _session(tmp_path / "simple_string" / "1" / "model.onnx").run(None, {"INPUT0": a, "INPUT1": b})
+    assert list(out[0][0]) == [str(i + 1) for i in range(16)] and list(out[1][0]) == [str(i - 1) for i in range(16)]
+    one = np.ones((1, 1), dtype=np.int32)
+    seq = _session(tmp_path / "simple_sequence" / "1" / "model.onnx")
+    assert seq.run(None, {"INPUT": one * 100, "START": one, "READY": one})[0].tolist() == [[101]]
+    dyna = _session(tmp_path / "simple_dyna_sequence" / "1" / "model.onnx")
+    feeds = {"INPUT": one * 5, "START": one * 0, "END": one, "READY": one, "CORRID": np.array([[1000]], np.uint64)}
+    assert dyna.run(None, feeds)[0].tolist() == [[1005]]
+    image = np.random.default_rng(0).random((1, 3, 224, 224), dtype=np.float32)
+    scores = _session(tmp_path / "densenet_onnx" / "1" / "model.onnx").run(None, {"data_0": image})[0]
+    assert scores.shape == (1, 1000, 1, 1) and abs(float(scores.sum()) - 1.0) < 1e-4
+    labels = (tmp_path / "densenet_onnx" / "densenet_labels.txt").read_text().splitlines()
+    assert len(labels) == 1000

@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "inferd.json"
-_METRIC = re.compile(r"\b((?:inferd|process)_[a-z0-9_]+)\b")
+_METRIC = re.compile(r"\b((?:inferd|nv|process)_[a-z0-9_]+)\b")
 _GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
 _MATCHER = re.compile(r"\{([^}]*)\}")
 _LEGEND = re.compile(r"\{\{\s*(\w+)\s*\}\}")
@@ -35,6 +35,7 @@ def _exported(metrics_url: str) -> tuple[set[str], set[str]]:
     text = urllib.request.urlopen(metrics_url, timeout=30).read().decode()
     names, labels = set(), set()
     for family in text_string_to_metric_families(text):
+        names.add(family.name)  # Triton's counters are exported without _total, the parser's samples add it
         for sample in family.samples:
             names.add(sample.name)
             labels.update(sample.labels)
@@ -59,7 +60,7 @@ def test_every_query_names_a_metric_and_labels_the_server_exports(example_server
 def test_the_panels_cover_throughput_latency_queue_batch_and_failures_per_model() -> None:
     dash = _dashboard()
     exprs = " ".join(e for _, e, _ in _queries(dash))
-    for metric in ("inferd_inference_request_success_total", "inferd_inference_request_duration_seconds_bucket",
+    for metric in ("nv_inference_request_success", "inferd_inference_request_duration_seconds_bucket",
                    "inferd_inference_queue_duration_seconds_bucket", "inferd_inference_batch_size_bucket",
                    "inferd_inference_request_failure_total"):
         assert metric in exprs

@@ -68,7 +68,7 @@ def test_server_live_and_ready(client):
 
 def test_server_metadata(client):
     md = client.get_server_metadata()
-    assert md.name == "inferd"
+    assert md.name == "triton" and md.version == "0.1.0"
     assert md.version
     assert {"classification", "model_repository", "statistics", "model_configuration"} <= set(md.extensions)
 
@@ -181,6 +181,33 @@ def test_infer_typed_contents(stub):
     assert list(response.outputs[0].shape) == [2, 16]
     out = np.frombuffer(response.raw_output_contents[0], dtype=np.int32).reshape(2, 16)
     np.testing.assert_array_equal(out, np.arange(32).reshape(2, 16) + 2)
+
+
+def test_typed_contents_with_raw_input_contents_is_refused_in_tritons_words(stub):
+    """Triton's explicit-content example clients match on this message."""
+    import grpc
+
+    request = service_pb2.ModelInferRequest(model_name="simple")
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="INT32", shape=[1, 16]).contents.int_contents.extend(range(16))
+    request.raw_input_contents.append(np.arange(8, dtype=np.int32).tobytes())
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(request)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == (
+        "contents field must not be specified when using raw_input_contents for 'INPUT0' for model 'simple'; "
+        "send every input as raw_input_contents, or every one in its contents")
+
+
+def test_a_version_that_is_not_a_number_is_refused_in_tritons_words(stub):
+    import grpc
+
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(service_pb2.ModelInferRequest(model_name="simple", model_version="wrong_specification"))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == (
+        "failed to get model version from specified version string 'wrong_specification' for model 'simple'; "
+        "a version is a non-negative integer, or empty for the model's latest")
 
 
 def test_infer_typed_bytes_contents(stub):
@@ -386,7 +413,7 @@ async def test_aio_client(server):
     try:
         assert await client.is_server_live() is True
         assert await client.is_server_ready() is False
-        assert (await client.get_server_metadata()).name == "inferd"
+        assert (await client.get_server_metadata()).name == "triton"
         assert await client.is_model_ready("simple") is True
         assert await client.is_model_ready("broken") is False
         md = await client.get_model_metadata("simple")
@@ -420,3 +447,14 @@ async def test_aio_client(server):
         assert exc.value.status() == "StatusCode.UNIMPLEMENTED"
     finally:
         await client.close()
+
+
+def test_server_name_option(start_server, tmp_path):
+    """--server-name: the name ServerMetadata answers over gRPC and HTTP (default 'triton')."""
+    import tritonclient.http as httpclient
+
+    (tmp_path / "empty").mkdir()
+    server = start_server(tmp_path / "empty", ["--server-name", "inferd"])
+    assert grpcclient.InferenceServerClient(server.url).get_server_metadata().name == "inferd"
+    metadata = httpclient.InferenceServerClient(server.http_url).get_server_metadata()
+    assert metadata["name"] == "inferd" and metadata["version"] == "0.1.0"

@@ -7,11 +7,8 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
-import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -123,7 +120,7 @@ def test_health_and_metadata(client, server):
     assert _raw(server, "GET", "/v2/health/ready")[0] == 400
     assert _raw(server, "GET", "/v2/health/live")[0] == 200
     md = client.get_server_metadata()
-    assert md["name"] == "inferd" and "binary_tensor_data" in md["extensions"]
+    assert md["name"] == "triton" and "binary_tensor_data" in md["extensions"]
     assert client.is_model_ready("identity_fp32") is True
     assert client.is_model_ready("identity_fp32", "1") is True
     assert client.is_model_ready("identity_fp32", "2") is False
@@ -424,23 +421,8 @@ def test_model_control_over_http(start_server, tmp_path):
 # -- perf_analyzer -i http -----------------------------------------------------------
 
 
-def _perf_analyzer() -> str | None:
-    candidates = [os.environ.get("PERF_ANALYZER", ""), str(ROOT.parent / "shared" / "tools" / "perf_analyzer"),
-                  shutil.which("perf_analyzer") or ""]
-    for path in candidates:
-        if path and Path(path).is_file() and os.access(path, os.X_OK):
-            try:
-                if subprocess.run([path, "--version"], capture_output=True, timeout=300).returncode == 0:
-                    return path
-            except (OSError, subprocess.TimeoutExpired):
-                continue
-    return None
-
-
-def test_perf_analyzer_http(example_server):
-    tool = _perf_analyzer()
-    if tool is None:
-        pytest.skip("perf_analyzer is not available or cannot run here")
+def test_perf_analyzer_http(example_server, perf_analyzer):
+    tool = perf_analyzer
     run = subprocess.run(
         [tool, "-m", "mlp", "-u", example_server.http_url, "-i", "http", "-p", "1000", "--concurrency-range", "2",
          "--max-trials", "4", "--stability-percentage", "200"],

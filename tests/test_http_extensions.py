@@ -276,6 +276,18 @@ def test_cuda_shared_memory_has_nothing_and_refuses_registration(client):
     assert _error(exc)[0] == "404"
 
 
+def test_cuda_registration_bodies_are_checked_naming_the_region(server):
+    path = "/v2/cudasharedmemory/region/cu/register"
+    status, _, body = _raw(server, "POST", path, json.dumps({"raw_handle": {"b64": "!!"}, "device_id": 0,
+                                                             "byte_size": 64}))
+    assert status == 400 and b"'cu'" in body and b"valid base64" in body
+    status, _, body = _raw(server, "POST", path, json.dumps({"raw_handle": "AAAA", "device_id": 0, "byte_size": 64}))
+    assert status == 400 and b"'raw_handle' must be" in body
+    status, _, body = _raw(server, "POST", path, json.dumps({"raw_handle": {"b64": "AAAA"}, "device_id": -1,
+                                                             "byte_size": 64}))
+    assert status == 400 and b"'device_id' must be a non-negative integer" in body
+
+
 # -- trace and log settings, traceparent -------------------------------------------------------
 
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("proto", ("inferd._proto",)),
     ("core", ("inferd.types", "inferd.errors", "inferd.clock", "inferd.dtypes", "inferd.streaming",
-              "inferd.observability", "inferd.suggest")),
+              "inferd.observability", "inferd.suggest", "inferd.gpu", "inferd.host")),
     ("config", ("inferd.config",)),
     ("backends", ("inferd.backends", "triton_python_backend_utils")),
     ("scheduling", ("inferd.scheduling",)),
@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # The Prometheus exporter reads the models' counters in the process that holds them.
     ("dataplane", ("inferd.dataplane", "inferd.observability.metrics")),
     ("frontends", ("inferd.server",)),
-    ("cli", ("inferd.cli", "inferd.perf", "inferd.examples")),
+    ("cli", ("inferd.cli", "inferd.perf", "inferd.examples", "inferd.deploy")),
 ]
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
 # Where protobuf and gRPC may be imported: the generated code, config/, the frontends and the tools above them.

@@ -5,6 +5,7 @@ process metrics are there."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import urllib.error
@@ -21,6 +22,17 @@ from conftest import running
 from gated_model import add_gated_model, release, wait_started
 from inferd.examples import onnx_models as om
 from repo_builder import add_model, config
+
+
+_FAILING = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError("this model always fails"))
+                for _ in requests]
+"""
 
 
 @pytest.fixture(scope="module")
@@ -40,20 +52,38 @@ def server(tmp_path_factory, gate):
               "instance_group [ { kind: KIND_CPU count: 1 } ]\n"))
     add_gated_model(repo, "gated", gate)
     add_model(repo, "broken", None, 'name: "broken"\nplatform: "onnxruntime_onnx"\n')
+    add_model(repo, "failing", _FAILING.encode(), config(
+        "failing", [("INPUT0", "TYPE_FP32", [-1])], [("OUTPUT0", "TYPE_FP32", [-1])], 0, platform=None,
+        extra='backend: "python"\n'), filename="model.py")
     with running(repo) as server:
         yield server
 
 
-def scrape(server) -> dict[tuple[str, tuple], float]:
-    """{(sample name, sorted label pairs): value} of one scrape."""
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+def scrape_text(server, accept: str | None = None) -> str:
+    request = urllib.request.Request(server.metrics_url, headers={"Accept": accept} if accept else {})
+    with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
-        assert response.headers["Content-Type"].startswith("text/plain")
-        text = response.read().decode()
+        assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        return response.read().decode()
+
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def scrape(server) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted label pairs): value} of one scrape, with the sample names as
+    written (as Prometheus stores them; prometheus_client's parser would add _total to
+    Triton's counters). Every family still parses with prometheus_client."""
+    text = scrape_text(server)
+    assert list(text_string_to_metric_families(text))
     out = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            match = _SAMPLE.match(line)
+            assert match, line
+            name, labels, value = match.groups()
+            out[(name, tuple(sorted(_LABEL.findall(labels or ""))))] = float(value)
     return out
 
 
@@ -78,11 +108,12 @@ def _add_sub_inputs(module, n: int = 4):
 def test_scrape_has_every_family(server):
     m = scrape(server)
     names = {name for name, _ in m}
-    for family in ("inferd_inference_request_success_total", "inferd_inference_request_failure_total",
-                   "inferd_inference_count_total", "inferd_inference_exec_count_total",
-                   "inferd_inference_request_duration_us_total", "inferd_inference_queue_duration_us_total",
-                   "inferd_inference_compute_input_duration_us_total", "inferd_inference_compute_infer_duration_us_total",
-                   "inferd_inference_compute_output_duration_us_total", "inferd_inference_pending_request_count",
+    for family in ("nv_inference_request_success", "nv_inference_request_failure",
+                   "inferd_inference_request_failure_total",
+                   "nv_inference_count", "nv_inference_exec_count",
+                   "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+                   "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
+                   "nv_inference_compute_output_duration_us", "nv_inference_pending_request_count",
                    "inferd_inference_inflight_request_count", "inferd_inference_request_duration_seconds_bucket",
                    "inferd_inference_queue_duration_seconds_count", "inferd_inference_compute_duration_seconds_sum",
                    "inferd_inference_batch_size_bucket", "inferd_model_load_state", "inferd_server_ready",
@@ -97,6 +128,74 @@ def test_scrape_has_every_family(server):
     assert m[("inferd_server_ready", ())] == 0  # a model is unavailable
     # Failure counters exist (at 0) before any failure, so rate() works from the first scrape.
     assert get(m, "inferd_inference_request_failure_total", "batched", reason="INVALID_ARGUMENT") == 0
+    for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
+        assert get(m, "nv_inference_request_failure", "batched", reason=reason) == 0
+
+
+TRITON_FAMILIES = {
+    "nv_inference_request_success": "counter", "nv_inference_request_failure": "counter",
+    "nv_inference_count": "counter", "nv_inference_exec_count": "counter",
+    "nv_inference_request_duration_us": "counter", "nv_inference_queue_duration_us": "counter",
+    "nv_inference_compute_input_duration_us": "counter", "nv_inference_compute_infer_duration_us": "counter",
+    "nv_inference_compute_output_duration_us": "counter", "nv_inference_pending_request_count": "gauge",
+}
+
+
+def test_triton_names_types_and_labels_exactly(server):
+    """A Triton dashboard's series, byte for byte: Triton's names (no _total), types and labels,
+    in the text format whatever the scraper asks for (OpenMetrics would rename the counters)."""
+    grpc_client = grpcclient.InferenceServerClient(server.url)
+    grpc_client.infer("add_sub", _add_sub_inputs(grpcclient))
+    for accept in (None, "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3"):
+        text = scrape_text(server, accept)
+        lines = text.splitlines()
+        for name, kind in TRITON_FAMILIES.items():
+            assert f"# TYPE {name} {kind}" in lines
+            assert f"{name}_total" not in text
+        assert any(line.startswith('nv_inference_request_success{model="add_sub",version="1"} ') and
+                   int(line.rsplit(" ", 1)[1]) >= 1 for line in lines)
+        assert 'nv_inference_request_failure{model="add_sub",version="1",reason="OTHER"} ' in text
+        assert not any(line.startswith("nv_") and "_total" in line for line in lines)
+        assert "# EOF" not in text
+    grpc_client.close()
+
+
+def test_failures_counted_under_triton_reasons(server):
+    """OTHER for a request the model refuses, REJECTED for one whose timeout passed in the queue,
+    BACKEND for one the model failed to execute; inferd's own family keeps the status."""
+    grpc_client = grpcclient.InferenceServerClient(server.url)
+    before = scrape(server)
+    with pytest.raises(InferenceServerException):
+        grpc_client.infer("add_sub", _add_sub_inputs(grpcclient, 5))
+    batched = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
+    batched.set_data_from_numpy(np.ones((1, 2), dtype=np.float32))
+    with pytest.raises(InferenceServerException):  # 1 us: expires while waiting out the 200 ms queue delay
+        grpc_client.infer("batched", [batched], timeout=1)
+    failing = grpcclient.InferInput("INPUT0", [2], "FP32")
+    failing.set_data_from_numpy(np.ones(2, dtype=np.float32))
+    with pytest.raises(InferenceServerException) as exc:
+        grpc_client.infer("failing", [failing])
+    assert exc.value.status() == "StatusCode.INTERNAL"
+    after = scrape(server)
+    grpc_client.close()
+
+    def delta(name: str, model: str, reason: str) -> float:
+        return get(after, name, model, reason=reason) - get(before, name, model, reason=reason)
+
+    assert [delta("nv_inference_request_failure", "add_sub", r) for r in ("OTHER", "REJECTED", "BACKEND")] == [1, 0, 0]
+    assert [delta("nv_inference_request_failure", "batched", r) for r in ("OTHER", "REJECTED", "BACKEND")] == [0, 1, 0]
+    assert [delta("nv_inference_request_failure", "failing", r) for r in ("OTHER", "REJECTED", "BACKEND")] == [0, 0, 1]
+    assert delta("inferd_inference_request_failure_total", "add_sub", "INVALID_ARGUMENT") == 1
+    assert delta("inferd_inference_request_failure_total", "failing", "INTERNAL") == 1
+
+
+def test_triton_reason_of_each_inferd_reason():
+    from inferd.observability.metrics import triton_reason
+
+    cases = {"UNAVAILABLE": "REJECTED", "TIMEOUT": "REJECTED", "CANCELED": "CANCELED", "CANCELLED": "CANCELED",
+             "INTERNAL": "BACKEND", "INVALID_ARGUMENT": "OTHER", "UNIMPLEMENTED": "OTHER"}
+    assert {r: triton_reason(r, ensemble=False) for r in cases} == cases
+    assert {triton_reason(r, ensemble=True) for r in cases} == {"OTHER"}  # as Triton counts an ensemble's
 
 
 def test_counters_move_by_exactly_the_requests_sent(server):
@@ -118,12 +217,13 @@ def test_counters_move_by_exactly_the_requests_sent(server):
     def delta(name: str, **extra: str) -> float:
         return get(after, name, "add_sub", **extra) - get(before, name, "add_sub", **extra)
 
-    assert delta("inferd_inference_request_success_total") == 9
+    assert delta("nv_inference_request_success") == 9
     assert delta("inferd_inference_request_failure_total", reason="INVALID_ARGUMENT") == 3
     for reason in ("UNAVAILABLE", "TIMEOUT", "CANCELED", "INTERNAL"):
         assert delta("inferd_inference_request_failure_total", reason=reason) == 0
-    assert delta("inferd_inference_count_total") == 9
-    assert delta("inferd_inference_exec_count_total") == 9
+    assert delta("nv_inference_request_failure", reason="OTHER") == 3
+    assert delta("nv_inference_count") == 9
+    assert delta("nv_inference_exec_count") == 9
     assert delta("inferd_inference_request_duration_seconds_count") == 9
     assert delta("inferd_inference_request_duration_seconds_bucket", le="+Inf") == 9
     assert delta("inferd_inference_queue_duration_seconds_count") == 9
@@ -131,14 +231,14 @@ def test_counters_move_by_exactly_the_requests_sent(server):
     assert delta("inferd_inference_batch_size_count") == 9
     assert delta("inferd_inference_batch_size_sum") == 9
     assert delta("inferd_inference_batch_size_bucket", le="1.0") == 9
-    assert delta("inferd_inference_request_duration_us_total") > 0
-    assert delta("inferd_inference_compute_infer_duration_us_total") > 0
-    assert get(after, "inferd_inference_pending_request_count", "add_sub") == 0
+    assert delta("nv_inference_request_duration_us") > 0
+    assert delta("nv_inference_compute_infer_duration_us") > 0
+    assert get(after, "nv_inference_pending_request_count", "add_sub") == 0
     # the metrics and the statistics extension are one set of counters
     stats = grpc_client.get_inference_statistics("add_sub").model_stats[0]
-    assert stats.inference_stats.success.count == get(after, "inferd_inference_request_success_total", "add_sub")
-    assert stats.execution_count == get(after, "inferd_inference_exec_count_total", "add_sub")
-    assert stats.inference_stats.success.ns // 1000 == get(after, "inferd_inference_request_duration_us_total",
+    assert stats.inference_stats.success.count == get(after, "nv_inference_request_success", "add_sub")
+    assert stats.execution_count == get(after, "nv_inference_exec_count", "add_sub")
+    assert stats.inference_stats.success.ns // 1000 == get(after, "nv_inference_request_duration_us",
                                                            "add_sub")
     grpc_client.close()
     http_client.close()
@@ -170,9 +270,9 @@ def test_batches_counted_by_rows_and_executions(server):
     def delta(name: str, **extra: str) -> float:
         return get(after, name, "batched", **extra) - get(before, name, "batched", **extra)
 
-    executions = delta("inferd_inference_exec_count_total")
-    assert delta("inferd_inference_request_success_total") == 4
-    assert delta("inferd_inference_count_total") == 8  # rows
+    executions = delta("nv_inference_exec_count")
+    assert delta("nv_inference_request_success") == 4
+    assert delta("nv_inference_count") == 8  # rows
     assert 1 <= executions <= 4
     assert delta("inferd_inference_batch_size_count") == executions
     assert delta("inferd_inference_batch_size_sum") == 8
@@ -203,7 +303,7 @@ def test_queue_depth_and_inflight_gauges(server, gate):
                 break
             assert time.monotonic() < deadline, "the second request never arrived"
             time.sleep(0.02)
-        assert get(m, "inferd_inference_pending_request_count", "gated") == 1
+        assert get(m, "nv_inference_pending_request_count", "gated") == 1
     finally:
         release(gate)
         for t in threads:
@@ -211,8 +311,8 @@ def test_queue_depth_and_inflight_gauges(server, gate):
     assert len(results) == 2
     m = scrape(server)
     assert get(m, "inferd_inference_inflight_request_count", "gated") == 0
-    assert get(m, "inferd_inference_pending_request_count", "gated") == 0
-    assert get(m, "inferd_inference_request_success_total", "gated") == 2
+    assert get(m, "nv_inference_pending_request_count", "gated") == 0
+    assert get(m, "nv_inference_request_success", "gated") == 2
     assert get(m, "inferd_inference_queue_duration_seconds_count", "gated") == 2
 
 

@@ -71,6 +71,36 @@ def test_request_count_matches_server_statistics(server, capsys, tmp_path) -> No
     assert result["client"]["cpu_s"] > 0 and result["client"]["workers"] == 2
 
 
+def test_http_protocol_counts_match_server_statistics(server, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """-i http: the same load over KServe v2 REST (binary tensor data), BYTES inputs included,
+    every request counted by the server; errors are counted under their status."""
+    before = _success_count(server.url, "mlp")
+    result = _run_ok(capsys, tmp_path, "-m", "mlp", "-u", server.http_url, "-i", "http", "--concurrency-range", "3",
+                     "--request-count", "120", "--priority", "1", "-q")
+    (level,) = result["levels"]
+    assert level["completed"] == 120 and level["errors"] == {}
+    assert _success_count(server.url, "mlp") - before == 120 == level["server"]["success_count"]
+    strings = _run_ok(capsys, tmp_path, "-m", "simple_string", "-u", server.http_url, "-i", "http",
+                      "--request-count", "20", "-q")
+    assert strings["levels"][0]["completed"] == 20 and strings["levels"][0]["errors"] == {}
+    # a 1 us queue timeout on a model that waits for a batch: refused with HTTP 503 -> UNAVAILABLE
+    code, _, err = _perf(capsys, "-m", "mlp", "-u", server.http_url, "-i", "http", "--request-count", "5",
+                         "--request-timeout-us", "1", "-q")
+    if code == 1:  # every request refused: the tool says so with the server's message
+        assert "all 5 requests failed" in err and "HTTP" in err
+
+
+async def test_closed_loop_shares_a_grpc_channel_six_ways() -> None:
+    """As tritonclient's C++ channel sharing (perf_analyzer's): 16 slots -> 3 connections."""
+    from inferd.perf.transport import GrpcTransport
+
+    transport = GrpcTransport("127.0.0.1:1")
+    calls = [transport.caller(slot) for slot in range(16)]
+    assert len(transport.channels) == 3
+    assert calls[0] is calls[5] and calls[5] is not calls[6] and calls[12] is calls[15]
+    await transport.close()
+
+
 def test_percentiles_are_ordered(server, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
     result = _run_ok(capsys, tmp_path, "-m", "mlp", "-u", server.url, "--concurrency-range", "1:3:2",
                      "--request-count", "150", "-b", "4", "-q")
@@ -184,6 +214,9 @@ def test_unreachable_server(capsys) -> None:  # type: ignore[no-untyped-def]
     code, _, err = _perf(capsys, "-m", "mlp", "-u", f"127.0.0.1:{port}", "--connect-timeout", "2")
     assert code == 1
     assert f"cannot reach a gRPC inference server at 127.0.0.1:{port}" in err and "Traceback" not in err
+    code, _, err = _perf(capsys, "-m", "mlp", "-u", f"127.0.0.1:{port}", "-i", "http", "--connect-timeout", "2")
+    assert code == 1
+    assert f"cannot reach an HTTP inference server at 127.0.0.1:{port}" in err and "Traceback" not in err
 
 
 def test_data_that_does_not_fit_is_refused_before_sending(server, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -227,3 +260,13 @@ def test_stability_rule() -> None:
     assert is_stable([window(50, 99), window(100, 10), window(105, 10.5), window(109, 10)], 10)
     assert not is_stable([window(100, 10), window(100, 10), window(120, 10)], 10)
     assert not is_stable([window(100, 10), window(100, 12), window(100, 10)], 10)
+
+
+def test_closed_loop_defaults_to_a_worker_per_four_slots() -> None:
+    """perf_analyzer drives each slot from its own thread; inferd perf gives each 4 slots their
+    own process (one event loop for 16 slots was starved of CPU on a busy host and sent late)."""
+    from inferd.perf.options import default_workers
+
+    assert [default_workers("concurrency", [c]) for c in (1, 4, 5, 16, 64)] == [1, 1, 2, 4, 8]
+    assert default_workers("concurrency", [1, 8, 16]) == 4  # the highest level of a sweep
+    assert default_workers("request_rate", [1000.0]) == 1

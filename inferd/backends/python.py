@@ -61,7 +61,6 @@ import inspect
 import itertools
 import json
 import logging
-import os
 import re
 import sys
 import threading
@@ -80,6 +79,7 @@ from inferd.errors import (
     AlreadyExists, Cancelled, ConfigError, InferdError, InvalidArgument, ModelExecutionError, NotFound,
     Unavailable, Unimplemented,
 )
+from inferd.gpu.inventory import default_inventory
 from inferd.streaming import ResponseSink, StreamEvent
 from inferd.types import InferenceRequest, RequestedOutput
 
@@ -144,14 +144,7 @@ class PythonBackend(Backend):
         # CPU itself and uses a GPU through its own libraries. Only a host with
         # an NVIDIA driver is asked through torch, which is slow to import.
         if self._gpu is None:
-            self._gpu = False
-            if os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia"):
-                try:
-                    import torch
-
-                    self._gpu = bool(torch.cuda.is_available())
-                except ImportError:
-                    pass
+            self._gpu = bool(default_inventory().gpus())
         return self._gpu
 
     def complete_config(self, config: ModelConfig, model_file: Path) -> None:

@@ -16,6 +16,15 @@ Tensor names follow Triton's pytorch backend:
 A TorchScript file has no signature inferd could read types and shapes from,
 so the config must list every input and output.
 
+Strings (TYPE_STRING), as Triton's pytorch backend takes them: a string input
+is passed to forward as one ``List[str]`` (a batch joined into one list), and
+a ``List[str]`` that forward returns (alone or in its tuple) is a string
+output. The list is the tensor's only dimension, so a string tensor must be
+one-dimensional as the model sees it: ``dims: [n]`` on a model that does not
+batch, ``dims: [1]`` with ``reshape: { shape: [] }`` on one that does. Bytes
+travel as UTF-8 text (TorchScript's ``str``); a request whose bytes are not
+UTF-8 is refused on its own (INVALID_ARGUMENT), the rest of its batch runs.
+
 Parameters (the keys of Triton's pytorch backend, ``parameters`` in the config):
 
 - ``INTRA_OP_THREAD_COUNT``: threads one execution may use. ``torch.set_num_threads``
@@ -38,11 +47,16 @@ Parameters (the keys of Triton's pytorch backend, ``parameters`` in the config):
   ``ENABLE_JIT_PROFILING``: accepted so Triton repositories load; they have no
   effect here and a warning says so.
 
-Data: inputs become tensors without copying where the layout allows
-(``torch.from_numpy``; the request's read-only buffers are shared, so a model
-that writes into its inputs in place writes into the request's copy only).
-BF16 travels as 16-bit words: ``ml_dtypes.bfloat16`` numpy <-> ``torch.bfloat16``
-through an int16 view. Outputs come back with ``Tensor.numpy()`` (no copy on CPU).
+Data (inferd/backends/torch_device.py): on the CPU a lone request's inputs become
+tensors without copying where the layout allows (``torch.from_numpy``; the
+request's read-only buffers are shared, so a model that writes into its inputs in
+place writes into the request's copy only) and a batch is joined once. On
+``cuda:k`` each instance has its own CUDA stream and thread: the batch is joined
+once into pinned host memory and copied to the device in one non-blocking copy
+per input, outputs come back once through pinned memory, and inputs already on
+the device (CUDA shared memory, an ensemble step's output) are not moved through
+the host. BF16 travels as 16-bit words: ``ml_dtypes.bfloat16`` numpy <->
+``torch.bfloat16`` through an int16 view.
 """
 
 from __future__ import annotations
@@ -50,16 +64,22 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from inferd.backends.base import Backend, InstanceSpec, ModelInstance, TensorInstance, int_parameter
-from inferd.config import ModelConfig, ModelSignature, ModelSpec
-from inferd.dtypes import BY_NAME
-from inferd.errors import ConfigError, ModelExecutionError
+
+from inferd.backends.base import (
+    Backend, BatchResult, ExecutionTimes, InstanceSpec, ModelInstance, RequestInputs, int_parameter, split_batch,
+)
+from inferd.backends.batching import join, split
+from inferd.backends.torch_device import TorchStager
+from inferd.config import ModelConfig, ModelSignature, ModelSpec, TensorSpec
+from inferd.errors import ConfigError, InferdError, InvalidArgument, ModelExecutionError
+from inferd.gpu.inventory import default_inventory
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +137,7 @@ class TorchScriptBackend(Backend):
 
     def gpu_available(self) -> bool:
         if self._gpu is None:
-            self._gpu = bool(_torch().cuda.is_available())
+            self._gpu = bool(default_inventory().gpus())  # the GPUs placement sees (torch's view)
         return self._gpu
 
     def complete_config(self, config: ModelConfig, model_file: Path) -> None:
@@ -142,7 +162,7 @@ class TorchScriptBackend(Backend):
         return TorchScriptInstance(self, spec, instance)
 
 
-class TorchScriptInstance(TensorInstance):
+class TorchScriptInstance(ModelInstance):
     def __init__(self, backend: TorchScriptBackend, spec: ModelSpec, instance: InstanceSpec) -> None:
         super().__init__(spec, instance)
         torch = _torch()
@@ -175,20 +195,36 @@ class TorchScriptInstance(TensorInstance):
         self.module = module
         self._map_inputs(module)
         self._map_outputs()
-        self._bf16 = BY_NAME["BF16"].numpy
+        every_input = {**spec.inputs, **spec.filled_inputs}  # with batch_input targets
+        self._input_dtypes: dict[str, Any] = {n: t.datatype.numpy for n, t in every_input.items()}
+        # Tensors whose first dimension is not the batch: ragged concatenations, batch inputs,
+        # scattered batch outputs (Triton's ragged batching).
+        varlen = spec.varlen
+        self._unbatched_inputs = (varlen.ragged | {t for b in varlen.batch_inputs for t in b.targets}
+                                  if varlen is not None else frozenset())
+        self._scattered = {t for b in varlen.batch_outputs for t in b.targets} if varlen is not None else set()
+        self._stager = TorchStager(torch, self._device)
+        # Where this instance takes and gives torch tensors: an ensemble keeps a step's outputs
+        # there when its next steps run on the same device (Model.tensor_device).
+        self.tensor_device = str(self._device)
+        # A GPU instance waits for its stream each batch, and two instances overlap only on their
+        # own threads: never inline on the event loop.
+        self.thread_only = self._cuda
 
     # -- load-time checks ------------------------------------------------------
 
     @staticmethod
     def _check_types(spec: ModelSpec) -> None:
         supported = torch_dtypes()
-        for kind, tensors in (("input", spec.inputs), ("output", spec.outputs)):
+        for kind, tensors in (("input", {**spec.inputs, **spec.filled_inputs}), ("output", spec.outputs)):
             for t in tensors.values():
-                if t.datatype.name not in supported:
+                if t.datatype.name == "BYTES":
+                    _check_string_shape(spec, kind, t)
+                elif t.datatype.name not in supported:
                     raise ConfigError(
                         f"model '{spec.name}': {kind} '{t.name}' has data_type {t.datatype.config}, which the "
                         f"TorchScript backend does not support (supported: "
-                        f"{', '.join('TYPE_' + n for n in supported)})"
+                        f"{', '.join('TYPE_' + n for n in supported)}, and TYPE_STRING as List[str])"
                     )
 
     def _torch_device(self, backend: TorchScriptBackend, spec: ModelSpec, instance: InstanceSpec):  # type: ignore[no-untyped-def]
@@ -217,7 +253,7 @@ class TorchScriptInstance(TensorInstance):
             raise ConfigError(f"model '{model}': the TorchScript module has no forward() method") from None
         args = list(schema.arguments)[1:]  # without self
         arg_names = [a.name for a in args]
-        config_inputs = list(self.model.inputs)
+        config_inputs = list(self.model.inputs) + list(self.model.filled_inputs)  # with batch_input targets
         if all(n in arg_names for n in config_inputs):
             positions = {n: arg_names.index(n) for n in config_inputs}
         else:
@@ -248,16 +284,26 @@ class TorchScriptInstance(TensorInstance):
             kind = args[i].type
             if isinstance(kind, torch._C.OptionalType):
                 kind = kind.getElementType()
-            if not isinstance(kind, torch._C.TensorType):
+            string = self.model.inputs[n].datatype.name == "BYTES"
+            if string and not _is_string_list(torch, kind):
+                raise ConfigError(
+                    f"model '{model}': input '{n}' is TYPE_STRING, so forward() argument '{args[i].name}' must be "
+                    f"List[str]; it is {args[i].type}"
+                )
+            if not string and not isinstance(kind, torch._C.TensorType):
                 raise ConfigError(
                     f"model '{model}': forward() argument '{args[i].name}' (input '{n}') has type "
-                    f"{args[i].type}; inferd passes each input as one Tensor"
+                    f"{args[i].type}; inferd passes each input as one Tensor (and a TYPE_STRING input as List[str])"
                 )
         # All of forward's arguments, in order, supplied by config inputs: call
         # positionally (the fast path); otherwise by keyword, so defaults apply.
         order = sorted(positions, key=positions.__getitem__)
         self._positional = order if [positions[n] for n in order] == list(range(len(args))) else None
         self._arg_of = {n: arg_names[i] for n, i in positions.items()}
+        self._string_inputs = tuple(n for n, t in self.model.inputs.items() if t.datatype.name == "BYTES")
+        # forward returning one List[str] returns a list: it is one output, not a list of results.
+        returns = list(schema.returns)
+        self._returns_one_list = len(returns) == 1 and _is_string_list(torch, returns[0].type)
 
     def _map_outputs(self) -> None:
         names = list(self.model.outputs)
@@ -275,26 +321,98 @@ class TorchScriptInstance(TensorInstance):
             mapping = {n: i for i, n in enumerate(names)}  # Triton: the config's order
         self._output_index: dict[str, int] = mapping  # type: ignore[assignment]
         dtypes = torch_dtypes()
-        self._output_dtypes = {n: dtypes[t.datatype.name] for n, t in self.model.outputs.items()}
+        self._output_dtypes = {n: dtypes.get(t.datatype.name) for n, t in self.model.outputs.items()}
 
     # -- execution ---------------------------------------------------------------
 
-    def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
+    def execute(self, inputs: Sequence[dict[str, Any]], output_names: Sequence[str]) -> BatchResult:
+        """The batch through the stager (backends/torch_device.py): inputs joined once onto the
+        instance's device, one forward, outputs back once (or kept on the device for requests
+        whose next ensemble step runs there). A request whose string inputs are not UTF-8 is
+        refused on its own; the others of the batch run."""
+        if self._string_inputs:
+            problems = [self._undecodable(r) for r in inputs]
+            if any(p is not None for p in problems):
+                good = [r for r, p in zip(inputs, problems) if p is None]
+                result = self._run_batch(good) if good else BatchResult([], ExecutionTimes())
+                ran = iter(result.outputs)
+                return BatchResult([next(ran) if p is None else p for p in problems], result.times)
+        return self._run_batch(inputs)
+
+    def _undecodable(self, request: dict[str, np.ndarray]) -> InferdError | None:
+        for name in self._string_inputs:
+            for i, item in enumerate(request[name].reshape(-1)):
+                if isinstance(item, bytes):
+                    try:
+                        item.decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        return InvalidArgument(
+                            f"input '{name}' for model '{self.model.name}': element {i} is not UTF-8 text "
+                            f"({exc.reason} at byte {exc.start}); a TorchScript model takes TYPE_STRING as "
+                            "List[str], which holds UTF-8 text only"
+                        )
+        return None
+
+    def _run_batch(self, inputs: Sequence[dict[str, Any]]) -> BatchResult:
         torch = self._torch
+        stager = self._stager
+        times = ExecutionTimes()
+        t0 = time.perf_counter_ns()
         if torch.get_num_threads() != self._threads:
             torch.set_num_threads(self._threads)
-        tensors = {n: self._to_torch(a) for n, a in inputs.items()}
-        grad_mode = torch.inference_mode() if self._inference_mode else torch.no_grad()
-        with grad_mode:
-            if self._optimized:
-                result = self._call(tensors)
-            else:
-                with torch.jit.optimized_execution(False):
-                    result = self._call(tensors)
-            out = self._outputs(result, inputs)
+        varlen = self.model.varlen
+        # Variable-length batching joins on the host (padding, masks, ragged inputs: backends/batching.py)
+        # and hands the stager one tensor per input.
+        joined = join(inputs, varlen) if varlen is not None else None
+        try:
+            with stager.running():
+                if joined is None:
+                    tensors = {n: _to_strings([r[n] for r in inputs]) if n in self._string_inputs
+                               else stager.batch_input([r[n] for r in inputs], self._input_dtypes[n]) for n in inputs[0]}
+                else:
+                    tensors = {n: _to_strings([a]) if n in self._string_inputs
+                               else stager.batch_input([a], self._input_dtypes[n]) for n, a in joined.inputs.items()}
+                t1 = time.perf_counter_ns()
+                grad_mode = torch.inference_mode() if self._inference_mode else torch.no_grad()
+                with grad_mode:
+                    if self._optimized:
+                        result = self._call(tensors)
+                    else:
+                        with torch.jit.optimized_execution(False):
+                            result = self._call(tensors)
+                    checked = self._outputs(result, self._rows(tensors) if self.model.batching else None)
+                stager.synchronize()  # the forward's kernels are done: the infer time ends here
+                t2 = time.perf_counter_ns()
+                strings = {n: v for n, v in checked.items() if isinstance(v, np.ndarray)}  # List[str] results
+                out = stager.outputs({n: v for n, v in checked.items() if n not in strings},
+                                     keep_on_device=self._keep_on_device(inputs))
+                out.update(strings)
+        except InferdError:
+            raise
+        except Exception as exc:
+            raise ModelExecutionError(f"model '{self.model.name}' failed to execute: {exc}") from exc
         if self._clean_cache:
             torch.cuda.empty_cache()
-        return out
+        results = split_batch(inputs, out) if joined is None else list(split(self.model.name, joined, out, varlen))
+        times.input_ns = t1 - t0
+        times.infer_ns = t2 - t1
+        times.output_ns = time.perf_counter_ns() - t2
+        if joined is None:
+            return BatchResult(results, times)
+        return BatchResult(results, times, joined.real_elements, joined.pad_elements)
+
+    def _rows(self, tensors: dict[str, Any]) -> int | None:
+        """The batch's rows, from an input that has a batch dimension (not a ragged or batch input)."""
+        first = next((t for n, t in tensors.items() if n not in self._unbatched_inputs), None)
+        if isinstance(first, list):  # a List[str] input: one string per row
+            return len(first)
+        return int(first.shape[0]) if first is not None and first.dim() > 0 else None
+
+    def _keep_on_device(self, inputs: Sequence[dict[str, Any]]) -> bool:
+        # Every request of the batch asked for its outputs here (an ensemble whose next steps run on
+        # this device sets InferenceRequest.output_device); else they go to the host.
+        device = self.tensor_device
+        return all(isinstance(r, RequestInputs) and r.request.output_device == device for r in inputs)
 
     def _call(self, tensors: dict[str, Any]) -> Any:
         positional = self._positional
@@ -302,30 +420,20 @@ class TorchScriptInstance(TensorInstance):
             return self.module(*[tensors[n] for n in positional])
         return self.module(**{self._arg_of[n]: t for n, t in tensors.items()})
 
-    def _to_torch(self, array: np.ndarray):  # type: ignore[no-untyped-def]
-        torch = self._torch
-        if array.dtype == self._bf16:
-            tensor = torch.from_numpy(_torchable(array).view(np.int16)).view(torch.bfloat16)
-        else:
-            tensor = torch.from_numpy(_torchable(array))
-        if self._cuda:
-            tensor = tensor.to(self._device, non_blocking=False)
-        return tensor
-
-    def _outputs(self, result: Any, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _outputs(self, result: Any, rows: int | None) -> dict[str, Any]:
+        """forward()'s result checked against the config: one tensor per output, by name."""
         torch = self._torch
         model = self.model.name
-        if isinstance(result, torch.Tensor):
+        if isinstance(result, torch.Tensor) or self._returns_one_list:
             results: Sequence[Any] = (result,)
         elif isinstance(result, (tuple, list)):
             results = result
         else:
             raise ModelExecutionError(
-                f"model '{model}': forward() returned {type(result).__name__}; inferd takes a Tensor or a "
-                "tuple/list of Tensors"
+                f"model '{model}': forward() returned {type(result).__name__}; inferd takes a Tensor, a List[str] "
+                "or a tuple/list of them"
             )
-        rows = len(next(iter(inputs.values()))) if self.model.batching and inputs else None
-        out: dict[str, np.ndarray] = {}
+        out: dict[str, Any] = {}
         for name, index in self._output_index.items():
             if index >= len(results):
                 raise ModelExecutionError(
@@ -333,6 +441,9 @@ class TorchScriptInstance(TensorInstance):
                     f"{len(results)} result(s)"
                 )
             tensor = results[index]
+            if self.model.outputs[name].datatype.name == "BYTES":
+                out[name] = self._string_output(name, index, tensor, rows)
+                continue
             if not isinstance(tensor, torch.Tensor):
                 raise ModelExecutionError(
                     f"model '{model}': forward() result {index} (output '{name}') is {type(tensor).__name__}, not a Tensor"
@@ -343,21 +454,29 @@ class TorchScriptInstance(TensorInstance):
                     f"model '{model}': output '{name}' is {tensor.dtype} but the config declares "
                     f"{self.model.outputs[name].datatype.config} ({want})"
                 )
-            if rows is not None and (tensor.dim() == 0 or tensor.shape[0] != rows):
+            if rows is not None and name not in self._scattered and (tensor.dim() == 0 or tensor.shape[0] != rows):
                 raise ModelExecutionError(
                     f"model '{model}': output '{name}' has shape {list(tensor.shape)}; with max_batch_size > 0 "
                     f"its first dimension must be the batch size {rows}"
                 )
-            out[name] = self._to_numpy(tensor)
+            out[name] = tensor
         return out
 
-    def _to_numpy(self, tensor) -> np.ndarray:  # type: ignore[no-untyped-def]
-        torch = self._torch
-        if tensor.device.type != "cpu":
-            tensor = tensor.cpu()
-        if tensor.dtype == torch.bfloat16:
-            return tensor.view(torch.int16).numpy().view(self._bf16)
-        return tensor.numpy()
+    def _string_output(self, name: str, index: int, value: Any, rows: int | None) -> np.ndarray:
+        model = self.model.name
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ModelExecutionError(
+                f"model '{model}': output '{name}' is TYPE_STRING, so forward() result {index} must be a List[str]; "
+                f"it is {type(value).__name__}"
+            )
+        if rows is not None and len(value) != rows:
+            raise ModelExecutionError(
+                f"model '{model}': output '{name}' is a List[str] of {len(value)} strings; with max_batch_size > 0 "
+                f"it must hold one string per batch row ({rows})"
+            )
+        out = np.empty(len(value), dtype=np.object_)
+        out[:] = [v.encode("utf-8") for v in value]
+        return out
 
     def close(self) -> None:
         del self.module
@@ -365,12 +484,28 @@ class TorchScriptInstance(TensorInstance):
             self._torch.cuda.empty_cache()
 
 
-def _torchable(array: np.ndarray) -> np.ndarray:
-    # torch.from_numpy takes any layout numpy can describe with non-negative
-    # strides; anything else (a reversed view, say) is copied.
-    if any(s < 0 for s in array.strides):
-        return np.ascontiguousarray(array)
-    return array
+def _check_string_shape(spec: ModelSpec, kind: str, t: TensorSpec) -> None:
+    """Triton's rule: a string tensor is one List[str], so one dimension in all as the model sees it."""
+    batching = spec.max_batch_size > 0
+    if len(t.model_dims) + (1 if batching else 0) > 1:
+        shape = f"reshape.shape {list(t.model_dims)}" if t.reshaped else f"dims {list(t.dims)}"
+        valid = ("dims: [1] with reshape: { shape: [] } (one string per batch row)" if batching
+                 else "dims: [n] or [-1]")
+        raise ConfigError(
+            f"model '{spec.name}': {kind} '{t.name}' is TYPE_STRING with {shape}"
+            f"{' and max_batch_size ' + str(spec.max_batch_size) if batching else ''}; a TorchScript model takes "
+            f"strings as one List[str], so the tensor must be one-dimensional as the model sees it: {valid}"
+        )
+
+
+def _is_string_list(torch: Any, kind: Any) -> bool:
+    return isinstance(kind, torch._C.ListType) and isinstance(kind.getElementType(), torch._C.StringType)
+
+
+def _to_strings(parts: Sequence[np.ndarray]) -> list[str]:
+    """The requests' string input as one List[str], in batch order. Decodability was checked per
+    request in execute(); str items (from in-process callers) pass as they are."""
+    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for part in parts for v in np.asarray(part).reshape(-1)]
 
 
 def _set_interop_threads(model: str, count: int) -> None:

@@ -20,8 +20,10 @@ from inferd.config._ensemble import (
 )
 from inferd.config._parameters import InferdParameters
 from inferd.config._parse import (
-    config_from_dict, config_from_json, config_to_json, message_to_dict, parse_config_file, parse_config_text,
+    config_from_dict, config_from_json, config_to_json, config_to_text, message_to_dict, parse_config_file,
+    parse_config_text,
 )
+from inferd.config._placement import placements, settle_groups
 from inferd.config._prepare import (
     BackendResolver, ConfigCompleter, PreparedConfig, check_name, prepare_config, read_model_config, select_versions,
 )
@@ -30,16 +32,20 @@ from inferd.config._spec import (
     KIND_AUTO, KIND_CPU, KIND_GPU, InstanceGroup, ModelSpec, RateLimitResource, TensorSpec, WarmupInput, WarmupSample,
     model_spec,
 )
-from inferd.config._validate import validate
+from inferd.config._validate import check_declared, validate
+from inferd.config._varlen import (
+    LENGTHS, MASK, BatchInput, BatchOutput, FilledInput, PaddedInput, Unpad, VarlenSpec, varlen_spec,
+)
 
 __all__ = [
-    "CORRID", "DELAY", "END", "KIND_AUTO", "KIND_CPU", "KIND_GPU", "READY", "REJECT", "START",
+    "CORRID", "DELAY", "END", "KIND_AUTO", "KIND_CPU", "KIND_GPU", "LENGTHS", "MASK", "READY", "REJECT", "START",
+    "BatchInput", "BatchOutput", "FilledInput", "PaddedInput", "Unpad", "VarlenSpec", "varlen_spec",
     "BackendResolver", "ConfigCompleter", "Control", "DynamicBatching", "EnsembleConfig", "InferdParameters",
     "InstanceGroup", "ModelConfig", "ModelSignature", "ModelSpec", "PreparedConfig", "QueuePolicy",
     "RateLimitResource", "SequencePolicy", "SignatureTensor", "StateSpec", "StepConfig", "TensorSpec", "WarmupInput",
-    "WarmupSample",
-    "autocomplete", "check_ensemble_config", "check_name", "config_from_dict", "config_from_json", "config_to_json",
+    "WarmupSample", "autocomplete", "check_declared", "check_ensemble_config", "check_name", "config_from_dict",
+    "config_from_json", "config_to_json", "config_to_text",
     "dynamic_batching", "ensemble_config", "is_ensemble", "message_to_dict", "model_spec", "parse_config_file",
-    "parse_config_text", "prepare_config", "prepare_ensemble_config", "read_ensemble_config", "read_model_config",
-    "select_versions", "validate",
+    "parse_config_text", "placements", "prepare_config", "prepare_ensemble_config", "read_ensemble_config",
+    "read_model_config", "select_versions", "settle_groups", "validate",
 ]

@@ -46,6 +46,60 @@ def _queue_policy(p: mc.ModelQueuePolicy) -> QueuePolicy:
     )
 
 
+def check_dynamic_batching(config: mc.ModelConfig) -> None:
+    """What Triton checks of ``dynamic_batching`` when it reads a config, before any auto-complete
+    (which may still set max_batch_size): the priority levels, their queue policies, and
+    preserve_ordering's rules."""
+    if config.HasField("dynamic_batching"):
+        _levels(config.dynamic_batching, f"model '{config.name}': dynamic_batching")
+
+
+def _levels(db: mc.ModelDynamicBatching, where: str) -> tuple[int, int]:
+    """(priority levels, default level), checked; 0 levels is one level."""
+    levels = int(db.priority_levels)
+    default_level = int(db.default_priority_level)
+    if levels == 0:
+        if default_level != 0:
+            raise ConfigError(
+                f"{where}.default_priority_level {default_level} needs priority_levels >= {default_level}, got 0"
+            )
+        if db.priority_queue_policy:
+            keys = sorted(db.priority_queue_policy.keys())
+            raise ConfigError(f"{where}.priority_queue_policy has levels {keys} but priority_levels is 0")
+        levels, default_level = 1, 1
+    elif not 1 <= default_level <= levels:
+        raise ConfigError(
+            f"{where}.default_priority_level must be in 1..priority_levels ({levels}), got {default_level}"
+        )
+    for key in sorted(db.priority_queue_policy.keys()):
+        if not 1 <= key <= levels:
+            raise ConfigError(
+                f"{where}.priority_queue_policy key {key} is outside 1..priority_levels ({levels})"
+            )
+    if db.preserve_ordering:
+        _check_preserve_ordering(db, where)
+    return levels, default_level
+
+
+def _check_preserve_ordering(db: mc.ModelDynamicBatching, where: str) -> None:
+    """Triton's rule: responses in arrival order rule out priorities and delayed requests."""
+    if db.priority_levels > 1:
+        raise ConfigError(
+            f"{where}.priority_levels is {db.priority_levels} with preserve_ordering true; responses sent in "
+            "arrival order allow one priority level only: set priority_levels to 0 or 1, or preserve_ordering "
+            "to false"
+        )
+    policies = [("default_queue_policy", db.default_queue_policy)] + [
+        (f"priority_queue_policy[{key}]", db.priority_queue_policy[key]) for key in sorted(db.priority_queue_policy)]
+    for field, policy in policies:
+        if policy.timeout_action == mc.ModelQueuePolicy.DELAY and policy.default_timeout_microseconds:
+            raise ConfigError(
+                f"{where}.{field} has timeout_action DELAY (default_timeout_microseconds "
+                f"{policy.default_timeout_microseconds}) with preserve_ordering true; a delayed request would "
+                "hold back every response behind it: use timeout_action REJECT, or preserve_ordering false"
+            )
+
+
 def dynamic_batching(config: mc.ModelConfig) -> DynamicBatching | None:
     """The checked ``dynamic_batching`` block; None when the config has none."""
     if not config.HasField("dynamic_batching"):
@@ -65,28 +119,8 @@ def dynamic_batching(config: mc.ModelConfig) -> DynamicBatching | None:
             )
     if len(set(preferred)) != len(preferred):
         raise ConfigError(f"{where}.preferred_batch_size lists a size twice: {list(preferred)}")
-    levels = int(db.priority_levels)
-    default_level = int(db.default_priority_level)
-    if levels == 0:
-        if default_level != 0:
-            raise ConfigError(
-                f"{where}.default_priority_level {default_level} needs priority_levels >= {default_level}, got 0"
-            )
-        if db.priority_queue_policy:
-            keys = sorted(db.priority_queue_policy.keys())
-            raise ConfigError(f"{where}.priority_queue_policy has levels {keys} but priority_levels is 0")
-        levels, default_level = 1, 1
-    elif not 1 <= default_level <= levels:
-        raise ConfigError(
-            f"{where}.default_priority_level must be in 1..priority_levels ({levels}), got {default_level}"
-        )
-    per_level = []
-    for key in sorted(db.priority_queue_policy.keys()):
-        if not 1 <= key <= levels:
-            raise ConfigError(
-                f"{where}.priority_queue_policy key {key} is outside 1..priority_levels ({levels})"
-            )
-        per_level.append((int(key), _queue_policy(db.priority_queue_policy[key])))
+    levels, default_level = _levels(db, where)
+    per_level = [(int(key), _queue_policy(db.priority_queue_policy[key])) for key in sorted(db.priority_queue_policy)]
     default_policy = _queue_policy(db.default_queue_policy) if db.HasField("default_queue_policy") else QueuePolicy()
     return DynamicBatching(
         preferred_batch_sizes=tuple(sorted(preferred)),

@@ -63,6 +63,11 @@ def config_from_dict(doc: dict[str, Any]) -> mc.ModelConfig:
     return config
 
 
+def config_to_text(config: mc.ModelConfig) -> str:
+    """``config`` as config.pbtxt text (what :func:`parse_config_text` reads back)."""
+    return text_format.MessageToString(config)
+
+
 def config_to_json(config: mc.ModelConfig) -> str:
     return json_format.MessageToJson(config, preserving_proto_field_name=True, indent=None)
 

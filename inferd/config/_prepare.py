@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from inferd._proto import model_config_pb2 as mc
 from inferd.config._autocomplete import ModelSignature, autocomplete
 from inferd.config._parse import parse_config_file
-from inferd.config._spec import ModelSpec
-from inferd.config._validate import validate
+from inferd.config._placement import settle_groups
+from inferd.config._spec import ModelSpec, _instance_groups
+from inferd.config._validate import check_declared, validate
 from inferd.errors import ConfigError
 
 
@@ -96,12 +97,17 @@ def select_versions(config: mc.ModelConfig, available: list[int]) -> list[int]:
 
 
 def prepare_config(name: str, model_dir: Path, available: list[int], resolve: BackendResolver,
-                   override: mc.ModelConfig | None = None, auto_complete: bool = True) -> PreparedConfig:
+                   override: mc.ModelConfig | None = None, auto_complete: bool = True,
+                   gpus: Sequence[int] = ()) -> PreparedConfig:
     """Read, auto-complete and validate one (non-ensemble) model folder whose version
     folders are ``available``; ``override``: a config to use instead of ``config.pbtxt``.
     ``auto_complete=False`` is Triton's strict mode: nothing is filled in from the model
-    file (nor by a Python model's ``auto_complete_config``); the config is only checked."""
+    file (nor by a Python model's ``auto_complete_config``); the config is only checked.
+    ``gpus``: the GPU indexes instances may be placed on (the server's inventory)."""
     config = read_model_config(name, model_dir, override, auto_complete)
+    # What the config says on its own is checked first, as Triton does: a broken config
+    # is reported for itself, not for a missing version folder or model file.
+    check_declared(config, model_dir=model_dir)
     versions = select_versions(config, available)
     backend: ConfigCompleter | None = resolve(config, model_dir)
     if backend is None:
@@ -119,7 +125,7 @@ def prepare_config(name: str, model_dir: Path, available: list[int], resolve: Ba
     signature = backend.signature(files[versions[-1]], name)
     if signature is not None and auto_complete:
         autocomplete(config, signature)
-    _settle_instance_groups(config, backend.gpu_available)
+    _settle_instance_groups(config, gpus, bool(gpus) and backend.gpu_available())
     spec = validate(config, model_dir=model_dir, signature=signature)
     for version in versions[:-1]:
         other = backend.signature(files[version], name)
@@ -128,14 +134,19 @@ def prepare_config(name: str, model_dir: Path, available: list[int], resolve: Ba
     return PreparedConfig(spec, backend, files)
 
 
-def _settle_instance_groups(config: mc.ModelConfig, gpu_available: Callable[[], bool]) -> None:
-    if not config.instance_group:
-        group = config.instance_group.add()
-        group.kind = mc.ModelInstanceGroup.KIND_AUTO
-        group.count = 1
-    for group in config.instance_group:
-        if group.count == 0:
-            group.count = 1
-        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
-            # As Triton does, the config a client reads shows the kind chosen.
-            group.kind = mc.ModelInstanceGroup.KIND_GPU if gpu_available() else mc.ModelInstanceGroup.KIND_CPU
+def _settle_instance_groups(config: mc.ModelConfig, gpus: Sequence[int], backend_gpu: bool) -> None:
+    """The groups settled (config/_placement.py) and written back: the config a client reads shows
+    the kind, count and GPUs chosen, as Triton's does."""
+    settled = settle_groups(config.name, _instance_groups(config), gpus, backend=config.backend,
+                            backend_gpu=backend_gpu)
+    original = [mc.ModelInstanceGroup() for _ in config.instance_group]
+    for copy, group in zip(original, config.instance_group):
+        copy.CopyFrom(group)
+    del config.instance_group[:]
+    for i, group in enumerate(settled):
+        g = config.instance_group.add()
+        if i < len(original):  # what settling does not touch (rate_limiter, ...) stays as written
+            g.CopyFrom(original[i])
+            del g.gpus[:]
+        g.name, g.kind, g.count = group.name, mc.ModelInstanceGroup.Kind.Value(group.kind), group.count
+        g.gpus.extend(group.gpus)

@@ -166,6 +166,7 @@ def sequence_policy(config: mc.ModelConfig, model_dir: Path | None = None) -> Se
 def _controls(config: mc.ModelConfig, where: str) -> tuple[Control, ...]:
     out: list[Control] = []
     seen_kinds: dict[str, str] = {}
+    kind_of: dict[str, str] = {}  # control tensor -> the kind it was first declared for
     for i, ci in enumerate(config.sequence_batching.control_input):
         at = f"{where}.control_input[{i}]"
         if not ci.name:
@@ -178,6 +179,11 @@ def _controls(config: mc.ModelConfig, where: str) -> tuple[Control, ...]:
         if kind is None:
             raise ConfigError(f"{at}: unknown control kind {c.kind}")
         kind_name = mc.ModelSequenceBatching.Control.Kind.Name(c.kind)
+        if ci.name in kind_of:
+            raise ConfigError(
+                f"{where}: control tensor '{ci.name}' is declared for {kind_of[ci.name]} and for {kind_name}; "
+                "a control tensor carries one control kind: give each control_input its own tensor name")
+        kind_of[ci.name] = kind_name
         if kind in seen_kinds:
             raise ConfigError(
                 f"{where}: control {kind_name} is given twice (inputs '{seen_kinds[kind]}' and '{ci.name}')")

@@ -19,6 +19,7 @@ from inferd.config._batching import DynamicBatching, dynamic_batching
 from inferd.config._parameters import InferdParameters
 from inferd.config._parse import message_to_dict
 from inferd.config._sequence import SequencePolicy, sequence_policy
+from inferd.config._varlen import VarlenSpec, varlen_spec
 from inferd.dtypes import BY_CONFIG, DataType
 
 # Instance kinds, as the config names them.
@@ -96,6 +97,12 @@ class ModelSpec:
     warmup: tuple[WarmupSample, ...] = ()
     dynamic_batching: DynamicBatching | None = None
     sequence: SequencePolicy | None = None  # sequence_batching
+    # Variable-length batching (padding, ragged batching), None without it.
+    varlen: VarlenSpec | None = None
+    # Model inputs inferd makes for Triton's batch_input: not config inputs, so not in ``inputs``
+    # (what a client may send, what model metadata lists). A mask or lengths input (inferd.padding)
+    # is in ``inputs``, optional: inferd fills it when a request leaves it out.
+    filled_inputs: dict[str, TensorSpec] = field(default_factory=dict)
     response_cache: bool = False  # response_cache.enable: used when the server has a cache
 
     @property
@@ -154,6 +161,13 @@ def model_spec(config: mc.ModelConfig, labels: dict[str, tuple[str, ...]] | None
     labels = labels or {}
     if sequence is None:
         sequence = sequence_policy(config, model_dir)
+    params = InferdParameters.from_config(config)
+    varlen = varlen_spec(config, params)
+    filled_inputs = {}
+    for b in varlen.batch_inputs if varlen is not None else ():
+        dtype = BY_CONFIG["TYPE_INT32" if b.dtype == "int32" else "TYPE_FP32"]
+        for target in b.targets:
+            filled_inputs[target] = TensorSpec(target, dtype, (-1,), (-1,))
     return ModelSpec(
         name=config.name,
         platform=config.platform,
@@ -161,7 +175,7 @@ def model_spec(config: mc.ModelConfig, labels: dict[str, tuple[str, ...]] | None
         max_batch_size=config.max_batch_size,
         inputs={t.name: tensor_spec(t) for t in config.input},
         outputs={t.name: tensor_spec(t, labels.get(t.name, ())) for t in config.output},
-        params=InferdParameters.from_config(config),
+        params=params,
         config=config,
         decoupled=bool(config.model_transaction_policy.decoupled),
         parameters={k: v.string_value for k, v in config.parameters.items()},
@@ -170,5 +184,7 @@ def model_spec(config: mc.ModelConfig, labels: dict[str, tuple[str, ...]] | None
         warmup=_warmup(config),
         dynamic_batching=dynamic_batching(config),
         sequence=sequence,
+        varlen=varlen,
+        filled_inputs=filled_inputs,
         response_cache=bool(config.response_cache.enable),
     )

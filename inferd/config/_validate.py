@@ -13,22 +13,23 @@ from pathlib import Path
 
 from inferd._proto import model_config_pb2 as mc
 from inferd.config._autocomplete import ModelSignature, SignatureTensor
+from inferd.config._batching import check_dynamic_batching
 from inferd.config._sequence import (
     check_sequence_signature, decoupled_problem, normalize_sequence_batching, sequence_policy, sequence_tensor_names,
 )
 from inferd.config._spec import ModelSpec, model_spec
+from inferd.config._varlen import VarlenSpec, varlen_spec
 from inferd.errors import ConfigError
 
 _HONOURED = {
     "name", "platform", "backend", "version_policy", "max_batch_size", "input", "output",
     "instance_group", "default_model_filename", "parameters", "dynamic_batching", "optimization",
-    "runtime", "model_warmup", "sequence_batching", "model_transaction_policy", "response_cache",
+    "runtime", "model_warmup", "sequence_batching", "model_transaction_policy", "batch_input", "batch_output",
+    "response_cache",
 }
 _REFUSED = {
     "ensemble_scheduling": "ensemble_scheduling is only valid with platform: \"ensemble\"",
     "model_repository_agents": "repository agents are not supported by inferd",
-    "batch_input": "batch_input (ragged batching) is not supported by inferd",
-    "batch_output": "batch_output (ragged batching) is not supported by inferd",
     "cc_model_filenames": "cc_model_filenames (per-GPU-architecture files) is not supported by inferd",
     "metric_tags": "metric_tags is not supported by inferd",
     "model_operations": "model_operations is not supported by inferd",
@@ -37,6 +38,38 @@ _REFUSED = {
 # Optimization settings: graph.level maps onto the runtime's optimization level;
 # pinned-memory hints have no effect on CPU instances and are accepted as hints.
 _OPTIMIZATION_HONOURED = {"graph", "input_pinned_memory", "output_pinned_memory", "priority"}
+
+
+def check_declared(config: mc.ModelConfig, *, model_dir: Path | None = None,
+                   refused: dict[str, str] | None = None) -> None:
+    """The checks a config passes on its own, before any model file is read.
+
+    Triton runs these when it reads a config, before it looks for version
+    folders, so a broken config is reported for what is wrong in it, not for
+    a missing folder: fields inferd refuses, max_batch_size, version_policy,
+    optimization, every listed tensor (dims, reshape), instance groups,
+    dynamic_batching's ordering rules and sequence_batching. Auto-complete
+    only adds tensors to an empty list, so nothing checked here can change.
+    """
+    name = config.name
+    table = dict(_REFUSED)
+    if refused is not None:
+        table.update(refused)
+    for field, _ in config.ListFields():
+        if field.name in table and field.name not in _HONOURED:
+            raise ConfigError(f"model '{name}': field '{field.name}': {table[field.name]}")
+        if field.name not in _HONOURED and field.name not in table:
+            raise ConfigError(f"model '{name}': field '{field.name}' is not supported by inferd")
+
+    if config.max_batch_size < 0:
+        raise ConfigError(f"model '{name}': max_batch_size must be >= 0, got {config.max_batch_size}")
+    _check_version_policy(config)
+    _check_optimization(config)
+    _check_tensors(name, "input", config.input, config.max_batch_size)
+    _check_tensors(name, "output", config.output, config.max_batch_size)
+    _check_instance_groups(config)
+    check_dynamic_batching(config)
+    sequence_policy(config, model_dir)
 
 
 def validate(
@@ -53,31 +86,19 @@ def validate(
     override the table of refused fields.
     """
     name = config.name
-    table = dict(_REFUSED)
-    if refused is not None:
-        table.update(refused)
-    for field, _ in config.ListFields():
-        if field.name in table and field.name not in _HONOURED:
-            raise ConfigError(f"model '{name}': field '{field.name}': {table[field.name]}")
-        if field.name not in _HONOURED and field.name not in table:
-            raise ConfigError(f"model '{name}': field '{field.name}' is not supported by inferd")
-
-    if config.max_batch_size < 0:
-        raise ConfigError(f"model '{name}': max_batch_size must be >= 0, got {config.max_batch_size}")
-    _check_version_policy(config)
-    _check_optimization(config)
+    check_declared(config, model_dir=model_dir, refused=refused)
     if not config.input and config.platform != "ensemble" and config.backend != "python":
         raise ConfigError(f"model '{name}': the config lists no input and the model file does not say")
     if not config.output:
         raise ConfigError(f"model '{name}': the config lists no output and the model file does not say")
-    _check_tensors(name, "input", config.input)
-    _check_tensors(name, "output", config.output)
-    both = {t.name for t in config.input} & {t.name for t in config.output}
     labels: dict[str, tuple[str, ...]] = {}
     for t in config.output:
         if t.label_filename:
             labels[t.name] = _read_labels(name, t, model_dir)
-    _check_instance_groups(config)
+    varlen = varlen_spec(config)
+    for t in config.input:
+        if varlen is not None and any(f.name == t.name for f in varlen.filled):
+            t.optional = True  # inferd fills a mask or lengths input the request leaves out
     _check_warmup(config)
     problem = decoupled_problem(config) or _response_cache_problem(config)
     if problem:
@@ -87,8 +108,8 @@ def validate(
     if signature is not None:
         if sequence is not None:
             check_sequence_signature(config, sequence, signature)
-        _check_against_signature(config, signature)
-    del both  # an input and an output may share a name (Triton allows it)
+        _check_against_signature(config, signature, varlen)
+    # An input and an output may share a name (Triton allows it).
     return model_spec(config, labels, model_dir=model_dir, sequence=sequence)
 
 
@@ -133,7 +154,7 @@ def _check_optimization(config: mc.ModelConfig) -> None:
         raise ConfigError(f"model '{config.name}': optimization.graph.level must be -1, 0, 1 or 2, got {level}")
 
 
-def _check_tensors(model: str, kind: str, tensors) -> None:  # type: ignore[no-untyped-def]
+def _check_tensors(model: str, kind: str, tensors, max_batch_size: int) -> None:  # type: ignore[no-untyped-def]
     seen: set[str] = set()
     for i, t in enumerate(tensors):
         where = f"model '{model}': {kind}[{i}]"
@@ -152,13 +173,11 @@ def _check_tensors(model: str, kind: str, tensors) -> None:  # type: ignore[no-u
         _check_dims(where, "dims", t.dims)
         if t.HasField("reshape"):
             _check_dims(where, "reshape.shape", t.reshape.shape)
-            _check_reshape(where, list(t.dims), list(t.reshape.shape))
+            _check_reshape(where, list(t.dims), list(t.reshape.shape), max_batch_size)
         if t.is_shape_tensor:
             raise ConfigError(f"{where}: is_shape_tensor is only meaningful for TensorRT and not supported")
         if t.is_non_linear_format_io:
             raise ConfigError(f"{where}: is_non_linear_format_io is not supported")
-        if kind == "input" and t.allow_ragged_batch:
-            raise ConfigError(f"{where}: allow_ragged_batch is not supported by inferd")
 
 
 _KNOWN_TYPES = {
@@ -173,13 +192,48 @@ def _check_dims(where: str, field: str, dims) -> None:  # type: ignore[no-untype
             raise ConfigError(f"{where}: {field} {list(dims)} has {d}; each dimension must be >= 1, or -1 for variable")
 
 
-def _check_reshape(where: str, dims: list[int], shape: list[int]) -> None:
+def _check_reshape(where: str, dims: list[int], shape: list[int], max_batch_size: int) -> None:
+    """Triton's reshape rules: the same elements in both, variable dimensions kept in place."""
+    if not shape and max_batch_size == 0:
+        raise ConfigError(
+            f"{where}: reshape.shape [] on a model that does not batch (max_batch_size 0) would make the tensor a "
+            "scalar, which reshape does not support; give reshape.shape at least one dimension, or set "
+            "max_batch_size > 0 (an empty reshape means one value per batch row)"
+        )
     if (-1 in dims) != (-1 in shape):
         raise ConfigError(f"{where}: reshape.shape {shape} and dims {dims} must both be fixed or both be variable")
-    if -1 not in dims and math.prod(dims) != math.prod(shape):
+    if -1 not in dims:
+        if math.prod(dims) != math.prod(shape):
+            raise ConfigError(
+                f"{where}: reshape.shape {shape} has {math.prod(shape)} elements but dims {dims} has {math.prod(dims)}"
+            )
+        return
+    # Both variable: each run of fixed dimensions before, between and after the
+    # variable ones must hold as many elements in both ([2, 4, -1, 6] -> [8, -1, 1, 6]).
+    have, want = _runs(dims), _runs(shape)
+    if len(have) != len(want):
         raise ConfigError(
-            f"{where}: reshape.shape {shape} has {math.prod(shape)} elements but dims {dims} has {math.prod(dims)}"
+            f"{where}: reshape.shape {shape} has {len(want) - 1} variable dimension(s) but dims {dims} has "
+            f"{len(have) - 1}; reshape keeps each variable dimension, so both need the same number of -1"
         )
+    if have != want:
+        raise ConfigError(
+            f"{where}: reshape.shape {shape} and dims {dims} hold different numbers of elements around their "
+            f"variable dimensions (reshape.shape: {want}, dims: {have}); each run of fixed dimensions before, "
+            "between and after the -1s must hold the same number of elements in both"
+        )
+
+
+def _runs(dims: list[int]) -> list[int]:
+    """Element counts of the runs of fixed dimensions that the -1s separate."""
+    runs, current = [], 1
+    for d in dims:
+        if d == -1:
+            runs.append(current)
+            current = 1
+        else:
+            current *= d
+    return runs + [current]
 
 
 def _read_labels(model: str, t: mc.ModelOutput, model_dir: Path | None) -> tuple[str, ...]:
@@ -261,10 +315,12 @@ def _check_warmup(config: mc.ModelConfig) -> None:
             raise ConfigError(f"{where}: no data for inputs {missing}; a warm-up sample gives every input")
 
 
-def _check_against_signature(config: mc.ModelConfig, signature: ModelSignature) -> None:
+def _check_against_signature(config: mc.ModelConfig, signature: ModelSignature, varlen: VarlenSpec | None) -> None:
     batch = 1 if config.max_batch_size > 0 else 0
     model_inputs = {t.name: t for t in signature.inputs}
     model_outputs = {t.name: t for t in signature.outputs}
+    ragged = varlen.ragged if varlen is not None else frozenset()
+    scattered = {n for b in varlen.batch_outputs for n in b.targets} if varlen is not None else set()
     for kind, tensors, available in (
         ("input", config.input, model_inputs),
         ("output", config.output, model_outputs),
@@ -276,11 +332,35 @@ def _check_against_signature(config: mc.ModelConfig, signature: ModelSignature) 
                 raise ConfigError(
                     f"{where} is not in the model file, whose {kind}s are {sorted(available) or 'none'}"
                 )
-            _compare(where, config, t, found, batch)
-    listed = {t.name for t in config.input} | sequence_tensor_names(config)[0]
+            if t.name in ragged or t.name in scattered:
+                _compare_ragged(where, t, found, ragged=t.name in ragged)
+            else:
+                _compare(where, config, t, found, batch)
+    made = set()
+    for b in varlen.batch_inputs if varlen is not None else ():
+        for target in b.targets:
+            found = model_inputs.get(target)
+            where = f"model '{config.name}': batch_input target '{target}'"
+            if found is None:
+                raise ConfigError(f"{where} is not an input of the model file, whose inputs are {sorted(model_inputs)}")
+            if found.datatype is not None and found.datatype.numpy != b.dtype:
+                raise ConfigError(f"{where}: the batch input's data type ({b.dtype}) contradicts the model file, "
+                                  f"which has {found.datatype.config}")
+            made.add(target)
+    listed = {t.name for t in config.input} | sequence_tensor_names(config)[0] | made
     for name, t in model_inputs.items():
         if name not in listed and not t.optional:
             raise ConfigError(f"model '{config.name}': the model file has input '{name}' that the config does not list")
+
+
+def _compare_ragged(where: str, t, found: SignatureTensor, ragged: bool) -> None:  # type: ignore[no-untyped-def]
+    """A ragged input reaches the model as one 1-D concatenation; a batch output's shape is the model's own."""
+    declared = mc.DataType.Name(t.data_type)
+    if found.datatype is not None and found.datatype.config != declared:
+        raise ConfigError(f"{where}: data_type {declared} contradicts the model file, which has {found.datatype.config}")
+    if ragged and list(found.shape) != [-1]:
+        raise ConfigError(f"{where}: allow_ragged_batch expects the model file to take it with shape [-1] (the "
+                          f"requests' elements concatenated), but the model file has {list(found.shape)}")
 
 
 def _compare(where: str, config: mc.ModelConfig, t, found: SignatureTensor, batch: int) -> None:  # type: ignore[no-untyped-def]

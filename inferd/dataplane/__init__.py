@@ -9,6 +9,6 @@
 """
 
 from inferd.dataplane.api import DataPlaneAPI, ModelMetadata, ServerMetadata, TensorMetadata
-from inferd.dataplane.plane import DataPlane
+from inferd.dataplane.plane import SERVER_NAME, DataPlane
 
-__all__ = ["DataPlane", "DataPlaneAPI", "ModelMetadata", "ServerMetadata", "TensorMetadata"]
+__all__ = ["SERVER_NAME", "DataPlane", "DataPlaneAPI", "ModelMetadata", "ServerMetadata", "TensorMetadata"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping, NamedTuple, Protocol
 
+from inferd.dataplane.cuda_shared_memory import CudaRegionStatus
 from inferd.dataplane.shared_memory import RegionStatus
 from inferd.model import DECOUPLED_UNARY
 from inferd.observability.stats import BatchStatistics, ModelStatistics
@@ -115,6 +116,20 @@ class DataPlaneAPI(Protocol):
 
     async def shm_unregister(self, name: str = "") -> None:
         """The region named, or every region; an unknown name is not an error."""
+        ...
+
+    # -- CUDA shared memory ----------------------------------------------------------
+
+    async def cuda_shm_register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """A client's CUDA IPC handle (the 64 raw bytes); refused, saying why, on a host without CUDA."""
+        ...
+
+    async def cuda_shm_status(self, name: str = "") -> list[CudaRegionStatus]:
+        """Every CUDA region (no ``name``), or the one named (NotFound if it is not one)."""
+        ...
+
+    async def cuda_shm_unregister(self, name: str = "") -> None:
+        """The CUDA region named, or every CUDA region; an unknown name is not an error."""
         ...
 
     # -- tracing and logging ----------------------------------------------------------

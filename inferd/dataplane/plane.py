@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, Mapping
 
 from inferd.clock import Clock, MonotonicClock
 from inferd.dataplane.api import ModelMetadata, ServerMetadata, TensorMetadata, TraceCarrier
+from inferd.dataplane.cuda_shared_memory import CudaRegionStatus
 from inferd.dataplane.shared_memory import RegionStatus, SharedMemoryManager
 from inferd.errors import InferdError, InvalidArgument, Unavailable
 from inferd.model import DECOUPLED_UNARY, Model, find, response, run_model
@@ -26,7 +27,9 @@ from inferd.repository import IndexEntry, ModelManager, control
 from inferd.streaming import StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse
 
-SERVER_NAME = "inferd"
+# ServerMetadata's name: Triton's own clients check for "triton" (README, "Server name"); the
+# version is inferd's, so a client can still tell which server answers.
+SERVER_NAME = "triton"
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = [
     "classification", "sequence", "model_repository", "schedule_policy", "model_configuration", "statistics",
@@ -39,8 +42,9 @@ class DataPlane:
     """Implements :class:`~inferd.dataplane.api.DataPlaneAPI` over a :class:`ModelManager`."""
 
     def __init__(self, manager: ModelManager, clock: Clock | None = None, *, tracing: Tracing | None = None,
-                 logs: LogSettings | None = None) -> None:
+                 logs: LogSettings | None = None, server_name: str = SERVER_NAME) -> None:
         self.manager = manager
+        self.server_name = server_name
         self.clock = clock or MonotonicClock()
         self.live = True
         self.draining = False
@@ -89,7 +93,8 @@ class DataPlane:
         return not self.draining and self.manager.is_ready(name, version)
 
     async def server_metadata(self) -> ServerMetadata:
-        return ServerMetadata(SERVER_NAME, SERVER_VERSION, list(EXTENSIONS))
+        cuda = ["cuda_shared_memory"] if self.manager.gpus.gpus() else []  # as a GPU build of Triton lists it
+        return ServerMetadata(self.server_name, SERVER_VERSION, list(EXTENSIONS) + cuda)
 
     async def model_metadata(self, name: str, version: int = 0) -> ModelMetadata:
         model = self.manager.get(name, version)
@@ -125,12 +130,13 @@ class DataPlane:
 
     async def load_model(self, name: str, parameters: Mapping[str, object] | None = None,
                          repository: str = "") -> None:
-        """RepositoryModelLoad: (re)load ``name``; ``parameters``: plain values
-        (``config``: a JSON ModelConfig; ``file:`` ones are refused). Explicit mode only."""
+        """RepositoryModelLoad: (re)load ``name``; ``parameters``: plain values (``config``: a
+        JSON ModelConfig; ``file:<path>``: bytes, the files of an override model folder).
+        Explicit mode only."""
         control.require_explicit(self.manager, f"failed to load '{name}'")
         _check_repository(repository, name)
-        config = control.load_parameters(name, parameters or {})
-        await self.manager.load_model(name, config)
+        config, files = control.load_parameters(name, parameters or {})
+        await self.manager.load_model(name, config, files)
 
     async def unload_model(self, name: str, parameters: Mapping[str, object] | None = None,
                            repository: str = "") -> None:
@@ -149,6 +155,17 @@ class DataPlane:
 
     async def shm_unregister(self, name: str = "") -> None:
         self.shared_memory.unregister(name)
+
+    # -- CUDA shared memory ----------------------------------------------------------
+
+    async def cuda_shm_register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        self.shared_memory.register_cuda(name, raw_handle, device_id, byte_size)
+
+    async def cuda_shm_status(self, name: str = "") -> list[CudaRegionStatus]:
+        return self.shared_memory.status(name, kind="cuda")
+
+    async def cuda_shm_unregister(self, name: str = "") -> None:
+        self.shared_memory.unregister(name, kind="cuda")
 
     # -- tracing and logging ----------------------------------------------------------
 

@@ -39,8 +39,11 @@ from typing import Any
 
 import numpy as np
 
+from inferd.dataplane._window import check_span, check_tensor_bytes, element_count
+from inferd.dataplane.cuda_shared_memory import CudaRegion, CudaRegistrar
 from inferd.dtypes import DataType, decode_bytes
 from inferd.errors import AlreadyExists, InvalidArgument, NotFound
+from inferd.gpu.inventory import default_inventory
 from inferd.types import InferenceRequest, SharedTensor, ShmRef
 
 SHM_DIR = Path("/dev/shm")
@@ -58,6 +61,7 @@ class RegionStatus:
 class Region:
     """One registered window ``[offset, offset + byte_size)`` of a shm object, mapped."""
 
+    kind = "system"
     __slots__ = ("name", "key", "offset", "byte_size", "_map", "_base", "closed")
 
     def __init__(self, name: str, key: str, offset: int, byte_size: int, mapping: mmap.mmap, base: int) -> None:
@@ -73,30 +77,14 @@ class Region:
         return RegionStatus(self.name, self.key, self.offset, self.byte_size)
 
     def _span(self, offset: int, size: int, where: str) -> int:
-        if self.closed:
-            raise NotFound(f"{where}: shared memory region '{self.name}' was unregistered")
-        if offset < 0 or size < 0 or offset + size > self.byte_size:
-            raise InvalidArgument(
-                f"{where}: invalid offset + byte size for shared memory region '{self.name}': "
-                f"offset {offset} + byte size {size} is outside the region's {self.byte_size} bytes"
-            )
+        check_span("shared memory", self.name, self.byte_size, self.closed, offset, size, where)
         return self._base + offset
 
     def read(self, dtype: DataType, shape: tuple[int, ...], offset: int, size: int, where: str) -> np.ndarray:
         start = self._span(offset, size, where)
-        count = 1
-        for d in shape:
-            count *= d
         if dtype.name == "BYTES":
-            return decode_bytes(memoryview(self._map)[start:start + size], count, where).reshape(shape)
-        if dtype.numpy is None:
-            raise InvalidArgument(f"{where}: data type {dtype.name} is not supported on this server")
-        expected = count * dtype.itemsize
-        if size != expected:
-            raise InvalidArgument(
-                f"{where}: shared memory region '{self.name}': byte size {size} does not match the tensor's "
-                f"{expected} bytes (shape {list(shape)} of {dtype.name})"
-            )
+            return decode_bytes(memoryview(self._map)[start:start + size], element_count(shape), where).reshape(shape)
+        count = check_tensor_bytes(self.name, dtype, shape, size, where)
         array = np.frombuffer(self._map, dtype=dtype.numpy, count=count, offset=start)
         if start % array.dtype.alignment:
             # An unaligned view is legal numpy, but runtimes read tensors through
@@ -133,11 +121,13 @@ class Region:
 
 
 class SharedMemoryManager:
-    """The registered system shared memory regions, by name."""
+    """The registered shared memory regions, system and CUDA (dataplane/cuda_shared_memory.py), by
+    name: one namespace for both kinds, as in Triton, so a tensor names a region of either."""
 
-    def __init__(self, shm_dir: Path = SHM_DIR) -> None:
+    def __init__(self, shm_dir: Path = SHM_DIR, cuda: CudaRegistrar | None = None) -> None:
         self.shm_dir = shm_dir
-        self._regions: dict[str, Region] = {}
+        self._regions: dict[str, Region | CudaRegion] = {}
+        self._cuda = cuda or CudaRegistrar(lambda: [g.index for g in default_inventory().gpus()])
 
     def __len__(self) -> int:
         return len(self._regions)
@@ -178,30 +168,39 @@ class SharedMemoryManager:
             os.close(fd)  # the mapping keeps its own reference
         self._regions[name] = Region(name, key, offset, byte_size, mapping, offset - start)
 
-    def unregister(self, name: str = "") -> None:
-        """Unregister ``name``, or every region when ``name`` is empty; an unknown name is not an error (as Triton)."""
-        names = [name] if name else list(self._regions)
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """A client's CUDA IPC handle (CudaSharedMemoryRegister); refused, saying why, without CUDA."""
+        if name in self._regions:
+            raise AlreadyExists(f"shared memory region '{name}' is already registered")
+        self._regions[name] = self._cuda.open(name, raw_handle, device_id, byte_size)
+
+    def unregister(self, name: str = "", kind: str = "system") -> None:
+        """Unregister ``name``, or every region of ``kind`` when ``name`` is empty; an unknown name,
+        or one of the other kind, is not an error (as Triton)."""
+        names = [name] if name else [n for n, r in self._regions.items() if r.kind == kind]
         for n in names:
-            region = self._regions.pop(n, None)
-            if region is not None:
+            region = self._regions.get(n)
+            if region is not None and region.kind == kind:
+                del self._regions[n]
                 region.close()
 
-    def status(self, name: str = "") -> list[RegionStatus]:
+    def status(self, name: str = "", kind: str = "system") -> list[Any]:
+        """RegionStatus (system) or CudaRegionStatus (cuda) of every region of ``kind``, or of ``name``."""
         if not name:
-            return [r.status() for r in self._regions.values()]
+            return [r.status() for r in self._regions.values() if r.kind == kind]
         region = self._regions.get(name)
+        label = "cuda" if kind == "cuda" else "system"
         if region is None:
-            raise NotFound(f"Unable to find system shared memory region: '{name}'")
+            raise NotFound(f"Unable to find {label} shared memory region: '{name}'")
+        if region.kind != kind:
+            other = {"cuda": "CUDA shared memory", "system": "system shared memory"}
+            raise NotFound(f"The region named '{name}' is registered as {other[region.kind]}, not {other[kind]}")
         return [region.status()]
 
-    def region(self, name: str, where: str) -> Region:
-        region = self._regions.get(name)
-        if region is None:
-            raise NotFound(f"{where}: Unable to find shared memory region: '{name}'")
-        return region
-
     def close(self) -> None:
-        self.unregister("")
+        for region in self._regions.values():
+            region.close()
+        self._regions.clear()
 
     # -- tensors -------------------------------------------------------------
 
@@ -222,21 +221,29 @@ class SharedMemoryManager:
             if isinstance(value, SharedTensor):
                 ref = value.ref
                 inputs[name] = self.bind(ref).read(value.datatype, value.shape, ref.where)
-        for r in request.requested_outputs or ():
+        devices = set()
+        requested = request.requested_outputs or ()
+        for r in requested:
             if isinstance(r.shared_memory, ShmRef):
-                r.shared_memory = self.bind(r.shared_memory)
+                r.shared_memory = bound = self.bind(r.shared_memory)
+            else:
+                bound = None
+            devices.add(bound.region.device if bound is not None and isinstance(bound.region, CudaRegion) else None)
+        if requested and len(devices) == 1 and None not in devices:
+            # Every output goes to CUDA memory on one device: a model there leaves them on it.
+            request.output_device = devices.pop()
 
 
 @dataclass(frozen=True, slots=True)
 class RegionSlice:
-    """One tensor's window of a registered region: an offset in it, a byte size."""
+    """One tensor's window of a registered region (system or CUDA): an offset in it, a byte size."""
 
-    region: Region
+    region: Region | CudaRegion
     offset: int
     byte_size: int
 
-    def read(self, dtype: DataType, shape: tuple[int, ...], where: str) -> np.ndarray:
+    def read(self, dtype: DataType, shape: tuple[int, ...], where: str) -> Any:
         return self.region.read(dtype, shape, self.offset, self.byte_size, where)
 
-    def write(self, data: np.ndarray | bytes, where: str) -> None:
+    def write(self, data: Any, where: str) -> None:
         self.region.write(data, self.offset, self.byte_size, where)

@@ -6,8 +6,8 @@ carry, its input/output lists), which also gives the plain
 :class:`~inferd.config.EnsembleConfig` the graph is built from:
 
 * :func:`build_graph` - the wiring alone: steps, maps, which step produces
-  and consumes each tensor, unused inputs, unproduced outputs, tensors
-  produced twice, cycles inside the ensemble.
+  and consumes each tensor, unused inputs, unproduced outputs, produced
+  tensors nothing uses, tensors produced twice, cycles inside the ensemble.
 * :func:`check_against_models` - the wiring against the composing models'
   specs: missing models and versions, map entries naming tensors a model
   lacks, data types and shapes between producer and consumer, batch sizes.
@@ -134,6 +134,14 @@ def build_graph(config: EnsembleConfig) -> EnsembleGraph:
     for tensor in outputs:
         if tensor not in producer:
             raise ConfigError(f"{where}: ensemble output '{tensor}' is not produced by any step (no output_map names it)")
+    for tensor, i in producer.items():
+        if tensor not in consumers and tensor not in outputs:
+            step = steps[i]
+            raise ConfigError(
+                f"{where} {step.label}: output '{_key_for(step.output_map, tensor)}' is mapped to tensor "
+                f"'{tensor}', which no step consumes and which is not an ensemble output; leave the output out "
+                "of output_map (a step maps only the outputs the ensemble uses), or list the tensor in output"
+            )
 
     waits_for = []
     for step in steps:

@@ -4,7 +4,9 @@ A step's request takes the composing model's own path, as a client request
 to that model would (look the model up now, validate, its scheduler, shape
 its outputs, its statistics), so ensemble traffic shares batches with direct
 traffic. Intermediate tensors are handed from step to step as the same
-numpy arrays. Independent steps run concurrently as asyncio tasks; a chain
+numpy arrays, or, between steps whose models run on one torch device (two
+TorchScript models on cuda:0), as the device tensors themselves (DLPack-able
+DeviceTensors), never copied through the host. Independent steps run concurrently as asyncio tasks; a chain
 runs inline in the request's own task.
 """
 
@@ -40,6 +42,10 @@ class EnsembleScheduler(Scheduler):
         # the composing models change (a nested ensemble checks its own).
         self._problem = problem
         self._fits: tuple = ()  # the composing models _problem last found no problem with
+        # Per step, the device its outputs stay on (its model's and every consumer's), for the
+        # composing models _devices_for holds; None: the outputs come back to the host.
+        self._devices_for: tuple = ()
+        self._output_device: list[str | None] = [None] * len(graph.steps)
         self._stats = stats
         self._clock = clock or MonotonicClock()
         self._inflight = Inflight(stats)
@@ -73,6 +79,9 @@ class EnsembleScheduler(Scheduler):
             if problem:
                 raise Unavailable(f"ensemble '{graph.name}' is not ready: {problem}")
             self._fits = models
+        if len(self._devices_for) != len(models) or any(a is not b for a, b in zip(models, self._devices_for)):
+            self._output_device = self._output_devices(models)
+            self._devices_for = models
         self._inflight.enter()
         # An ensemble does not queue (its steps queue at their models): a queue stage of
         # zero length per request, which perf_analyzer also uses to find the version served.
@@ -128,6 +137,23 @@ class EnsembleScheduler(Scheduler):
                 await asyncio.gather(*running, return_exceptions=True)
             raise
         return {name: tensors[name] for name in graph.outputs}
+
+    def _output_devices(self, models: tuple[Model, ...]) -> list[str | None]:
+        """For each step, the torch device its outputs can stay on: the one its model and every
+        step that reads them run on, when none of them is an output of the ensemble. Between
+        TorchScript steps on one GPU the intermediate tensors then never visit the host."""
+        graph = self.graph
+        final = set(graph.outputs)
+        devices: list[str | None] = []
+        for step, model in zip(graph.steps, models):
+            device = model.tensor_device
+            for _, tensor in step.output_map:
+                readers = graph.consumers.get(tensor, ())
+                if tensor in final or not readers or any(models[c].tensor_device != device for c in readers):
+                    device = None
+                    break
+            devices.append(device)
+        return devices
 
     def _publish(self, step: Step, outputs: dict[str, np.ndarray], tensors: dict[str, np.ndarray],
                  waiting: list[int], ready: list[int]) -> None:
@@ -193,6 +219,7 @@ class EnsembleScheduler(Scheduler):
             timeout_us=request.timeout_us,
             deadline=request.deadline,
             trace=trace,
+            output_device=self._output_device[step.index],
         )
         return await run_model(model, sub, self._clock, self._describe_step[step.index])
 

@@ -361,6 +361,64 @@ MODELS += [
 ]
 
 
+# Variable-length batching: a small transformer text encoder (inferd/examples/encoder.py) that
+# takes INPUT_IDS and ATTENTION_MASK; clients send INPUT_IDS of any length (1..512 tokens) and
+# inferd pads requests of one length bucket into a batch and fills ATTENTION_MASK. As ONNX
+# (exported from torch) and as TorchScript.
+
+ENCODER_BUCKETS = "16,32,64,128,256,512"
+ENCODER_MAX_BATCH_ELEMENTS = 1024  # padded tokens per execution: 2 rows of 512 ... 32 of 32 (max_batch_size caps rows)
+# On a CPU a batch of long sequences costs more per request than running them alone (attention
+# scores grow as rows x length^2 and leave the caches), so the budget keeps long batches short.
+ENCODER_MAX_BATCH = 32
+DIM_ENCODER = 64  # inferd.examples.encoder.DIM (not imported here: that module imports torch)
+
+
+def parameters(values: Mapping[str, object]) -> str:
+    """``parameters`` entries for a config.pbtxt, one per key (values rendered with str)."""
+    return "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in values.items())
+
+
+def encoder_config(name: str, platform: str, padding: Mapping[str, object] | None = None,
+                   dynamic_batching: str | None = "", more: Mapping[str, object] | None = None) -> str:
+    """The encoder's config; ``padding`` None: clients send ATTENTION_MASK themselves.
+
+    It executes on its instance's thread (``inferd.execution``): a padded batch takes milliseconds,
+    and requests that arrive meanwhile queue and form the next batch (inline on the event loop,
+    calibrated on a one-token sample, it would look fast and run requests nearly one by one).
+    """
+    inputs = [("INPUT_IDS", "TYPE_INT64", [-1]), ("ATTENTION_MASK", "TYPE_INT64", [-1])]
+    outputs = [("EMBEDDING", "TYPE_FP32", [DIM_ENCODER])]
+    values = {"inferd.execution": "thread", **(padding or {}), **(more or {})}
+    return triton_config(name, inputs, outputs, max_batch_size=ENCODER_MAX_BATCH, platform=platform,
+                         dynamic_batching=dynamic_batching, extra=parameters(values))
+
+
+ENCODER_PADDING = {
+    "inferd.padding": "true",
+    "inferd.mask_input": "ATTENTION_MASK",
+    "inferd.length_buckets": ENCODER_BUCKETS,
+    "inferd.max_batch_elements": ENCODER_MAX_BATCH_ELEMENTS,
+}
+
+
+def _encoder_file(kind: str) -> Callable[[], bytes]:
+    def build() -> bytes:
+        from . import encoder
+
+        return encoder.onnx_bytes() if kind == "onnx" else encoder.torchscript_bytes()
+
+    return build
+
+
+MODELS += [
+    ModelSpec("text_encoder", encoder_config("text_encoder", "onnxruntime_onnx", ENCODER_PADDING),
+              {"1/model.onnx": _encoder_file("onnx")}),
+    ModelSpec("text_encoder_torch", encoder_config("text_encoder_torch", "pytorch_libtorch", ENCODER_PADDING),
+              {"1/model.pt": _encoder_file("torchscript")}),
+]
+
+
 # --------------------------------------------------------------------------- writing
 
 

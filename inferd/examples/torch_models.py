@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from typing import List, Tuple
 
 import numpy as np
 import torch
@@ -36,6 +37,39 @@ class Identity(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
+
+
+class StringAddSub(torch.nn.Module):
+    """Triton's QA string models (gen_qa_models.py): integers written as text in
+    ``List[str]``, their sum and difference back as text."""
+
+    def forward(self, INPUT0: List[str], INPUT1: List[str]) -> Tuple[List[str], List[str]]:
+        a = torch.tensor([int(v) for v in INPUT0])
+        b = torch.tensor([int(v) for v in INPUT1])
+        return [str(v.item()) for v in a + b], [str(v.item()) for v in a - b]
+
+
+class StringToTensor(torch.nn.Module):
+    """Text in, one text and one INT32 tensor out (the QA models' mixed case)."""
+
+    def forward(self, INPUT0: List[str], INPUT1: List[str]) -> Tuple[List[str], torch.Tensor]:
+        a = torch.tensor([int(v) for v in INPUT0])
+        b = torch.tensor([int(v) for v in INPUT1])
+        return [str(v.item()) for v in a + b], (a - b).to(torch.int32)
+
+
+class TensorToString(torch.nn.Module):
+    """Tensors in, ``List[str]`` alone out: forward returns a list, not a tuple."""
+
+    def forward(self, INPUT0: torch.Tensor, INPUT1: torch.Tensor) -> List[str]:
+        return [str(v.item()) for v in (INPUT0 + INPUT1).reshape(-1)]
+
+
+class Upper(torch.nn.Module):
+    """Each string upper-cased: text through untouched by numbers (UTF-8 round trip)."""
+
+    def forward(self, TEXT: List[str]) -> List[str]:
+        return [t.upper() for t in TEXT]
 
 
 class MLP(torch.nn.Module):
@@ -73,6 +107,22 @@ def identity() -> bytes:
     return save(Identity())
 
 
+def string_add_sub() -> bytes:
+    return save(StringAddSub())
+
+
+def string_to_tensor() -> bytes:
+    return save(StringToTensor())
+
+
+def tensor_to_string() -> bytes:
+    return save(TensorToString())
+
+
+def upper() -> bytes:
+    return save(Upper())
+
+
 def mlp_weights(d_in: int, hidden: int, d_out: int, seed: int = 0) -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng(seed)
     w1 = (rng.standard_normal((d_in, hidden)) / np.sqrt(d_in)).astype(np.float32)
@@ -93,3 +143,77 @@ def mlp_reference(features: np.ndarray, weights: tuple[np.ndarray, ...]) -> tupl
 
 def mlp(d_in: int = 16, hidden: int = 32, d_out: int = 4, seed: int = 0) -> bytes:
     return save(MLP(*mlp_weights(d_in, hidden, d_out, seed)))
+
+
+class _Block(torch.nn.Module):
+    """A ResNet basic block: two 3x3 convolutions with batch norm, and the shortcut."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        if stride != 1 or c_in != c_out:
+            self.shortcut: torch.nn.Module = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False),
+                                                           nn.BatchNorm2d(c_out))
+        else:
+            self.shortcut = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
+
+
+class ResNet(torch.nn.Module):
+    """A small ResNet-style classifier: a 3x3 stem, three stages of basic blocks
+    (``width``, 2x, 4x channels; each later stage halves the resolution), global
+    average pooling and a linear head."""
+
+    def __init__(self, width: int, blocks: int, classes: int) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        layers = []
+        c_in = width
+        for stage, c_out in enumerate((width, 2 * width, 4 * width)):
+            for b in range(blocks):
+                layers.append(_Block(c_in, c_out, 2 if stage > 0 and b == 0 else 1))
+                c_in = c_out
+        self.stages = nn.Sequential(*layers)
+        self.head = nn.Linear(c_in, classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.stages(self.stem(images))
+        return self.head(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def resnet_module(width: int = 16, blocks: int = 2, classes: int = 10, half: bool = False,
+                  seed: int = 0) -> torch.jit.ScriptModule:
+    """:class:`ResNet` with weights from ``numpy.random.default_rng(seed)`` (variance-preserving,
+    so FP16 activations stay in range), scripted and frozen (batch norm folded into the
+    convolutions, as an exported serving model would be)."""
+    rng = np.random.default_rng(seed)
+    model = ResNet(width, blocks, classes).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                fan_in = int(np.prod(p.shape[1:]))
+                p.copy_(torch.from_numpy((rng.standard_normal(tuple(p.shape)) / np.sqrt(fan_in)).astype(np.float32)))
+            elif name.endswith("bias"):
+                p.copy_(torch.from_numpy((rng.standard_normal(tuple(p.shape)) * 0.01).astype(np.float32)))
+    if half:
+        model = model.half()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.freeze(torch.jit.script(model))
+
+
+def resnet(width: int = 16, blocks: int = 2, classes: int = 10, half: bool = False, seed: int = 0) -> bytes:
+    """:func:`resnet_module` as ``torch.jit.save`` bytes (input ``images``: N x 3 x H x W)."""
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.jit.save(resnet_module(width, blocks, classes, half, seed), buffer)
+    return buffer.getvalue()

@@ -22,6 +22,9 @@ class Model:
     stats: ModelStats
     model_dir: Path
     decoupled: bool = False  # model_transaction_policy.decoupled: responses only stream
+    # The torch device every instance takes and gives tensors on ("cuda:0", "cpu": TorchScript
+    # instances all on one device), or None: its inputs must be host numpy arrays.
+    tensor_device: str | None = None
     # The server's response cache, when the config enables it and the server has one.
     cache: "ResponseCache | None" = None
 

@@ -20,6 +20,7 @@ import numpy as np
 from inferd.clock import Clock
 from inferd.dtypes import encode_bytes
 from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError, SloRefused
+from inferd.gpu.tensor import DeviceTensor
 from inferd.model.cache import ResponseCache, request_key
 from inferd.model.model import Model
 from inferd.model.validation import check_requested_outputs, prepare_inputs, shape_outputs
@@ -64,7 +65,11 @@ async def run_model(
 async def _cached(model: Model, cache: ResponseCache, request: InferenceRequest,
                   rows: int) -> tuple[dict[str, np.ndarray], int]:
     """The model's outputs for ``request``: from the response cache (and the time the hit
-    took), or computed, kept there and -1 (the miss's lookup and insertion are counted)."""
+    took), or computed, kept there and -1 (the miss's lookup and insertion are counted).
+    As in Triton, only host tensors are cached: a request with an input on a device
+    bypasses the cache, and outputs left on a device are not kept."""
+    if not all(isinstance(a, np.ndarray) for a in request.inputs.values()):
+        return await model.scheduler.infer(request, rows), -1
     t0 = time.perf_counter_ns()
     key = request_key(model.spec.name, model.version, request)
     outputs = cache.lookup(key)
@@ -73,7 +78,8 @@ async def _cached(model: Model, cache: ResponseCache, request: InferenceRequest,
     lookup_ns = time.perf_counter_ns() - t0
     outputs = await model.scheduler.infer(request, rows)
     t1 = time.perf_counter_ns()
-    cache.insert(key, outputs)
+    if all(isinstance(a, np.ndarray) for a in outputs.values()):
+        cache.insert(key, outputs)
     model.stats.record_cache_miss(lookup_ns + time.perf_counter_ns() - t1)
     return outputs, -1
 
@@ -156,6 +162,12 @@ def _admit(model: Model, request: InferenceRequest) -> int:
     spec = model.spec
     inputs, rows = prepare_inputs(spec, request)
     check_requested_outputs(spec, request.requested_outputs)
+    if model.tensor_device is None:
+        # Device tensors (a CUDA shared memory input, a step's output kept on its GPU) reach only
+        # models that take torch tensors; anything else gets them copied to the host, once.
+        for name, value in inputs.items():
+            if isinstance(value, DeviceTensor):
+                inputs[name] = value.to_host()
     request.inputs = inputs
     trace = request.trace
     if trace is not None:
@@ -168,6 +180,10 @@ def _shape(model: Model, outputs: dict[str, np.ndarray], request: InferenceReque
     """One response's outputs as the client asked for them; those requested into shared memory written there."""
     requested = request.requested_outputs
     result = shape_outputs(model.spec, outputs, requested)
+    if request.output_device is None:
+        for name, value in result.items():
+            if isinstance(value, DeviceTensor):  # an ensemble's input handed straight out, say
+                result[name] = value.to_host()
     if requested:
         _write_shared_memory(model.spec.name, result, requested)
     return result

@@ -1,7 +1,17 @@
 """Prometheus metrics: per model version counters, gauges and histograms.
 
 Served on ``/metrics`` of the metrics port (docs/METRICS.md lists every
-metric and the Triton ``nv_inference_*`` name it stands for).
+metric). Where Triton has a metric, it is served under Triton's name, type,
+labels (``model``, ``version``) and failure reasons, and nowhere else, so a
+dashboard or alert built for Triton reads inferd unchanged and no quantity is
+exported twice; ``inferd_*`` names are only for what Triton lacks (latency
+histograms, batch sizes, in-flight requests, load states, failures by status).
+
+Triton's counters carry no ``_total`` suffix. prometheus_client always adds
+one to a counter (and OpenMetrics requires it), so those families are written
+here in the Prometheus text format 0.0.4 that Triton serves, and ``/metrics``
+answers in that format whatever the scraper's Accept header asks for: an
+OpenMetrics answer would rename every Triton series.
 
 Cost on the request path: the counters are not kept twice. :class:`ModelStats`
 already counts successes, failures by reason, inferences, executions and the
@@ -16,13 +26,15 @@ costs a bisect and two additions per observation.
 
 from __future__ import annotations
 
+import gzip
 from bisect import bisect_left
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, ProcessCollector, make_asgi_app
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from inferd.observability import gpu_metrics
 from inferd.observability import stats as stats_module
 from inferd.observability.stats import ModelStats
 
@@ -39,6 +51,18 @@ FAILURE_REASONS = ("INVALID_ARGUMENT", "UNAVAILABLE", "SLO_REFUSED", "TIMEOUT", 
 # A client that went away is "CANCELED" whichever way the data plane learnt of it.
 _REASON_ALIASES = {"CANCELLED": "CANCELED"}
 LOAD_STATES = ("READY", "LOADING", "UNLOADING", "UNAVAILABLE")
+
+# Triton's failure reasons (core's FailureReason): a request the scheduler refused or timed out,
+# one the client cancelled, one the model failed to execute, anything else.
+TRITON_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+_TRITON_REASON = {"UNAVAILABLE": "REJECTED", "SLO_REFUSED": "REJECTED", "TIMEOUT": "REJECTED",
+                  "CANCELED": "CANCELED", "CANCELLED": "CANCELED", "INTERNAL": "BACKEND"}
+
+
+def triton_reason(reason: str, ensemble: bool) -> str:
+    """Triton's reason for one of inferd's (a gRPC status name, TIMEOUT or CANCELED).
+    An ensemble's own failures are OTHER, as Triton counts them."""
+    return "OTHER" if ensemble else _TRITON_REASON.get(reason, "OTHER")
 
 
 class Histogram:
@@ -102,29 +126,16 @@ class InferdCollector:
 
     def collect(self) -> Iterator[Metric]:
         L = ["model", "version"]
-        c = CounterMetricFamily
-        success = c("inferd_inference_request_success", "Successful inference requests", labels=L)
-        failure = c("inferd_inference_request_failure", "Failed inference requests, by reason", labels=[*L, "reason"])
-        count = c("inferd_inference_count", "Inferences performed (a batch of N rows counts N)", labels=L)
-        exec_count = c("inferd_inference_exec_count", "Model executions (a dynamic batch counts 1)", labels=L)
-        request_us = c("inferd_inference_request_duration_us",
-                       "Cumulative end-to-end duration of successful requests, microseconds", labels=L)
-        queue_us = c("inferd_inference_queue_duration_us", "Cumulative time requests waited in the queue, microseconds",
-                     labels=L)
-        input_us = c("inferd_inference_compute_input_duration_us",
-                     "Cumulative compute input duration, microseconds (per request)", labels=L)
-        infer_us = c("inferd_inference_compute_infer_duration_us",
-                     "Cumulative compute infer (model) duration, microseconds (per request)", labels=L)
-        output_us = c("inferd_inference_compute_output_duration_us",
-                      "Cumulative compute output duration, microseconds (per request)", labels=L)
-        hits = c("inferd_cache_hit_count", "Requests answered from the response cache", labels=L)
-        misses = c("inferd_cache_miss_count", "Requests the response cache did not hold (then executed)", labels=L)
-        hit_us = c("inferd_cache_hit_duration_us",
-                   "Cumulative time finding and extracting response cache hits, microseconds", labels=L)
-        miss_us = c("inferd_cache_miss_duration_us",
-                    "Cumulative time looking up and inserting response cache misses, microseconds", labels=L)
-        pending = GaugeMetricFamily("inferd_inference_pending_request_count",
-                                    "Requests waiting in the queue for a model instance", labels=L)
+        failure = CounterMetricFamily(
+            "inferd_inference_request_failure",
+            "Failed inference requests by the status the client received (the failures of "
+            "nv_inference_request_failure, split finer than Triton's four reasons)", labels=[*L, "reason"])
+        real = CounterMetricFamily("inferd_inference_real_elements",
+                                   "Elements of request data in padded inputs (inferd.padding)", labels=L)
+        padded = CounterMetricFamily("inferd_inference_pad_elements",
+                                     "Elements of padding added to padded inputs (inferd.padding)", labels=L)
+        waste = GaugeMetricFamily("inferd_inference_padding_waste",
+                                  "Padding elements per element of request data since the model loaded", labels=L)
         inflight = GaugeMetricFamily("inferd_inference_inflight_request_count",
                                      "Requests accepted and not yet answered (queued or executing)", labels=L)
         h = HistogramMetricFamily
@@ -138,26 +149,15 @@ class InferdCollector:
         for model in self.dp.manager.models():
             s = model.stats
             lv = [model.name, str(model.version)]
-            success.add_metric(lv, s.success.count)
             reasons = dict.fromkeys(FAILURE_REASONS, 0)
             for reason, n in s.fail_reasons.items():
                 reason = _REASON_ALIASES.get(reason, reason)
                 reasons[reason] = reasons.get(reason, 0) + n
             for reason, n in reasons.items():
                 failure.add_metric([*lv, reason], n)
-            count.add_metric(lv, s.inference_count)
-            exec_count.add_metric(lv, s.execution_count)
-            request_us.add_metric(lv, s.success.ns // 1000)
-            queue_us.add_metric(lv, s.queue.ns // 1000)
-            input_us.add_metric(lv, s.compute_input.ns // 1000)
-            infer_us.add_metric(lv, s.compute_infer.ns // 1000)
-            output_us.add_metric(lv, s.compute_output.ns // 1000)
-            hits.add_metric(lv, s.cache_hit.count)
-            misses.add_metric(lv, s.cache_miss.count)
-            hit_us.add_metric(lv, s.cache_hit.ns // 1000)
-            miss_us.add_metric(lv, s.cache_miss.ns // 1000)
-            depth = getattr(model.scheduler, "queue_depth", None)
-            pending.add_metric(lv, depth() if depth is not None else s.pending)
+            real.add_metric(lv, s.real_elements)
+            padded.add_metric(lv, s.pad_elements)
+            waste.add_metric(lv, s.pad_elements / s.real_elements if s.real_elements else 0.0)
             inflight.add_metric(lv, s.pending)
             hist = histograms_of(s)
             if hist is not None:
@@ -174,17 +174,99 @@ class InferdCollector:
         ready = GaugeMetricFamily("inferd_server_ready", "1 when the server is ready for inference")
         ready.add_metric([], 1 if self.dp.ready_now() else 0)
 
-        yield from (success, failure, count, exec_count, request_us, queue_us, input_us, infer_us, output_us,
-                    hits, misses, hit_us, miss_us, pending, inflight, request_h, queue_h, compute_h, batch_h, state, ready)
+        yield from (failure, real, padded, waste, inflight, request_h, queue_h, compute_h, batch_h, state, ready)
+
+
+# Triton's per-model families: (name, type, help, value of a model version's stats).
+_Read = Callable[[Any], float]
+TRITON_FAMILIES: tuple[tuple[str, str, str, _Read], ...] = (
+    ("nv_inference_request_success", "counter", "Successful inference requests (a request counts 1 whatever its "
+     "batch size)", lambda m: m.stats.success.count),
+    ("nv_inference_count", "counter", "Inferences performed (a request of N batch rows counts N)",
+     lambda m: m.stats.inference_count),
+    ("nv_inference_exec_count", "counter", "Model executions (a dynamic batch counts 1)",
+     lambda m: m.stats.execution_count),
+    ("nv_inference_request_duration_us", "counter", "Cumulative end-to-end duration of successful requests in "
+     "the server, microseconds", lambda m: m.stats.success.ns // 1000),
+    ("nv_inference_queue_duration_us", "counter", "Cumulative time successful requests waited in the queue, "
+     "microseconds", lambda m: m.stats.queue.ns // 1000),
+    ("nv_inference_compute_input_duration_us", "counter", "Cumulative time spent preparing inputs for execution, "
+     "microseconds (each request charged its batch's time)", lambda m: m.stats.compute_input.ns // 1000),
+    ("nv_inference_compute_infer_duration_us", "counter", "Cumulative time the model executed, microseconds (each "
+     "request charged its batch's time)", lambda m: m.stats.compute_infer.ns // 1000),
+    ("nv_inference_compute_output_duration_us", "counter", "Cumulative time spent on outputs after execution, "
+     "microseconds (each request charged its batch's time)", lambda m: m.stats.compute_output.ns // 1000),
+    ("nv_inference_pending_request_count", "gauge", "Requests waiting in the queue for a model instance",
+     lambda m: _queue_depth(m)),
+)
+_FAILURE_HELP = "Failed inference requests by Triton's reason (REJECTED, CANCELED, BACKEND, OTHER)"
+# Triton's response cache families, for the model versions that use the cache (as Triton serves them).
+CACHE_FAMILIES: tuple[tuple[str, str, str, _Read], ...] = (
+    ("nv_cache_num_hits_per_model", "counter", "Number of cache hits per model", lambda m: m.stats.cache_hit.count),
+    ("nv_cache_num_misses_per_model", "counter", "Number of cache misses per model",
+     lambda m: m.stats.cache_miss.count),
+    ("nv_cache_hit_duration_per_model", "counter", "Total cache hit duration per model, in microseconds",
+     lambda m: m.stats.cache_hit.ns // 1000),
+    ("nv_cache_miss_duration_per_model", "counter", "Total cache miss (insert+lookup) duration per model, in "
+     "microseconds", lambda m: m.stats.cache_miss.ns // 1000),
+)
+
+
+def _queue_depth(model: Any) -> float:
+    depth = getattr(model.scheduler, "queue_depth", None)
+    return depth() if depth is not None else model.stats.pending
+
+
+def triton_exposition(models: Iterable[Any]) -> str:
+    """Triton's families in the Prometheus text format, exactly as Triton writes them
+    (counter names without ``_total``)."""
+    models = list(models)
+    labels = [(m, f'model="{_escape(m.name)}",version="{m.version}"') for m in models]
+    lines: list[str] = []
+    for name, kind, help_text, read in TRITON_FAMILIES[:1]:
+        _family(lines, name, kind, help_text, ((lv, read(m)) for m, lv in labels))
+    failures = []
+    for m, lv in labels:
+        counts = dict.fromkeys(TRITON_REASONS, 0)
+        ensemble = m.spec.platform == "ensemble"
+        for reason, n in m.stats.fail_reasons.items():
+            counts[triton_reason(reason, ensemble)] += n
+        failures.extend((f'{lv},reason="{reason}"', n) for reason, n in counts.items())
+    _family(lines, "nv_inference_request_failure", "counter", _FAILURE_HELP, failures)
+    for name, kind, help_text, read in TRITON_FAMILIES[1:]:
+        _family(lines, name, kind, help_text, ((lv, read(m)) for m, lv in labels))
+    cached = [(m, lv) for m, lv in labels if getattr(m, "cache", None) is not None]
+    if cached:
+        for name, kind, help_text, read in CACHE_FAMILIES:
+            _family(lines, name, kind, help_text, ((lv, read(m)) for m, lv in cached))
+    return "".join(lines)
+
+
+def _family(lines: list[str], name: str, kind: str, help_text: str, samples: Iterable[tuple[str, float]]) -> None:
+    lines.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
+    lines.extend(f"{name}{{{labels}}} {_number(value)}\n" for labels, value in samples)
+
+
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else floatToGoString(value)  # Triton writes 12, not 12.0
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
 
 
 class ServerMetrics:
     """The registry behind ``/metrics``; attaches histograms to each model version as it is built."""
 
-    def __init__(self, dataplane: "DataPlane") -> None:
+    def __init__(self, dataplane: "DataPlane", nvml: Any = None) -> None:
+        self._dataplane = dataplane
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)
         self.registry.register(InferdCollector(dataplane))  # type: ignore[arg-type]
+        # nv_gpu_* where NVML answers (``nvml``: a fake pynvml for tests); none on a CPU host.
+        self.gpu = gpu_metrics.gpu_collector(nvml, gpu_metrics.visible_uuids)
+        if self.gpu is not None:
+            self.registry.register(self.gpu)  # type: ignore[arg-type]
         stats_module.on_create.append(self._attach)
         for model in dataplane.manager.models():  # any already loaded
             self._attach(model.stats)
@@ -197,19 +279,32 @@ class ServerMetrics:
     def close(self) -> None:
         if self._attach in stats_module.on_create:
             stats_module.on_create.remove(self._attach)
+        if self.gpu is not None:
+            self.gpu.close()
+
+    def exposition(self) -> bytes:
+        """One scrape: Triton's families, then inferd's and the process collector's."""
+        return triton_exposition(self._dataplane.manager.models()).encode() + generate_latest(self.registry)
 
     def asgi_app(self) -> Any:
-        """``/metrics`` (Prometheus text, or OpenMetrics when asked); 404 elsewhere."""
-        metrics = make_asgi_app(self.registry)
+        """``/metrics`` (Prometheus text format 0.0.4, gzip when asked); 404 elsewhere."""
 
         async def app(scope: dict, receive: Any, send: Any) -> None:
             if scope["type"] != "http":
                 return
-            if scope["path"] in ("/metrics", "/metrics/"):
-                await metrics(scope, receive, send)
+            if scope["path"] not in ("/metrics", "/metrics/"):
+                await send({"type": "http.response.start", "status": 404,
+                            "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
+                await send({"type": "http.response.body", "body": b"not found; metrics are on /metrics\n"})
                 return
-            await send({"type": "http.response.start", "status": 404,
-                        "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
-            await send({"type": "http.response.body", "body": b"not found; metrics are on /metrics\n"})
+            # Read on the event loop, where the stats are updated: a consistent snapshot, no lock.
+            body = self.exposition()
+            headers = [(b"content-type", CONTENT_TYPE_PLAIN_0_0_4.encode())]  # as Triton serves it
+            accept = dict(scope.get("headers") or ()).get(b"accept-encoding", b"")
+            if b"gzip" in accept:
+                body = gzip.compress(body, compresslevel=1)
+                headers.append((b"content-encoding", b"gzip"))
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
 
         return app

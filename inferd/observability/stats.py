@@ -82,7 +82,7 @@ class ModelStats:
     __slots__ = (
         "name", "version", "success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
         "inference_count", "execution_count", "last_inference_ms", "batch_stats", "fail_reasons",
-        "observers", "pending", "cache_hit", "cache_miss",
+        "observers", "pending", "cache_hit", "cache_miss", "real_elements", "pad_elements",
     )
 
     def __init__(self, name: str, version: int) -> None:
@@ -103,6 +103,11 @@ class ModelStats:
         self.pending = 0  # requests admitted and not yet answered
         self.cache_hit = Duration()
         self.cache_miss = Duration()
+        # Padded models: elements of the requests' own data in padded inputs, and the
+        # padding added around them (padding waste = pad / real). ModelStatistics has no
+        # field for them; /metrics exports them.
+        self.real_elements = 0
+        self.pad_elements = 0
         for hook in on_create:
             hook(self)
 
@@ -172,3 +177,8 @@ class ModelStats:
         if self.observers:
             self._notify("execution", {"rows": batch_rows, "requests": requests,
                                        "input_ns": input_ns, "infer_ns": infer_ns, "output_ns": output_ns})
+
+    def record_padding(self, real: int, pad: int) -> None:
+        """One padded execution: ``real`` elements of request data, ``pad`` of padding."""
+        self.real_elements += real
+        self.pad_elements += pad

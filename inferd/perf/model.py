@@ -112,16 +112,16 @@ class ServerClient:
             total["inference_count"] += ms.inference_count
             total["execution_count"] += ms.execution_count
             st = ms.inference_stats
-            for key in _DURATIONS:
+            for key in DURATIONS:
                 d = getattr(st, key)
                 total[f"{key}_count"] += d.count
                 total[f"{key}_ns"] += d.ns
         return total
 
 
-_DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
 STAT_FIELDS = ("inference_count", "execution_count") + tuple(
-    f"{k}_{unit}" for k in _DURATIONS for unit in ("count", "ns")
+    f"{k}_{unit}" for k in DURATIONS for unit in ("count", "ns")
 )
 
 
@@ -331,7 +331,7 @@ def build_inputs(model: ModelInfo, options: PerfOptions) -> list[dict[str, np.nd
     return steps
 
 
-def _raw(array: np.ndarray, datatype: str) -> bytes:
+def raw_bytes(array: np.ndarray, datatype: str) -> bytes:
     if datatype == "BYTES":
         parts = []
         for item in array.reshape(-1):
@@ -353,7 +353,7 @@ def serialize_requests(model: ModelInfo, steps: list[dict[str, np.ndarray]], opt
             tensor.name = name
             tensor.datatype = datatype[name]
             tensor.shape.extend(int(d) for d in array.shape)
-            request.raw_input_contents.append(_raw(array, datatype[name]))
+            request.raw_input_contents.append(raw_bytes(array, datatype[name]))
         if options.priority is not None:
             request.parameters["priority"].int64_param = options.priority
         if options.timeout_us is not None:

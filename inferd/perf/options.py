@@ -7,6 +7,21 @@ import sys
 from dataclasses import dataclass
 
 
+HTTP_REQUIREMENT = "aiohttp>=3.9"  # -i http's client (tritonclient[http] brings it too)
+
+# Closed loop: one worker process per this many slots by default. perf_analyzer drives each slot
+# from its own thread; one Python event loop driving 16 is one schedulable thread against the
+# server's and every other process's, and on a busy host it is starved of CPU and sends late.
+SLOTS_PER_WORKER = 4
+MAX_AUTO_WORKERS = 8
+
+
+def default_workers(mode: str, levels: list) -> int:
+    if mode != "concurrency":
+        return 1
+    return min(MAX_AUTO_WORKERS, -(-max(int(v) for v in levels) // SLOTS_PER_WORKER))
+
+
 class PerfError(Exception):
     """An error reported to the user as one line, without a traceback (exit status 1)."""
 
@@ -132,8 +147,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("-m", "--model-name", dest="model", required=True, help="model to load")
     p.add_argument("-x", "--model-version", dest="model_version", default="",
                    help="model version (default: the server's choice)")
-    p.add_argument("-u", "--url", default="localhost:8001", help="gRPC server HOST:PORT (default localhost:8001)")
-    p.add_argument("-i", "--protocol", default="grpc", choices=["grpc"], help="only grpc is supported")
+    p.add_argument("-u", "--url", default=None,
+                   help="server HOST:PORT (default localhost:8001 for grpc, localhost:8000 for http)")
+    p.add_argument("-i", "--protocol", default="grpc", choices=["grpc", "http"],
+                   help="grpc (ModelInfer) or http (KServe v2 REST with binary tensor data); default grpc")
     p.add_argument("-b", "--batch-size", type=_positive_int, default=1,
                    help="rows per request (the model's batch dimension; default 1)")
 
@@ -145,8 +162,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                       help="open loop: send at this many requests/second, whatever the responses")
     load.add_argument("--request-distribution", choices=["constant", "poisson"], default="constant",
                       help="open loop: gaps between sends (default constant)")
-    load.add_argument("--workers", type=_positive_int, default=1,
-                      help="load-generating processes, each with its own gRPC channel (default 1)")
+    load.add_argument("--workers", type=_positive_int, default=None,
+                      help="load-generating processes (default: closed loop, one per "
+                           f"{SLOTS_PER_WORKER} slots of the highest concurrency, at most {MAX_AUTO_WORKERS}; "
+                           "open loop, 1)")
     load.add_argument("--max-inflight", type=_positive_int, default=1024,
                       help="open loop: at most this many requests in flight per worker (default 1024)")
     load.add_argument("--priority", type=_nonneg_int, default=None,
@@ -199,6 +218,7 @@ class PerfOptions:
     model: str
     version: str
     url: str
+    protocol: str  # "grpc" | "http"
     batch_size: int
     mode: str  # "concurrency" | "request_rate"
     levels: list
@@ -234,8 +254,11 @@ class PerfOptions:
         else:
             mode, levels = "concurrency", args.concurrency_range or [1]
         return cls(
-            model=args.model, version=args.model_version, url=args.url, batch_size=args.batch_size,
-            mode=mode, levels=levels, distribution=args.request_distribution, workers=args.workers,
+            model=args.model, version=args.model_version, protocol=args.protocol,
+            url=args.url or ("localhost:8000" if args.protocol == "http" else "localhost:8001"),
+            batch_size=args.batch_size,
+            mode=mode, levels=levels, distribution=args.request_distribution,
+            workers=args.workers or default_workers(mode, levels),
             max_inflight=args.max_inflight, priority=args.priority, timeout_us=args.request_timeout_us,
             seed=args.seed, input_data=args.input_data, shapes=shapes, string_length=args.string_length,
             interval_ms=args.measurement_interval, stability_pct=args.stability_percentage,
@@ -257,6 +280,12 @@ def run(args: argparse.Namespace) -> int:
                 # (or nothing) where inferd was installed from a checkout.
                 raise PerfError(f"--plot needs matplotlib, which is not installed: pip install '{PLOT_REQUIREMENT}' "
                                 "(in an inferd checkout: pip install -e '.[perf]')") from None
+        if options.protocol == "http":
+            try:
+                import aiohttp  # noqa: F401  (checked before any load is sent)
+            except ImportError:
+                raise PerfError(f"-i http needs aiohttp, which is not installed: pip install '{HTTP_REQUIREMENT}'") \
+                    from None
         from .runner import perf_main
 
         return perf_main(options)

@@ -118,7 +118,7 @@ def print_table(result: RunResult, out: TextIO = sys.stdout) -> None:
     how = (f"{o.request_count} requests per level" if o.request_count
            else f"windows of {o.interval_ms} ms, stable within {o.stability_pct:g}% over 3 (max {o.max_trials})")
     version = f" version {o.version}" if o.version else ""
-    print(f"\ninferd perf: model '{o.model}'{version} at {o.url}, batch {o.batch_size}, "
+    print(f"\ninferd perf: model '{o.model}'{version} at {o.url} ({o.protocol}), batch {o.batch_size}, "
           f"{o.workers} worker{'s' if o.workers > 1 else ''}, {how}", file=out)
     cols = [first, "Infer/s", "Avg us", "p50 us", "p90 us", "p95 us", "p99 us", "Errors",
             "Queue", "CmpIn", "CmpInf", "CmpOut", "Net+Srv", "CPU%"]

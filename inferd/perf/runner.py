@@ -9,11 +9,15 @@ import resource
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .measure import ClientStats, Records, is_stable, server_delta
 from .model import ModelInfo, ServerClient, build_inputs, serialize_requests
 from .options import PerfError, PerfOptions
 from .worker import WorkerConfig, cpu_seconds, worker_main
+
+if TYPE_CHECKING:
+    from .http import HttpServerClient
 
 # Open loop: the rate counts as kept when the sends over the measurement are at least this share
 # of what the schedule asked for (a client falling ever further behind fails it; jitter does not).
@@ -73,7 +77,8 @@ class RunResult:
 class WorkerPool:
     """``n`` spawned worker processes, each with its own grpc.aio channel."""
 
-    def __init__(self, n: int, url: str, payloads: list[bytes], connect_timeout: float) -> None:
+    def __init__(self, n: int, url: str, payloads: list, connect_timeout: float, protocol: str = "grpc",
+                 infer_path: str = "") -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conns = []
         self.procs = []
@@ -83,7 +88,8 @@ class WorkerPool:
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(
                     target=worker_main, name=f"inferd-perf-worker-{i}", daemon=True,
-                    args=(child, WorkerConfig(url, payloads, index=i, connect_timeout=connect_timeout)),
+                    args=(child, WorkerConfig(url, payloads, index=i, connect_timeout=connect_timeout,
+                                              protocol=protocol, infer_path=infer_path)),
                 )
                 proc.start()
                 child.close()
@@ -178,7 +184,8 @@ def _split(total: int, parts: int) -> list[int]:
 
 
 class Runner:
-    def __init__(self, options: PerfOptions, client: ServerClient, model: ModelInfo, pool: WorkerPool,
+    def __init__(self, options: PerfOptions, client: "ServerClient | HttpServerClient", model: ModelInfo,
+                 pool: WorkerPool,
                  progress: "Progress") -> None:
         self.o = options
         self.client = client
@@ -378,17 +385,27 @@ def measure(options: PerfOptions) -> RunResult:
     self0 = resource.getrusage(resource.RUSAGE_SELF)
     children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall0 = time.monotonic()
-    client = ServerClient(options.url, options.connect_timeout)
+    http = options.protocol == "http"
+    if http:
+        from . import http as http_protocol
+
+        client: ServerClient | http_protocol.HttpServerClient = http_protocol.HttpServerClient(
+            options.url, options.connect_timeout)
+    else:
+        client = ServerClient(options.url, options.connect_timeout)
     try:
         client.check_live()
         model = client.model_info(options.model, options.version)
-        payloads = serialize_requests(model, build_inputs(model, options), options)
+        steps = build_inputs(model, options)
+        payloads: list = (http_protocol.serialize_requests(model, steps, options) if http
+                          else serialize_requests(model, steps, options))
         client.statistics(options.model, options.version)  # fail early if statistics are unavailable
         workers = options.workers
         if options.mode == "concurrency":
             workers = min(workers, max(int(v) for v in options.levels))
         progress(f"starting {workers} load worker process{'es' if workers > 1 else ''} against {options.url}")
-        pool = WorkerPool(workers, options.url, payloads, options.connect_timeout)
+        infer_path = http_protocol.model_path(options.model, options.version) + "/infer" if http else ""
+        pool = WorkerPool(workers, options.url, payloads, options.connect_timeout, options.protocol, infer_path)
         levels = []
         try:
             runner = Runner(options, client, model, pool, progress)
@@ -402,7 +419,7 @@ def measure(options: PerfOptions) -> RunResult:
             options=options, model=model, levels=levels, wall_s=time.monotonic() - wall0,
             client_cpu_user_s=(self_usage.ru_utime - self0.ru_utime) + (child_usage.ru_utime - children0.ru_utime),
             client_cpu_sys_s=(self_usage.ru_stime - self0.ru_stime) + (child_usage.ru_stime - children0.ru_stime),
-            payload_bytes=[len(p) for p in payloads],
+            payload_bytes=[len(p[0]) if http else len(p) for p in payloads],
         )
     finally:
         client.close()

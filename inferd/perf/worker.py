@@ -14,8 +14,11 @@ all processes of the machine), ``code`` (int32 gRPC status code, 0 = OK), ``sent
 count is used up and nothing is in flight), ``cpu_s`` (this process's user+system time) and
 ``t_ns`` (when the counters were read).
 
-Requests are the pre-serialized ModelInferRequest bytes, sent on a raw unary-unary callable
-(no serializer, no deserializer): a response is never parsed, only its status is looked at.
+Requests are pre-serialized: over gRPC the ModelInferRequest bytes, sent on a raw unary-unary
+callable (no serializer, no deserializer); over HTTP (``-i http``) a body and its JSON header's
+length, POSTed with aiohttp. A response is never parsed, only its status is looked at.
+
+How each protocol sends is in :mod:`.transport`.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ import grpc
 import grpc.aio
 import numpy as np
 
-INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
+from .transport import GrpcTransport, HttpStatusError, HttpTransport
+
 # An open-loop send later than its schedule by more than this counts as delayed.
 DELAY_THRESHOLD_NS = 2_000_000
 _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
@@ -39,10 +43,12 @@ _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
 @dataclass
 class WorkerConfig:
     url: str
-    payloads: list[bytes]
+    payloads: list  # gRPC: request bytes; HTTP: (body, JSON header length)
     index: int = 0
     connect_timeout: float = 10.0
     stop_timeout: float = 60.0
+    protocol: str = "grpc"
+    infer_path: str = ""  # HTTP: /v2/models/{model}[/versions/{v}]/infer
 
 
 def worker_main(conn, config: WorkerConfig) -> None:  # type: ignore[no-untyped-def]
@@ -97,18 +103,17 @@ class _Worker:
 
         loop.add_reader(fd, readable)
         self.freed = asyncio.Event()
-        self.channel = grpc.aio.insecure_channel(
-            self.config.url,
-            options=[("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)],
-        )
-        self.call = self.channel.unary_unary(INFER_PATH, request_serializer=None, response_deserializer=None,
-                                              _registered_method=True)
+        cfg = self.config
+        self.transport = HttpTransport(cfg.url, cfg.infer_path) if cfg.protocol == "http" else GrpcTransport(cfg.url)
         try:
-            await asyncio.wait_for(self.channel.channel_ready(), self.config.connect_timeout)
+            await self.transport.connect(cfg.connect_timeout)
             self._reply(("ready",))
-        except asyncio.TimeoutError:
-            self._reply(("error", f"worker {self.config.index} could not connect to {self.config.url} "
-                                  f"within {self.config.connect_timeout:g}s"))
+        except (asyncio.TimeoutError, OSError, HttpStatusError) as exc:
+            reason = "" if isinstance(exc, asyncio.TimeoutError) else f": {exc}"
+            self._reply(("error", f"worker {cfg.index} could not connect to {cfg.url} "
+                                  f"within {cfg.connect_timeout:g}s{reason}"))
+            await self.transport.close()
+            loop.remove_reader(fd)
             return
         try:
             while True:
@@ -132,7 +137,7 @@ class _Worker:
                     self._reply(("error", f"unknown command {cmd!r}"))
         finally:
             loop.remove_reader(fd)
-            await self.channel.close()
+            await self.transport.close()
 
     def _reply(self, msg: tuple) -> None:
         try:
@@ -181,7 +186,7 @@ class _Worker:
 
     # ----------------------------------------------------------------- one request
 
-    def _payload(self) -> bytes:
+    def _payload(self):  # type: ignore[no-untyped-def]
         payloads = self.payloads
         if len(payloads) == 1:
             return payloads[0]
@@ -190,7 +195,9 @@ class _Worker:
         return p
 
     def _error(self, exc: BaseException) -> int:
-        if isinstance(exc, grpc.aio.AioRpcError):
+        if isinstance(exc, HttpStatusError):
+            code, details = exc.code, exc.details
+        elif isinstance(exc, grpc.aio.AioRpcError):
             code = exc.code().value[0]
             details = exc.details() or ""
             if details in ("", exc.code().name):  # no message from the server: say what gRPC knows
@@ -203,11 +210,11 @@ class _Worker:
             self.errors[name] = details
         return code
 
-    async def _request(self, payload: bytes) -> None:
+    async def _request(self, payload, call) -> None:  # type: ignore[no-untyped-def]
         self.sent += 1
         t0 = time.monotonic_ns()
         try:
-            await self.call(payload)
+            await call(payload)
             code = 0
         except asyncio.CancelledError:
             raise
@@ -222,17 +229,18 @@ class _Worker:
     def _start_closed(self, concurrency: int, count: int | None) -> None:
         self.running = True
         self.remaining = count
-        for _ in range(concurrency):
-            self._track(asyncio.create_task(self._slot()))
+        for slot in range(concurrency):
+            self._track(asyncio.create_task(self._slot(slot)))
 
-    async def _slot(self) -> None:
+    async def _slot(self, slot: int) -> None:
         request = self._request
+        call = self.transport.caller(slot)
         while self.running:
             if self.remaining is not None:
                 if self.remaining <= 0:
                     break
                 self.remaining -= 1
-            await request(self._payload())
+            await request(self._payload(), call)
 
     # ----------------------------------------------------------------- open loop
 
@@ -244,9 +252,9 @@ class _Worker:
         self.rate = rate
         self._track(asyncio.create_task(self._sender(rate, distribution, offset_s, seed)))
 
-    async def _one(self, payload: bytes) -> None:
+    async def _one(self, payload) -> None:  # type: ignore[no-untyped-def]
         try:
-            await self._request(payload)
+            await self._request(payload, self.transport.caller(0))
         finally:
             self.inflight -= 1
             assert self.freed is not None

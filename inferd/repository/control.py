@@ -18,6 +18,7 @@ from typing import Mapping
 
 from inferd.config import ModelConfig, config_from_json
 from inferd.errors import InferdError, InvalidArgument, Unimplemented
+from inferd.repository.overrides import FILE_PREFIX
 from inferd.repository.layout import fingerprint, scan
 from inferd.repository.manager import ModelManager
 
@@ -44,23 +45,23 @@ def require_explicit(manager: ModelManager, what: str) -> None:
             "start the server with --model-control-mode explicit")
 
 
-def load_parameters(name: str, params: Mapping[str, object]) -> ModelConfig | None:
-    """RepositoryModelLoad's parameters: ``config`` (a JSON ModelConfig used
-    instead of config.pbtxt); model files sent in the request (``file:...``)
-    are refused."""
+def load_parameters(name: str, params: Mapping[str, object]) -> tuple[ModelConfig | None, dict[str, object]]:
+    """RepositoryModelLoad's parameters: ``config`` (a JSON ModelConfig used instead of
+    config.pbtxt) and the model files sent in the request (``file:<relative path>``: the
+    bytes of each file of an override model folder, :mod:`inferd.repository.overrides`)."""
     config = None
+    files: dict[str, object] = {}
     for key, value in params.items():
         if key == "config":
             if not isinstance(value, str):
                 raise InvalidArgument(f"failed to load '{name}': parameter 'config' must be a JSON string")
             config = config_from_json(name, value)
-        elif key.startswith("file:"):
-            raise Unimplemented(
-                f"failed to load '{name}': parameter '{key}': model files sent in the load request are not "
-                "supported by inferd; put them in the model repository")
+        elif key.startswith(FILE_PREFIX):
+            files[key] = value  # checked where the folder is written, as Triton does
         else:
-            raise InvalidArgument(f"failed to load '{name}': unknown parameter '{key}' (known: config)")
-    return config
+            raise InvalidArgument(
+                f"failed to load '{name}': unknown parameter '{key}' (known: config, file:<relative path>)")
+    return config, files
 
 
 def unload_parameters(name: str, params: Mapping[str, object]) -> bool:

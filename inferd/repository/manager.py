@@ -25,16 +25,18 @@ import gc
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from inferd import backends
 from inferd.clock import Clock
 from inferd.config import ModelConfig, ModelSpec, ensemble_config, is_ensemble, prepare_config
 from inferd.ensemble.graph import EnsembleGraph, build_graph, dependents, find_cycle, load_order
 from inferd.errors import ConfigError, InferdError, NotFound, Unavailable, unknown_model
+from inferd.gpu.inventory import GpuInventory, default_inventory
 from inferd.model import ModelDispatcher
 from inferd.model.cache import ResponseCache
 from inferd.repository import ensembles as ensemble_loader
+from inferd.repository.overrides import OverrideFolders
 from inferd.repository.layout import available_versions, fingerprint, scan
 from inferd.repository.model import Model, build_model
 from inferd.scheduling.rate_limiter import RateLimiter
@@ -67,6 +69,12 @@ class _Entry:
     fingerprint: tuple = ()  # the model folder as last (re)loaded: poll mode's change test
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one load/unload at a time
     ensemble: Any = None  # an ensemble's PreparedEnsemble, once loaded
+    origin: Path | None = None  # its folder in the repository (None: known only from an override)
+    override: Path | None = None  # the override folder ``path`` points to, while loaded from one
+
+    def __post_init__(self) -> None:
+        if self.origin is None and self.override is None:
+            self.origin = self.path
 
     def set_versions(self, versions: dict[int, Model]) -> None:
         self.versions = versions
@@ -82,11 +90,14 @@ class Prepared:
     files: dict[int, Path]  # version -> model file
 
 
-def prepare(name: str, model_dir: Path, override: ModelConfig | None = None, auto_complete: bool = True) -> Prepared:
+def prepare(name: str, model_dir: Path, override: ModelConfig | None = None, auto_complete: bool = True,
+            gpus: Sequence[int] = ()) -> Prepared:
     """Read, auto-complete and validate one model folder (:func:`inferd.config.prepare_config`). Blocking.
 
-    ``override``: a config to use instead of ``config.pbtxt`` (RepositoryModelLoad's ``config``)."""
-    done = prepare_config(name, model_dir, available_versions(model_dir), backends.resolve, override, auto_complete)
+    ``override``: a config to use instead of ``config.pbtxt`` (RepositoryModelLoad's ``config``);
+    ``gpus``: the GPU indexes instances may be placed on."""
+    done = prepare_config(name, model_dir, available_versions(model_dir), backends.resolve, override, auto_complete,
+                          gpus)
     return Prepared(done.spec, done.backend, done.files)
 
 
@@ -101,7 +112,8 @@ def load_versions(prepared: Prepared, model_dir: Path, clock: Clock | None = Non
 class ModelManager:
     def __init__(self, repositories: list[Path], clock: Clock | None = None, *, mode: str = "none",
                  startup_models: list[str] | None = None, auto_complete: bool = True,
-                 cache: ResponseCache | None = None, limiter: RateLimiter | None = None) -> None:
+                 gpus: GpuInventory | None = None, cache: ResponseCache | None = None,
+                 limiter: RateLimiter | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"model control mode must be one of {MODES}, got '{mode}'")
         self.repositories = repositories
@@ -112,8 +124,11 @@ class ModelManager:
         self.cache = cache  # --cache-config: the response cache the models that enable it share
         self.limiter = limiter  # --rate-limit execution_count: the rate limiter every instance asks
         self._entries: dict[str, _Entry] = {}
+        self.overrides = OverrideFolders()  # RepositoryModelLoad's file: parameters
         # Handed to every instance it builds: a Python model's BLS calls reach the other models through it.
         self.dispatcher = ModelDispatcher(self.get, clock)
+        # The GPUs instance groups are placed on (torch's view; a fake one in tests).
+        self.gpus = gpus or default_inventory()
 
     # -- lookup (hot path) ---------------------------------------------------
 
@@ -238,7 +253,7 @@ class ModelManager:
         it was built from is kept as it is. Blocking (runs on a worker thread)."""
         path = entry.path
         entry.fingerprint = folder = fingerprint(path)  # first: a change during the load is seen next poll
-        prepared = prepare(entry.name, path, config, self.auto_complete)
+        prepared = prepare(entry.name, path, config, self.auto_complete, [g.index for g in self.gpus.gpus()])
         config_bytes = prepared.spec.config_bytes()
         shared = tuple(f for f in folder if not f[0].split("/", 1)[0].isdigit())
         old, old_sources = entry.versions, entry.sources
@@ -293,18 +308,39 @@ class ModelManager:
                   if getattr(e, "ensemble", None) is not None and e.versions]
         return dependents(name, graphs) if graphs else []
 
-    async def load_model(self, name: str, config: ModelConfig | None = None) -> None:
-        """Load or reload ``name`` (RepositoryModelLoad, poll mode); raises when it fails."""
+    async def load_model(self, name: str, config: ModelConfig | None = None,
+                         files: dict[str, object] | None = None) -> None:
+        """Load or reload ``name`` (RepositoryModelLoad, poll mode); raises when it fails.
+        ``files`` (``file:<path>`` -> bytes): load from an override folder made of them and
+        ``config`` instead of the repository's folder (:mod:`inferd.repository.overrides`)."""
+        loop = asyncio.get_running_loop()
         entry = self._entries.get(name)
-        if entry is None:
-            loop = asyncio.get_running_loop()
+        folder = None
+        if files:
+            folder = await loop.run_in_executor(None, self.overrides.write, name, config, files)
+            if entry is None:
+                entry = self._entries.setdefault(name, _Entry(name, folder, override=folder))
+        elif entry is None or entry.origin is None:
             found = await loop.run_in_executor(None, scan, self.repositories)
             if name not in found:
                 raise NotFound(f"failed to load '{name}': no such model in the model repositories")
             entry = self._entries.setdefault(name, _Entry(name, found[name]))
+            entry.origin = found[name]
         async with entry.lock:
             entry.wanted = True
+            before = (entry.path, entry.override)
+            entry.path, entry.override = (folder, folder) if folder is not None else (entry.origin, None)
             error = await self.load(name, config)
+            if error is None:
+                dropped = before[1]
+            else:  # what still serves, if anything, was loaded from where the entry pointed before
+                entry.path, entry.override = before
+                dropped = folder
+            if dropped is not None and dropped != entry.override:
+                self.overrides.release(dropped)
+            if not entry.versions and entry.override is not None:  # nothing serves from it
+                self.overrides.release(entry.override)
+                entry.override = None
         if error is not None:
             raise type(error)(f"failed to load '{name}': {error.message}")
         if entry.state != READY or entry.reason:  # an ensemble reports through its entry
@@ -415,6 +451,7 @@ class ModelManager:
         for entry in self._entries.values():
             entry.set_versions({})
             entry.state, entry.reason = UNAVAILABLE, "unloaded"
+        self.overrides.close()
 
 
 def _release_memory() -> None:

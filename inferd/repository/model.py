@@ -4,15 +4,15 @@ warm-up, scheduler and statistics, from the plain :class:`ModelSpec`."""
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
 
 from inferd.backends import Backend, Device, InferenceDispatcher, InstanceSpec
 from inferd.clock import Clock
-from inferd.config import KIND_AUTO, KIND_CPU, KIND_GPU, ModelSpec
+from inferd.config import ModelSpec, placements
 from inferd.errors import ConfigError
+from inferd.host import cpu_budget
 from inferd.model import Model
 from inferd.model.cache import ResponseCache
 from inferd.observability.stats import ModelStats
@@ -29,29 +29,15 @@ log = logging.getLogger(__name__)
 
 def instance_specs(spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path,
                    dispatcher: InferenceDispatcher | None = None) -> list[InstanceSpec]:
-    """One InstanceSpec per instance that ``instance_group`` asks for."""
-    devices: list[tuple[str, Device, int]] = []
-    for gi, group in enumerate(spec.instance_groups):
-        count = group.count or 1
-        kind = group.kind
-        if kind == KIND_AUTO:
-            kind = KIND_GPU if backend.gpu_available() else KIND_CPU
-        base = group.name or f"{spec.name}_{gi}"
-        if kind == KIND_GPU:
-            if not backend.gpu_available():
-                raise ConfigError(
-                    f"model '{spec.name}': instance_group[{gi}] asks for KIND_GPU but backend "
-                    f"'{backend.name}' has no CUDA device here"
-                )
-            gpus = list(group.gpus) or [0]
-            for gpu in gpus:
-                for i in range(count):
-                    devices.append((f"{base}_{gpu}_{i}" if len(gpus) > 1 else f"{base}_{i}", Device("cuda", gpu), gi))
-        else:
-            for i in range(count):
-                devices.append((f"{base}_{i}", Device("cpu"), gi))
+    """One InstanceSpec per instance of the (settled, config/_placement.py) instance groups."""
+    devices = [(name, Device("cpu") if gpu is None else Device("cuda", gpu), gi)
+               for gi, group in enumerate(spec.instance_groups) for name, gpu in placements([group])]
+    if any(d.kind == "cuda" for _, d, _ in devices) and not backend.gpu_available():
+        # The config was settled for GPUs the backend can use; a backend that changed its mind
+        # (a driver gone since) must not get a GPU instance.
+        raise ConfigError(f"model '{spec.name}': backend '{backend.name}' has no CUDA device here")
     cpu_instances = sum(1 for _, d, _ in devices if d.kind == "cpu") or 1
-    threads = max(1, (os.cpu_count() or 1) // cpu_instances)
+    threads = max(1, cpu_budget() // cpu_instances)
     return [
         InstanceSpec(name=name, device=device, model_dir=model_dir, version_dir=model_dir / str(version),
                      version=version, model_file=model_file, threads=threads, group=group, dispatcher=dispatcher)
@@ -83,7 +69,8 @@ def build_model(
     ``limiter``: the server's rate limiter (None: ``--rate-limit off``)."""
     params = spec.params
     policy = batching_policy(spec.max_batch_size, spec.dynamic_batching, aging_us=params.priority_aging_microseconds,
-                             split=params.split_large_requests)
+                             split=params.split_large_requests, varlen=spec.varlen, batch_wait=params.batch_wait,
+                             slo_us=params.max_latency_microseconds)
     sequence = spec.sequence  # None without sequence_batching
     ispecs = instance_specs(spec, backend, model_dir, version, model_file, dispatcher)
     instances = []
@@ -122,8 +109,10 @@ def build_model(
     if spec.response_cache and cache is None:
         log.info("model '%s': response_cache is enabled, but the server has no cache (--cache-config "
                  "local,size=BYTES): its responses are not cached", spec.name)
+    devices = {getattr(i, "tensor_device", None) for i in instances}
     return Model(spec=spec, version=version, scheduler=scheduler, stats=stats, model_dir=model_dir,
-                 decoupled=spec.decoupled, cache=cache if spec.response_cache else None)
+                 decoupled=spec.decoupled, tensor_device=devices.pop() if len(devices) == 1 else None,
+                 cache=cache if spec.response_cache else None)
 
 
 def _ticket(spec: ModelSpec, ispec: InstanceSpec, limiter: RateLimiter | None) -> Ticket | None:

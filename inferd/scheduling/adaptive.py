@@ -7,14 +7,16 @@ made-up numbers. :class:`~inferd.scheduling.queue.BatchQueue` calls them.
 
 Waiting (``inferd.batch_wait``). ``max_queue_delay_microseconds`` is the most a
 request may wait for company. ``fixed`` waits all of it, as Triton does.
-``adaptive`` waits only while company is expected before it ends: at least one
-more row at the rate rows arrive while requests are queued. So a lone request
-at low load runs at once, and under load the batch grows as in ``fixed``; there
-the server is short of CPU (the event loop and the runtime share the cores) and
-every execution batching saves is capacity for other requests. It also stops
-waiting where the execution model says batching saves nothing measurable (time
-proportional to rows). With no evidence of company yet, one head request in
-``PROBE_EVERY`` waits anyway, as a probe.
+``adaptive`` waits only when company is expected: at least one more row before
+the delay ends at the rate rows arrive while requests are queued, or someone
+joined the last requests that waited. So a lone request at low load (a closed
+loop of one client: nobody ever joins it) runs at once, and under load it waits
+as ``fixed`` does; there the server is short of CPU (the event loop and the
+runtime share the cores), and every execution batching saves is capacity for
+other requests. It does not wait either where the execution model says batching
+saves nothing measurable (time proportional to rows). With no company expected,
+one head request in ``PROBE_EVERY`` (``PROBE_EVERY_INFORMED`` once the rate rests
+on enough evidence) waits anyway, as a probe, to notice when company starts coming.
 
 SLOs (``inferd.max_latency_microseconds``). Every request must be answered within
 the budget of its arrival. A wait ends early enough for the batch to run in the
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from inferd.errors import SloRefused
-from inferd.scheduling.estimates import PROBE_EVERY, ArrivalRate, ExecutionModel
+from inferd.scheduling.estimates import PROBE_EVERY, PROBE_EVERY_INFORMED, ArrivalRate, ExecutionModel
 
 ADAPTIVE, FIXED = "adaptive", "fixed"
 # Batching "saves nothing measurable" below this share of one execution's time.
@@ -62,14 +64,14 @@ def wait_until(policy: WaitPolicy, head_arrival: float, head_seq: int, rows: int
         return None
     if policy.mode == FIXED:
         return deadline
-    fixed = model.fixed_cost()
-    if fixed is not None and fixed <= NEGLIGIBLE * model.predict(rows):
-        return None  # batching would not make the execution cheaper: waiting only adds latency
-    last = rate.company_until(now, deadline)
-    if last > now:
-        return last  # company is expected until then; each arrival looks again
-    if not rate.informed and head_seq % PROBE_EVERY == 0:
-        return deadline  # too little evidence to tell: this one waits, to find out
+    if model.settled:
+        fixed = model.fixed_cost()
+        if fixed is not None and fixed <= NEGLIGIBLE * model.predict(rows):
+            return None  # batching would not make the execution cheaper: waiting only adds latency
+    if rate.company_until(now, deadline) > now or rate.company_last_time:
+        return deadline  # company is expected (each arrival looks again)
+    if head_seq % (PROBE_EVERY if not rate.informed else PROBE_EVERY_INFORMED) == 0:
+        return deadline  # a probe: waits, to notice when company starts coming
     return None
 
 

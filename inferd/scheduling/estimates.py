@@ -22,7 +22,14 @@ from __future__ import annotations
 
 import math
 
-PROBE_EVERY = 16  # while the arrival rate is not informed, one head request in this many waits as a probe
+# With no company expected, one head request in this many waits anyway, as a probe: while the
+# arrival rate rests on little evidence, and (rarer) once it says nobody comes.
+PROBE_EVERY = 16
+PROBE_EVERY_INFORMED = 64
+# An execution model is trusted to say "batching saves nothing" only after this many executions,
+# missed by at most this share on average: a few noisy timings fit any line.
+SETTLED_AFTER = 64
+SETTLED_MISS = 0.2
 
 
 class ArrivalRate:
@@ -35,7 +42,7 @@ class ArrivalRate:
     as an enormous rate).
     """
 
-    __slots__ = ("horizon_s", "prior_s", "_rows", "_time", "_since")
+    __slots__ = ("horizon_s", "prior_s", "_rows", "_time", "_since", "_period_rows", "company_last_time")
 
     def __init__(self, horizon_s: float = 0.05, prior_s: float = 0.0005) -> None:
         self.horizon_s = horizon_s
@@ -43,6 +50,8 @@ class ArrivalRate:
         self._rows = 0.0  # decayed rows that arrived while something was queued
         self._time = 0.0  # decayed seconds during which something was queued
         self._since: float | None = None  # when the queue last turned non-empty
+        self._period_rows = 0  # rows that joined during the current queued stretch
+        self.company_last_time = False  # whether anyone joined the last stretch's requests
 
     def queued(self, now: float, busy: bool) -> None:
         """The queue is now non-empty (``busy``) or empty."""
@@ -51,6 +60,8 @@ class ArrivalRate:
         elif not busy and self._since is not None:
             self._add_time(now - self._since)
             self._since = None
+            self.company_last_time = self._period_rows > 0
+            self._period_rows = 0
 
     def arrived(self, now: float, rows: int, queued_before: int) -> None:
         """A request of ``rows`` rows was queued, with ``queued_before`` requests already there."""
@@ -59,6 +70,7 @@ class ArrivalRate:
                 self._add_time(now - self._since)
                 self._since = now
             self._rows += rows
+            self._period_rows += rows
         self.queued(now, True)
 
     def _add_time(self, seconds: float) -> None:
@@ -110,6 +122,12 @@ class ExecutionModel:
     @property
     def count(self) -> int:
         return self._count
+
+    @property
+    def settled(self) -> bool:
+        """Enough executions, predicted closely enough, for its line to decide anything
+        more than a latency estimate (whether batching saves time at all)."""
+        return self._count >= SETTLED_AFTER and self._err <= SETTLED_MISS
 
     def observe(self, rows: int, seconds: float) -> None:
         if self._count:

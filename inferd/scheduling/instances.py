@@ -34,7 +34,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from inferd.backends.base import BatchResult, ModelInstance
+from inferd.backends.base import Assembled, BatchResult, ModelInstance
+from inferd.scheduling.estimates import ExecutionModel
 from inferd.scheduling.rate_limiter import Ticket
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,20 @@ class InstanceWorker:
         self.mean_ns: int | None = None
         self._jobs: SimpleQueue | None = None
         self._thread: threading.Thread | None = None
-        self.busy = False
+        self.jobs = 0  # batches handed over and not done: one executing, maybe one assembled behind it
+        self.estimate = ExecutionModel()  # seconds per execution by rows, learned as they end
+        self.free_at = 0.0  # when the batches handed over are expected to end (kept by the driver)
+        self.ended_at = 0.0  # when the driver saw its last batch end
+        self.stage_from = 0.0  # when it may take its next batch while still executing (kept by the driver)
+
+    @property
+    def busy(self) -> bool:
+        return self.jobs > 0
+
+    @property
+    def can_stage(self) -> bool:
+        """Executing one batch on its thread, with room for the next, assembled meanwhile."""
+        return self.jobs == 1 and not self.inline and getattr(self.instance, "assembles_ahead", False)
 
     def calibrate(self, sample: dict[str, np.ndarray], outputs: Sequence[str], runs: int = 3) -> int | None:
         """Time ``runs`` executions of ``sample`` at load; blocking. Returns the
@@ -93,9 +107,11 @@ class InstanceWorker:
         """Execute a batch; ``done(worker, result)`` is called on the loop.
 
         Inline, ``done`` runs before this returns; on a thread, later; with a rate
-        limiter ticket, once the resources are allocated.
+        limiter ticket, once the resources are allocated. A second batch may be handed
+        over while one executes on the thread (:attr:`can_stage`): it is assembled now,
+        and executes as soon as the first ends.
         """
-        self.busy = True
+        self.jobs += 1
         if self.ticket is not None:
             self.ticket.request(lambda: self._start(inputs, outputs, done, loop))
             return
@@ -105,15 +121,27 @@ class InstanceWorker:
                loop: asyncio.AbstractEventLoop) -> None:
         if self.inline:
             result = self.run_inline(inputs, outputs)
-            self.busy = False
-            if self.ticket is not None:
-                self.ticket.release()
+            self._ended()
             done(self, result)
             return
+        job = self._assemble(inputs)  # here, on the loop: the thread may be executing the batch before
         if self._thread is None:
             self._start_thread()
         assert self._jobs is not None
-        self._jobs.put((inputs, outputs, done, loop))
+        self._jobs.put((job, outputs, done, loop))
+
+    def _assemble(self, inputs: Sequence[dict[str, np.ndarray]]) -> object:
+        if not getattr(self.instance, "assembles_ahead", False):
+            return inputs
+        try:
+            return self.instance.assemble(inputs)  # type: ignore[attr-defined]  # TensorInstance: into pooled buffers
+        except BaseException as exc:  # the batch's result: every path resolves it
+            return exc
+
+    def _ended(self) -> None:
+        self.jobs -= 1
+        if self.ticket is not None:
+            self.ticket.release()
 
     def run_inline(self, inputs: Sequence[dict[str, np.ndarray]], outputs: Sequence[str]) -> BatchResult | BaseException:
         """Execute a batch here, on the calling (loop) thread; never raises."""
@@ -137,10 +165,14 @@ class InstanceWorker:
             job = jobs.get()
             if job is None:
                 return
-            inputs, outputs, done, loop = job
+            batch, outputs, done, loop = job
             t0 = time.thread_time_ns()
             try:
-                result: BatchResult | BaseException = self.instance.execute(inputs, outputs)
+                if isinstance(batch, BaseException):
+                    raise batch
+                result: BatchResult | BaseException = (
+                    self.instance.execute_assembled(batch, outputs) if isinstance(batch, Assembled)  # type: ignore[attr-defined]
+                    else self.instance.execute(batch, outputs))  # type: ignore[arg-type]
             except BaseException as exc:
                 result = exc
             elapsed = time.thread_time_ns() - t0
@@ -151,9 +183,7 @@ class InstanceWorker:
 
     def _finish(self, done: Done, result: BatchResult | BaseException, elapsed_ns: int) -> None:
         self._observe(elapsed_ns)
-        self.busy = False
-        if self.ticket is not None:
-            self.ticket.release()
+        self._ended()
         done(self, result)
 
     def _observe(self, elapsed_ns: int) -> None:

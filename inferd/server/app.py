@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from inferd.dataplane import DataPlane
+from inferd.dataplane import SERVER_NAME, DataPlane
 from inferd.errors import InferdError
 from inferd.model.cache import ResponseCache
 from inferd.observability.log_settings import LogSettings
@@ -66,6 +66,7 @@ class ServerOptions:
     cache_bytes: int | None = None  # --cache-config local,size=BYTES: the response cache's size (None: no cache)
     rate_limit: str = "off"  # --rate-limit off | execution_count
     rate_limit_resources: list[tuple[str, int, int]] = field(default_factory=list)  # --rate-limit-resource
+    server_name: str = SERVER_NAME  # ServerMetadata's name
 
 
 class InferenceServer:
@@ -76,7 +77,8 @@ class InferenceServer:
         self.manager = ModelManager(options.model_repositories, mode=options.model_control_mode,
                                     startup_models=options.load_models,
                                     auto_complete=not options.strict_model_config, cache=cache, limiter=limiter)
-        self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings)
+        self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings,
+                                   server_name=options.server_name)
         self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
                        if options.model_control_mode == "poll" else None)
         self._grpc: grpc.aio.Server | None = None

@@ -13,7 +13,7 @@ import numpy as np
 
 from inferd._proto import grpc_service_pb2 as pb
 from inferd.dtypes import BY_NAME, DataType, datatype_problem, decode_bytes, encode_bytes
-from inferd.errors import InvalidArgument, Unimplemented
+from inferd.errors import InvalidArgument
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput, SharedTensor, ShmRef
 
 _TYPED_FIELD = {
@@ -56,7 +56,9 @@ def parse_version(model: str, version: str) -> int:
     except ValueError:
         value = -1
     if value < 0:
-        raise InvalidArgument(f"model '{model}': version must be a non-negative integer, got '{version}'")
+        raise InvalidArgument(  # Triton's words first: its clients match on them
+            f"failed to get model version from specified version string '{version}' for model '{model}'; "
+            "a version is a non-negative integer, or empty for the model's latest")
     return value
 
 
@@ -137,6 +139,11 @@ def _non_negative(value: object, key: str, region: str, where: str) -> int:
     return value
 
 
+def _mixed_contents(name: str, model: str) -> str:
+    return (f"contents field must not be specified when using raw_input_contents for '{name}' for model "
+            f"'{model}'; send every input as raw_input_contents, or every one in its contents")
+
+
 def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
     """The request as plain data. Tensors in shared memory are left as references
     (:class:`SharedTensor` inputs, :class:`ShmRef` outputs) for the data plane."""
@@ -148,6 +155,10 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
             ref = shm_ref({k: param_value(v) for k, v in t.parameters.items()}, f"input '{t.name}' for model '{model}'")
             if ref is not None:
                 in_shm[t.name] = ref
+    if raw:  # before the count: a client mixing the two is told so (Triton's words, clients match them)
+        mixed = next((t.name for t in msg.inputs if t.HasField("contents") and t.name not in in_shm), None)
+        if mixed is not None:
+            raise InvalidArgument(_mixed_contents(mixed, model))
     if raw and len(raw) != len(msg.inputs) - len(in_shm):
         raise InvalidArgument(
             f"model '{model}': {len(raw)} raw_input_contents for {len(msg.inputs) - len(in_shm)} inputs"
@@ -171,10 +182,6 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
                 raise InvalidArgument(f"{where}: contents field must not be specified for an input in shared memory")
             inputs[t.name] = SharedTensor(in_shm[t.name], dtype, shape)  # type: ignore[assignment]
         elif raw:
-            if t.HasField("contents"):
-                raise InvalidArgument(
-                    f"{where}: contents field must not be specified when using raw_input_contents"
-                )
             inputs[t.name] = array_from_raw(raw[ri], dtype, shape, where)
             ri += 1
         else:
@@ -251,27 +258,3 @@ def _dtype_name(dtype: np.dtype) -> str:
     from inferd.dtypes import from_numpy
 
     return from_numpy(dtype).name
-
-
-# -- CUDA shared memory (no region can exist: registration is refused) --------------------
-
-
-def cuda_available() -> bool:
-    try:
-        import torch  # the only CUDA-aware library the server may have
-
-        return bool(torch.cuda.is_available())
-    except Exception:
-        return False
-
-
-def cuda_register_error(name: str) -> Unimplemented:
-    if not cuda_available():
-        return Unimplemented(
-            f"CUDA shared memory region '{name}': this server has no CUDA device; "
-            "use system shared memory (SystemSharedMemoryRegister) instead"
-        )
-    return Unimplemented(
-        f"CUDA shared memory region '{name}': CUDA shared memory is not supported by this inferd version; "
-        "use system shared memory (SystemSharedMemoryRegister) instead"
-    )

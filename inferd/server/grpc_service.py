@@ -17,7 +17,7 @@ from inferd._proto import grpc_service_pb2 as pb
 from inferd._proto import grpc_service_pb2_grpc as pb_grpc
 from inferd.clock import Clock, MonotonicClock
 from inferd.dataplane import DataPlaneAPI
-from inferd.errors import InferdError, NotFound, Unimplemented
+from inferd.errors import InferdError, InvalidArgument, Unimplemented
 from inferd.server import codec
 from inferd.server.status import grpc_status
 
@@ -187,6 +187,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _stream_one(self, msg):  # type: ignore[no-untyped-def]
         """The stream messages answering one request."""
+        if isinstance(msg, Undecodable):
+            raise msg.error
         req = codec.decode_infer_request(msg)
         # Triton's flag: mark each response final or not, and send an empty final
         # response when a decoupled model ends without one.
@@ -248,16 +250,26 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request, context):  # type: ignore[no-untyped-def]
-        # No CUDA region can exist (registration is refused): all of none, or not found.
-        if request.name:
-            return await self._abort(context, NotFound(f"Unable to find cuda shared memory region: '{request.name}'"))
-        return pb.CudaSharedMemoryStatusResponse()
+        try:
+            regions = await self.dp.cuda_shm_status(request.name)
+        except Exception as exc:
+            return await self._abort(context, exc)
+        response = pb.CudaSharedMemoryStatusResponse()
+        for r in regions:
+            out = response.regions[r.name]
+            out.name, out.device_id, out.byte_size = r.name, r.device_id, r.byte_size
+        return response
 
     async def CudaSharedMemoryRegister(self, request, context):  # type: ignore[no-untyped-def]
-        await self._abort(context, codec.cuda_register_error(request.name))
+        try:
+            await self.dp.cuda_shm_register(request.name, bytes(request.raw_handle), request.device_id,
+                                            request.byte_size)
+        except Exception as exc:
+            return await self._abort(context, exc)
+        return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(self, request, context):  # type: ignore[no-untyped-def]
-        # Clients clear every region at start-up; there is none to clear.
+        await self.dp.cuda_shm_unregister(request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- tracing and logging ---------------------------------------------------------------
@@ -314,5 +326,58 @@ def _stream_error(msg: Any, exc: BaseException) -> Any:
     return response
 
 
+class Undecodable:
+    """A request whose bytes are not a valid message. The deserializer returns it instead of
+    raising (grpc would answer UNKNOWN with the exception's name); the method answers it with
+    INVALID_ARGUMENT, a stream with an error response for that message, and carries on."""
+
+    __slots__ = ("error",)
+    model_name = model_version = id = ""  # what a stream's error response echoes
+
+    def __init__(self, error: InvalidArgument) -> None:
+        self.error = error
+
+
+def _decoder(method: str, message_type: Any):  # type: ignore[no-untyped-def]
+    parse = message_type.FromString
+    full_name = message_type.DESCRIPTOR.full_name
+
+    def decode(data: bytes):  # type: ignore[no-untyped-def]
+        try:
+            return parse(data)
+        except Exception as exc:  # protobuf's DecodeError, or whatever a malformed buffer raises
+            return Undecodable(InvalidArgument(
+                f"{method}: the request ({len(data)} bytes) is not a valid {full_name} message ({exc}); "
+                f"send a serialized {full_name} as defined in grpc_service.proto"))
+
+    return decode
+
+
+def _guarded(servicer: InferenceServicer, method):  # type: ignore[no-untyped-def]
+    async def call(request, context):  # type: ignore[no-untyped-def]
+        if isinstance(request, Undecodable):
+            return await servicer._abort(context, request.error)
+        return await method(request, context)
+
+    return call
+
+
 def add_to_server(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    """Every method of GRPCInferenceService, with deserializers that turn undecodable bytes
+    into an INVALID_ARGUMENT answer (the generated registration would let them raise)."""
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers = {}
+    for m in service.methods:
+        request_type, response_type = getattr(pb, m.input_type.name), getattr(pb, m.output_type.name)
+        decode, encode = _decoder(m.name, request_type), response_type.SerializeToString
+        method = getattr(servicer, m.name)
+        if m.client_streaming and m.server_streaming:
+            handlers[m.name] = grpc.stream_stream_rpc_method_handler(
+                method, request_deserializer=decode, response_serializer=encode)
+        elif m.client_streaming or m.server_streaming:
+            raise TypeError(f"{m.full_name}: only unary and bidirectional methods are served")
+        else:
+            handlers[m.name] = grpc.unary_unary_rpc_method_handler(
+                _guarded(servicer, method), request_deserializer=decode, response_serializer=encode)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)

@@ -12,6 +12,8 @@ set of shared memory regions, trace settings and log settings; a W3C
 
 from __future__ import annotations
 
+import base64
+import binascii
 import gzip
 import logging
 import zlib
@@ -20,14 +22,14 @@ from typing import Any, Awaitable, Callable
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from inferd.config import message_to_dict
 from inferd.dataplane import DataPlaneAPI
-from inferd.errors import InferdError, InvalidArgument, NotFound, Unimplemented
-from inferd.server import http_codec
-from inferd.server.codec import cuda_register_error, parse_version
+from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unimplemented
+from inferd.server import generate, http_codec
+from inferd.server.codec import parse_version
 from inferd.server.status import http_status
 
 # Triton's words for an HTTP inference request to a decoupled model (clients match on them).
@@ -114,13 +116,25 @@ async def _json_body(request: Request, what: str) -> dict[str, Any]:
 
 
 async def _control_parameters(request: Request, what: str) -> dict[str, Any]:
-    """Explicit model control's body: its ``parameters`` (``config``, ``unload_dependents``), as they are."""
+    """Explicit model control's body: its ``parameters`` (``config``, ``unload_dependents``) as they
+    are, and the ``file:<path>`` ones base64-decoded (JSON carries a file's bytes as base64)."""
     doc = await _json_body(request, f"model {what} request")
     params = doc.get("parameters") or {}
+    rpc = "RepositoryModelLoad" if what == "load" else "RepositoryModelUnload"
     if not isinstance(params, dict):
-        rpc = "RepositoryModelLoad" if what == "load" else "RepositoryModelUnload"
         raise InvalidArgument(f"{rpc}: 'parameters' must be a JSON object")
-    return params
+    return {key: _file_content(rpc, key, value) if key.startswith("file:") else value
+            for key, value in params.items()}
+
+
+def _file_content(rpc: str, key: str, value: Any) -> bytes:
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            pass
+    raise InvalidArgument(f"{rpc}: parameter '{key}' must be the file's content, base64-encoded, as a JSON string; "
+                          f"got {str(value)[:40]!r}")
 
 
 class HttpFrontend:
@@ -139,6 +153,8 @@ class HttpFrontend:
                 r.append(Route(path[:at] + "/versions/{version}" + path[at:], _guarded(handler), methods=[method]))
 
         route("/v2/models/{model}/infer", self.infer, "POST", versioned=True)  # first: the hot path
+        route("/v2/models/{model}/generate", self.generate, "POST", versioned=True)
+        route("/v2/models/{model}/generate_stream", self.generate_stream, "POST", versioned=True)
         route("/v2/health/live", self.live)
         route("/v2/health/ready", self.ready)
         route("/v2", self.server_metadata)
@@ -263,17 +279,35 @@ class HttpFrontend:
         return Response(status_code=200)
 
     async def cuda_status(self, request: Request) -> Response:
-        # No CUDA region can exist (registration is refused): all of none, or not found.
-        name = request.path_params.get("region", "")
-        if name:
-            raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
-        return json_response([])
+        regions = await self.dp.cuda_shm_status(request.path_params.get("region", ""))
+        return json_response([{"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size} for r in regions])
 
     async def cuda_register(self, request: Request) -> Response:
-        raise cuda_register_error(request.path_params["region"])
+        name = request.path_params["region"]
+        doc = await _json_body(request, f"CUDA shared memory register request for region '{name}'")
+        raw = doc.get("raw_handle")
+        b64 = raw.get("b64") if isinstance(raw, dict) else None
+        if not isinstance(b64, str):
+            raise InvalidArgument(f"CUDA shared memory region '{name}': 'raw_handle' must be {{\"b64\": \"...\"}}, "
+                                  f"got {raw!r}")
+        try:
+            handle = base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidArgument(f"CUDA shared memory region '{name}': 'raw_handle' must be a valid base64 encoded "
+                                  "cudaIpcMemHandle_t") from None
+        sizes = {}
+        for field in ("device_id", "byte_size"):
+            value = doc.get(field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgument(f"CUDA shared memory region '{name}': '{field}' must be a non-negative "
+                                      f"integer, got {value!r}")
+            sizes[field] = value
+        await self.dp.cuda_shm_register(name, handle, sizes["device_id"], sizes["byte_size"])
+        return Response(status_code=200)
 
     async def cuda_unregister(self, request: Request) -> Response:
-        return Response(status_code=200)  # clients clear every region at start-up; there is none
+        await self.dp.cuda_shm_unregister(request.path_params.get("region", ""))
+        return Response(status_code=200)
 
     # -- tracing and logging -------------------------------------------------------------------
 
@@ -303,6 +337,62 @@ class HttpFrontend:
         return json_response(await self.dp.log_settings(changes or None))
 
     # -- inference -----------------------------------------------------------------
+
+    # -- the generate extension (inferd/server/generate.py) ----------------------------
+
+    async def _generate_responses(self, request: Request):  # type: ignore[no-untyped-def]
+        """The request's responses (StreamResponse items), plain model or decoupled. A request
+        that is refused before it reaches the model raises here (a JSON error answer)."""
+        name, version = request.path_params["model"], request.path_params.get("version", "")
+        metadata = await self.dp.model_metadata(name, parse_version(name, version))
+        doc = await _json_body(request, f"generate request for model '{name}'")
+        return self.dp.infer_stream(generate.decode_generate_request(doc, metadata, version))
+
+    async def generate(self, request: Request) -> Response:
+        """One JSON object; a model that answers with other than exactly one response is an error."""
+        responses = []
+        async for item in await self._generate_responses(request):
+            if item.error is not None:
+                raise item.error
+            if item.response is not None:
+                responses.append(item.response)
+        if len(responses) != 1:
+            raise ModelExecutionError(f"{generate.ONE_RESPONSE} (model '{request.path_params['model']}' sent "
+                                      f"{len(responses)})")
+        return json_response(generate.generate_response(responses[0]))
+
+    async def generate_stream(self, request: Request) -> Response:
+        """Server-sent events, one per response; the status is the first response's, as Triton sets it."""
+        items = (await self._generate_responses(request)).__aiter__()
+        first = None
+        async for first in items:
+            if first.response is not None or first.error is not None:
+                break
+        status = http_status(first.error)[0] if first is not None and first.error is not None else 200
+
+        def event(item) -> bytes | None:  # type: ignore[no-untyped-def]
+            if item.error is not None:
+                return generate.sse({"error": http_status(item.error)[1]})
+            if item.response is None:  # a final flag alone
+                return None
+            try:
+                return generate.sse(generate.generate_response(item.response))
+            except InferdError as exc:
+                return generate.sse(generate.error_json(exc))
+
+        async def body():  # type: ignore[no-untyped-def]
+            try:
+                if first is not None and (chunk := event(first)) is not None:
+                    yield chunk
+                async for item in items:
+                    if (chunk := event(item)) is not None:
+                        yield chunk
+            finally:
+                close = getattr(items, "aclose", None)
+                if close is not None:
+                    await close()  # the client went away: stop the model's stream too
+
+        return StreamingResponse(body(), status_code=status, media_type="text/event-stream; charset=utf-8")
 
     async def infer(self, request: Request) -> Response:
         body = await request.body()

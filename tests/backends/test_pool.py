@@ -49,3 +49,65 @@ def test_keys_and_dtypes_do_not_mix():
     b = pool.take("x", np.float64, (4,))
     c = pool.take("y", np.float32, (4,))
     assert b.dtype == np.float64 and c.dtype == np.float32 and pool.reused == 0
+
+
+# -- batches assembled into pooled buffers, outputs written into them ------------------------------
+
+
+def onnx_instance(tmp_path, pooled: bool = True, d: int = 256):  # type: ignore[no-untyped-def]
+    from inferd.backends.base import Device, InstanceSpec
+    from inferd.backends.onnxruntime import OnnxRuntimeBackend
+    from inferd.config import parse_config_text, validate
+    from inferd.examples import onnx_models as om
+
+    (tmp_path / "1").mkdir(exist_ok=True)
+    path = tmp_path / "1" / "model.onnx"
+    path.write_bytes(om.serialize(om.mlp(d, 64, d, seed=3)))
+    text = (f'name: "m"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 64\n'
+            f'input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {d} ] }} ]\n'
+            f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {d} ] }} ]\n'
+            f'parameters {{ key: "inferd.pooled_buffers" value {{ string_value: "{str(pooled).lower()}" }} }}\n')
+    spec = validate(parse_config_text(text, model="m"))
+    ispec = InstanceSpec("m_0", Device("cpu"), tmp_path, tmp_path / "1", 1, path, threads=1)
+    return OnnxRuntimeBackend().create_instance(spec, ispec)
+
+
+def requests(n: int, d: int = 256, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"INPUT0": rng.standard_normal((1, d), dtype=np.float32)} for _ in range(n)]
+
+
+def test_onnx_runtime_writes_a_big_batch_into_pooled_buffers_and_hands_out_views(tmp_path):
+    pooled, plain = onnx_instance(tmp_path), onnx_instance(tmp_path, pooled=False)
+    batch = requests(64)  # 64 x 256 x 4 bytes out: worth binding
+    got = pooled.execute(batch, ["OUTPUT0"]).outputs
+    want = plain.execute(batch, ["OUTPUT0"]).outputs
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g["OUTPUT0"], w["OUTPUT0"], rtol=1e-5)
+    assert all(np.shares_memory(got[0]["OUTPUT0"], g["OUTPUT0"]) is False for g in got[1:])
+    assert got[0]["OUTPUT0"].base is got[1]["OUTPUT0"].base  # views of one pooled buffer
+    assert pooled.pool.buffers() == 2  # the joined input and the output
+    del got, g, w
+    again = pooled.execute(requests(64, seed=1), ["OUTPUT0"]).outputs
+    assert pooled.pool.allocated == 2 and pooled.pool.reused == 2  # nothing held the first batch's buffers
+    assert plain.pool is None
+    del again
+
+
+def test_a_small_batch_is_not_bound_and_one_request_is_not_copied(tmp_path):
+    instance = onnx_instance(tmp_path)
+    one = requests(1)
+    instance.execute(one, ["OUTPUT0"])
+    instance.execute(requests(4), ["OUTPUT0"])  # 4 KiB out: ONNX Runtime's own arena is cheaper
+    assert instance.pool.buffers() == 1  # only the joined input of the batch of 4
+
+
+def test_padding_into_a_pooled_buffer_fills_the_pad_value():
+    from inferd.backends.batching import pad_to_longest
+
+    pool = BufferPool()
+    stale = pool.take("IDS", np.int64, (2, 4))
+    stale[:] = 99  # what an earlier batch left there
+    del stale
+    out, real = pad_to_longest([np.array([[1, 2]]), np.array([[3, 4, 5, 6]])], 7, pool, "IDS")
+    assert out.tolist() == [[1, 2, 7, 7], [3, 4, 5, 6]] and real == 6 and pool.reused == 1

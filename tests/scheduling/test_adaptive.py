@@ -6,7 +6,7 @@ import pytest
 
 from inferd.errors import SloRefused, Unavailable
 from inferd.scheduling.adaptive import ADAPTIVE, FIXED, Instance, WaitPolicy, admission, completion, slo_rows, wait_until
-from inferd.scheduling.estimates import PROBE_EVERY, ArrivalRate, ExecutionModel
+from inferd.scheduling.estimates import PROBE_EVERY, PROBE_EVERY_INFORMED, ArrivalRate, ExecutionModel
 
 US = 1e-6
 BOUND = 500 * US
@@ -48,17 +48,23 @@ def test_fixed_waits_the_whole_delay_as_triton():
 
 def test_a_lone_request_runs_at_once():
     rate = lone_rate()
-    assert rate.informed
+    assert rate.informed and not rate.company_last_time
     for seq in (1, PROBE_EVERY):  # not even as a probe: the evidence says nobody comes
         assert wait_until(ADAPT, 0.0, seq, 1, 0.0, rate, batching_model()) is None
 
 
-def test_under_load_it_waits_while_company_is_expected_before_the_bound():
-    rate = busy_rate(gap_us=100)
-    until = wait_until(ADAPT, 0.0, 1, 1, 0.0, rate, batching_model())
-    assert until is not None and 300 * US < until < BOUND  # stops expecting a row ~one gap before the end
-    # Looking again at that moment with nobody arrived: run.
-    assert wait_until(ADAPT, 0.0, 1, 1, until + 1 * US, rate, batching_model()) is None
+def test_under_load_it_waits_as_fixed_does():
+    assert wait_until(ADAPT, 0.0, 1, 1, 0.0, busy_rate(gap_us=100), batching_model()) == BOUND
+    assert wait_until(ADAPT, 0.0, 1, 1, BOUND, busy_rate(gap_us=100), batching_model()) is None
+
+
+def test_company_that_joined_the_last_wait_is_expected_again():
+    rate = lone_rate()
+    rate.arrived(0.0, 1, queued_before=0)
+    rate.arrived(100 * US, 1, queued_before=1)  # someone joined
+    rate.queued(BOUND, False)
+    assert rate.company_last_time
+    assert wait_until(ADAPT, BOUND, 1, 1, BOUND, rate, batching_model()) == 2 * BOUND
 
 
 def test_company_slower_than_the_bound_is_not_waited_for():
@@ -66,16 +72,25 @@ def test_company_slower_than_the_bound_is_not_waited_for():
     assert wait_until(ADAPT, 0.0, 1, 1, 0.0, rate, batching_model()) is None
 
 
-def test_with_no_evidence_one_head_in_probe_every_waits_to_find_out():
+def test_with_no_company_expected_a_few_heads_wait_to_find_out():
     fresh = ArrivalRate()
     waits = [wait_until(ADAPT, 0.0, seq, 1, 0.0, fresh, batching_model()) for seq in range(2 * PROBE_EVERY)]
     assert waits.count(BOUND) == 2 and waits.count(None) == 2 * PROBE_EVERY - 2
+    lone = lone_rate()  # evidence that nobody comes: rarer probes
+    waits = [wait_until(ADAPT, 0.0, seq, 1, 0.0, lone, batching_model()) for seq in range(2 * PROBE_EVERY_INFORMED)]
+    assert waits.count(BOUND) == 2
 
 
-def test_a_model_whose_time_is_proportional_to_rows_is_not_waited_for():
+def test_a_model_whose_time_is_proportional_to_rows_is_not_waited_for_once_that_is_settled():
     proportional = batching_model(a_us=0.1, c_us=100)
+    assert proportional.settled
     assert wait_until(ADAPT, 0.0, 1, 8, 0.0, busy_rate(), proportional) is None
     assert wait_until(WaitPolicy(FIXED, BOUND), 0.0, 1, 8, 0.0, busy_rate(), proportional) == BOUND
+    few = ExecutionModel()
+    for rows in (1, 8):  # two timings fit this line too, but prove nothing
+        few.observe(rows, rows * 100 * US)
+    assert not few.settled
+    assert wait_until(ADAPT, 0.0, 1, 8, 0.0, busy_rate(), few) == BOUND
 
 
 def test_before_batch_sizes_spread_batching_is_assumed_to_pay():

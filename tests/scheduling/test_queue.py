@@ -500,7 +500,6 @@ def test_policy_from_config():
         dynamic_batching {
           preferred_batch_size: [ 8, 4 ]
           max_queue_delay_microseconds: 500
-          preserve_ordering: true
           priority_levels: 3
           default_priority_level: 2
           default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 7 max_queue_size: 5 }
@@ -508,11 +507,17 @@ def test_policy_from_config():
         }
     """), aging_us=250, split=True)
     assert p.batching and p.max_batch_size == 16 and p.preferred_batch_sizes == (4, 8)
-    assert p.max_queue_delay_us == 500 and p.preserve_ordering
+    assert p.max_queue_delay_us == 500 and not p.preserve_ordering
     assert p.priority_levels == 3 and p.default_priority_level == 2
     assert p.queue_policy(2) == QueuePolicy(DELAY, 7, False, 5)
     assert p.queue_policy(1) == QueuePolicy(REJECT, 9, True, 0)
     assert p.aging_us == 250 and p.split_large_requests
+
+
+def test_preserve_ordering_from_config():
+    """With one priority level and no DELAY policy (Triton refuses the others: tests/test_config_validation.py)."""
+    p = batching_policy(config("max_batch_size: 4\ndynamic_batching { preserve_ordering: true }"))
+    assert p.preserve_ordering and p.priority_levels == 1
 
 
 def test_no_dynamic_batching_is_the_plain_scheduler():
