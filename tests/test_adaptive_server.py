@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from inferd.examples import onnx_models as om
-from tests.conftest import ServerProcess
-from tests.repo_builder import add_model, config
-from tests.test_metrics import get, scrape
+from conftest import ServerProcess, running
+from repo_builder import add_model, config
+from test_metrics import get, scrape
 
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 
@@ -82,18 +82,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, logs: Path) -> Iterator[Ser
         "both_ways", *MLP_IO, max_batch_size=8,
         extra='instance_group [ { kind: KIND_CPU rate_limiter { resources [ { name: "G" global: true count: 1 } ] } },'
               ' { kind: KIND_CPU rate_limiter { resources [ { name: "G" count: 1 } ] } } ]\n'))
-    server = ServerProcess(repo, ["--cache-config", "local,size=1048576", "--rate-limit", "execution_count"])
-    yield server
-    code = server.stop()
-    assert code == 0, server.log()
-    assert "Traceback" not in server.log(), server.log()
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerProcess) -> Iterator:
-    c = tritonclient_grpc.InferenceServerClient(server.url)
-    yield c
-    c.close()
+    with running(repo, extra_args=["--cache-config", "local,size=1048576", "--rate-limit", "execution_count"]) as srv:
+        yield srv
 
 
 def _mlp_inputs(seed: int) -> list:

@@ -7,23 +7,27 @@ made-up numbers. :class:`~inferd.scheduling.queue.BatchQueue` calls them.
 
 Waiting (``inferd.batch_wait``). ``max_queue_delay_microseconds`` is the most a
 request may wait for company. ``fixed`` waits all of it, as Triton does.
-``adaptive`` waits only when company is expected: at least one more row before
-the delay ends at the rate rows arrive while requests are queued, or someone
-joined the last requests that waited. So a lone request at low load (a closed
-loop of one client: nobody ever joins it) runs at once, and under load it waits
-as ``fixed`` does; there the server is short of CPU (the event loop and the
-runtime share the cores), and every execution batching saves is capacity for
-other requests. It does not wait either where the execution model says batching
-saves nothing measurable (time proportional to rows). With no company expected,
-one head request in ``PROBE_EVERY`` (``PROBE_EVERY_INFORMED`` once the rate rests
-on enough evidence) waits anyway, as a probe, to notice when company starts coming.
+``adaptive`` waits only when company is expected: at least one more row within a
+delay at the rate rows arrive while requests are queued (until that rate rests on
+enough evidence: or someone joined the last requests that waited). So a lone
+request at low load (a closed loop of one client: nobody ever joins it) runs at
+once, and under load it waits out the delay as ``fixed`` does, not stopping at an
+arrival because the next one seems late: there the server is short of CPU (the
+event loop and the runtime share the cores), and every execution batching saves
+is capacity for other requests. It does not wait either where the execution
+model says batching saves nothing measurable (time proportional to rows). With
+no company expected, one head request in ``PROBE_EVERY`` (``PROBE_NEAR`` when
+nearly a row is expected per delay) waits anyway, as a probe, to notice when
+company starts coming.
 
 SLOs (``inferd.max_latency_microseconds``). Every request must be answered within
 the budget of its arrival. A wait ends early enough for the batch to run in the
 head's budget, a batch is cut to the rows that fit it, and a request whose
 estimated completion (the rows queued ahead of it, at its priority and above,
 run in full batches on the instances as they free up) passes its budget is
-refused when it arrives, with the estimate in the message.
+refused when it arrives, with the estimate in the message. A request finding
+nothing ahead of it and an instance free is always admitted: the estimate can be
+wrong (a stalled execution), and only executions correct it.
 """
 
 from __future__ import annotations
@@ -32,11 +36,14 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from inferd.errors import SloRefused
-from inferd.scheduling.estimates import PROBE_EVERY, PROBE_EVERY_INFORMED, ArrivalRate, ExecutionModel
+from inferd.scheduling.estimates import PROBE_EVERY, ArrivalRate, ExecutionModel
 
 ADAPTIVE, FIXED = "adaptive", "fixed"
 # Batching "saves nothing measurable" below this share of one execution's time.
 NEGLIGIBLE = 0.02
+# Nearly expected (this share of a row per delay, after a lull under load, say): probe one head in
+# PROBE_NEAR rather than PROBE_EVERY, so batching comes back quickly once company does.
+NEAR, PROBE_NEAR = 0.25, 4
 # Executions simulated to estimate a completion before extrapolating.
 MAX_SIMULATED = 256
 
@@ -68,10 +75,11 @@ def wait_until(policy: WaitPolicy, head_arrival: float, head_seq: int, rows: int
         fixed = model.fixed_cost()
         if fixed is not None and fixed <= NEGLIGIBLE * model.predict(rows):
             return None  # batching would not make the execution cheaper: waiting only adds latency
-    if rate.company_until(now, deadline) > now or rate.company_last_time:
-        return deadline  # company is expected (each arrival looks again)
-    if head_seq % (PROBE_EVERY if not rate.informed else PROBE_EVERY_INFORMED) == 0:
-        return deadline  # a probe: waits, to notice when company starts coming
+    expected = rate.rate(now) * policy.bound_s  # rows expected within one delay
+    if expected >= 1.0 or (rate.company_last_time and not rate.informed):
+        return deadline  # company is expected within a delay: wait it out, as fixed does
+    if head_seq % (PROBE_NEAR if expected >= NEAR else PROBE_EVERY) == 0:
+        return deadline  # a probe: waits, to notice when company starts (or comes back after a lull)
     return None
 
 
@@ -124,6 +132,8 @@ def admission(policy: WaitPolicy, model: str, now: float, rows_ahead: int, rows:
     """The refusal of a request whose estimated completion passes its budget, or None to admit it."""
     if not policy.slo_s:
         return None
+    if rows_ahead == 0 and any(i.free_at <= now for i in instances):
+        return None  # nothing ahead of it and an instance free: it runs at once, whatever the estimate says
     done = completion(now, rows_ahead, rows, max_rows, instances)
     if done - now <= policy.slo_s:
         return None

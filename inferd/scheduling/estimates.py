@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import math
 
-# With no company expected, one head request in this many waits anyway, as a probe: while the
-# arrival rate rests on little evidence, and (rarer) once it says nobody comes.
+# With no company expected, one head request in this many waits anyway, as a probe.
 PROBE_EVERY = 16
-PROBE_EVERY_INFORMED = 64
 # An execution model is trusted to say "batching saves nothing" only after this many executions,
 # missed by at most this share on average: a few noisy timings fit any line.
 SETTLED_AFTER = 64
 SETTLED_MISS = 0.2
+# After this many executions, one observation counts as at most OUTLIER_FACTOR times the prediction.
+OUTLIER_AFTER = 8
+OUTLIER_FACTOR = 4.0
 
 
 class ArrivalRate:
@@ -85,17 +86,6 @@ class ArrivalRate:
         time = self._time + (now - self._since if self._since is not None else 0.0)
         return self._rows / (time + self.prior_s)
 
-    def company_until(self, now: float, deadline: float) -> float:
-        """The last moment before ``deadline`` at which at least one more row is still
-        expected before it, with no arrival meanwhile (the rate falls as queued time
-        passes without one); ``now`` or earlier: none is expected."""
-        if self._since is None:
-            rate = self.rate(now)
-            return deadline - 1.0 / rate if rate > 0 else now - 1.0
-        # rows / (time + (t - since) + prior) * (deadline - t) >= 1, solved for t.
-        rows = self._rows
-        return (rows * deadline - self._time + self._since - self.prior_s) / (rows + 1.0)
-
     @property
     def informed(self) -> bool:
         """Whether the rate rests on enough queued time (half a horizon, decayed) to be trusted."""
@@ -133,7 +123,11 @@ class ExecutionModel:
         if self._count:
             expected = self.predict(rows)
             if expected > 0:
-                miss = abs(seconds - expected) / expected
+                if self._count >= OUTLIER_AFTER:
+                    # One stalled execution (a preempted thread, a collection) must not make the
+                    # model look several times slower: it moves the estimate by a bounded step.
+                    seconds = min(seconds, OUTLIER_FACTOR * expected)
+                miss = min(abs(seconds - expected) / expected, 1.0)
                 self._err = miss if self._count == 1 else self._err * (1 - self.decay) + miss * self.decay
         keep = 1.0 - self.decay if self._count else 0.0
         self._s0 = self._s0 * keep + 1.0

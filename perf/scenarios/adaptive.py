@@ -34,7 +34,9 @@ import numpy as np
 
 ROUNDS = 2
 SLO_US = 20_000
-RAMP = (400, 3200, 400)  # requests/s: start, end, step
+RAMP = (800, 4800, 800)  # requests/s: start, end, step
+XL_SLO_US = 200_000
+XL_RAMP = (400, 2400, 400)
 FIXED_DELAYS = (0, 500, 2000, 8000)
 XL = (2048, 8192, 2048)
 
@@ -80,7 +82,8 @@ def repository(root: Path) -> Path:
                                                            dynamic_batching="",
                                                            extra="response_cache { enable: true }\n"),
                              {"1/model.onnx": mlp}))
-    for name, extra in (("mlp_xl", ""), ("mlp_xl_unpooled", _param("inferd.pooled_buffers", "false"))):
+    for name, extra in (("mlp_xl", ""), ("mlp_xl_unpooled", _param("inferd.pooled_buffers", "false")),
+                        ("mlp_xl_slo", _param("inferd.max_latency_microseconds", XL_SLO_US))):
         specs.append(b.ModelSpec(name, b.triton_config(name, *xl_io, max_batch_size=64, dynamic_batching="",
                                                        extra=extra), {"1/model.onnx": xl}))
     b.build_repository(root, models=specs, log=None)
@@ -96,8 +99,8 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def model_counts(url: str, model: str) -> tuple[int, int]:
-    """(inferences, executions) of a model from ModelStatistics."""
+def model_counts(url: str, model: str) -> tuple[int, int, int]:
+    """(inferences, executions, successful requests) of a model from ModelStatistics."""
     import grpc
 
     from inferd._proto import grpc_service_pb2 as pb
@@ -106,7 +109,7 @@ def model_counts(url: str, model: str) -> tuple[int, int]:
     with grpc.insecure_channel(url) as channel:
         reply = pb_grpc.GRPCInferenceServiceStub(channel).ModelStatistics(pb.ModelStatisticsRequest(name=model))
     s = reply.model_stats[0]
-    return s.inference_count, s.execution_count
+    return s.inference_count, s.execution_count, s.inference_stats.success.count
 
 
 def measured(label: str, model: str, url: str, concurrency: int, pid: int, *, stats_url: str | None = None,
@@ -114,15 +117,16 @@ def measured(label: str, model: str, url: str, concurrency: int, pid: int, *, st
     """perf_analyzer at one concurrency, with the server's CPU per inference and, for an inferd
     model, the average batch size over the same run."""
     bench = _bench()
-    before = model_counts(stats_url, model) if stats_url else (0, 0)
+    before = model_counts(stats_url, model) if stats_url else (0, 0, 0)
     cpu0 = cpu_seconds(pid)
     m = bench.run_pa(label, model, url, concurrency, **kw)
     cpu = cpu_seconds(pid) - cpu0
     out = asdict(m)
     if stats_url:
-        inferences, executions = (a - b for a, b in zip(model_counts(stats_url, model), before))
+        inferences, executions, requests = (a - b for a, b in zip(model_counts(stats_url, model), before))
         out["avg_batch"] = inferences / executions if executions else 0.0
-        out["cpu_us_per_inference"] = cpu / inferences * 1e6 if inferences else 0.0
+        # Per request answered (a cache hit is a request but no inference, as in Triton).
+        out["cpu_us_per_inference"] = cpu / requests * 1e6 if requests else 0.0
         out["note"] = (out["note"] + "; " if out["note"] else "") + (
             f"avg batch {out['avg_batch']:.2f}, server CPU {out['cpu_us_per_inference']:.0f} us/inference")
     return out
@@ -152,19 +156,21 @@ def identity_part(url: str, pid: int, echo_url: str, echo_pid: int) -> list[dict
     return rows
 
 
-def inferd_perf_ramp(model: str, url: str, pid: int) -> list[dict]:
+def inferd_perf_ramp(model: str, url: str, pid: int, ramp: tuple[int, int, int] = RAMP) -> list[dict]:
     """One Poisson ramp with inferd perf; per rate: throughput, p99 of successes, refusals, CPU."""
-    start, end, step = RAMP
+    start, end, step = ramp
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ramp.json"
         cpu0 = cpu_seconds(pid)
         args = [sys.executable, "-m", "inferd.cli", "perf", "-m", model, "-u", url,
                 "--request-rate-range", f"{start}:{end}:{step}", "--request-distribution", "poisson",
                 "-p", "2000", "-s", "50", "-r", "4", "--json", str(out), "-q"]
-        subprocess.run(args, capture_output=True, text=True, timeout=1200, cwd=_bench().ROOT)
+        done = subprocess.run(args, capture_output=True, text=True, timeout=1200, cwd=_bench().ROOT)
         cpu = cpu_seconds(pid) - cpu0
+        time.sleep(10)  # what an overloaded level left in the server drains before the next ramp
         if not out.exists():
-            return []
+            return [{"model": model, "rate": 0, "throughput": 0.0, "p99_us": 0.0, "p50_us": 0.0, "refused": 0,
+                     "completed": 0, "errors": {}, "failed": (done.stdout + done.stderr).strip()[-300:]}]
         data = json.loads(out.read_text())
     levels = []
     for lv in data["levels"]:
@@ -273,6 +279,8 @@ def run(quick: bool) -> dict:
         out["measures"] += identity_part(url, pid, echo_url, echo.proc.pid)
         for model in ["mlp_slo", *(f"mlp_fixed_{d}" for d in FIXED_DELAYS)]:
             out["ramp"] += inferd_perf_ramp(model, url, pid)
+        for model in ("mlp_xl_slo", "mlp_xl"):
+            out["ramp"] += inferd_perf_ramp(model, url, pid, XL_RAMP)
         rows, ceilings = xl_part(url, pid, repo)
         out["measures"] += rows
         out["ceilings"].update(ceilings)
@@ -309,7 +317,7 @@ def ratios(result: dict) -> dict:
         fx = _median([m.get(key, 0.0) for m in _rows(result, f, 16)])
         out[f"identity c=16 {key}: adaptive vs fixed"] = f"{ad:.2f} vs {fx:.2f}" if key == "avg_batch" else (
             f"{ad:,.0f} vs {fx:,.0f}")
-    ramp = result.get("ramp", [])
+    ramp = [lv for lv in result.get("ramp", []) if not lv["model"].startswith("mlp_xl")]
     peaks = {}
     for lv in ramp:
         peaks[lv["model"]] = max(peaks.get(lv["model"], 0.0), lv["throughput"])
@@ -321,6 +329,12 @@ def ratios(result: dict) -> dict:
             "(target >= 0.95)")
         worst = max((lv["p99_us"] for lv in ramp if lv["model"] == "mlp_slo"), default=0.0)
         out["mlp Poisson ramp: worst p99 of admitted requests, SLO model"] = f"{worst:,.0f} us (SLO {SLO_US} us)"
+    xl = [lv for lv in result.get("ramp", []) if lv["model"].startswith("mlp_xl")]
+    for model in ("mlp_xl_slo", "mlp_xl"):
+        levels = [lv for lv in xl if lv["model"] == model]
+        if levels:
+            out[f"mlp_xl Poisson ramp, {model}: p99 per rate (refused)"] = ", ".join(
+                f"{lv['rate']}: {lv['p99_us'] / 1000:,.0f} ms ({lv['refused']})" for lv in levels)
     ceiling = result["ceilings"].get("mlp_xl raw onnxruntime rows/s, batch 64, 2 intra-op threads", 0.0)
     for label in ("mlp_xl c=128, pooled buffers", "mlp_xl c=128, unpooled"):
         rate = _median([m["infer_per_s"] for m in _rows(result, label, 128)])

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from inferd.errors import SloRefused, Unavailable
-from inferd.scheduling.adaptive import ADAPTIVE, FIXED, Instance, WaitPolicy, admission, completion, slo_rows, wait_until
-from inferd.scheduling.estimates import PROBE_EVERY, PROBE_EVERY_INFORMED, ArrivalRate, ExecutionModel
+from inferd.scheduling.adaptive import (
+    ADAPTIVE, FIXED, PROBE_NEAR, Instance, WaitPolicy, admission, completion, slo_rows, wait_until,
+)
+from inferd.scheduling.estimates import PROBE_EVERY, ArrivalRate, ExecutionModel
 
 US = 1e-6
 BOUND = 500 * US
@@ -49,21 +51,38 @@ def test_fixed_waits_the_whole_delay_as_triton():
 def test_a_lone_request_runs_at_once():
     rate = lone_rate()
     assert rate.informed and not rate.company_last_time
-    for seq in (1, PROBE_EVERY):  # not even as a probe: the evidence says nobody comes
-        assert wait_until(ADAPT, 0.0, seq, 1, 0.0, rate, batching_model()) is None
+    assert [wait_until(ADAPT, 0.0, seq, 1, 0.0, rate, batching_model()) for seq in range(1, PROBE_EVERY)] == (
+        [None] * (PROBE_EVERY - 1))  # but for the probes
 
 
 def test_under_load_it_waits_as_fixed_does():
     assert wait_until(ADAPT, 0.0, 1, 1, 0.0, busy_rate(gap_us=100), batching_model()) == BOUND
+    # Not stopping early because the next row seems late: the whole delay, as fixed.
+    assert wait_until(ADAPT, 0.0, 1, 3, 450 * US, busy_rate(gap_us=100, until=450 * US), batching_model()) == BOUND
     assert wait_until(ADAPT, 0.0, 1, 1, BOUND, busy_rate(gap_us=100), batching_model()) is None
 
 
-def test_company_that_joined_the_last_wait_is_expected_again():
-    rate = lone_rate()
+def test_company_that_joined_the_last_wait_is_expected_again_until_the_rate_is_informed():
+    rate = ArrivalRate()
     rate.arrived(0.0, 1, queued_before=0)
     rate.arrived(100 * US, 1, queued_before=1)  # someone joined
     rate.queued(BOUND, False)
-    assert rate.company_last_time
+    assert rate.company_last_time and not rate.informed
+    assert wait_until(ADAPT, BOUND, 1, 1, BOUND, rate, batching_model()) == 2 * BOUND
+    lone = lone_rate()  # informed that nobody comes: one companion once does not make it wait
+    lone.arrived(0.0, 1, queued_before=0)
+    lone.arrived(100 * US, 1, queued_before=1)
+    lone.queued(BOUND, False)
+    assert lone.company_last_time and lone.informed
+    assert wait_until(ADAPT, BOUND, 1, 1, BOUND, lone, batching_model()) is None
+
+
+def test_one_lonely_wait_does_not_stop_waiting_under_load():
+    rate = busy_rate(gap_us=100)
+    rate.queued(0.0, False)
+    rate.arrived(0.0, 1, queued_before=0)
+    rate.queued(BOUND, False)  # this head waited alone
+    assert not rate.company_last_time
     assert wait_until(ADAPT, BOUND, 1, 1, BOUND, rate, batching_model()) == 2 * BOUND
 
 
@@ -76,8 +95,8 @@ def test_with_no_company_expected_a_few_heads_wait_to_find_out():
     fresh = ArrivalRate()
     waits = [wait_until(ADAPT, 0.0, seq, 1, 0.0, fresh, batching_model()) for seq in range(2 * PROBE_EVERY)]
     assert waits.count(BOUND) == 2 and waits.count(None) == 2 * PROBE_EVERY - 2
-    lone = lone_rate()  # evidence that nobody comes: rarer probes
-    waits = [wait_until(ADAPT, 0.0, seq, 1, 0.0, lone, batching_model()) for seq in range(2 * PROBE_EVERY_INFORMED)]
+    lone = lone_rate()  # evidence that nobody comes: still probes
+    waits = [wait_until(ADAPT, 0.0, seq, 1, 0.0, lone, batching_model()) for seq in range(2 * PROBE_EVERY)]
     assert waits.count(BOUND) == 2
 
 
@@ -150,3 +169,16 @@ def test_a_very_long_queue_is_estimated_without_simulating_every_batch():
     model = batching_model(a_us=100, c_us=10)
     estimate = completion(0.0, 64 * 10_000, 1, 64, [Instance(0.0, model)])
     assert estimate == pytest.approx(10_000 * 740 * US, rel=0.01)
+
+
+def test_after_a_lull_under_load_heads_probe_more_often():
+    rate = busy_rate(gap_us=1200)  # ~0.4 rows per 500 us delay: nearly expected
+    waits = [wait_until(ADAPT, 0.0, seq, 1, 0.0, rate, batching_model()) for seq in range(16)]
+    assert waits.count(BOUND) == 16 // PROBE_NEAR
+
+
+def test_a_request_with_nothing_ahead_and_an_instance_free_is_admitted_whatever_the_estimate():
+    slow = batching_model(a_us=50_000, c_us=0)  # 50 ms a batch: far past a 20 ms SLO
+    slo = WaitPolicy(ADAPTIVE, BOUND, slo_s=20_000 * US)
+    assert admission(slo, "m", 0.0, 0, 1, 64, [Instance(0.0, slow)]) is None
+    assert admission(slo, "m", 0.0, 0, 1, 64, [Instance(0.01, slow)]) is not None  # it would wait for it

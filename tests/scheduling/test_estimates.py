@@ -68,21 +68,6 @@ def test_the_rate_falls_while_a_queued_request_waits_alone():
     assert rate.rate(t + 0.002) < before  # queued time passes, no one comes
 
 
-def test_company_until_is_when_one_more_row_stops_being_expected_before_the_deadline():
-    rate = ArrivalRate(prior_s=0.0)
-    t = 0.0
-    for _ in range(100):
-        rate.arrived(t, 1, queued_before=1)
-        t += 100 * US  # 10,000 rows/s
-    rate.arrived(t, 1, queued_before=1)
-    deadline = t + 500 * US
-    last = rate.company_until(t, deadline)
-    # At `last`, with no arrival meanwhile, exactly one row is expected in what remains.
-    assert t < last < deadline
-    assert rate.rate(last) * (deadline - last) == pytest.approx(1.0, rel=1e-6)
-    assert ArrivalRate().company_until(t, deadline) <= t  # no evidence: none expected
-
-
 def test_the_rate_is_informed_after_half_a_horizon_of_queued_time():
     rate = ArrivalRate(horizon_s=0.01)
     t = 0.0
@@ -143,3 +128,12 @@ def test_negative_slopes_from_noise_are_clamped():
         model.observe(rows, t * US)
     a, c = model.coefficients()  # type: ignore[misc]
     assert c == 0.0 and a == pytest.approx(250 * US, rel=0.05)  # the (weighted) mean
+
+
+def test_one_stalled_execution_moves_the_estimate_by_a_bounded_step():
+    model = ExecutionModel()
+    for _ in range(50):
+        model.observe(1, 100 * US)
+    model.observe(1, 40_000 * US)  # a 40 ms stall of a 0.1 ms model
+    assert model.predict(1) < 130 * US
+    assert model.upper(1) < 300 * US
