@@ -150,8 +150,8 @@ class BatchQueue:
 
     def lone_runs_now(self, now: float, rows: int, model: ExecutionModel) -> bool:
         """Whether a request of ``rows`` rows arriving at an empty queue would run at once
-        (no company expected): the driver then runs it without queueing it, and it is
-        counted as an arrival that found nobody queued."""
+        (no company expected): the driver then runs it without queueing it. It takes a
+        sequence number (probes are every PROBE_EVERY-th) and adds no queued time."""
         if self._size or not self.policy.batching:
             return False
         if wait_until(self._wait, now, self._next_seq, rows, now, self.arrivals, model) is not None:
