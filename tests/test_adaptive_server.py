@@ -1,11 +1,12 @@
-"""Issue 20 through tritonclient on a real server: the response cache, the rate limiter, latency SLOs.
+"""Issue 20 through tritonclient on a real server: adaptive waits, pooled buffers, the response cache,
+the rate limiter, latency SLOs.
 
 One server for the module, with ``--cache-config local,size=...`` and ``--rate-limit execution_count``.
 """
 
 from __future__ import annotations
 
-import json
+import queue
 import textwrap
 import threading
 from pathlib import Path
@@ -59,6 +60,14 @@ SLO_US = 50_000  # each execution of the recording model takes 30 ms: a second o
 
 
 MLP_IO = ([("INPUT0", "TYPE_FP32", [256])], [("OUTPUT0", "TYPE_FP32", [256])])
+# Pooled outputs: 4 KiB per row, so a batch of 16 rows or more is written into a pooled buffer by IOBinding.
+WIDE = (64, 64, 1024)
+WIDE_IO = ([("INPUT0", "TYPE_FP32", [WIDE[0]])], [("OUTPUT0", "TYPE_FP32", [WIDE[2]])])
+WAIT_US = 100_000  # a lone request under fixed waits all of it
+
+
+def _wait(mode: str) -> str:
+    return f'parameters {{ key: "inferd.batch_wait" value {{ string_value: "{mode}" }} }}\n'
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +91,16 @@ def server(tmp_path_factory: pytest.TempPathFactory, logs: Path) -> Iterator[Ser
         "both_ways", *MLP_IO, max_batch_size=8,
         extra='instance_group [ { kind: KIND_CPU rate_limiter { resources [ { name: "G" global: true count: 1 } ] } },'
               ' { kind: KIND_CPU rate_limiter { resources [ { name: "G" count: 1 } ] } } ]\n'))
+    for mode in ("adaptive", "fixed"):
+        add_model(repo, f"wait_{mode}", om.mlp(), config(
+            f"wait_{mode}", *MLP_IO, max_batch_size=8,
+            extra=f"dynamic_batching {{ max_queue_delay_microseconds: {WAIT_US} }}\n" + _wait(mode)))
+    add_model(repo, "bad_wait", om.mlp(), config("bad_wait", *MLP_IO, max_batch_size=8,
+                                                 extra="dynamic_batching { }\n" + _wait("sometimes")))
+    # Batches of up to 32 rows (128 KiB of outputs) gathered for up to 200 ms: pooled inputs and outputs.
+    add_model(repo, "pooled", om.mlp(*WIDE, seed=4), config(
+        "pooled", *WIDE_IO, max_batch_size=32,
+        extra="dynamic_batching { max_queue_delay_microseconds: 200000 }\n" + _wait("fixed")))
     with running(repo, extra_args=["--cache-config", "local,size=1048576", "--rate-limit", "execution_count"]) as srv:
         yield srv
 
@@ -95,6 +114,56 @@ def _mlp_inputs(seed: int) -> list:
 
 def _stats(client, model: str) -> dict:  # type: ignore[no-untyped-def]
     return client.get_inference_statistics(model, as_json=True)["model_stats"][0]
+
+
+# -- adaptive waits ----------------------------------------------------------------------------
+
+
+def test_a_lone_client_waits_for_company_only_under_fixed(client):
+    """One request at a time: fixed waits the whole delay each time, adaptive only on its first
+    request (a probe: one head in 16 waits, to notice company)."""
+    queued = {}
+    for mode in ("adaptive", "fixed"):
+        for seed in range(6):
+            client.infer(f"wait_{mode}", _mlp_inputs(seed))
+        stats = _stats(client, f"wait_{mode}")["inference_stats"]
+        assert int(stats["success"]["count"]) == 6
+        queued[mode] = int(stats["queue"]["ns"])
+    assert queued["fixed"] >= 6 * WAIT_US * 1000  # each request waited the whole delay
+    assert queued["adaptive"] < queued["fixed"] / 3, queued
+
+
+def test_a_bad_batch_wait_fails_the_load_naming_the_value(client):
+    index = {m["name"]: m for m in client.get_model_repository_index(as_json=True)["models"]}
+    assert index["bad_wait"]["state"] == "UNAVAILABLE"
+    assert ("model 'bad_wait': parameter 'inferd.batch_wait' must be adaptive or fixed, got 'sometimes'"
+            in index["bad_wait"]["reason"])
+
+
+# -- pooled buffers ----------------------------------------------------------------------------
+
+
+def test_batches_in_pooled_buffers_answer_every_request_with_its_own_rows(client):
+    """96 distinct requests at once: batches of up to 32 follow each other through the instance's
+    pooled input and output buffers (one assembled while the one before executes, its responses
+    encoded meanwhile); a buffer reused while a response still held a view of it would answer
+    some request with another batch's rows."""
+    rng = np.random.default_rng(7)
+    xs = [rng.standard_normal((1, WIDE[0]), dtype=np.float32) for _ in range(96)]
+    done: queue.Queue = queue.Queue()
+    for i, x in enumerate(xs):
+        inp = tritonclient_grpc.InferInput("INPUT0", [1, WIDE[0]], "FP32")
+        inp.set_data_from_numpy(x)
+        client.async_infer("pooled", [inp], lambda result, error, i=i: done.put((i, result, error)),
+                           client_timeout=60)
+    weights = om.mlp_weights(*WIDE, seed=4)
+    for _ in xs:
+        i, result, error = done.get(timeout=90)
+        assert error is None, error
+        np.testing.assert_allclose(result.as_numpy("OUTPUT0"), om.mlp_reference(xs[i], weights), rtol=1e-4, atol=1e-5)
+    s = client.get_inference_statistics("pooled").model_stats[0]
+    assert s.inference_count == 96
+    assert max(b.batch_size for b in s.batch_stats) >= 16  # at least one batch wrote its outputs into the pool
 
 
 # -- response cache ----------------------------------------------------------------------------
