@@ -76,8 +76,11 @@ class InstanceWorker:
 
     @property
     def can_stage(self) -> bool:
-        """Executing one batch on its thread, with room for the next, assembled meanwhile."""
-        return self.jobs == 1 and not self.inline and getattr(self.instance, "assembles_ahead", False)
+        """Executing one batch on its thread, with room for the next, assembled meanwhile.
+        Not under the rate limiter: it grants an instance one execution at a time (a batch
+        handed over behind another would ask for its resources a second time)."""
+        return (self.jobs == 1 and not self.inline and self.ticket is None
+                and getattr(self.instance, "assembles_ahead", False))
 
     def calibrate(self, sample: dict[str, np.ndarray], outputs: Sequence[str], runs: int = 3) -> int | None:
         """Time ``runs`` executions of ``sample`` at load; blocking. Returns the
