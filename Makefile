@@ -36,8 +36,11 @@ serve: $(STAMP) models
 check: $(STAMP) models
 	$(VENV)/bin/inferd check $(REPO)
 
+# The whole suite with serve's default process mode (frontend workers from the cores), then the
+# server-level modules again in one process (--frontend-workers 0): both modes pass.
 test: $(TEST_STAMP) models
 	$(PY) -m pytest -q -p no:cacheprovider tests
+	INFERD_TEST_FRONTEND_WORKERS=0 $(PY) -m pytest -q -p no:cacheprovider -m "server and not fixed_mode" tests
 
 # Regenerate inferd/_proto from proto/*.proto (the generated modules are committed).
 proto: $(TEST_STAMP)

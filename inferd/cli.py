@@ -1,4 +1,4 @@
-"""The ``inferd`` command: ``serve``, ``check``, ``perf``."""
+"""The ``inferd`` command: ``serve``, ``check``, ``perf``, ``batch``."""
 
 from __future__ import annotations
 
@@ -89,9 +89,27 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="as Triton: how many units of a resource exist (per device, or on DEVICE only; a global "
                         "resource takes the largest count given); default: the most any loaded instance needs. "
                         "Repeatable; once given, every resource a model uses must be listed")
+    p.add_argument("--frontend-workers", type=int, default=None, metavar="N",
+                   help="processes that serve the gRPC and HTTP ports (SO_REUSEPORT) and hand each request to "
+                        "this process, which runs the models: 0 serves everything in one process. Default: "
+                        f"half the cores, at least 2 (here {default_frontend_workers()})")
+    p.add_argument("--batch-dir", type=Path, default=None, metavar="DIR",
+                   help="where batch jobs (POST /v2/batches) keep their state and results, and resume from after "
+                        "a restart (default: <first repository>.batches, next to it)")
     p.add_argument("--port-file", type=Path, default=None,
                    help='once ready, write the bound ports to this file as JSON: {"grpc": P, "http": P, '
                         '"metrics": P}, null for a frontend that is off (for tests and scripts)')
+
+
+def default_frontend_workers(cores: int | None = None) -> int:
+    """Half the cores, at least two, at most 16. A worker spends most of a request's CPU (the
+    grpc.aio transport: 2-3x the core's share, perf/RESULTS.md), so the wire gets cores of its own;
+    the other half is left to the core and the models' runtime threads. At least two so that the
+    ports keep a listener while a dead worker restarts."""
+    import os
+
+    cores = cores or len(os.sched_getaffinity(0)) or 1
+    return max(2, min(16, cores // 2))
 
 
 def _check_parser(sub: argparse._SubParsersAction) -> None:
@@ -115,13 +133,19 @@ def main(argv: list[str] | None = None) -> int:
     _serve_parser(sub)
     _check_parser(sub)
     from inferd.perf.options import add_parser as _perf_parser
+    from inferd.batch_cli import add_parser as _batch_parser
 
     _perf_parser(sub)
+    _batch_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "check":
         return _check(args.repository)
+    if args.command == "batch":
+        from inferd.batch_cli import main as _batch
+
+        return _batch(args)
     if args.command == "perf":
         from inferd.perf import run as _perf
 
@@ -194,6 +218,10 @@ def _serve(args: argparse.Namespace) -> int:
         if not 0 <= port <= 65535:
             print(f"inferd: {name} must be in 0..65535, got {port}", file=sys.stderr)
             return 2
+    workers = default_frontend_workers() if args.frontend_workers is None else args.frontend_workers
+    if workers < 0:
+        print(f"inferd: --frontend-workers must be >= 0, got {workers}", file=sys.stderr)
+        return 2
     try:
         cache_bytes, resources = _cache_and_limits(args)
     except InferdError as exc:
@@ -225,11 +253,17 @@ def _serve(args: argparse.Namespace) -> int:
         cache_bytes=cache_bytes,
         rate_limit=args.rate_limit,
         rate_limit_resources=resources,
+        batch_dir=args.batch_dir,
         server_name=args.server_name,
     )
 
     async def run() -> None:
-        server = InferenceServer(options)
+        if workers:
+            from inferd.handoff.server import MultiProcessServer
+
+            server: InferenceServer = MultiProcessServer(options, workers)
+        else:
+            server = InferenceServer(options)
         if args.port_file is not None:
             original = server.start
 

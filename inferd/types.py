@@ -68,6 +68,9 @@ class InferenceRequest:
     # sequence_id / sequence_start / sequence_end parameters (pb_utils reads them).
     correlation_id: int | str = 0
     flags: int = 0  # 1: sequence start, 2: sequence end (TRITONSERVER_REQUEST_FLAG_*)
+    # Batch-job work (inferd.batchjobs): it runs only on capacity that
+    # interactive requests leave idle (inferd.scheduling.background).
+    background: bool = False
     # Some input is a SharedTensor or some requested output has a ShmRef: the
     # data plane resolves them against its registered regions before the model runs.
     shared_memory: bool = False

@@ -122,13 +122,14 @@ def perf_analyzer_available() -> bool:
 
 def run_pa(label: str, model: str, url: str, concurrency: int, *, shape: str | None = None,
            batch: int = 1, window_ms: int = 2000, extra: list[str] | None = None,
-           protocol: str = "grpc", cpus: str | None = None, trials: int = 8) -> Measure:
-    """One perf_analyzer run at one concurrency; medians of its stable windows (at most ``trials``)."""
+           protocol: str = "grpc", cpus: str | None = None, trials: int = 8, stability: int = 15) -> Measure:
+    """One perf_analyzer run at one concurrency; medians of its stable windows (at most ``trials``;
+    ``stability``: perf_analyzer's percentage; a loaded machine needs a wider one to give a figure at all)."""
     with tempfile.TemporaryDirectory() as tmp:
         csv_path = Path(tmp) / "pa.csv"
         args = [*pinned(cpus), str(PERF_ANALYZER), "-m", model, "-u", url, "-i", protocol,
                 "--concurrency-range", str(concurrency), "-b", str(batch), "-p", str(window_ms),
-                "--max-trials", str(trials), "-s", "15", "-f", str(csv_path)]
+                "--max-trials", str(trials), "-s", str(stability), "-f", str(csv_path)]
         if shape:
             args += ["--shape", shape]
         args += extra or []
@@ -138,7 +139,7 @@ def run_pa(label: str, model: str, url: str, concurrency: int, *, shape: str | N
             if r.returncode == 0 and csv_path.exists():
                 break
             note = "unstable: " + (r.stdout + r.stderr).strip().splitlines()[-1][:120] if (r.stdout + r.stderr).strip() else "failed"
-            args[args.index("-s") + 1] = "30"
+            args[args.index("-s") + 1] = str(max(30, stability))
         else:
             return Measure(label, concurrency, batch, 0.0, 0.0, 0.0, note=note)
         with open(csv_path) as fh:
@@ -470,10 +471,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     if not args.render_only:
-        if not perf_analyzer_available():
+        chosen = args.scenario or [*SCENARIOS, *MODULE_SCENARIOS]
+        # A module scenario that drives its own client says so with NEEDS_PERF_ANALYZER = False.
+        needs = [n for n in chosen if n in SCENARIOS or getattr(_scenario_module(n), "NEEDS_PERF_ANALYZER", True)]
+        if needs and not perf_analyzer_available():
             print("perf_analyzer cannot be installed or run here; nothing measured", file=sys.stderr)
             return 1
-        for name in args.scenario or [*SCENARIOS, *MODULE_SCENARIOS]:
+        for name in chosen:
             fn = SCENARIOS[name] if name in SCENARIOS else _scenario_module(name).run
             print(f"== {name}", flush=True)
             result = fn(args.quick)

@@ -23,6 +23,9 @@ NAME = "identity_fp32"
 
 
 class EchoServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self) -> None:
+        self.inferences = 0  # answered ModelInfer calls: perf/proc_cpu.py divides CPU by it
+
     async def ServerLive(self, request, context):  # type: ignore[no-untyped-def]
         return pb.ServerLiveResponse(live=True)
 
@@ -50,13 +53,16 @@ class EchoServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelConfigResponse(config=config)
 
     async def ModelStatistics(self, request, context):  # type: ignore[no-untyped-def]
-        return pb.ModelStatisticsResponse()
+        response = pb.ModelStatisticsResponse()
+        response.model_stats.add(name=NAME, version="1", inference_count=self.inferences)
+        return response
 
     async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
         response = pb.ModelInferResponse(model_name=request.model_name, model_version="1", id=request.id)
         for tensor in request.inputs:
             response.outputs.add(name="OUTPUT0", datatype=tensor.datatype, shape=tensor.shape)
         response.raw_output_contents.extend(request.raw_input_contents)
+        self.inferences += 1
         return response
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -22,6 +23,27 @@ ROOT = Path(__file__).resolve().parent.parent
 # log) and removed when it ends.
 LOG_DIR = Path(tempfile.mkdtemp(prefix="inferd-test-logs-"))
 _servers = itertools.count(1)
+# The servers' process mode: unset, ``inferd serve``'s default (frontend workers from the cores);
+# "0" the single process; N that many frontend workers. `make test` runs the server-level
+# modules (marked ``server`` below) a second time with 0.
+FRONTEND_WORKERS = os.environ.get("INFERD_TEST_FRONTEND_WORKERS")
+_SERVER_WORDS = ("ServerProcess", "running(", "start_server", "example_server", "traced_server")
+_server_modules: dict[str, bool] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "server: the test runs against a real inferd serve process")
+    config.addinivalue_line("markers", "fixed_mode: the test chooses its server's process mode itself")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = str(item.path)
+        if path not in _server_modules:
+            text = item.path.read_text() if item.path.name != "conftest.py" else ""
+            _server_modules[path] = any(word in text for word in _SERVER_WORDS)
+        if _server_modules[path]:
+            item.add_marker(pytest.mark.server)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -48,10 +70,16 @@ class ServerProcess:
         for repo in repos:
             args += ["--model-repository", str(repo)]
         args += extra_args or []
+        if FRONTEND_WORKERS is not None and "--frontend-workers" not in args:
+            args += ["--frontend-workers", FRONTEND_WORKERS]
         self._log = open(self.log_path, "wb")
         full_env = dict(os.environ)
         full_env.update(env or {})
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, env=full_env)
+        # Its own process group (pgid = its pid): every frontend worker is in it, and stop()
+        # checks that none is left.
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, env=full_env,
+                                     start_new_session=True)
+        self.left_behind: list[int] = []
         ports = self._wait_for_ports(timeout=120)
         self.port, self.http_port, self.metrics_port = ports.get("grpc"), ports.get("http"), ports.get("metrics")
         self.url = f"127.0.0.1:{self.port}" if self.port else None
@@ -75,6 +103,10 @@ class ServerProcess:
             self._log.flush()
         return self.log_path.read_text(errors="replace")
 
+    def group(self) -> list[int]:
+        """The live processes of the server's process group (the core and its workers)."""
+        return group_members(self.proc.pid)
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -83,8 +115,32 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        # Nothing may outlive the server: a process left in its group is recorded, then killed.
+        deadline = time.monotonic() + 10
+        while self.group() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.left_behind = self.group()
+        if self.left_behind:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         self._log.close()
         return self.proc.returncode
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes whose process group is ``pgid``, from /proc."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(entry.name))
+    return out
 
 
 @contextmanager
@@ -97,6 +153,7 @@ def running(repository: Path, *, exit_zero: bool = True, no_traceback: bool = Tr
         yield server
     finally:  # stopped also when the fixture's body failed: nothing is left running
         code = server.stop()
+    assert not server.left_behind, f"processes left running after the server stopped: {server.left_behind}"
     if exit_zero:
         assert code == 0, server.log()
     if no_traceback:

@@ -302,6 +302,8 @@ def test_kill_one_replica_under_load(tmp_path: Path) -> None:
             fleet.wait_routed([doomed, survivor], timeout=30)
             rejoined_at = time.monotonic()
             wait_until(lambda: _served(doomed) >= 5, 30, "the restarted replica takes requests again")
+            # Requests that started after the rejoin succeed too (those counted above may have started before).
+            wait_until(lambda: load.succeeded_since(rejoined_at) >= 5, 30, "the load served after the rejoin")
             held.client.close()
         after_rejoin = load.succeeded_since(rejoined_at)
 

@@ -35,9 +35,11 @@ def samples(text: str) -> dict[tuple[str, str], float]:
 
 
 def scrape(collector) -> dict[tuple[str, str], float]:
+    """One scrape as /metrics serves it: the gauges through prometheus_client, then the energy
+    counter in Triton's own text (no ``_total``)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    return samples(generate_latest(registry).decode())
+    return samples(generate_latest(registry).decode() + collector.triton_text())
 
 
 def test_each_gpu_has_triton_names_units_and_uuid_label():
@@ -54,10 +56,18 @@ def test_each_gpu_has_triton_names_units_and_uuid_label():
 
 def test_energy_counts_joules_since_the_first_reading():
     collector = gpu_collector(FakeNvml(1))
+    # (prometheus_client's parser names a counter's sample ``_total`` whatever the text says)
     first = scrape(collector)[("nv_energy_consumption_total", "GPU-fake-0000")]
     second = scrape(collector)[("nv_energy_consumption_total", "GPU-fake-0000")]
     assert first == 0.0  # the server's start is the origin, as in Triton
     assert second == pytest.approx(2.5)  # the fake's 2500 mJ between readings
+
+
+def test_energy_is_written_as_triton_writes_it():
+    text = gpu_collector(FakeNvml(1)).triton_text()
+    assert "# TYPE nv_energy_consumption counter\n" in text
+    assert 'nv_energy_consumption{gpu_uuid="GPU-fake-0000"} 0.0\n' in text
+    assert "_total" not in text
 
 
 def test_a_reading_a_gpu_cannot_give_is_left_out_and_the_rest_stays(caplog):

@@ -30,10 +30,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("model", ("inferd.model",)),
     ("ensemble", ("inferd.ensemble",)),
     ("repository", ("inferd.repository",)),
+    ("batchjobs", ("inferd.batchjobs",)),  # the job engine, over an injected infer
     # The Prometheus exporter reads the models' counters in the process that holds them.
     ("dataplane", ("inferd.dataplane", "inferd.observability.metrics")),
-    ("frontends", ("inferd.server",)),
-    ("cli", ("inferd.cli", "inferd.perf", "inferd.examples", "inferd.deploy")),
+    ("frontends", ("inferd.server", "inferd.handoff")),  # the hand-off to the core is a frontend tier too
+    ("cli", ("inferd.cli", "inferd.batch_cli", "inferd.perf", "inferd.examples", "inferd.deploy")),
 ]
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
 # Where protobuf and gRPC may be imported: the generated code, config/, the frontends and the tools above them.

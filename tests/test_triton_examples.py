@@ -132,8 +132,9 @@ def results(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
             return _client_id(client), proc
 
         # One after the other: the model-control clients change what the control server has loaded,
-        # and the shared-memory ones use the same region names and keys.
-        alone = [c for c in CLIENTS if c[2].startswith("control") or "_shm_" in c[0]]
+        # the shared-memory ones use the same region names and keys, and the sequence ones the same
+        # sequence ids (1000, 1001) on the same model.
+        alone = [c for c in CLIENTS if c[2].startswith("control") or "_shm_" in c[0] or "sequence" in c[0]]
         with ThreadPoolExecutor(4) as pool:
             done = dict(pool.map(run, [c for c in CLIENTS if c not in alone]))
         done.update(run(c) for c in alone)

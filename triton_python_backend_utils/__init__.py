@@ -387,6 +387,7 @@ class InferenceRequest:
         self._parameters: dict[str, Any] = dict(parameters or {})
         self._cancelled: Any = None  # the server's request, for is_cancelled()
         self._sender: InferenceResponseSender | None = None
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     @classmethod
     def _of_server(cls, inputs: list[Tensor], request_id: str, requested: list[str],
@@ -403,6 +404,7 @@ class InferenceRequest:
         r._parameters = parameters
         r._cancelled = source
         r._sender = None
+        r._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         if source is not None:
             r._correlation_id = getattr(source, "correlation_id", 0)
             r._flags = getattr(source, "flags", 0)
@@ -433,6 +435,19 @@ class InferenceRequest:
     def is_cancelled(self) -> bool:
         source = self._cancelled
         return bool(source is not None and getattr(source, "cancelled", False))
+
+    def set_release_flags(self, flags: int) -> None:
+        """``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``: run this request again at
+        the next step (``sequence_batching { iterative_sequence: true }`` only);
+        ``TRITONSERVER_REQUEST_RELEASE_ALL`` (the default): it is done."""
+        if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
+            raise TritonModelException(
+                f"set_release_flags: flags must be TRITONSERVER_REQUEST_RELEASE_ALL ({TRITONSERVER_REQUEST_RELEASE_ALL}) "
+                f"or TRITONSERVER_REQUEST_RELEASE_RESCHEDULE ({TRITONSERVER_REQUEST_RELEASE_RESCHEDULE}), got {flags!r}")
+        self._release_flags = flags
+
+    def release_flags(self) -> int:
+        return self._release_flags
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:

@@ -51,6 +51,10 @@ class BatchResult:
     # Padded batches: elements of the requests' own data in padded inputs, and of padding.
     real_elements: int = 0
     pad_elements: int = 0
+    # Iterative sequences: per row, whether the model released its request with
+    # TRITONSERVER_REQUEST_RELEASE_RESCHEDULE (run it again at the next step).
+    # None: no row was rescheduled.
+    reschedule: list[bool] | None = None
 
 
 class InferenceDispatcher(Protocol):

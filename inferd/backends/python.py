@@ -25,6 +25,13 @@ request's :class:`~inferd.streaming.ResponseSink` (streamed to the client as
 sent); ``execute`` raising ends every request still open with its error.
 Such a model can only be reached through a stream (ModelStreamInfer).
 
+An iterative sequence model (``sequence_batching { iterative_sequence: true }``)
+is stepped by :mod:`inferd.scheduling.iterative`: a request its ``execute``
+releases with ``request.set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)``
+runs again at the next step (reported in ``BatchResult.reschedule``; a model
+that is not decoupled returns None for it, as Triton requires). Any other
+model that reschedules gets Triton's error for that request.
+
 A sequence model (``sequence_batching``) sees each request's
 ``correlation_id()`` and ``flags()`` (START 1, END 2) and its control and
 state inputs as input tensors; its state outputs are read back by the batcher.
@@ -232,6 +239,8 @@ class PythonInstance(ModelInstance):
         # A sequence model's state outputs are read back by the sequence batcher.
         self._known_outputs = set(outputs) | {s.output for s in (spec.sequence.states if spec.sequence else ())}
         self._decoupled = spec.decoupled
+        # iterative_sequence: a request released with RESCHEDULE runs again at the next step.
+        self._iterative = bool(spec.sequence is not None and spec.sequence.iterative)
         self._warned_return = False
 
     # -- execution -------------------------------------------------------------------
@@ -258,11 +267,23 @@ class PythonInstance(ModelInstance):
         finally:
             _leave()
         t2 = time.perf_counter_ns()
-        results = self._results(requests, responses)
+        again = self._rescheduled(requests)
+        results = self._results(requests, responses, again)
         times.input_ns = t1 - t0
         times.infer_ns = t2 - t1
         times.output_ns = time.perf_counter_ns() - t2
-        return BatchResult(results, times)
+        return BatchResult(results, times, reschedule=again if self._iterative and any(again) else None)
+
+    def _rescheduled(self, requests: list[pb_utils.InferenceRequest]) -> list[bool]:
+        """Which requests the model released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE."""
+        return [r.release_flags() == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE for r in requests]
+
+    def _reschedule_refused(self) -> InvalidArgument:
+        # Triton's words (clients match on them), then what would make it valid.
+        return InvalidArgument(
+            f"model '{self.model.name}': Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while "
+            "the model is not configured to handle such a flag (it needs sequence_batching "
+            "{ iterative_sequence: true })")
 
     def _request(self, item: dict[str, np.ndarray]) -> pb_utils.InferenceRequest:
         tensors = [pb_utils.Tensor._of_request(n, a) for n, a in item.items()]
@@ -273,7 +294,8 @@ class PythonInstance(ModelInstance):
         names = [r.name for r in requested] if requested else list(self._all_outputs)
         return pb_utils.InferenceRequest._of_server(tensors, source.id, names, source.parameters, source)
 
-    def _results(self, requests: list[pb_utils.InferenceRequest], responses: Any) -> list[dict[str, np.ndarray] | InferdError]:
+    def _results(self, requests: list[pb_utils.InferenceRequest], responses: Any,
+                 again: list[bool]) -> list[dict[str, np.ndarray] | InferdError]:
         name = self.model.name
         if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
             got = f"{len(responses)} responses" if isinstance(responses, (list, tuple)) else type(responses).__name__
@@ -282,7 +304,19 @@ class PythonInstance(ModelInstance):
                 f"it got {len(requests)} request(s) and returned {got}"
             )
             return [error] * len(requests)
-        return [self._convert(i, request, response) for i, (request, response) in enumerate(zip(requests, responses))]
+        results: list[dict[str, np.ndarray] | InferdError] = []
+        for i, (request, response) in enumerate(zip(requests, responses)):
+            if not again[i]:
+                results.append(self._convert(i, request, response))
+            elif not self._iterative:
+                results.append(self._reschedule_refused())
+            elif response is not None:  # Triton's rule: a rescheduled request answers later
+                results.append(ModelExecutionError(
+                    f"model '{name}': execute() returned {type(response).__name__} for request {i}, which it "
+                    "rescheduled; expected None (a rescheduled request is answered when its sequence ends)"))
+            else:
+                results.append({})
+        return results
 
     def _convert(self, i: int, request: pb_utils.InferenceRequest, response: Any) -> dict[str, np.ndarray] | InferdError:
         """One response of the model: its outputs, or the error it carries."""
@@ -322,6 +356,7 @@ class PythonInstance(ModelInstance):
         results: list[dict[str, np.ndarray] | InferdError] = [{} for _ in inputs]
         requests: list[pb_utils.InferenceRequest] = []
         senders: list[tuple[pb_utils.InferenceResponseSender, ResponseSink | None]] = []
+        reached: list[int] = []  # the row of each request handed to the model
         for i, item in enumerate(inputs):
             source = item.request if isinstance(item, RequestInputs) else None
             sink = source.responder if source is not None else None
@@ -336,6 +371,7 @@ class PythonInstance(ModelInstance):
             request._sender = sender
             requests.append(request)
             senders.append((sender, sink))
+            reached.append(i)
         t1 = time.perf_counter_ns()
         if requests:
             _enter(name, self._dispatcher)
@@ -353,11 +389,20 @@ class PythonInstance(ModelInstance):
                 for sender, sink in senders:
                     if sender._close() and sink is not None:
                         sink.put(StreamEvent(error=error, final=True))
+                requests = []  # none of them goes on
             finally:
                 _leave()
         times.input_ns = t1 - t0
         times.infer_ns = time.perf_counter_ns() - t1
-        return BatchResult(results, times)
+        again = [False] * len(inputs)
+        for index, request, (sender, sink) in zip(reached, requests, senders):
+            if request.release_flags() != pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                continue
+            if self._iterative:
+                again[index] = True
+            elif sender._close() and sink is not None:
+                sink.put(StreamEvent(error=self._reschedule_refused(), final=True))
+        return BatchResult(results, times, reschedule=again if any(again) else None)
 
     def _deliverer(self, request: pb_utils.InferenceRequest, sink: ResponseSink | None) -> Any:
         def deliver(response: pb_utils.InferenceResponse | None, final: bool) -> None:

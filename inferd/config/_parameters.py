@@ -45,6 +45,13 @@ class InferdParameters:
     unpad_outputs: str = ""  # "OUTPUT:INPUT,OUTPUT:none,...": which input an output's variable dims follow
     length_buckets: str = ""  # "16,32,64": a batch holds requests of one bucket only
     max_batch_elements: int = 0  # rows x longest length of a batch stays <= this (0: no budget)
+    # sequence_batching.iterative_sequence: a tensor step model's output that
+    # ends its sequence when nonzero (Python models end by not rescheduling).
+    iterative_end_output: str = ""
+    # Priorities of an iterative-sequence model (it has no dynamic_batching
+    # block): as dynamic_batching's priority_levels / default_priority_level.
+    priority_levels: int = 0
+    default_priority_level: int = 0
 
     @classmethod
     def from_config(cls, config: mc.ModelConfig) -> "InferdParameters":
@@ -99,5 +106,20 @@ class InferdParameters:
             raise ConfigError(
                 f"model '{config.name}': parameter 'inferd.execution' must be auto, thread or inline, "
                 f"got '{params.execution}'"
+            )
+        iterative = config.HasField("sequence_batching") and config.sequence_batching.iterative_sequence
+        for key, value in (("iterative_end_output", params.iterative_end_output),
+                           ("priority_levels", params.priority_levels)):
+            if value and not iterative:
+                raise ConfigError(
+                    f"model '{config.name}': parameter 'inferd.{key}' applies to sequence_batching "
+                    "{ iterative_sequence: true } models only"
+                    + (" (use dynamic_batching.priority_levels)" if key == "priority_levels" else "")
+                )
+        if params.default_priority_level > params.priority_levels or (
+                params.priority_levels and not params.default_priority_level):
+            raise ConfigError(
+                f"model '{config.name}': parameter 'inferd.default_priority_level' must be in "
+                f"1..inferd.priority_levels ({params.priority_levels}), got {params.default_priority_level}"
             )
         return params

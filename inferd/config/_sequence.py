@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from inferd._proto import model_config_pb2 as mc
+from inferd.config._iterative import check_iterative
 from inferd.dtypes import BY_CONFIG, DataType
 from inferd.errors import ConfigError
 
@@ -69,6 +70,7 @@ class SequencePolicy:
     states: tuple[StateSpec, ...] = ()
     corrid_string: bool = False  # the CORRID control is TYPE_STRING
     corrid_numeric: bool = False  # the CORRID control is an integer type
+    iterative: bool = False  # iterative_sequence: one request is a whole sequence, run step by step
 
     @property
     def max_rows(self) -> int:
@@ -111,7 +113,7 @@ def sequence_policy(config: mc.ModelConfig, model_dir: Path | None = None) -> Se
     sb = config.sequence_batching
     where = f"model '{name}': sequence_batching"
     if sb.iterative_sequence:
-        raise ConfigError(f"{where}.iterative_sequence is not supported by inferd")
+        check_iterative(config, where)
     idle = int(sb.max_sequence_idle_microseconds) or IDLE_DEFAULT_US
     strategy = sb.WhichOneof("strategy_choice") or "direct"
     kwargs: dict[str, object] = {}
@@ -149,8 +151,9 @@ def sequence_policy(config: mc.ModelConfig, model_dir: Path | None = None) -> Se
     corrid = next((c for c in controls if c.kind == CORRID), None)
     states = tuple(_state(config, where, i, s, model_dir) for i, s in enumerate(sb.state))
     _check_names(config, where, controls, states)
-    if states and config.model_transaction_policy.decoupled:
-        raise ConfigError(f"{where}.state: implicit state is not supported for decoupled models")
+    if states and config.model_transaction_policy.decoupled and not sb.iterative_sequence:
+        raise ConfigError(f"{where}.state: implicit state is not supported for decoupled models "
+                          "(except with iterative_sequence: true)")
     return SequencePolicy(
         strategy=strategy,
         max_batch_size=int(config.max_batch_size),
@@ -159,6 +162,7 @@ def sequence_policy(config: mc.ModelConfig, model_dir: Path | None = None) -> Se
         states=states,
         corrid_string=corrid is not None and corrid.datatype.name == "BYTES",
         corrid_numeric=corrid is not None and corrid.datatype.name != "BYTES",
+        iterative=bool(sb.iterative_sequence),
         **kwargs,  # type: ignore[arg-type]
     )
 
@@ -348,7 +352,8 @@ def decoupled_problem(config: mc.ModelConfig) -> str | None:
     if not config.model_transaction_policy.decoupled:
         return None
     backend = config.backend or config.platform
-    if backend != "python":
+    if backend != "python" and not config.sequence_batching.iterative_sequence:
         return (f"model '{config.name}': model_transaction_policy.decoupled is only supported for Python models "
-                f"(backend: \"python\"); this model's backend is '{backend or 'unknown'}'")
+                f"(backend: \"python\") and iterative sequence models (each step's outputs are a response); "
+                f"this model's backend is '{backend or 'unknown'}'")
     return None

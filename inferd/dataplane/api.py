@@ -153,6 +153,25 @@ class DataPlaneAPI(Protocol):
         them). ``decoupled_error``: the frontend's words refusing a decoupled model."""
         ...
 
+    # -- batch jobs (inferd.batchjobs) ---------------------------------------------------
+
+    async def batch_submit(self, data: bytes, model: str, version: int = 0) -> dict[str, Any]:
+        """Start a job over ``data`` (JSONL: one KServe v2 request per line, each with a
+        ``custom_id``); its document (``id``, ``status``, ``request_counts``, ...)."""
+        ...
+
+    async def batch_list(self) -> list[dict[str, Any]]: ...
+
+    async def batch_status(self, job_id: str) -> dict[str, Any]: ...
+
+    async def batch_cancel(self, job_id: str) -> dict[str, Any]:
+        """Stop a job (its results so far stay); its document."""
+        ...
+
+    async def batch_results(self, job_id: str, fmt: str = "jsonl") -> bytes:
+        """The job's results so far: JSONL (one per custom id) or NPZ."""
+        ...
+
     def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
         """Run one request of a stream and yield its responses as they come: one, or a
         decoupled model's many, then the final flag. Errors are yielded (a drain's

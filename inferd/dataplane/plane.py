@@ -11,13 +11,15 @@ its lifecycle (:meth:`DataPlane.load_models`, :meth:`DataPlane.drain`,
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
 
 from inferd.clock import Clock, MonotonicClock
 from inferd.dataplane.api import ModelMetadata, ServerMetadata, TensorMetadata, TraceCarrier
+from inferd.dataplane.batches import BatchService
 from inferd.dataplane.cuda_shared_memory import CudaRegionStatus
 from inferd.dataplane.shared_memory import RegionStatus, SharedMemoryManager
-from inferd.errors import InferdError, InvalidArgument, Unavailable
+from inferd.errors import InferdError, InvalidArgument, Unavailable, Unimplemented
 from inferd.model import DECOUPLED_UNARY, Model, find, response, run_model
 from inferd.model import infer_stream as model_infer_stream
 from inferd.observability.log_settings import LogSettings
@@ -42,10 +44,13 @@ class DataPlane:
     """Implements :class:`~inferd.dataplane.api.DataPlaneAPI` over a :class:`ModelManager`."""
 
     def __init__(self, manager: ModelManager, clock: Clock | None = None, *, tracing: Tracing | None = None,
-                 logs: LogSettings | None = None, server_name: str = SERVER_NAME) -> None:
+                 logs: LogSettings | None = None, server_name: str = SERVER_NAME,
+                 batch_dir: Path | None = None) -> None:
         self.manager = manager
         self.server_name = server_name
         self.clock = clock or MonotonicClock()
+        # Batch jobs (POST /v2/batches), kept in batch_dir; None: off.
+        self.batches = BatchService(manager, batch_dir, self.clock) if batch_dir is not None else None
         self.live = True
         self.draining = False
         self.shared_memory = SharedMemoryManager()
@@ -61,6 +66,13 @@ class DataPlane:
             await self.manager.load_all()
         finally:
             self.loading = False
+        if self.batches is not None:
+            await self.batches.jobs.start()  # resume the jobs a previous server left unfinished
+
+    async def stop_batches(self) -> None:
+        """A stop has begun: batch jobs take no more lines; they resume at the next start."""
+        if self.batches is not None:
+            await self.batches.jobs.stop()
 
     def drain(self) -> None:
         """A stop has begun: not ready, and new inference requests are refused; accepted
@@ -201,6 +213,31 @@ class DataPlane:
             return
         async for item in model_infer_stream(self.manager.get, request, self.clock):
             yield item
+
+
+    # -- batch jobs ------------------------------------------------------------------
+
+    def _batch_service(self) -> BatchService:
+        if self.batches is None:
+            raise Unimplemented("batch jobs are off in this server (it has no batch directory)")
+        return self.batches
+
+    async def batch_submit(self, data: bytes, model: str, version: int = 0) -> dict[str, Any]:
+        if self.draining:
+            raise Unavailable(DRAINING)
+        return await self._batch_service().submit(data, model, version)
+
+    async def batch_list(self) -> list[dict[str, Any]]:
+        return self._batch_service().all()
+
+    async def batch_status(self, job_id: str) -> dict[str, Any]:
+        return self._batch_service().status(job_id)
+
+    async def batch_cancel(self, job_id: str) -> dict[str, Any]:
+        return await self._batch_service().cancel(job_id)
+
+    async def batch_results(self, job_id: str, fmt: str = "jsonl") -> bytes:
+        return self._batch_service().results(job_id, fmt)
 
 
 def _check_repository(repository: str, name: str) -> None:

@@ -419,6 +419,33 @@ MODELS += [
 ]
 
 
+# Generative: a byte-level GRU language model (Python, torch) whose steps are
+# batched continuously (sequence_batching.iterative_sequence); see
+# inferd/examples/generator.py.
+
+
+def _generator_weights() -> bytes:
+    import torch  # noqa: F401  # the model runs on PyTorch (an extra): without it, it is skipped
+
+    from . import generator
+
+    return generator.weights()
+
+
+def _generator_config() -> str:
+    from . import generator
+
+    return generator.config()
+
+
+MODELS += [
+    ModelSpec("generator", _generator_config(), {
+        "1/model.py": _python_file("generator"),
+        "1/weights.npz": _generator_weights,
+    }),
+]
+
+
 # --------------------------------------------------------------------------- writing
 
 

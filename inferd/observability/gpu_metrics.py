@@ -18,7 +18,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from inferd.observability.text_format import escape, family
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +70,6 @@ class GpuCollector:
         used = GaugeMetricFamily("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", labels=LABELS)
         power = GaugeMetricFamily("nv_gpu_power_usage", "GPU power usage in watts", labels=LABELS)
         limit = GaugeMetricFamily("nv_gpu_power_limit", "GPU power management limit in watts", labels=LABELS)
-        energy = CounterMetricFamily("nv_energy_consumption",
-                                     "GPU energy consumption in joules since the server started", labels=LABELS)
         for uuid, h in self.devices():
             label = [uuid]
             rates = self._read(uuid, "utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(h))
@@ -85,11 +85,23 @@ class GpuCollector:
             mw = self._read(uuid, "power limit", lambda: nvml.nvmlDeviceGetPowerManagementLimit(h))
             if mw is not None:
                 limit.add_metric(label, mw / 1000.0)
-            mj = self._read(uuid, "energy", lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(h))
+        yield from (util, total, used, power, limit)
+
+    def triton_text(self) -> str:
+        """``nv_energy_consumption``, a counter Triton names without ``_total`` (which prometheus_client
+        would add), in the text format; read at the same scrape as :meth:`collect`."""
+        samples = []
+        for uuid, h in self.devices():
+            mj = self._read(uuid, "energy", lambda: self.nvml.nvmlDeviceGetTotalEnergyConsumption(h))
             if mj is not None:
                 start = self._energy_start.setdefault(uuid, mj)
-                energy.add_metric(label, (mj - start) / 1000.0)
-        yield from (util, total, used, power, limit, energy)
+                samples.append((f'gpu_uuid="{escape(uuid)}"', (mj - start) / 1000.0))
+        if not samples:
+            return ""
+        lines: list[str] = []
+        family(lines, "nv_energy_consumption", "counter", "GPU energy consumption in joules since the server started",
+               samples)
+        return "".join(lines)
 
     def close(self) -> None:
         try:

@@ -35,6 +35,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from inferd.observability import gpu_metrics
+from inferd.observability.text_format import escape, family
 from inferd.observability import stats as stats_module
 from inferd.observability.stats import ModelStats
 
@@ -221,10 +222,10 @@ def triton_exposition(models: Iterable[Any]) -> str:
     """Triton's families in the Prometheus text format, exactly as Triton writes them
     (counter names without ``_total``)."""
     models = list(models)
-    labels = [(m, f'model="{_escape(m.name)}",version="{m.version}"') for m in models]
+    labels = [(m, f'model="{escape(m.name)}",version="{m.version}"') for m in models]
     lines: list[str] = []
     for name, kind, help_text, read in TRITON_FAMILIES[:1]:
-        _family(lines, name, kind, help_text, ((lv, read(m)) for m, lv in labels))
+        family(lines, name, kind, help_text, ((lv, read(m)) for m, lv in labels))
     failures = []
     for m, lv in labels:
         counts = dict.fromkeys(TRITON_REASONS, 0)
@@ -232,27 +233,14 @@ def triton_exposition(models: Iterable[Any]) -> str:
         for reason, n in m.stats.fail_reasons.items():
             counts[triton_reason(reason, ensemble)] += n
         failures.extend((f'{lv},reason="{reason}"', n) for reason, n in counts.items())
-    _family(lines, "nv_inference_request_failure", "counter", _FAILURE_HELP, failures)
+    family(lines, "nv_inference_request_failure", "counter", _FAILURE_HELP, failures)
     for name, kind, help_text, read in TRITON_FAMILIES[1:]:
-        _family(lines, name, kind, help_text, ((lv, read(m)) for m, lv in labels))
+        family(lines, name, kind, help_text, ((lv, read(m)) for m, lv in labels))
     cached = [(m, lv) for m, lv in labels if getattr(m, "cache", None) is not None]
     if cached:
         for name, kind, help_text, read in CACHE_FAMILIES:
-            _family(lines, name, kind, help_text, ((lv, read(m)) for m, lv in cached))
+            family(lines, name, kind, help_text, ((lv, read(m)) for m, lv in cached))
     return "".join(lines)
-
-
-def _family(lines: list[str], name: str, kind: str, help_text: str, samples: Iterable[tuple[str, float]]) -> None:
-    lines.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
-    lines.extend(f"{name}{{{labels}}} {_number(value)}\n" for labels, value in samples)
-
-
-def _number(value: float) -> str:
-    return str(value) if isinstance(value, int) else floatToGoString(value)  # Triton writes 12, not 12.0
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
 
 
 class ServerMetrics:
@@ -284,7 +272,10 @@ class ServerMetrics:
 
     def exposition(self) -> bytes:
         """One scrape: Triton's families, then inferd's and the process collector's."""
-        return triton_exposition(self._dataplane.manager.models()).encode() + generate_latest(self.registry)
+        text = triton_exposition(self._dataplane.manager.models())
+        if self.gpu is not None:
+            text += self.gpu.triton_text()
+        return text.encode() + generate_latest(self.registry)
 
     def asgi_app(self) -> Any:
         """``/metrics`` (Prometheus text format 0.0.4, gzip when asked); 404 elsewhere."""

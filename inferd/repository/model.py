@@ -16,9 +16,11 @@ from inferd.host import cpu_budget
 from inferd.model import Model
 from inferd.model.cache import ResponseCache
 from inferd.observability.stats import ModelStats
+from inferd.scheduling.background import BackgroundLane, LanePolicy
 from inferd.scheduling.base import Scheduler
 from inferd.scheduling.batcher import BatchScheduler
 from inferd.scheduling.instances import InstanceWorker
+from inferd.scheduling.iterative import IterativeScheduler
 from inferd.repository.warmup import run_warmup, warmup_samples
 from inferd.scheduling.policy import batching_policy
 from inferd.scheduling.rate_limiter import RateLimiter, Ticket
@@ -102,7 +104,14 @@ def build_model(
                 worker.calibrate(sample, list(spec.outputs))
     stats = ModelStats(spec.name, version)
     scheduler: Scheduler
-    if sequence is not None:
+    lowest = policy.priority_levels if policy.priority_levels > 1 else 0
+    if sequence is not None and sequence.iterative:
+        scheduler = IterativeScheduler(
+            spec.name, sequence, workers, list(spec.outputs), stats, clock, decoupled=spec.decoupled,
+            end_output=params.iterative_end_output, priority_levels=params.priority_levels,
+            default_priority_level=params.default_priority_level)
+        lowest = params.priority_levels
+    elif sequence is not None:
         scheduler = SequenceScheduler(spec.name, sequence, workers, list(spec.outputs), stats, clock)
     else:
         scheduler = BatchScheduler(spec.name, policy, workers, list(spec.outputs), stats, clock)
@@ -110,7 +119,10 @@ def build_model(
         log.info("model '%s': response_cache is enabled, but the server has no cache (--cache-config "
                  "local,size=BYTES): its responses are not cached", spec.name)
     devices = {getattr(i, "tensor_device", None) for i in instances}
-    return Model(spec=spec, version=version, scheduler=scheduler, stats=stats, model_dir=model_dir,
+    # Batch-job work reaches the scheduler only on capacity interactive work leaves idle;
+    # an idle server takes a batch's worth per instance at once.
+    lane = BackgroundLane(scheduler, LanePolicy(burst=max(1, spec.max_batch_size) * len(workers)), clock, lowest)
+    return Model(spec=spec, version=version, scheduler=lane, stats=stats, model_dir=model_dir,
                  decoupled=spec.decoupled, tensor_device=devices.pop() if len(devices) == 1 else None,
                  cache=cache if spec.response_cache else None)
 

@@ -224,3 +224,12 @@ class InstanceWorker:
         if self.ticket is not None:
             self.ticket.close()
         self.instance.close()
+
+
+async def close_workers(workers: Sequence["InstanceWorker"]) -> None:
+    """Stop every worker's thread and free its runtime, off the event loop (a scheduler's stop)."""
+    def close() -> None:
+        for worker in workers:
+            worker.close()
+
+    await asyncio.get_running_loop().run_in_executor(None, close)

@@ -52,7 +52,7 @@ from inferd.config import CORRID, END, READY, START, SequencePolicy
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
 from inferd.scheduling.base import Inflight, Scheduler
-from inferd.scheduling.instances import InstanceWorker
+from inferd.scheduling.instances import InstanceWorker, close_workers
 from inferd.types import InferenceRequest
 
 log = logging.getLogger(__name__)
@@ -419,17 +419,7 @@ class SequenceScheduler(Scheduler):
         self._outputs = list(output_names) + [s.output for s in policy.states if s.output not in output_names]
         self._stats = stats
         self._clock = clock or MonotonicClock()
-        self._lead = (1,) if policy.max_batch_size > 0 else ()
-        self._flags: list[tuple[str, str, np.ndarray, np.ndarray]] = []
-        self._corrid: tuple[str, np.dtype] | None = None
-        for c in policy.controls:
-            if c.kind == CORRID:
-                self._corrid = (c.input, c.datatype.numpy)
-            else:
-                shape = self._lead + (1,)
-                self._flags.append((c.kind, c.input, _const(c.false, c.datatype.numpy, shape),
-                                    _const(c.true, c.datatype.numpy, shape)))
-        self._initial = {s.input: _frozen(s.initial.reshape(self._lead + s.initial.shape)) for s in policy.states}
+        self._controls = SequenceControls(policy)
         self._alarm = Alarm(self._clock, self._pump)
         self._pump_scheduled = False
         self._pumping = False
@@ -457,10 +447,9 @@ class SequenceScheduler(Scheduler):
             )
         key, start, end = sequence_params(self.model, request.parameters)
         if isinstance(key, str) and self.policy.corrid_numeric:
-            assert self._corrid is not None
             raise InvalidArgument(
                 f"model '{self.model}': sequence id '{key}' is a string, but the CORRID control input "
-                f"'{self._corrid[0]}' holds integers; send an integer sequence_id"
+                f"'{self._controls.corrid_input}' holds integers; send an integer sequence_id"
             )
         request.correlation_id = key
         request.flags = (FLAG_START if start else 0) | (FLAG_END if end else 0)
@@ -484,11 +473,7 @@ class SequenceScheduler(Scheduler):
         self._stopped = True
         await self._inflight.drained()
         self._alarm.cancel()
-        await asyncio.get_running_loop().run_in_executor(None, self._close_workers)
-
-    def _close_workers(self) -> None:
-        for worker in self.workers:
-            worker.close()
+        await close_workers(self.workers)
 
     # -- driving the queue ---------------------------------------------------
 
@@ -531,15 +516,8 @@ class SequenceScheduler(Scheduler):
             job = item.payload
             self._stats.record_queue(int((now - job.enqueued) * 1e9))
             row: dict[str, np.ndarray] = RequestInputs(job.request) if wants_requests else dict(job.request.inputs)
-            for kind, name, false, true in self._flags:
-                on = item.start if kind == START else item.end if kind == END else True
-                row[name] = true if on else false
-            if self._corrid is not None:
-                row[self._corrid[0]] = _corrid_array(item.key, self._corrid[1], self._lead)
-            if self._initial:
-                state = None if item.start else seq.state
-                for name, initial in self._initial.items():
-                    row[name] = initial if state is None else state[name]
+            self._controls.fill(row, item.key, start=item.start, end=item.end,
+                                state=None if item.start else seq.state)
             inputs.append(row)
         batch = _Batch(rows, instance)
         worker.run(inputs, self._outputs, lambda w, result: self._done(batch, result), loop)
@@ -548,11 +526,7 @@ class SequenceScheduler(Scheduler):
         """A direct-strategy row for a slot with nothing to run: zeros, READY false."""
         row = {name: np.full(a.shape, b"", dtype=np.object_) if a.dtype.kind == "O" else np.zeros_like(a)
                for name, a in template.items()}
-        for kind, name, false, _ in self._flags:
-            row[name] = false
-        if self._corrid is not None:
-            row[self._corrid[0]] = _corrid_array(0, self._corrid[1], self._lead)
-        row.update(self._initial)
+        self._controls.fill(row, 0, start=False, end=False, ready=False)
         return row
 
     def _done(self, batch: _Batch, result: BatchResult | BaseException) -> None:
@@ -591,6 +565,41 @@ class SequenceScheduler(Scheduler):
                 f"model '{self.model}' did not produce state output(s) {missing} for sequence {seq.key}")
         seq.state = {s.input: np.array(out[s.output], copy=True) for s in self.policy.states}
         return {k: v for k, v in out.items() if k not in self._state_outputs}
+
+
+class SequenceControls:
+    """The inputs a sequence batcher adds to each row: the control inputs (START,
+    END, READY, CORRID) and the implicit state (``initial_state`` or the state given)."""
+
+    __slots__ = ("lead", "flags", "corrid", "initial")
+
+    def __init__(self, policy: SequencePolicy) -> None:
+        self.lead = (1,) if policy.max_batch_size > 0 else ()
+        self.flags: list[tuple[str, str, np.ndarray, np.ndarray]] = []
+        self.corrid: tuple[str, np.dtype] | None = None
+        for c in policy.controls:
+            if c.kind == CORRID:
+                self.corrid = (c.input, c.datatype.numpy)
+            else:
+                shape = self.lead + (1,)
+                self.flags.append((c.kind, c.input, _const(c.false, c.datatype.numpy, shape),
+                                   _const(c.true, c.datatype.numpy, shape)))
+        self.initial = {s.input: _frozen(s.initial.reshape(self.lead + s.initial.shape)) for s in policy.states}
+
+    @property
+    def corrid_input(self) -> str:
+        return self.corrid[0] if self.corrid is not None else ""
+
+    def fill(self, row: dict[str, np.ndarray], key: SequenceId, *, start: bool, end: bool, ready: bool = True,
+             state: dict[str, np.ndarray] | None = None) -> None:
+        """Add the controls and the state (``initial_state`` when ``state`` is None) to ``row``."""
+        for kind, name, false, true in self.flags:
+            on = start if kind == START else end if kind == END else ready
+            row[name] = true if on else false
+        if self.corrid is not None:
+            row[self.corrid[0]] = _corrid_array(key, self.corrid[1], self.lead)
+        for name, initial in self.initial.items():
+            row[name] = initial if state is None else state[name]
 
 
 def _const(value: object, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:

@@ -23,6 +23,7 @@ from pathlib import Path
 import grpc
 
 from inferd.dataplane import SERVER_NAME, DataPlane
+from inferd.dataplane.batches import default_batch_dir
 from inferd.errors import InferdError
 from inferd.model.cache import ResponseCache
 from inferd.observability.log_settings import LogSettings
@@ -67,6 +68,7 @@ class ServerOptions:
     rate_limit: str = "off"  # --rate-limit off | execution_count
     rate_limit_resources: list[tuple[str, int, int]] = field(default_factory=list)  # --rate-limit-resource
     server_name: str = SERVER_NAME  # ServerMetadata's name
+    batch_dir: Path | None = None  # batch jobs' state; None: next to the first repository
 
 
 class InferenceServer:
@@ -78,7 +80,8 @@ class InferenceServer:
                                     startup_models=options.load_models,
                                     auto_complete=not options.strict_model_config, cache=cache, limiter=limiter)
         self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings,
-                                   server_name=options.server_name)
+                                   server_name=options.server_name,
+                                   batch_dir=options.batch_dir or default_batch_dir(options.model_repositories[0]))
         self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
                        if options.model_control_mode == "poll" else None)
         self._grpc: grpc.aio.Server | None = None
@@ -149,16 +152,20 @@ class InferenceServer:
     async def _open_ports(self) -> None:
         o = self.options
         if o.allow_metrics:
-            self.metrics = ServerMetrics(self.dataplane)  # before loading: histograms attach as models build
-            self._metrics_server = AsgiServer(self.metrics.asgi_app(), self.metrics_address, o.metrics_port, "metrics")
-            await self._metrics_server.start()
-            log.info("serving metrics on %s:%d/metrics", self.metrics_address, self.metrics_port)
+            await self._start_metrics()
         if o.allow_grpc:
             await self._start_grpc()
         if o.allow_http:
             self._http = AsgiServer(HttpFrontend(self.dataplane).app(), self.http_address, o.http_port, "HTTP")
             await self._http.start()
             log.info("serving HTTP on %s:%d", self.http_address, self.http_port)
+
+    async def _start_metrics(self) -> None:
+        o = self.options
+        self.metrics = ServerMetrics(self.dataplane)  # before loading: histograms attach as models build
+        self._metrics_server = AsgiServer(self.metrics.asgi_app(), self.metrics_address, o.metrics_port, "metrics")
+        await self._metrics_server.start()
+        log.info("serving metrics on %s:%d/metrics", self.metrics_address, self.metrics_port)
 
     async def _start_grpc(self) -> None:
         size = self.options.max_message_bytes
@@ -182,15 +189,17 @@ class InferenceServer:
         await self.health.start()
         log.info("serving gRPC on %s:%d", self.options.address, self.grpc_port)
 
-    async def stop(self) -> None:
-        """Graceful stop: not ready at once, refuse new work, let accepted requests finish, release models."""
+    async def stop(self, grace: float | None = None) -> None:
+        """Graceful stop: not ready at once, refuse new work, let accepted requests finish (for ``grace``
+        seconds, the options' by default), release models."""
         self.dataplane.drain()
+        await self.dataplane.stop_batches()  # their unfinished lines run at the next start
         if self.poller is not None:
             await self.poller.stop()
         if self.health is not None:
             self.health.drain()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.options.grace_seconds
+        deadline = loop.time() + (self.options.grace_seconds if grace is None else grace)
         # The ports stay open meanwhile: health, readiness and metadata answer, inference is refused.
         while self.dataplane.inflight() and loop.time() < deadline:
             await asyncio.sleep(0.005)

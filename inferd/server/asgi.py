@@ -27,8 +27,9 @@ class _Server(uvicorn.Server):
         yield
 
 
-def bind(host: str, port: int, what: str) -> socket.socket:
-    """A listening-ready TCP socket on ``host:port`` (0: a free port)."""
+def bind(host: str, port: int, what: str, reuse_port: bool = False) -> socket.socket:
+    """A listening-ready TCP socket on ``host:port`` (0: a free port); ``reuse_port``: with
+    SO_REUSEPORT, so that other sockets of this user can bind the same port (frontend workers)."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -38,6 +39,8 @@ def bind(host: str, port: int, what: str) -> socket.socket:
         raise SystemExit(f"cannot listen for {what} on {host}:{port}: {exc}") from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if family == socket.AF_INET6:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
@@ -52,8 +55,10 @@ def bind(host: str, port: int, what: str) -> socket.socket:
 class AsgiServer:
     """``app`` served on ``host:port``; :meth:`start` returns the bound port."""
 
-    def __init__(self, app: Any, host: str, port: int, what: str) -> None:
+    def __init__(self, app: Any, host: str, port: int, what: str, sock: socket.socket | None = None) -> None:
+        """``sock``: a socket bound already (a frontend worker's SO_REUSEPORT one); else bound here."""
         self.app = app
+        self._sock = sock
         self.host = host
         self.requested_port = port
         self.what = what
@@ -62,7 +67,7 @@ class AsgiServer:
         self._task: asyncio.Task | None = None
 
     async def start(self) -> int:
-        sock = bind(self.host, self.requested_port, self.what)
+        sock = self._sock or bind(self.host, self.requested_port, self.what)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self.app,

@@ -7,7 +7,7 @@ length-prefixed framing.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -139,7 +139,8 @@ def _non_negative(value: object, key: str, region: str, where: str) -> int:
     return value
 
 
-def _mixed_contents(name: str, model: str) -> str:
+def mixed_contents(name: str, model: str) -> str:
+    """Triton's words for typed contents given beside raw_input_contents (its example clients match them)."""
     return (f"contents field must not be specified when using raw_input_contents for '{name}' for model "
             f"'{model}'; send every input as raw_input_contents, or every one in its contents")
 
@@ -158,7 +159,7 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
     if raw:  # before the count: a client mixing the two is told so (Triton's words, clients match them)
         mixed = next((t.name for t in msg.inputs if t.HasField("contents") and t.name not in in_shm), None)
         if mixed is not None:
-            raise InvalidArgument(_mixed_contents(mixed, model))
+            raise InvalidArgument(mixed_contents(mixed, model))
     if raw and len(raw) != len(msg.inputs) - len(in_shm):
         raise InvalidArgument(
             f"model '{model}': {len(raw)} raw_input_contents for {len(msg.inputs) - len(in_shm)} inputs"
@@ -169,12 +170,7 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
     ri = 0
     for t in msg.inputs:
         where = f"input '{t.name}' for model '{model}'"
-        dtype = BY_NAME.get(t.datatype)
-        if dtype is None:
-            raise InvalidArgument(f"{where}: {datatype_problem(t.datatype)}")
-        shape = tuple(t.shape)
-        if any(d < 0 for d in shape):
-            raise InvalidArgument(f"{where}: shape {list(shape)} has a negative dimension")
+        dtype, shape = tensor_type(t.datatype, t.shape, where)
         if t.name in inputs:
             raise InvalidArgument(f"{where}: the input is given twice")
         if in_shm and t.name in in_shm:
@@ -211,6 +207,17 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
             requested.append(r)
         request.requested_outputs = requested
     return request
+
+
+def tensor_type(datatype: str, shape: Any, where: str) -> tuple[DataType, tuple[int, ...]]:
+    """A tensor's wire data type and shape, checked: a known type, no negative dimension."""
+    dtype = BY_NAME.get(datatype)
+    if dtype is None:
+        raise InvalidArgument(f"{where}: {datatype_problem(datatype)}")
+    dims = tuple(shape)
+    if any(d < 0 for d in dims):
+        raise InvalidArgument(f"{where}: shape {list(dims)} has a negative dimension")
+    return dtype, dims
 
 
 def int_param(model: str, params: dict[str, object], key: str) -> int:

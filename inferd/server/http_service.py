@@ -176,6 +176,11 @@ class HttpFrontend:
         route("/v2/cudasharedmemory/region/{region}/register", self.cuda_register, "POST")
         route("/v2/cudasharedmemory/region/{region}/unregister", self.cuda_unregister, "POST")
         route("/v2/cudasharedmemory/unregister", self.cuda_unregister, "POST")
+        route("/v2/batches", self.batch_submit, "POST")
+        route("/v2/batches", self.batch_list)
+        route("/v2/batches/{job}", self.batch_status)
+        route("/v2/batches/{job}/results", self.batch_results)
+        route("/v2/batches/{job}/cancel", self.batch_cancel, "POST")
         for method in ("GET", "POST"):
             route("/v2/trace/setting", self.trace_setting, method)
             route("/v2/models/{model}/trace/setting", self.trace_setting, method)
@@ -335,6 +340,36 @@ class HttpFrontend:
         if request.method == "POST":
             changes = await _json_body(request, "log setting request")
         return json_response(await self.dp.log_settings(changes or None))
+
+    # -- batch jobs ----------------------------------------------------------------
+
+    async def batch_submit(self, request: Request) -> Response:
+        """``POST /v2/batches?model=NAME[&model_version=N]``, the body a JSONL file of requests."""
+        model = request.query_params.get("model", "")
+        if not model:
+            raise InvalidArgument("batch submission: name the model with the query parameter 'model' "
+                                  "(POST /v2/batches?model=NAME)")
+        version = parse_version(model, request.query_params.get("model_version", ""))
+        body = await request.body()
+        encoding = request.headers.get("content-encoding")
+        if encoding:
+            body = _decompress(body, encoding)
+        return json_response(await self.dp.batch_submit(body, model, version))
+
+    async def batch_list(self, request: Request) -> Response:
+        return json_response({"batches": await self.dp.batch_list()})
+
+    async def batch_status(self, request: Request) -> Response:
+        return json_response(await self.dp.batch_status(request.path_params["job"]))
+
+    async def batch_cancel(self, request: Request) -> Response:
+        return json_response(await self.dp.batch_cancel(request.path_params["job"]))
+
+    async def batch_results(self, request: Request) -> Response:
+        """``?format=jsonl`` (the default: one result per line) or ``npz`` (the output tensors)."""
+        fmt = request.query_params.get("format", "jsonl")
+        data = await self.dp.batch_results(request.path_params["job"], fmt)
+        return Response(data, media_type="application/x-npz" if fmt == "npz" else "application/jsonl")
 
     # -- inference -----------------------------------------------------------------
 

@@ -1,0 +1,143 @@
+"""The control channel between a frontend worker and the core: one unix socket pair.
+
+Messages are msgpack arrays (plain lists of str/int/float/bool/bytes/None and
+dicts of those: no pickling, no Python objects, no tensor bytes) written back
+to back on a stream socket; msgpack's streaming unpacker finds the message
+boundaries itself, so there is no framing of our own to get wrong. Sending
+only appends to a buffer: the buffer is written once per event-loop turn, so
+the requests a busy frontend decodes in one turn (and the responses the core
+finishes in one) cost one ``send`` and one wake-up of the peer between them.
+
+The channel is an asyncio Protocol, not a stream: bytes go from the loop's
+socket read straight to the unpacker and each message to ``on_message``, with
+no task or future per message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any, Callable
+
+import msgpack
+
+log = logging.getLogger(__name__)
+
+SOCKET_BUFFER = 4 << 20  # a turn's batch of messages fits: the writer rarely waits for the reader
+MAX_MESSAGE = 64 << 20  # a control message this large is a bug (tensors never travel here)
+
+
+def socket_pair() -> tuple[socket.socket, socket.socket]:
+    """(core's end, worker's end). The worker's end is inheritable, for ``pass_fds``."""
+    core, worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    for s in (core, worker):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
+    worker.set_inheritable(True)
+    return core, worker
+
+
+class Channel(asyncio.Protocol):
+    """One end of the control channel.
+
+    ``on_message(msg)`` is called on the loop for every message, in order;
+    it must not block. ``closed`` resolves (with None) when the peer goes
+    away or the channel is closed; messages sent after that are dropped.
+    """
+
+    def __init__(self, on_message: Callable[[list[Any]], None], name: str = "channel") -> None:
+        self.name = name
+        self.on_message = on_message
+        self._packer = msgpack.Packer(autoreset=False, use_bin_type=True)
+        self._unpacker = msgpack.Unpacker(raw=False, use_list=True, max_buffer_size=MAX_MESSAGE,
+                                          strict_map_key=False)
+        self._transport: asyncio.Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._flush_pending = False
+        self._before_flush: list[Callable[[], None]] = []
+        self.closed: asyncio.Future[None] | None = None
+        self.sent = 0  # messages, for tests and benchmarks
+        self.writes = 0  # socket writes: sent / writes is the batching achieved
+        self.received = 0
+
+    @classmethod
+    async def open(cls, sock: socket.socket, on_message: Callable[[list[Any]], None],
+                   name: str = "channel") -> "Channel":
+        loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        _, channel = await loop.connect_accepted_socket(lambda: cls(on_message, name), sock)
+        return channel
+
+    # -- asyncio.Protocol -----------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        self._loop = asyncio.get_running_loop()
+        self.closed = self._loop.create_future()
+
+    def data_received(self, data: bytes) -> None:
+        unpacker = self._unpacker
+        unpacker.feed(data)
+        handle = self.on_message
+        for msg in unpacker:
+            self.received += 1
+            try:
+                handle(msg)
+            except Exception:  # one bad message must not stop the channel
+                log.exception("%s: failed to handle a control message (kind %r)", self.name,
+                              msg[0] if isinstance(msg, list) and msg else msg)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        if self.closed is not None and not self.closed.done():
+            self.closed.set_result(None)
+
+    def eof_received(self) -> bool:
+        return False  # close our end too
+
+    # -- sending --------------------------------------------------------------------
+
+    def send(self, msg: list[Any]) -> None:
+        """Queue ``msg``; it is written with everything else sent in this loop turn."""
+        if self._transport is None:
+            return
+        self._packer.pack(msg)
+        self.sent += 1
+        if not self._flush_pending:
+            self._flush_pending = True
+            self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+
+    def before_flush(self, hook: Callable[[], None]) -> None:
+        """``hook()`` runs just before each write, to add what it has gathered (e.g. one FREE
+        message for every block freed in the turn)."""
+        self._before_flush.append(hook)
+
+    def wake(self) -> None:
+        """Make sure a write happens this turn (a before-flush hook has something to send)."""
+        if not self._flush_pending and self._transport is not None:
+            self._flush_pending = True
+            self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+
+    def _flush(self) -> None:
+        for hook in self._before_flush:  # while _flush_pending holds, their sends join this write
+            hook()
+        self._flush_pending = False
+        packer = self._packer
+        data = packer.bytes()
+        if not data:
+            return
+        packer.reset()
+        transport = self._transport
+        if transport is not None:
+            transport.write(data)
+            self.writes += 1
+
+    def flush_now(self) -> None:
+        """Write what is queued at once (before a process exits)."""
+        self._flush()
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._flush()
+            self._transport.close()

@@ -1,0 +1,150 @@
+"""The core's endpoint for one frontend worker: INFER in, RESPONSE out, calls answered.
+
+Every request a frontend sends gets exactly one final message back (RESPONSE or
+ERROR with ``final`` set, or FINAL after a decoupled model's last response),
+whatever happens to it: that message is what frees the request's input block in
+the frontend, so the core never sends it while it may still read the inputs.
+A CANCEL (the client went away) cancels the request's task: a queued request is
+dropped before it costs compute, and the final message still follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+from typing import Any, Callable
+
+from inferd.errors import InferdError
+from inferd.handoff import wire
+from inferd.handoff.core_codec import request_from, response_message
+from inferd.handoff.supervisor import Link
+from inferd.model import DECOUPLED_UNARY
+from inferd.server.http_service import DECOUPLED_HTTP
+
+log = logging.getLogger(__name__)
+CANCELLED = "the request was cancelled"  # the final answer to a CANCEL: the worker's client has gone
+
+
+def error_kind(exc: BaseException) -> tuple[str, str]:
+    if isinstance(exc, InferdError):
+        return type(exc).__name__, exc.message
+    return "ModelExecutionError", f"internal error: {type(exc).__name__}: {exc}"
+
+
+class CoreEndpoint:
+    """Serves one worker's messages against the data plane (on the core's loop)."""
+
+    def __init__(self, link: Link, dataplane: Any, calls: Callable[[str, tuple, dict], Any]) -> None:
+        self.link = link
+        self.dp = dataplane
+        self.calls = calls  # (method, args, kwargs) -> result or awaitable: the control plane
+        self.channel = link.channel
+        self.inputs = link.inputs
+        self.outputs = link.outputs
+        self.tasks: dict[int, asyncio.Task] = {}
+        self._loop = asyncio.get_running_loop()
+        self._gone = False
+
+    # -- Endpoint -------------------------------------------------------------------
+
+    def on_message(self, msg: list[Any]) -> None:
+        kind = msg[0]
+        if kind == wire.INFER:
+            self._infer(msg)
+        elif kind == wire.FREE:
+            free = self.outputs.free
+            for block in msg[1]:
+                free(block)
+        elif kind == wire.CANCEL:
+            task = self.tasks.get(msg[1])
+            if task is not None:
+                task.cancel()
+        elif kind == wire.CALL:
+            self._loop.create_task(self._call(msg[1], msg[2], msg[3]))
+        else:
+            log.warning("frontend %d sent an unknown message kind %r", self.link.index, kind)
+
+    def lost(self) -> None:
+        """The worker died: its requests are dropped (queued ones never run)."""
+        self._gone = True
+        for task in list(self.tasks.values()):
+            task.cancel()
+
+    # -- inference ------------------------------------------------------------------
+
+    def _infer(self, msg: list[Any]) -> None:
+        rid = msg[wire.I_RID]
+        try:
+            request = request_from(msg, self.inputs)
+        except Exception as exc:
+            self.channel.send([wire.ERROR, rid, True, *error_kind(exc)])
+            return
+        flags = msg[wire.I_FLAGS]
+        if flags & wire.STREAM:
+            coro = self._stream(rid, request)
+        else:
+            trace = msg[wire.I_TRACE]
+            coro = self._unary(rid, request, DECOUPLED_HTTP if flags & wire.HTTP else DECOUPLED_UNARY,
+                               None if trace is None else lambda: trace)
+        self.tasks[rid] = self._loop.create_task(coro)
+
+    async def _unary(self, rid: int, request: Any, decoupled_error: str, carrier: Any) -> None:
+        try:
+            response = await self.dp.infer(request, decoupled_error, carrier)
+            message = response_message(rid, True, response, request.requested_outputs, self.outputs)
+        except asyncio.CancelledError:
+            request.cancelled = True
+            message = [wire.ERROR, rid, True, "Cancelled", CANCELLED]
+        except Exception as exc:
+            message = [wire.ERROR, rid, True, *error_kind(exc)]
+        finally:
+            del self.tasks[rid]
+        self._send(message)
+
+    async def _stream(self, rid: int, request: Any) -> None:
+        ended = False
+        try:
+            async for item in self.dp.infer_stream(request):
+                if item.error is not None:
+                    self._send([wire.ERROR, rid, item.final, *error_kind(item.error)])
+                elif item.response is not None:
+                    self._send(response_message(rid, item.final, item.response, request.requested_outputs,
+                                                self.outputs))
+                elif item.final:
+                    self._send([wire.FINAL, rid])
+                if item.final:
+                    ended = True
+                    break
+        except asyncio.CancelledError:
+            request.cancelled = True
+        except Exception as exc:
+            self._send([wire.ERROR, rid, True, *error_kind(exc)])
+            ended = True
+        finally:
+            del self.tasks[rid]
+        if not ended:
+            self._send([wire.ERROR, rid, True, "Cancelled", CANCELLED])
+
+    def _send(self, message: list[Any]) -> None:
+        if self._gone:
+            if message[0] == wire.RESPONSE and message[wire.R_BLOCK] != wire.NO_BLOCK:
+                self.outputs.free(message[wire.R_BLOCK])
+            return
+        self.channel.send(message)
+
+    # -- the control plane ------------------------------------------------------------
+
+    async def _call(self, cid: int, method: str, payload: bytes) -> None:
+        try:
+            args, kwargs = pickle.loads(payload)
+            result = self.calls(method, args, kwargs)
+            if asyncio.iscoroutine(result):
+                result = await result
+            reply = [wire.REPLY, cid, True, pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)]
+        except Exception as exc:
+            if not isinstance(exc, InferdError):
+                log.exception("frontend %d: call %s failed", self.link.index, method)
+            reply = [wire.REPLY, cid, False, list(error_kind(exc))]
+        if not self._gone:
+            self.channel.send(reply)

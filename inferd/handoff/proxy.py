@@ -1,0 +1,216 @@
+"""The data plane as a frontend worker sees it: :class:`DataPlaneAPI` over the hand-off.
+
+The worker runs the single-process frontends' own code (the gRPC servicer, the
+HTTP app, gRPC health) over :class:`RemoteDataPlane`, so every RPC and route
+behaves as in one process. Control-plane methods are calls answered by the core's
+data plane (arguments and results pickled: plain data, between our own two
+processes, never per inference). :meth:`RemoteDataPlane.infer` and
+:meth:`~RemoteDataPlane.infer_stream` send the request's tensors through the
+input arena and read the answers' from the output arena. (The gRPC ModelInfer
+path skips even the numpy decoding: :mod:`inferd.handoff.grpc_worker`.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Mapping
+
+import numpy as np
+
+from inferd.dataplane.api import ModelMetadata, ServerMetadata, TraceCarrier
+from inferd.dataplane.cuda_shared_memory import CudaRegionStatus
+from inferd.dataplane.shared_memory import RegionStatus
+from inferd.dtypes import BY_NAME, decode_bytes, encode_bytes
+from inferd.errors import InferdError
+from inferd.handoff import wire
+from inferd.handoff.core_codec import datatype_of
+from inferd.handoff.link import WorkerLink
+from inferd.handoff.pending import error_from
+from inferd.model import DECOUPLED_UNARY
+from inferd.observability.stats import ModelStatistics
+from inferd.repository import IndexEntry
+from inferd.streaming import StreamResponse
+from inferd.types import InferenceRequest, InferenceResponse, SharedTensor
+
+# The façade's control-plane methods, answered by the core's DataPlane (its CALL whitelist).
+CALLS = frozenset({
+    "server_live", "server_ready", "model_ready", "server_metadata", "model_metadata", "model_config",
+    "model_statistics", "repository_index", "load_model", "unload_model", "shm_register", "shm_status",
+    "shm_unregister", "cuda_shm_register", "cuda_shm_status", "cuda_shm_unregister", "trace_settings",
+    "log_settings", "batch_submit", "batch_list", "batch_status", "batch_cancel", "batch_results",
+})
+
+
+class RemoteDataPlane:
+    def __init__(self, link: WorkerLink) -> None:
+        self.link = link
+
+    # -- the control plane: the core answers ----------------------------------------------
+
+    async def server_live(self) -> bool:
+        return await self.link.call("server_live")
+
+    async def server_ready(self) -> bool:
+        if self.link.draining:  # this worker takes no more requests, whatever the core says yet
+            return False
+        return await self.link.call("server_ready")
+
+    async def model_ready(self, name: str, version: int = 0) -> bool:
+        if self.link.draining:
+            return False
+        return await self.link.call("model_ready", name, version)
+
+    async def server_metadata(self) -> ServerMetadata:
+        return await self.link.call("server_metadata")
+
+    async def model_metadata(self, name: str, version: int = 0) -> ModelMetadata:
+        return await self.link.call("model_metadata", name, version)
+
+    async def model_config(self, name: str, version: int = 0) -> Any:
+        return await self.link.call("model_config", name, version)
+
+    async def model_statistics(self, name: str = "", version: int = 0) -> list[ModelStatistics]:
+        return await self.link.call("model_statistics", name, version)
+
+    async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
+        return await self.link.call("repository_index", ready_only)
+
+    async def load_model(self, name: str, parameters: Mapping[str, object] | None = None,
+                         repository: str = "") -> None:
+        await self.link.call("load_model", name, dict(parameters or {}), repository)
+
+    async def unload_model(self, name: str, parameters: Mapping[str, object] | None = None,
+                           repository: str = "") -> None:
+        await self.link.call("unload_model", name, dict(parameters or {}), repository)
+
+    async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        await self.link.call("shm_register", name, key, offset, byte_size)
+
+    async def shm_status(self, name: str = "") -> list[RegionStatus]:
+        return await self.link.call("shm_status", name)
+
+    async def shm_unregister(self, name: str = "") -> None:
+        await self.link.call("shm_unregister", name)
+
+    async def cuda_shm_register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        await self.link.call("cuda_shm_register", name, raw_handle, device_id, byte_size)
+
+    async def cuda_shm_status(self, name: str = "") -> list[CudaRegionStatus]:
+        return await self.link.call("cuda_shm_status", name)
+
+    async def cuda_shm_unregister(self, name: str = "") -> None:
+        await self.link.call("cuda_shm_unregister", name)
+
+    async def trace_settings(self, model: str = "",
+                             changes: Mapping[str, list[str]] | None = None) -> dict[str, list[str]]:
+        return await self.link.call("trace_settings", model, dict(changes) if changes else None)
+
+    async def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        return await self.link.call("log_settings", dict(changes) if changes else None)
+
+    # Batch jobs run in the core (their state on its disk); a JSONL file travels once, as bytes.
+    async def batch_submit(self, data: bytes, model: str, version: int = 0) -> dict[str, Any]:
+        return await self.link.call("batch_submit", data, model, version)
+
+    async def batch_list(self) -> list[dict[str, Any]]:
+        return await self.link.call("batch_list")
+
+    async def batch_status(self, job_id: str) -> dict[str, Any]:
+        return await self.link.call("batch_status", job_id)
+
+    async def batch_cancel(self, job_id: str) -> dict[str, Any]:
+        return await self.link.call("batch_cancel", job_id)
+
+    async def batch_results(self, job_id: str, fmt: str = "jsonl") -> bytes:
+        return await self.link.call("batch_results", job_id, fmt)
+
+    # -- inference: tensors through the arenas ---------------------------------------------
+
+    def _send(self, request: InferenceRequest, flags: int,
+              trace_carrier: TraceCarrier | None) -> tuple[int, int, list[Any]]:
+        link = self.link
+        link.refuse_if_draining()
+        tensors, parts = [], []
+        for name, array in request.inputs.items():
+            if isinstance(array, SharedTensor):
+                ref = array.ref
+                tensors.append([name, array.datatype.name, list(array.shape), wire.NOT_IN_ARENA, 0,
+                                {"shared_memory_region": ref.region, "shared_memory_offset": ref.offset,
+                                 "shared_memory_byte_size": ref.byte_size}])
+                continue
+            datatype = datatype_of(array)
+            data = encode_bytes(array) if datatype == "BYTES" else np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            tensors.append([name, datatype, list(array.shape), None, len(data), None])
+            parts.append(data)
+        block = wire.NO_BLOCK
+        if parts:
+            block, offsets = link.inputs.put(parts)
+            at = iter(offsets)
+            for t in tensors:
+                if t[wire.T_OFFSET] is None:
+                    t[wire.T_OFFSET] = next(at)
+        outputs = None
+        if request.requested_outputs is not None:
+            outputs = [[r.name, r.parameters or None] for r in request.requested_outputs]
+        trace = dict(trace_carrier()) if link.tracing and trace_carrier is not None else None
+        rid = link.pending.next_rid()
+        message = [wire.INFER, rid, request.model_name, str(request.model_version or ""), request.id,
+                   request.parameters or None, tensors, outputs, flags, request.deadline, trace]
+        return rid, block, message
+
+    def _response(self, reply: list[Any]) -> InferenceResponse:
+        """An InferenceResponse that owns its arrays (copied out), the output block released."""
+        outputs = self.link.outputs
+        arrays: dict[str, np.ndarray] = {}
+        for name, datatype, shape, offset, nbytes in reply[wire.R_OUTPUTS]:
+            dtype = BY_NAME[datatype]
+            count = int(np.prod(shape)) if shape else 1
+            if offset == wire.NOT_IN_ARENA:  # written to the client's region: shape and type only
+                arrays[name] = np.empty(shape, dtype=dtype.numpy if dtype.numpy is not None else np.object_)
+            elif datatype == "BYTES" or dtype.numpy is None:
+                arrays[name] = decode_bytes(outputs.read(offset, nbytes), count, name).reshape(shape)
+            else:
+                arrays[name] = outputs.array(dtype.numpy, offset, count).reshape(shape).copy()
+        self.link.pending.release(reply[wire.R_BLOCK])
+        return InferenceResponse(model_name=reply[wire.R_MODEL], model_version=reply[wire.R_VERSION],
+                                 outputs=arrays, id=reply[wire.R_ID], parameters=reply[wire.R_PARAMS] or {})
+
+    async def infer(self, request: InferenceRequest, decoupled_error: str = DECOUPLED_UNARY,
+                    trace_carrier: TraceCarrier | None = None) -> InferenceResponse:
+        flags = 0 if decoupled_error == DECOUPLED_UNARY else wire.HTTP
+        rid, block, message = self._send(request, flags, trace_carrier)
+        pending = self.link.pending
+        fut = pending.unary(rid, message, block)
+        try:
+            reply = await fut
+        except asyncio.CancelledError:
+            pending.cancel(rid)
+            raise
+        return self._response(reply)
+
+    async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
+        try:
+            rid, block, message = self._send(request, wire.STREAM, None)
+            stream = self.link.pending.stream(rid, message, block)
+        except InferdError as exc:
+            yield StreamResponse(error=exc, final=True)
+            return
+        done = False
+        try:
+            while not done:
+                item = await stream.queue.get()
+                if isinstance(item, InferdError):  # the core went away
+                    done = True
+                    yield StreamResponse(error=item, final=True)
+                    return
+                kind = item[0]
+                done = kind == wire.FINAL or item[2]
+                if kind == wire.RESPONSE:
+                    yield StreamResponse(response=self._response(item), final=done)
+                elif kind == wire.ERROR:
+                    yield StreamResponse(error=error_from(item[3], item[4]), final=done)
+                else:
+                    yield StreamResponse(final=True)
+        finally:
+            if not done:
+                self.link.pending.cancel(rid)

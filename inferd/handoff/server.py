@@ -1,0 +1,98 @@
+"""``inferd serve --frontend-workers N``: this process is the core, N workers own the wire.
+
+The core loads the models, runs the data plane, schedulers, ensembles, sequences
+and Python models exactly as one process does, serves ``/metrics`` (the one
+copy of every statistic), and reserves the gRPC and HTTP ports; the workers
+(:mod:`inferd.handoff.worker`) serve those ports with SO_REUSEPORT and call the
+core's data plane through their proxies. Start-up: metrics port, port
+reservations, workers (live, not ready), then the models. Stop (SIGTERM/SIGINT):
+every worker drains first (readiness false, new requests refused, the accepted
+ones answered by the core, ports closed, exit); then the core stops as the
+one-process server does, with nothing left in flight from outside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any
+
+from inferd.handoff import ports, wire
+from inferd.handoff.endpoint import CoreEndpoint
+from inferd.handoff.proxy import CALLS
+from inferd.handoff.supervisor import Link, Supervisor
+from inferd.server.app import InferenceServer, ServerOptions
+
+log = logging.getLogger("inferd")
+
+
+class MultiProcessServer(InferenceServer):
+    def __init__(self, options: ServerOptions, workers: int) -> None:
+        super().__init__(options)
+        self.workers = workers
+        self.supervisor: Supervisor | None = None
+        self._reserved: list[socket.socket] = []
+        self._http_port = 0
+        self._tracing_sent: bool | None = None
+
+    @property
+    def http_port(self) -> int:  # type: ignore[override]
+        return self._http_port
+
+    async def _open_ports(self) -> None:
+        o = self.options
+        if o.allow_metrics:
+            await self._start_metrics()
+        if o.allow_grpc:
+            sock = ports.reserve(o.address, o.grpc_port, "gRPC")
+            self._reserved.append(sock)
+            self.grpc_port = sock.getsockname()[1]
+        if o.allow_http:
+            sock = ports.reserve(self.http_address, o.http_port, "HTTP")
+            self._reserved.append(sock)
+            self._http_port = sock.getsockname()[1]
+        self.supervisor = Supervisor(self.workers, self._worker_config, self._endpoint)
+        await self.supervisor.start()
+        log.info("%d frontend workers serving%s%s", self.workers,
+                 f" gRPC on {o.address}:{self.grpc_port}" if o.allow_grpc else "",
+                 f" HTTP on {self.http_address}:{self.http_port}" if o.allow_http else "")
+
+    def _worker_config(self, index: int) -> dict[str, Any]:
+        o = self.options
+        self._tracing_sent = self.dataplane.tracing.enabled
+        return {
+            "index": index,
+            "grpc": {"address": o.address, "port": self.grpc_port, "max_message_bytes": o.max_message_bytes,
+                     "options": [list(kv) for kv in o.grpc_options]} if o.allow_grpc else None,
+            "http": {"address": self.http_address, "port": self.http_port} if o.allow_http else None,
+            "state": {"tracing": self._tracing_sent},
+            "grace": o.grace_seconds,  # a worker's own SIGTERM drains with the server's grace
+            "log_level": logging.getLogger().level,
+        }
+
+    def _endpoint(self, link: Link) -> CoreEndpoint:
+        return CoreEndpoint(link, self.dataplane, self._call)
+
+    async def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
+        """A worker's proxy calling the data plane's façade."""
+        if method not in CALLS:
+            raise ValueError(f"'{method}' is not a data plane call")
+        result = await getattr(self.dataplane, method)(*args, **kwargs)
+        if self.dataplane.tracing.enabled != self._tracing_sent:  # a trace setting turned it on or off
+            self._tracing_sent = self.dataplane.tracing.enabled
+            for link in self.supervisor.links.values() if self.supervisor else ():
+                link.channel.send([wire.STATE, {"tracing": self._tracing_sent}])
+        return result
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain every worker (each answers what it accepted), then stop the core; the whole
+        stop waits for requests ``grace`` seconds (the options' by default) in all."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.options.grace_seconds if grace is None else grace)
+        if self.supervisor is not None:
+            await self.supervisor.stop(max(deadline - loop.time(), 0.0))
+        for sock in self._reserved:
+            sock.close()
+        self._reserved.clear()
+        await super().stop(max(deadline - loop.time(), 0.0))

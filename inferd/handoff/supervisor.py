@@ -1,0 +1,289 @@
+"""The core's side of its frontend workers: spawn, watch, restart, drain.
+
+Who spawns whom: the core process (``inferd serve``) loads the models and
+spawns N frontend workers, ``python -m inferd.handoff.worker --index K``, each
+with its own control socket and pair of arenas (fds inherited at spawn, nothing
+else: ``close_fds``). The workers stay in the core's process group, so a signal
+to the group reaches every process and nothing outlives a ``kill -- -PGID``.
+
+A worker first receives ``CONFIG`` (what to serve, where its arenas are), binds
+the reserved ports and answers ``HELLO``; :meth:`Supervisor.start` returns once
+every worker has. A worker that dies (its pidfd becomes readable, or its channel
+closes) is *lost*: the core's endpoint for it fails what it had in flight, and
+the slot is started again (when: :mod:`inferd.handoff.restart`) with fresh
+arenas, so nothing a dead worker wrote can be read again.
+:meth:`Supervisor.stop` sends ``DRAIN`` to every worker: each stops taking
+requests, answers those it accepted, closes its ports and exits; one still
+running after the grace is killed. Every worker is reaped before stop returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from inferd.clock import Clock, MonotonicClock
+from inferd.handoff import wire
+from inferd.handoff.arena import Arena, ArenaWriter
+from inferd.handoff.channel import Channel, socket_pair
+from inferd.handoff.restart import RestartPolicy, RestartState
+
+log = logging.getLogger(__name__)
+
+WORKER_MODULE = "inferd.handoff.worker"
+ARENA_BYTES = 1 << 32  # virtual: sparse memfds cost only the pages in flight
+KILL_WAIT = 5.0  # a worker whose channel closed but that still runs is killed after this
+EXIT_MARGIN = 1.0  # past the drain's grace, how long stop waits for a worker to exit before killing it
+
+
+class Endpoint(Protocol):
+    """What the core runs for one live worker (the request hand-off proper)."""
+
+    def on_message(self, msg: list[Any]) -> None:
+        """Every message from the worker but HELLO, in order, on the loop."""
+
+    def lost(self) -> None:
+        """The worker is gone: answer nothing more to it, drop its requests."""
+
+
+class WorkerFailed(Exception):
+    """A worker could not be started (it exited, or never said HELLO in time)."""
+
+
+def worker_command(index: int, channel_fd: int) -> list[str]:
+    return [sys.executable, "-m", WORKER_MODULE, "--index", str(index), "--channel-fd", str(channel_fd),
+            "--parent", str(os.getpid())]
+
+
+@dataclass(eq=False)
+class Link:
+    """One running worker as the core sees it."""
+
+    index: int
+    process: subprocess.Popen
+    channel: Channel
+    inputs: Arena  # the worker writes, the core reads
+    outputs: ArenaWriter  # the core writes, the worker reads
+    started: float
+    hello: asyncio.Future = field(repr=False)
+    gone: asyncio.Future = field(repr=False)  # resolves with the exit status
+    endpoint: Endpoint | None = None
+    closed: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def close(self) -> None:
+        self.channel.close()
+        self.inputs.close()
+        self.outputs.arena.close()
+
+
+class Supervisor:
+    """``count`` frontend workers, kept running until :meth:`stop`."""
+
+    def __init__(self, count: int, config: Callable[[int], dict], endpoint: Callable[[Link], Endpoint],
+                 *, command: Callable[[int, int], list[str]] = worker_command, clock: Clock | None = None,
+                 policy: RestartPolicy | None = None, arena_bytes: int = ARENA_BYTES,
+                 start_timeout: float = 120.0) -> None:
+        if count < 1:
+            raise ValueError(f"frontend workers: need at least 1, got {count}")
+        self.count = count
+        self.config = config
+        self.make_endpoint = endpoint
+        self.command = command
+        self.clock = clock or MonotonicClock()
+        self.policy = policy or RestartPolicy()
+        self.arena_bytes = arena_bytes
+        self.start_timeout = start_timeout
+        self.links: dict[int, Link] = {}
+        self.restarts = 0
+        self._stopping = False
+        self._slots: list[asyncio.Task] = []
+        self._waits: set[asyncio.Future] = set()
+
+    def pids(self) -> list[int]:
+        return [link.pid for link in self.links.values()]
+
+    # -- start ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Spawn every worker and return once all serve; raises WorkerFailed (none left running)."""
+        results = await asyncio.gather(*(self._spawn(i) for i in range(self.count)), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            await self.stop(0.0)
+            raise failures[0]
+        for link in results:
+            assert isinstance(link, Link)
+            self._slots.append(asyncio.get_running_loop().create_task(self._watch(link), name=f"frontend {link.index}"))
+
+    async def _spawn(self, index: int) -> Link:
+        loop = asyncio.get_running_loop()
+        core_end, worker_end = socket_pair()
+        inputs = Arena.create(self.arena_bytes, f"inferd-frontend-{index}-inputs")
+        outputs = Arena.create(self.arena_bytes, f"inferd-frontend-{index}-outputs")
+        try:
+            process = subprocess.Popen(self.command(index, worker_end.fileno()),
+                                       pass_fds=(worker_end.fileno(), inputs.fd, outputs.fd))
+        except BaseException:
+            for thing in (core_end, inputs, outputs):
+                thing.close()
+            raise
+        finally:
+            worker_end.close()  # the worker's copy is its own: our closing it lets us see its EOF
+        hello: asyncio.Future = loop.create_future()
+        gone: asyncio.Future = loop.create_future()
+        link_box: list[Link] = []
+
+        def on_message(msg: list[Any]) -> None:
+            if msg[0] == wire.HELLO:
+                if not hello.done():
+                    hello.set_result(msg)
+            elif link_box[0].endpoint is not None:
+                link_box[0].endpoint.on_message(msg)
+
+        channel = await Channel.open(core_end, on_message, f"frontend {index}")
+        link = Link(index, process, channel, inputs, ArenaWriter(outputs), self.clock.now(), hello, gone)
+        link_box.append(link)
+        self.links[index] = link
+        self._watch_exit(link)
+        link.endpoint = self.make_endpoint(link)
+        config = dict(self.config(index), inputs=[inputs.fd, inputs.size], outputs=[outputs.fd, outputs.size])
+        channel.send([wire.CONFIG, config])
+        try:
+            done, _ = await asyncio.wait([hello, gone], timeout=self.start_timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if hello not in done:
+                why = (f"exited with status {gone.result()}" if gone in done
+                       else f"did not start serving within {self.start_timeout:.0f} s")
+                raise WorkerFailed(f"frontend worker {index} (pid {process.pid}) {why}")
+        except BaseException:
+            await self._reap(link, kill=True)
+            raise
+        log.info("frontend %d serving (pid %d)", index, process.pid)
+        return link
+
+    def _watch_exit(self, link: Link) -> None:
+        """Resolve ``link.gone`` when the process exits: its pidfd turns readable (no thread, no
+        polling); the channel closing without an exit gets the process killed after a grace."""
+        loop = asyncio.get_running_loop()
+        pidfd = os.pidfd_open(link.pid)
+
+        def exited() -> None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            status = link.process.wait()
+            if not link.gone.done():
+                link.gone.set_result(status)
+
+        loop.add_reader(pidfd, exited)
+
+        def channel_closed(_: asyncio.Future) -> None:
+            if not link.gone.done():
+                self.clock.call_at(self.clock.now() + KILL_WAIT, lambda: _kill(link))
+
+        link.channel.closed.add_done_callback(channel_closed)  # type: ignore[union-attr]
+
+    # -- watch and restart ------------------------------------------------------------
+
+    async def _watch(self, link: Link) -> None:
+        state = RestartState(self.policy)
+        while True:
+            status = await link.gone
+            died = self.clock.now()
+            self._lost(link)
+            if self._stopping:
+                return
+            log.warning("frontend %d (pid %d) exited with status %s; its in-flight requests failed",
+                        link.index, link.pid, _describe(status))
+            while not self._stopping:
+                await self._sleep_until(state.next_start(link.started, died))
+                if self._stopping:
+                    return
+                try:
+                    link = await self._spawn(link.index)
+                    self.restarts += 1
+                    break
+                except (WorkerFailed, OSError) as exc:
+                    log.error("restarting frontend %d failed: %s", link.index, exc)
+                    died = self.clock.now()
+
+    def _lost(self, link: Link) -> None:
+        if link.closed:
+            return
+        link.closed = True
+        if self.links.get(link.index) is link:
+            del self.links[link.index]
+        if link.endpoint is not None:
+            try:
+                link.endpoint.lost()
+            except Exception:
+                log.exception("frontend %d: failing its requests failed", link.index)
+        link.close()
+
+    async def _sleep_until(self, when: float) -> None:
+        if when <= self.clock.now():
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waits.add(fut)
+        def wake() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        handle = self.clock.call_at(when, wake)
+        try:
+            await fut
+        finally:
+            handle.cancel()
+            self._waits.discard(fut)
+
+    # -- stop -------------------------------------------------------------------------
+
+    async def stop(self, grace: float) -> None:
+        """Drain every worker (each answers what it accepted, then exits); kill what is left after
+        ``grace`` seconds; return once every worker is reaped."""
+        self._stopping = True
+        for fut in self._waits:
+            if not fut.done():
+                fut.set_result(None)
+        links = list(self.links.values())
+        for link in links:
+            link.channel.send([wire.DRAIN, grace])
+        if links:
+            await asyncio.wait([link.gone for link in links], timeout=grace + EXIT_MARGIN)
+        for link in links:
+            await self._reap(link, kill=True)
+        if self._slots:
+            await asyncio.gather(*self._slots, return_exceptions=True)
+        self._slots.clear()
+
+    async def _reap(self, link: Link, kill: bool) -> None:
+        if not link.gone.done() and kill:
+            _kill(link)
+        await link.gone
+        self._lost(link)
+
+
+def _kill(link: Link) -> None:
+    if link.process.returncode is None:
+        try:
+            link.process.send_signal(signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _describe(status: int) -> str:
+    if status < 0:
+        try:
+            return f"{status} ({signal.Signals(-status).name})"
+        except ValueError:
+            return str(status)
+    return str(status)

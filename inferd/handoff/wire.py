@@ -1,0 +1,99 @@
+"""The control messages between a frontend worker and the core.
+
+Every message is a msgpack array whose first item is its kind. Only headers
+travel: tensor data lies in the sender's arena and a tensor is named by its
+place there. Positions, not keys, keep messages small and cheap to build;
+the layouts below are the whole protocol.
+
+Frontend -> core::
+
+    [HELLO, index, pid]                    the worker has bound its ports and serves
+    [INFER, rid, model, version, id, parameters, inputs, outputs, flags, deadline, trace]
+        rid         the frontend's request number, unique among its requests in flight
+        version     the wire's version string ("" for the policy's choice)
+        parameters  the request's parameters as plain values (dict) or None
+        inputs      [[name, datatype, shape, offset, nbytes, parameters], ...]
+                    offset: in the frontend's input arena; NOT_IN_ARENA when the data is
+                    in a client's system shared memory region (named in parameters)
+        outputs     [[name, parameters], ...], or None for every output
+        flags       STREAM: a stream request (decoupled models may answer many times)
+        deadline    absolute CLOCK_MONOTONIC seconds (shared by every process) or None
+        trace       the W3C trace context carrier ({"traceparent": ...}) or None
+    [CANCEL, rid]                          the client went away; the core answers it anyway
+    [FREE, [block, ...]]                   output blocks the frontend is done reading
+    [CALL, cid, method, payload]           a control-plane call (metadata, statistics, a forwarded
+                                           RPC or HTTP route); payload: pickle of (args, kwargs),
+                                           between our own two processes, never per inference
+
+Core -> frontend::
+
+    [CONFIG, options]                      the first message: what the worker serves
+    [RESPONSE, rid, final, model, version, id, outputs, parameters, block]
+        outputs     [[name, datatype, shape, offset, nbytes], ...] in the frontend's output
+                    arena (NOT_IN_ARENA: written to the client's shared memory region)
+        block       the output block to FREE once read (NO_BLOCK when none)
+    [ERROR, rid, final, kind, message]     kind: the name of an inferd.errors class
+    [FINAL, rid]                           a decoupled request ended after its last response
+    [REPLY, cid, ok, value]                value: the pickled result, or [kind, message] when not ok
+    [STATE, {"tracing": bool}]             pushed when it changes
+    [DRAIN, grace_seconds]                 stop taking requests, answer those accepted, close the
+                                           ports and exit
+
+A request's input block is the frontend's until the core's final message for
+it (RESPONSE/ERROR with final set, or FINAL): the core reads the inputs in
+place until then, and never after.
+"""
+
+from __future__ import annotations
+
+# frontend -> core
+HELLO = 0
+INFER = 1
+CANCEL = 2
+FREE = 3
+CALL = 4
+# core -> frontend
+CONFIG = 16
+RESPONSE = 17
+ERROR = 18
+FINAL = 19
+REPLY = 20
+DRAIN = 21
+STATE = 22
+
+NOT_IN_ARENA = -1
+NO_BLOCK = -1
+
+# INFER flags
+STREAM = 1  # a stream request: a decoupled model may answer many times
+HTTP = 2  # from the HTTP frontend (refusals of decoupled models use its words)
+
+# positions in an INFER message
+I_RID, I_MODEL, I_VERSION, I_ID, I_PARAMS, I_INPUTS, I_OUTPUTS, I_FLAGS, I_DEADLINE, I_TRACE = range(1, 11)
+# positions in a tensor entry
+T_NAME, T_DATATYPE, T_SHAPE, T_OFFSET, T_NBYTES, T_PARAMS = range(6)
+# positions in a RESPONSE message
+R_RID, R_FINAL, R_MODEL, R_VERSION, R_ID, R_OUTPUTS, R_PARAMS, R_BLOCK = range(1, 9)
+
+
+def infer(rid: int, model: str, version: str, request_id: str, parameters: dict | None, inputs: list,
+          outputs: list | None, flags: int = 0, deadline: float | None = None,
+          trace: dict | None = None) -> list:
+    return [INFER, rid, model, version, request_id, parameters, inputs, outputs, flags, deadline, trace]
+
+
+def response(rid: int, final: bool, model: str, version: int, request_id: str, outputs: list,
+             parameters: dict | None, block: int) -> list:
+    return [RESPONSE, rid, final, model, version, request_id, outputs, parameters, block]
+
+
+def error(rid: int, final: bool, kind: str, message: str) -> list:
+    return [ERROR, rid, final, kind, message]
+
+
+def call(cid: int, method: str, args: list) -> list:
+    return [CALL, cid, method, args]
+
+
+def reply(cid: int, ok: bool, value: object) -> list:
+    return [REPLY, cid, ok, value]

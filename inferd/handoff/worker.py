@@ -1,0 +1,118 @@
+"""A frontend worker process: ``python -m inferd.handoff.worker --index K --channel-fd FD --parent PID``.
+
+Spawned by the core (:mod:`inferd.handoff.supervisor`), never by hand. It serves
+the reserved gRPC and HTTP ports (SO_REUSEPORT) and hands every request to the
+core. It ends when the core says DRAIN or the worker gets SIGTERM/SIGINT (stop
+taking requests, answer the accepted ones, close the ports, exit 0), or at once
+when the core goes away (channel EOF, or PR_SET_PDEATHSIG's SIGKILL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+import sys
+from typing import Any
+
+log = logging.getLogger("inferd.frontend")
+
+
+async def _start_grpc(link: Any, config: dict[str, Any]) -> tuple[Any, Any]:
+    import grpc
+
+    from inferd.handoff.grpc_worker import WorkerServicer
+    from inferd.server.grpc_service import add_to_server
+    from inferd.server.health import Health, enable_reflection
+
+    size = config["max_message_bytes"]
+    server = grpc.aio.server(options=[
+        ("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size),
+        ("grpc.so_reuseport", 1), *[tuple(kv) for kv in config["options"]]])
+    servicer = WorkerServicer(link)
+    add_to_server(servicer, server)
+    health = Health(servicer.dp)  # readiness asked of the core, as the one-process server asks its own
+    health.add_to_server(server)
+    enable_reflection(server)
+    address = f"{config['address']}:{config['port']}"
+    if server.add_insecure_port(address) != config["port"]:
+        raise SystemExit(f"frontend {link.index}: cannot listen for gRPC on {address}")
+    await server.start()
+    await health.start()
+    return server, health
+
+
+async def serve(index: int, channel_fd: int) -> int:
+    from inferd.handoff import ports
+    from inferd.handoff.link import WorkerLink
+    from inferd.handoff.proxy import RemoteDataPlane
+    from inferd.server.asgi import AsgiServer
+    from inferd.server.http_service import HttpFrontend
+
+    loop = asyncio.get_running_loop()
+    link = await WorkerLink.connect(socket.socket(fileno=channel_fd))
+    config = link.config
+    logging.getLogger().setLevel(config.get("log_level", logging.INFO))
+
+    def drain_on_signal() -> None:
+        if not link.drain_requested.done():
+            link.drain_requested.set_result(-1.0)  # -1: with the server's own grace
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, drain_on_signal)
+    grpc_server = health = http = None
+    if config["grpc"]:
+        grpc_server, health = await _start_grpc(link, config["grpc"])
+    if config["http"]:
+        h = config["http"]
+        app = HttpFrontend(RemoteDataPlane(link)).app()  # type: ignore[arg-type]
+        http = AsgiServer(app, h["address"], h["port"], "HTTP", sock=ports.listen(h["address"], h["port"], "HTTP"))
+        await http.start()
+    link.hello()
+    grace: float | None = await link.drain_requested
+    if grace is None:  # the core went away: nothing can be answered any more
+        log.warning("frontend %d: the core went away; exiting", index)
+        grace = 0.0
+    elif grace < 0:  # our own SIGTERM: drain with the core's grace
+        grace = config.get("grace", 30.0)
+    link.draining = True
+    if health is not None:
+        health.drain()  # NOT_SERVING at once; Watch streams are told
+    deadline = loop.time() + grace
+    try:
+        await asyncio.wait_for(link.pending.idle(), timeout=grace)
+    except asyncio.TimeoutError:
+        log.warning("frontend %d: %d requests still unanswered after %.1f s", index, len(link.pending), grace)
+    if health is not None:
+        health.close()
+    # What is left of the grace (at most a second) lets the last answers and control calls finish;
+    # past it the ports close and what is still running is cut off.
+    left = min(max(deadline - loop.time(), 0.0), 1.0)
+    closing = []
+    if grpc_server is not None:
+        closing.append(grpc_server.stop(left))
+    if http is not None:
+        closing.append(http.stop(left))
+    await asyncio.gather(*closing)
+    link.channel.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inferd.handoff.worker", description=__doc__)
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--channel-fd", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    args = parser.parse_args(argv)
+    from inferd.handoff.lifeline import die_with_parent
+
+    die_with_parent(args.parent)
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s %(levelname)s frontend {args.index} %(name)s: %(message)s")
+    return asyncio.run(serve(args.index, args.channel_fd))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
