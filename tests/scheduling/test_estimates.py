@@ -19,12 +19,18 @@ def closed_loop_of_one(rate: ArrivalRate, n: int = 50, rtt: float = 400 * US) ->
     return t
 
 
+def steady(rate: ArrivalRate, n: int, t: float = 0.0, rows: int = 1, gap: float = 100 * US,
+           queued_before: int = 1) -> float:
+    """``n`` requests of ``rows`` rows, one every ``gap`` seconds from ``t``, each finding others queued."""
+    for _ in range(n):
+        rate.arrived(t, rows, queued_before=queued_before)
+        t += gap
+    return t
+
+
 def test_company_is_learned_from_arrivals_while_requests_are_queued():
     rate = ArrivalRate()
-    t = 0.0
-    for _ in range(200):  # a new row every 100 us, the queue never empty
-        rate.arrived(t, 1, queued_before=3)
-        t += 100 * US
+    t = steady(rate, 200, queued_before=3)  # a new row every 100 us, the queue never empty
     assert rate.rate(t) == pytest.approx(10_000, rel=0.1)
 
 
@@ -36,19 +42,13 @@ def test_a_lone_client_brings_no_company_whatever_its_overall_rate():
 
 def test_rows_count_not_requests():
     rate = ArrivalRate()
-    t = 0.0
-    for _ in range(200):
-        rate.arrived(t, 4, queued_before=1)
-        t += 100 * US
+    t = steady(rate, 200, rows=4)
     assert rate.rate(t) == pytest.approx(40_000, rel=0.1)
 
 
 def test_company_that_stops_coming_is_forgotten():
     rate = ArrivalRate(horizon_s=0.01)
-    t = 0.0
-    for _ in range(100):
-        rate.arrived(t, 1, queued_before=1)
-        t += 100 * US
+    t = steady(rate, 100)
     busy = rate.rate(t)
     # Then requests wait with nobody joining them: 40 ms queued (4 horizons), no arrival.
     for _ in range(80):
@@ -60,24 +60,16 @@ def test_company_that_stops_coming_is_forgotten():
 
 def test_the_rate_falls_while_a_queued_request_waits_alone():
     rate = ArrivalRate()
-    t = 0.0
-    for _ in range(50):
-        rate.arrived(t, 1, queued_before=1)
-        t += 200 * US
+    t = steady(rate, 50, gap=200 * US)
     before = rate.rate(t)
     assert rate.rate(t + 0.002) < before  # queued time passes, no one comes
 
 
 def test_the_rate_is_informed_after_half_a_horizon_of_queued_time():
     rate = ArrivalRate(horizon_s=0.01)
-    t = 0.0
-    for _ in range(40):  # 4 ms queued
-        rate.arrived(t, 1, queued_before=1)
-        t += 100 * US
+    t = steady(rate, 40)  # 4 ms queued
     assert not rate.informed
-    for _ in range(100):  # 10 ms more
-        rate.arrived(t, 1, queued_before=1)
-        t += 100 * US
+    steady(rate, 100, t)  # 10 ms more
     assert rate.informed
 
 
