@@ -271,21 +271,30 @@ def run(quick: bool) -> dict:
     port = bench.free_port()
     server = bench.Proc([sys.executable, "-m", "inferd.cli", "serve", "--model-repository", str(repo),
                          "--grpc-address", "127.0.0.1", "--grpc-port", str(port), "--http-port", "0",
-                         "--metrics-port", "0", "--cache-config", "local,size=32768"], "inferd: ready", "inferd")
+                         "--metrics-port", "0", "--cache-config", "local,size=32768",
+                         # One process: the scheduler is measured, and cpu_seconds reads one process.
+                         "--frontend-workers", "0"], "inferd: ready", "inferd")
     url = f"127.0.0.1:{port}"
     echo, echo_url = bench.start_echo()
     try:
         pid = server.proc.pid
+        load = out["load"] = []  # (part, 1-minute load average as it starts): the machine is shared
+        load.append(("identity", _loadavg()))
         out["measures"] += identity_part(url, pid, echo_url, echo.proc.pid)
         for model in ["mlp_slo", *(f"mlp_fixed_{d}" for d in FIXED_DELAYS)]:
+            load.append((f"ramp {model}", _loadavg()))
             out["ramp"] += inferd_perf_ramp(model, url, pid)
         for model in ("mlp_xl_slo", "mlp_xl"):
+            load.append((f"ramp {model}", _loadavg()))
             out["ramp"] += inferd_perf_ramp(model, url, pid, XL_RAMP)
+        load.append(("mlp_xl c=128", _loadavg()))
         rows, ceilings = xl_part(url, pid, repo)
         out["measures"] += rows
         out["ceilings"].update(ceilings)
+        load.append(("cache", _loadavg()))
         with tempfile.TemporaryDirectory() as tmp:
             out["measures"] += cache_part(url, pid, Path(tmp))
+        load.append(("end", _loadavg()))
     finally:
         server.stop()
         echo.stop()
@@ -295,6 +304,10 @@ def run(quick: bool) -> dict:
 
 
 # -- the figures ---------------------------------------------------------------------------------
+
+
+def _loadavg() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def _median(values: list[float]) -> float:
@@ -357,7 +370,11 @@ def ratios(result: dict) -> dict:
 
 
 def notes(result: dict) -> str:
-    lines = ["Poisson ramp on mlp (inferd perf; throughput of successful requests/s, p99 of them in us, refused):", "",
+    lines = []
+    if result.get("load"):
+        lines += ["Load average (1 minute) as each part started, on the 2 shared cores: "
+                  + ", ".join(f"{part} {avg:.1f}" for part, avg in result["load"]), ""]
+    lines += ["Poisson ramp on mlp (inferd perf; throughput of successful requests/s, p99 of them in us, refused):", "",
              "| rate/s | " + " | ".join(sorted({lv["model"] for lv in result.get("ramp", [])})) + " |"]
     models = sorted({lv["model"] for lv in result.get("ramp", [])})
     lines.append("|---:|" + "---|" * len(models))
