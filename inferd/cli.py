@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any, NoReturn
 
 
 def _flag(text: str) -> bool:
@@ -46,6 +47,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="address to bind metrics to (default: as --http-address)")
     p.add_argument("--grpc-max-message-bytes", type=int, default=2**31 - 1, dest="max_message_bytes",
                    help="largest gRPC message accepted or sent, in bytes")
+    p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024, dest="http_max_input_bytes",
+                   metavar="BYTES", help="largest HTTP request body accepted, also once decompressed (default "
+                                         "64 MiB, as Triton); a larger one is refused with 413")
+    _overload_arguments(p)
+    _security_arguments(p)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0, dest="grace",
                    help="on SIGINT/SIGTERM, seconds to let in-flight requests finish (default 30)")
     p.add_argument("--gil-switch-interval-us", type=int, default=100, metavar="US",
@@ -101,6 +107,56 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                         '"metrics": P}, null for a frontend that is off (for tests and scripts)')
 
 
+def _overload_arguments(p: argparse.ArgumentParser) -> None:
+    from inferd.dataplane.admission import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS
+
+    p.add_argument("--max-queued-requests", type=int, default=DEFAULT_MAX_REQUESTS, metavar="N",
+                   help="requests the server holds at once, over all models (queued or executing); one more is "
+                        f"refused at once with UNAVAILABLE / 503 and the reason (default {DEFAULT_MAX_REQUESTS}; "
+                        "0: no cap). Per model queues: Triton's max_queue_size")
+    p.add_argument("--max-queued-bytes", type=int, default=DEFAULT_MAX_BYTES, metavar="BYTES",
+                   help="input tensor bytes the requests held may add up to, as --max-queued-requests "
+                        f"(default {DEFAULT_MAX_BYTES // 2**20} MiB; 0: no cap)")
+
+
+def _security_arguments(p: argparse.ArgumentParser) -> None:
+    for proto in ("grpc", "http"):
+        name = "gRPC" if proto == "grpc" else "HTTP"
+        p.add_argument(f"--{proto}-use-ssl", type=_flag, default=False, metavar="true|false",
+                       help=f"serve {name} over TLS (needs --{proto}-server-cert and --{proto}-server-key)")
+        p.add_argument(f"--{proto}-use-ssl-mutual", type=_flag, default=False, metavar="true|false",
+                       help=f"serve {name} over mutual TLS: clients must present a certificate signed by "
+                            f"--{proto}-root-cert (implies --{proto}-use-ssl)")
+        p.add_argument(f"--{proto}-server-cert", type=Path, default=None, metavar="PEM",
+                       help=f"{name} TLS: the server's certificate (chain), PEM")
+        p.add_argument(f"--{proto}-server-key", type=Path, default=None, metavar="PEM",
+                       help=f"{name} TLS: the server's private key, PEM")
+        p.add_argument(f"--{proto}-root-cert", type=Path, default=None, metavar="PEM",
+                       help=f"{name} mutual TLS: the CA certificate(s) that sign the clients' certificates, PEM")
+    groups = "health, metadata, inference, shared-memory, model-config, model-repository, statistics, trace, logging"
+    p.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="GROUPS:KEY=VALUE",
+                   help="refuse calls to these endpoint groups (comma-separated) with PERMISSION_DENIED unless "
+                        f"they carry the metadata triton-grpc-protocol-KEY: VALUE (repeatable). Groups: {groups}")
+    p.add_argument("--http-restricted-api", action="append", default=[], metavar="GROUPS:KEY=VALUE",
+                   help="refuse requests to these endpoint groups (comma-separated) with 403 unless they carry "
+                        "the header KEY: VALUE (repeatable); the groups as --grpc-restricted-protocol")
+
+
+def _security_options(args: argparse.Namespace) -> dict[str, Any]:
+    """ServerOptions' TLS and restriction fields from the flags; ValueError saying what does not fit."""
+    from inferd.server.restrictions import GRPC_HEADER_PREFIX, Restrictions
+    from inferd.server.tls import tls_from_flags
+
+    out: dict[str, Any] = {}
+    for proto in ("grpc", "http"):
+        out[f"{proto}_tls"] = tls_from_flags(
+            proto, getattr(args, f"{proto}_use_ssl"), getattr(args, f"{proto}_use_ssl_mutual"),
+            getattr(args, f"{proto}_server_cert"), getattr(args, f"{proto}_server_key"),
+            getattr(args, f"{proto}_root_cert"))
+    out["grpc_restrictions"] = Restrictions.parse(args.grpc_restricted_protocol, "--grpc-restricted-protocol",
+                                                  GRPC_HEADER_PREFIX, protocol="protocol")
+    out["http_restrictions"] = Restrictions.parse(args.http_restricted_api, "--http-restricted-api")
+    return out
 def default_frontend_workers(cores: int | None = None) -> int:
     """Half the cores, at least two, at most 16. A worker spends most of a request's CPU (the
     grpc.aio transport: 2-3x the core's share, perf/RESULTS.md), so the wire gets cores of its own;
@@ -218,6 +274,17 @@ def _serve(args: argparse.Namespace) -> int:
         if not 0 <= port <= 65535:
             print(f"inferd: {name} must be in 0..65535, got {port}", file=sys.stderr)
             return 2
+    for value, name in ((args.max_queued_requests, "--max-queued-requests"),
+                        (args.max_queued_bytes, "--max-queued-bytes"), (args.http_max_input_bytes, "--http-max-input-size")):
+        if value < 0 or (value == 0 and name == "--http-max-input-size"):
+            print(f"inferd: {name} must be {'> 0' if name == '--http-max-input-size' else '>= 0'}, got {value}",
+                  file=sys.stderr)
+            return 2
+    try:
+        security = _security_options(args)
+    except ValueError as exc:
+        print(f"inferd: {exc}", file=sys.stderr)
+        return 2
     workers = default_frontend_workers() if args.frontend_workers is None else args.frontend_workers
     if workers < 0:
         print(f"inferd: --frontend-workers must be >= 0, got {workers}", file=sys.stderr)
@@ -242,6 +309,10 @@ def _serve(args: argparse.Namespace) -> int:
         allow_http=args.allow_http,
         allow_metrics=args.allow_metrics,
         max_message_bytes=args.max_message_bytes,
+        http_max_input_bytes=args.http_max_input_bytes,
+        max_queued_requests=args.max_queued_requests,
+        max_queued_bytes=args.max_queued_bytes,
+        **security,
         grace_seconds=args.grace,
         exit_on_error=args.exit_on_error,
         strict_model_config=args.strict_model_config,
@@ -265,6 +336,8 @@ def _serve(args: argparse.Namespace) -> int:
         else:
             server = InferenceServer(options)
         if args.port_file is not None:
+            # A file left by a run that was killed names ports nobody serves now: gone before start-up.
+            args.port_file.unlink(missing_ok=True)
             original = server.start
 
             async def start_and_record() -> None:
@@ -282,7 +355,20 @@ def _serve(args: argparse.Namespace) -> int:
         if exc.code not in (None, 0):
             print(f"inferd: {exc.code}", file=sys.stderr)
             return 1
-    return 0
+    _exit_now(0)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End a server process that has released everything itself (models, ports, exporters): the
+    interpreter's own teardown (a last full collection over every module, torch's included) took
+    2 to 6 s here after a stop of under one, and a stop must end within its grace period."""
+    import atexit
+    import os
+
+    atexit._run_exitfuncs()  # logging, exporters: what a normal exit would still run
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _check(repositories: list[Path]) -> int:

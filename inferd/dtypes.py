@@ -80,11 +80,41 @@ def from_numpy(dtype: np.dtype) -> DataType:
         raise TypeError(f"numpy dtype {dtype} has no KServe v2 data type") from None
 
 
+# numpy sizes an array in signed 64-bit bytes: the item size times every non-zero dimension (an
+# empty array is still sized by its other dimensions). With 8 bytes the largest item here, the
+# product of the non-zero dimensions may not pass this.
+MAX_ELEMENTS = (2**63 - 1) // 8
+
+
+def element_count(shape: tuple[int, ...] | list[int], where: str) -> int:
+    """How many elements ``shape`` holds; InvalidArgument when numpy could not size such an array
+    (non-zero dimensions that multiply past 2**60, which numpy refuses with an internal error)."""
+    sized = 1
+    empty = False
+    for d in shape:
+        if d == 0:
+            empty = True
+            continue
+        sized *= d
+        if sized > MAX_ELEMENTS:
+            raise InvalidArgument(f"{where}: shape {_short(list(shape))} holds more elements than any tensor can "
+                                  f"(its non-zero dimensions may multiply to {MAX_ELEMENTS} at most)")
+    return 0 if empty else sized
+
+
+def _short(values: list[int]) -> str:
+    text = str(values)
+    return text if len(text) <= 120 else text[:117] + "...]"
+
+
 def decode_bytes(raw: bytes | memoryview, count: int, where: str) -> np.ndarray:
     """Length-prefixed BYTES elements into an object array of ``bytes``."""
-    out = np.empty(count, dtype=np.object_)
     view = memoryview(raw)
     pos, end = 0, len(view)
+    # The elements are read before the array is made: a shape that claims more elements than the
+    # bytes can frame (each takes 4 bytes at least) fails within len(raw) / 4 steps, never allocating
+    # for the claimed count.
+    items: list[bytes] = []
     for i in range(count):
         if pos + 4 > end:
             raise InvalidArgument(f"{where}: BYTES data ends after {i} of {count} elements (malformed framing)")
@@ -94,10 +124,12 @@ def decode_bytes(raw: bytes | memoryview, count: int, where: str) -> np.ndarray:
             raise InvalidArgument(
                 f"{where}: BYTES element {i} claims {length} bytes but only {end - pos} remain (malformed framing)"
             )
-        out[i] = bytes(view[pos:pos + length])
+        items.append(bytes(view[pos:pos + length]))
         pos += length
     if pos != end:
         raise InvalidArgument(f"{where}: {end - pos} bytes left over after {count} BYTES elements (malformed framing)")
+    out = np.empty(count, dtype=np.object_)
+    out[:] = items
     return out
 
 

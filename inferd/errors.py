@@ -66,6 +66,18 @@ class Cancelled(InferdError):
     kind = "CANCELLED"
 
 
+class PermissionDenied(InferdError):
+    """The endpoint is restricted and the request lacks the header that opens it."""
+
+    kind = "PERMISSION_DENIED"
+
+
+class TooLarge(InferdError):
+    """The request is larger than the server accepts (a message or body size limit)."""
+
+    kind = "RESOURCE_EXHAUSTED"
+
+
 class Unimplemented(InferdError):
     """A protocol feature inferd does not provide (the message says which)."""
 

@@ -46,3 +46,20 @@ def add_model(repo: Path, name: str, model: onnx.ModelProto | bytes | None, conf
             (model_dir / str(v)).mkdir(exist_ok=True)
             (model_dir / str(v) / filename).write_bytes(data)
     return model_dir
+
+
+def sleeping_identity(seconds: float) -> str:
+    """A Python model's source: OUTPUT0 = INPUT0 for each request, after sleeping ``seconds`` an execution
+    (a model of known small capacity that leaves the CPU to the server)."""
+    return f'''
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep({seconds!r})
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests]
+'''

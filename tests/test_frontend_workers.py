@@ -247,7 +247,12 @@ def _load(client: grpcclient.InferenceServerClient, stop: threading.Event, resul
             client.infer("simple", _simple(x, x), client_timeout=30)
             results.append("ok")
         except InferenceServerException as exc:
-            results.append(exc.status())
+            # A call made while the channel reconnects fails fast without being sent (gRPC
+            # says so in these words): the server never saw it, so it is not one of the
+            # frontend's in-flight requests. A reconnect that loses the race with the kill
+            # backs off for a second, and a tight loop makes hundreds of those.
+            unsent = "failed to connect to all addresses" in (exc.message() or "")
+            results.append(f"{exc.status()} (not sent)" if unsent else exc.status())
 
 
 def _until(predicate, timeout: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
@@ -282,8 +287,9 @@ def test_a_frontend_killed_under_load_fails_only_its_requests_and_is_restarted(e
             t.join(60)
         assert set(results[survivor]) == {"ok"}, "a request through the other frontend failed"
         failed = [r for r in results[victim] if r != "ok"]
-        assert set(failed) <= {"StatusCode.UNAVAILABLE"}, failed
-        assert len(failed) <= 2  # at most its one request in flight (and a retry racing the restart)
+        assert set(failed) <= {"StatusCode.UNAVAILABLE", "StatusCode.UNAVAILABLE (not sent)"}, failed
+        sent = [r for r in failed if r == "StatusCode.UNAVAILABLE"]
+        assert len(sent) <= 2  # at most its one request in flight (and a retry racing the restart)
         fresh = grpcclient.InferenceServerClient(server.url)
         x = np.arange(16, dtype=np.int32).reshape(1, 16)
         assert (fresh.infer("simple", _simple(x, x)).as_numpy("OUTPUT0") == 2 * x).all()
@@ -351,9 +357,9 @@ def test_sigterm_under_load_answers_every_accepted_request(tmp_path: Path, start
         c.close()
     assert held == ["ok"] * 4, held
     assert code == 0 and not server.left_behind, server.log()
-    # Answered, or refused as not taken (retryable). A request racing the gRPC server's own final
-    # stop is cancelled by grpc before inferd sees it, in one process as here (see the README).
-    assert set(results) <= {"ok", "StatusCode.UNAVAILABLE", "StatusCode.CANCELLED"}, sorted(set(results))
+    # Answered, or refused as not taken (retryable): never CANCELLED, also for the calls that race a
+    # worker's port closing (GrpcPort holds them until none is left unclaimed in gRPC core, issue 16).
+    assert set(results) <= {"ok", "StatusCode.UNAVAILABLE"}, sorted(set(results))
     assert results.count("ok") > 50
 
 

@@ -80,6 +80,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from inferd.backends.base import (
     Backend, BatchResult, ExecutionTimes, InferenceDispatcher, InstanceSpec, ModelInstance, RequestInputs,
+    resident_bytes,
 )
 from inferd.config import ModelConfig, ModelSpec, config_from_dict, message_to_dict
 from inferd.errors import (
@@ -253,6 +254,7 @@ class PythonInstance(ModelInstance):
         t0 = time.perf_counter_ns()
         requests = [self._request(item) for item in inputs]
         t1 = time.perf_counter_ns()
+        rss = resident_bytes()  # the model's own code is measured: what it keeps shows as growth
         _enter(name, self._dispatcher)
         try:
             responses = self._execute(requests)
@@ -263,16 +265,18 @@ class PythonInstance(ModelInstance):
             error = ModelExecutionError(f"model '{name}' failed to execute: {type(exc).__name__}: {exc}")
             times.infer_ns = time.perf_counter_ns() - t1
             times.input_ns = t1 - t0
-            return BatchResult([error] * len(inputs), times)
+            return BatchResult([error] * len(inputs), times, memory_delta=resident_bytes() - rss)
         finally:
             _leave()
+        grown = resident_bytes() - rss
         t2 = time.perf_counter_ns()
         again = self._rescheduled(requests)
         results = self._results(requests, responses, again)
         times.input_ns = t1 - t0
         times.infer_ns = t2 - t1
         times.output_ns = time.perf_counter_ns() - t2
-        return BatchResult(results, times, reschedule=again if self._iterative and any(again) else None)
+        return BatchResult(results, times, memory_delta=grown,
+                           reschedule=again if self._iterative and any(again) else None)
 
     def _rescheduled(self, requests: list[pb_utils.InferenceRequest]) -> list[bool]:
         """Which requests the model released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE."""

@@ -36,6 +36,12 @@ class InferdParameters:
     max_latency_microseconds: int = 0
     # Batches assembled in, and outputs written to, buffers each instance keeps and reuses.
     pooled_buffers: bool = True
+    # An execution that runs longer fails its batch (DEADLINE_EXCEEDED) and its instance is
+    # retired and replaced (0: no limit). The model then always executes on its threads.
+    execution_timeout_microseconds: int = 0
+    # Retired instances whose stuck execution has not returned, per instance, before it stops
+    # being replaced (and answers UNAVAILABLE until one returns).
+    max_retired_instances: int = 2
     # Variable-length batching (docs in inferd/config/_varlen.py, README "Variable-length batching"):
     # requests of different lengths share a batch, padded to its longest.
     padding: bool = False
@@ -106,6 +112,12 @@ class InferdParameters:
             raise ConfigError(
                 f"model '{config.name}': parameter 'inferd.execution' must be auto, thread or inline, "
                 f"got '{params.execution}'"
+            )
+        if params.execution_timeout_microseconds and params.execution == "inline":
+            raise ConfigError(
+                f"model '{config.name}': parameter 'inferd.execution_timeout_microseconds' needs the model to "
+                "execute on its instances' threads (an execution on the event loop cannot be timed out); "
+                "remove 'inferd.execution: inline'"
             )
         iterative = config.HasField("sequence_batching") and config.sequence_batching.iterative_sequence
         for key, value in (("iterative_end_output", params.iterative_end_output),

@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol, Sequence
 from inferd._proto import model_config_pb2 as mc
 from inferd.config._autocomplete import ModelSignature, autocomplete
 from inferd.config._parse import parse_config_file
+from inferd.config._paths import check_inside
 from inferd.config._placement import settle_groups
 from inferd.config._spec import ModelSpec, _instance_groups
 from inferd.config._validate import check_declared, validate
@@ -113,7 +114,8 @@ def prepare_config(name: str, model_dir: Path, available: list[int], resolve: Ba
     if backend is None:
         raise ConfigError(f"model '{name}': an ensemble is checked against its composing models: "
                           "the ModelManager loads it (inferd.repository.ensembles), not prepare()")
-    filename = config.default_model_filename or backend.default_filename
+    filename = check_inside(config.default_model_filename, f"model '{name}': default_model_filename") \
+        or backend.default_filename
     files: dict[int, Path] = {}
     for version in versions:
         path = model_dir / str(version) / filename

@@ -21,6 +21,7 @@ import numpy as np
 from inferd._proto import model_config_pb2 as mc
 from inferd.config._iterative import check_iterative
 from inferd.dtypes import BY_CONFIG, DataType
+from inferd.config._paths import check_inside
 from inferd.errors import ConfigError
 
 IDLE_DEFAULT_US = 1_000_000  # Triton's SEQUENCE_IDLE_DEFAULT_MICROSECONDS
@@ -266,6 +267,7 @@ def _state(config: mc.ModelConfig, where: str, i: int, s: mc.ModelSequenceBatchi
     if choice == "zero_data" and init.zero_data:
         return StateSpec(s.input_name, s.output_name, dtype, dims, _readonly(np.zeros(idims, dtype=dtype.numpy)))
     if choice == "data_file":
+        check_inside(init.data_file, f"{iat}: data_file")
         if model_dir is None:  # checked without the model's folder (unit tests): zeros stand in
             return StateSpec(s.input_name, s.output_name, dtype, dims,
                              _readonly(np.zeros(idims, dtype=dtype.numpy)))

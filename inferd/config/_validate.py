@@ -18,6 +18,7 @@ from inferd.config._sequence import (
     check_sequence_signature, decoupled_problem, normalize_sequence_batching, sequence_policy, sequence_tensor_names,
 )
 from inferd.config._spec import ModelSpec, model_spec
+from inferd.config._paths import check_inside
 from inferd.config._varlen import VarlenSpec, varlen_spec
 from inferd.errors import ConfigError
 
@@ -237,6 +238,7 @@ def _runs(dims: list[int]) -> list[int]:
 
 
 def _read_labels(model: str, t: mc.ModelOutput, model_dir: Path | None) -> tuple[str, ...]:
+    check_inside(t.label_filename, f"model '{model}': output '{t.name}': label_filename")
     if model_dir is None:
         return ()
     path = model_dir / t.label_filename
@@ -310,6 +312,8 @@ def _check_warmup(config: mc.ModelConfig) -> None:
                                   " (without the batch dimension)")
             if inp.WhichOneof("input_data_type") is None:
                 raise ConfigError(f"{at}: give one of zero_data, random_data or input_data_file")
+            if inp.WhichOneof("input_data_type") == "input_data_file":
+                check_inside(inp.input_data_file, f"{at}: input_data_file")
         missing = [n for n, t in inputs.items() if n not in w.inputs and not getattr(t, "optional", False)]
         if missing:
             raise ConfigError(f"{where}: no data for inputs {missing}; a warm-up sample gives every input")

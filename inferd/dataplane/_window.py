@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inferd.dtypes import DataType
+from inferd.dtypes import DataType, element_count
 from inferd.errors import InvalidArgument, NotFound
 
 
@@ -18,19 +18,12 @@ def check_span(label: str, name: str, byte_size: int, closed: bool, offset: int,
         )
 
 
-def element_count(shape: tuple[int, ...]) -> int:
-    count = 1
-    for d in shape:
-        count *= d
-    return count
-
-
 def check_tensor_bytes(name: str, dtype: DataType, shape: tuple[int, ...], size: int, where: str) -> int:
     """The element count of a fixed-size tensor whose window is ``size`` bytes; refuses a type the
     server cannot hold and a window of the wrong size."""
     if dtype.numpy is None:
         raise InvalidArgument(f"{where}: data type {dtype.name} is not supported on this server")
-    count = element_count(shape)
+    count = element_count(shape, where)
     expected = count * dtype.itemsize
     if size != expected:
         raise InvalidArgument(

@@ -25,8 +25,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from inferd.dataplane._window import check_span, check_tensor_bytes, element_count
-from inferd.dtypes import DataType, decode_bytes
+from inferd.dataplane._window import check_span, check_tensor_bytes
+from inferd.dtypes import DataType, decode_bytes, element_count
 from inferd.errors import InvalidArgument, Unimplemented
 from inferd.gpu.cuda_ipc import HANDLE_BYTES, CudaIpc, CudaIpcError, IpcMapping
 from inferd.gpu.tensor import DeviceTensor, torch_dtype
@@ -80,7 +80,7 @@ class CudaRegion:
         if dtype.name == "BYTES":
             with self._on_stream():
                 host = self._memory[start:start + size].cpu()
-            return decode_bytes(memoryview(host.numpy()), element_count(shape), where).reshape(shape)
+            return decode_bytes(memoryview(host.numpy()), element_count(shape, where), where).reshape(shape)
         check_tensor_bytes(self.name, dtype, shape, size, where)
         numpy_type = dtype.numpy
         assert numpy_type is not None  # check_tensor_bytes refused the types numpy cannot hold

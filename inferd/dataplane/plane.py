@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
 
 from inferd.clock import Clock, MonotonicClock
+from inferd.dataplane.admission import Admission, request_bytes
 from inferd.dataplane.api import ModelMetadata, ServerMetadata, TensorMetadata, TraceCarrier
 from inferd.dataplane.batches import BatchService
 from inferd.dataplane.cuda_shared_memory import CudaRegionStatus
@@ -45,9 +46,11 @@ class DataPlane:
 
     def __init__(self, manager: ModelManager, clock: Clock | None = None, *, tracing: Tracing | None = None,
                  logs: LogSettings | None = None, server_name: str = SERVER_NAME,
-                 batch_dir: Path | None = None) -> None:
+                 admission: Admission | None = None, batch_dir: Path | None = None) -> None:
         self.manager = manager
         self.server_name = server_name
+        # Server-wide caps on the requests inside (--max-queued-requests / --max-queued-bytes).
+        self.admission = admission or Admission()
         self.clock = clock or MonotonicClock()
         # Batch jobs (POST /v2/batches), kept in batch_dir; None: off.
         self.batches = BatchService(manager, batch_dir, self.clock) if batch_dir is not None else None
@@ -80,8 +83,12 @@ class DataPlane:
         self.draining = True
 
     def inflight(self) -> int:
-        """Requests accepted by a scheduler and not yet answered, over every model."""
-        return sum(m.scheduler.inflight() for m in self.manager.models())
+        """Client requests accepted and not yet answered, over every model."""
+        return self.admission.requests
+
+    async def drained(self) -> None:
+        """Return once every accepted client request has been answered (a stop waits for it)."""
+        await self.admission.idle()
 
     async def close(self) -> None:
         """Release the models, the shared memory mappings and the trace exporter."""
@@ -194,25 +201,41 @@ class DataPlane:
                     trace_carrier: TraceCarrier | None = None) -> InferenceResponse:
         if self.draining:
             raise Unavailable(DRAINING)
-        if request.shared_memory:
-            self.shared_memory.resolve(request)
-        if self.tracing.enabled and request.trace is None:
-            request.trace = self.tracing.start(request.model_name, request.id, trace_carrier)
-        # model.dispatch.infer's two steps, inline: no extra coroutine per request on the hot path.
-        model = find(self.manager.get, request, decoupled_error)
-        return response(model, request, await run_model(model, request, self.clock))
+        nbytes = request_bytes(request.inputs)
+        admission = self.admission
+        admission.admit(nbytes, request.model_name)  # raises Unavailable when the server is full
+        try:
+            if request.shared_memory:
+                self.shared_memory.resolve(request)
+            if self.tracing.enabled and request.trace is None:
+                request.trace = self.tracing.start(request.model_name, request.id, trace_carrier)
+            # model.dispatch.infer's two steps, inline: no extra coroutine per request on the hot path.
+            model = find(self.manager.get, request, decoupled_error)
+            return response(model, request, await run_model(model, request, self.clock))
+        finally:
+            admission.release(nbytes)
 
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
+        nbytes = request_bytes(request.inputs)
         try:
             if self.draining:
                 raise Unavailable(DRAINING)
-            if request.shared_memory:
-                self.shared_memory.resolve(request)
+            self.admission.admit(nbytes, request.model_name)
         except InferdError as exc:
             yield StreamResponse(error=exc, final=True)
             return
-        async for item in model_infer_stream(self.manager.get, request, self.clock):
-            yield item
+        try:
+            if request.shared_memory:
+                self.shared_memory.resolve(request)
+        except InferdError as exc:
+            self.admission.release(nbytes)
+            yield StreamResponse(error=exc, final=True)
+            return
+        try:
+            async for item in model_infer_stream(self.manager.get, request, self.clock):
+                yield item
+        finally:
+            self.admission.release(nbytes)
 
 
     # -- batch jobs ------------------------------------------------------------------

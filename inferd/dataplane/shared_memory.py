@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from inferd.dataplane._window import check_span, check_tensor_bytes, element_count
+from inferd.dataplane._window import check_span, check_tensor_bytes
 from inferd.dataplane.cuda_shared_memory import CudaRegion, CudaRegistrar
-from inferd.dtypes import DataType, decode_bytes
+from inferd.dtypes import DataType, decode_bytes, element_count
 from inferd.errors import AlreadyExists, InvalidArgument, NotFound
 from inferd.gpu.inventory import default_inventory
 from inferd.types import InferenceRequest, SharedTensor, ShmRef
@@ -83,7 +83,8 @@ class Region:
     def read(self, dtype: DataType, shape: tuple[int, ...], offset: int, size: int, where: str) -> np.ndarray:
         start = self._span(offset, size, where)
         if dtype.name == "BYTES":
-            return decode_bytes(memoryview(self._map)[start:start + size], element_count(shape), where).reshape(shape)
+            count = element_count(shape, where)
+            return decode_bytes(memoryview(self._map)[start:start + size], count, where).reshape(shape)
         count = check_tensor_bytes(self.name, dtype, shape, size, where)
         array = np.frombuffer(self._map, dtype=dtype.numpy, count=count, offset=start)
         if start % array.dtype.alignment:

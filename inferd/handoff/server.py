@@ -33,8 +33,13 @@ class MultiProcessServer(InferenceServer):
         self.workers = workers
         self.supervisor: Supervisor | None = None
         self._reserved: list[socket.socket] = []
+        self._grpc_port = 0
         self._http_port = 0
         self._tracing_sent: bool | None = None
+
+    @property
+    def grpc_port(self) -> int:  # type: ignore[override]
+        return self._grpc_port
 
     @property
     def http_port(self) -> int:  # type: ignore[override]
@@ -47,7 +52,7 @@ class MultiProcessServer(InferenceServer):
         if o.allow_grpc:
             sock = ports.reserve(o.address, o.grpc_port, "gRPC")
             self._reserved.append(sock)
-            self.grpc_port = sock.getsockname()[1]
+            self._grpc_port = sock.getsockname()[1]
         if o.allow_http:
             sock = ports.reserve(self.http_address, o.http_port, "HTTP")
             self._reserved.append(sock)
@@ -63,9 +68,15 @@ class MultiProcessServer(InferenceServer):
         self._tracing_sent = self.dataplane.tracing.enabled
         return {
             "index": index,
+            # Every worker's ports are built as the one-process server's (GrpcPort, HttpFrontend): the
+            # same limits, TLS and restricted groups, as plain data.
             "grpc": {"address": o.address, "port": self.grpc_port, "max_message_bytes": o.max_message_bytes,
-                     "options": [list(kv) for kv in o.grpc_options]} if o.allow_grpc else None,
-            "http": {"address": self.http_address, "port": self.http_port} if o.allow_http else None,
+                     "options": [list(kv) for kv in o.grpc_options],
+                     "tls": o.grpc_tls.to_plain() if o.grpc_tls else None,
+                     "restrictions": o.grpc_restrictions.to_plain()} if o.allow_grpc else None,
+            "http": {"address": self.http_address, "port": self.http_port, "max_input_bytes": o.http_max_input_bytes,
+                     "tls": o.http_tls.to_plain() if o.http_tls else None,
+                     "restrictions": o.http_restrictions.to_plain()} if o.allow_http else None,
             "state": {"tracing": self._tracing_sent},
             "grace": o.grace_seconds,  # a worker's own SIGTERM drains with the server's grace
             "log_level": logging.getLogger().level,

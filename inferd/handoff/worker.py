@@ -20,28 +20,24 @@ from typing import Any
 log = logging.getLogger("inferd.frontend")
 
 
-async def _start_grpc(link: Any, config: dict[str, Any]) -> tuple[Any, Any]:
-    import grpc
-
+async def _start_grpc(link: Any, config: dict[str, Any]) -> Any:
+    """The gRPC port, built as the one-process server builds its own (limits, TLS, restricted groups,
+    the closing gate), on the reserved port with SO_REUSEPORT."""
     from inferd.handoff.grpc_worker import WorkerServicer
-    from inferd.server.grpc_service import add_to_server
-    from inferd.server.health import Health, enable_reflection
+    from inferd.server.grpc_server import GrpcPort, GrpcPortOptions
+    from inferd.server.health import Health
+    from inferd.server.restrictions import Restrictions
+    from inferd.server.tls import TlsFiles
 
-    size = config["max_message_bytes"]
-    server = grpc.aio.server(options=[
-        ("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size),
-        ("grpc.so_reuseport", 1), *[tuple(kv) for kv in config["options"]]])
     servicer = WorkerServicer(link)
-    add_to_server(servicer, server)
-    health = Health(servicer.dp)  # readiness asked of the core, as the one-process server asks its own
-    health.add_to_server(server)
-    enable_reflection(server)
-    address = f"{config['address']}:{config['port']}"
-    if server.add_insecure_port(address) != config["port"]:
-        raise SystemExit(f"frontend {link.index}: cannot listen for gRPC on {address}")
-    await server.start()
-    await health.start()
-    return server, health
+    port = GrpcPort(servicer, Health(servicer.dp), GrpcPortOptions(  # readiness asked of the core
+        address=config["address"], port=config["port"], max_message_bytes=config["max_message_bytes"],
+        tls=TlsFiles.from_plain(config.get("tls")),
+        restrictions=Restrictions.from_plain(config.get("restrictions"), protocol="protocol"),
+        channel_args=(("grpc.so_reuseport", 1), *[tuple(kv) for kv in config["options"]])))
+    if await port.start() != config["port"]:
+        raise SystemExit(f"frontend {link.index}: cannot listen for gRPC on {config['address']}:{config['port']}")
+    return port
 
 
 async def serve(index: int, channel_fd: int) -> int:
@@ -49,7 +45,9 @@ async def serve(index: int, channel_fd: int) -> int:
     from inferd.handoff.link import WorkerLink
     from inferd.handoff.proxy import RemoteDataPlane
     from inferd.server.asgi import AsgiServer
-    from inferd.server.http_service import HttpFrontend
+    from inferd.server.http_service import DEFAULT_MAX_INPUT_BYTES, HttpFrontend
+    from inferd.server.restrictions import Restrictions
+    from inferd.server.tls import TlsFiles
 
     loop = asyncio.get_running_loop()
     link = await WorkerLink.connect(socket.socket(fileno=channel_fd))
@@ -62,13 +60,16 @@ async def serve(index: int, channel_fd: int) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, drain_on_signal)
-    grpc_server = health = http = None
+    grpc_port = health = http = None
     if config["grpc"]:
-        grpc_server, health = await _start_grpc(link, config["grpc"])
+        grpc_port = await _start_grpc(link, config["grpc"])
+        health = grpc_port.health
     if config["http"]:
         h = config["http"]
-        app = HttpFrontend(RemoteDataPlane(link)).app()  # type: ignore[arg-type]
-        http = AsgiServer(app, h["address"], h["port"], "HTTP", sock=ports.listen(h["address"], h["port"], "HTTP"))
+        app = HttpFrontend(RemoteDataPlane(link), Restrictions.from_plain(h.get("restrictions")),  # type: ignore[arg-type]
+                           h.get("max_input_bytes", DEFAULT_MAX_INPUT_BYTES)).app()
+        http = AsgiServer(app, h["address"], h["port"], "HTTP", sock=ports.listen(h["address"], h["port"], "HTTP"),
+                          tls=TlsFiles.from_plain(h.get("tls")))
         await http.start()
     link.hello()
     grace: float | None = await link.drain_requested
@@ -85,14 +86,13 @@ async def serve(index: int, channel_fd: int) -> int:
         await asyncio.wait_for(link.pending.idle(), timeout=grace)
     except asyncio.TimeoutError:
         log.warning("frontend %d: %d requests still unanswered after %.1f s", index, len(link.pending), grace)
-    if health is not None:
-        health.close()
     # What is left of the grace (at most a second) lets the last answers and control calls finish;
-    # past it the ports close and what is still running is cut off.
+    # past it the ports close and what is still running is cut off. The gRPC port answers what
+    # arrives while it closes UNAVAILABLE, never CANCELLED (GrpcPort.close).
     left = min(max(deadline - loop.time(), 0.0), 1.0)
     closing = []
-    if grpc_server is not None:
-        closing.append(grpc_server.stop(left))
+    if grpc_port is not None:
+        closing.append(grpc_port.close(left))
     if http is not None:
         closing.append(http.stop(left))
     await asyncio.gather(*closing)

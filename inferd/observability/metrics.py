@@ -137,6 +137,9 @@ class InferdCollector:
                                      "Elements of padding added to padded inputs (inferd.padding)", labels=L)
         waste = GaugeMetricFamily("inferd_inference_padding_waste",
                                   "Padding elements per element of request data since the model loaded", labels=L)
+        memory = GaugeMetricFamily("inferd_model_memory_growth_bytes",
+                                   "Resident memory the process gained while this version's own code executed, "
+                                   "summed over executions (Python models only)", labels=L)
         inflight = GaugeMetricFamily("inferd_inference_inflight_request_count",
                                      "Requests accepted and not yet answered (queued or executing)", labels=L)
         h = HistogramMetricFamily
@@ -159,6 +162,8 @@ class InferdCollector:
             real.add_metric(lv, s.real_elements)
             padded.add_metric(lv, s.pad_elements)
             waste.add_metric(lv, s.pad_elements / s.real_elements if s.real_elements else 0.0)
+            if s.memory_growth is not None:
+                memory.add_metric(lv, s.memory_growth)
             inflight.add_metric(lv, s.pending)
             hist = histograms_of(s)
             if hist is not None:
@@ -174,8 +179,20 @@ class InferdCollector:
                 state.add_metric([entry.name, entry.version, name], 1 if entry.state == name else 0)
         ready = GaugeMetricFamily("inferd_server_ready", "1 when the server is ready for inference")
         ready.add_metric([], 1 if self.dp.ready_now() else 0)
+        admission = self.dp.admission
+        queued = GaugeMetricFamily("inferd_server_queued_requests",
+                                   "Client requests the server holds (queued or executing), over all models")
+        queued.add_metric([], admission.requests)
+        queued_bytes = GaugeMetricFamily("inferd_server_queued_bytes", "Input tensor bytes of the requests held")
+        queued_bytes.add_metric([], admission.bytes)
+        rejected = CounterMetricFamily("inferd_server_overload_rejected",
+                                       "Requests refused because the server held --max-queued-requests or "
+                                       "--max-queued-bytes already")
+        rejected.add_metric([], admission.refused)
 
-        yield from (failure, real, padded, waste, inflight, request_h, queue_h, compute_h, batch_h, state, ready)
+        yield from (failure, real, padded, waste, inflight, request_h, queue_h, compute_h, batch_h, state, ready,
+                    queued, queued_bytes, rejected, memory)
+
 
 
 # Triton's per-model families: (name, type, help, value of a model version's stats).

@@ -82,7 +82,7 @@ class ModelStats:
     __slots__ = (
         "name", "version", "success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
         "inference_count", "execution_count", "last_inference_ms", "batch_stats", "fail_reasons",
-        "observers", "pending", "cache_hit", "cache_miss", "real_elements", "pad_elements",
+        "observers", "pending", "cache_hit", "cache_miss", "memory_growth", "real_elements", "pad_elements",
     )
 
     def __init__(self, name: str, version: int) -> None:
@@ -103,6 +103,9 @@ class ModelStats:
         self.pending = 0  # requests admitted and not yet answered
         self.cache_hit = Duration()
         self.cache_miss = Duration()
+        # Bytes the process's resident memory grew across this version's executions, summed; None
+        # for backends that do not measure it (only the Python backend does: see BatchResult).
+        self.memory_growth: int | None = None
         # Padded models: elements of the requests' own data in padded inputs, and the
         # padding added around them (padding waste = pad / real). ModelStatistics has no
         # field for them; /metrics exports them.
@@ -158,6 +161,11 @@ class ModelStats:
         self.queue.add(ns)
         if self.observers:
             self._notify("queue", {"ns": ns})
+
+    def record_memory(self, delta: int | None) -> None:
+        """One execution's resident memory change, when its backend measured it."""
+        if delta is not None:
+            self.memory_growth = (self.memory_growth or 0) + delta
 
     def record_execution(self, batch_rows: int, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One execution of ``requests`` requests carrying ``batch_rows`` rows."""

@@ -150,13 +150,22 @@ class ModelManager:
 
     def is_ready(self, name: str, version: int = 0) -> bool:
         try:
-            self.get(name, version)
+            model = self.get(name, version)
         except InferdError:
             return False
-        return self.ensemble_problem(name) is None
+        return model.scheduler.problem() is None and self.ensemble_problem(name) is None
 
     def all_ready(self) -> bool:
-        return all(e.state == READY and self.ensemble_problem(e.name) is None for e in self._entries.values() if e.wanted)
+        return all(e.state == READY and self._problem(e) is None for e in self._entries.values() if e.wanted)
+
+    def _problem(self, entry: _Entry) -> str | None:
+        """Why a loaded model cannot serve now: an ensemble's missing parts, or every instance of its
+        latest version failed (stuck past the execution timeout), or None."""
+        if entry.latest is not None:
+            stuck = entry.latest.scheduler.problem()
+            if stuck is not None:
+                return stuck
+        return self.ensemble_problem(entry.name)
 
     def ensemble_problem(self, name: str) -> str | None:
         """Why a loaded ensemble cannot serve now (a composing model, maybe nested, is
@@ -176,7 +185,7 @@ class ModelManager:
         out = []
         for entry in sorted(self._entries.values(), key=lambda e: e.name):
             if entry.versions:
-                problem = self.ensemble_problem(entry.name)
+                problem = self._problem(entry)
                 state, reason = (UNAVAILABLE, problem) if problem else (entry.state, entry.reason)
                 for version in sorted(entry.versions):
                     out.append(IndexEntry(entry.name, str(version), state, reason))

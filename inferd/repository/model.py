@@ -3,12 +3,13 @@ warm-up, scheduler and statistics, from the plain :class:`ModelSpec`."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
 import numpy as np
 
-from inferd.backends import Backend, Device, InferenceDispatcher, InstanceSpec
+from inferd.backends import Backend, Device, InferenceDispatcher, InstanceSpec, ModelInstance
 from inferd.clock import Clock
 from inferd.config import ModelSpec, placements
 from inferd.errors import ConfigError
@@ -76,16 +77,24 @@ def build_model(
     sequence = spec.sequence  # None without sequence_batching
     ispecs = instance_specs(spec, backend, model_dir, version, model_file, dispatcher)
     instances = []
+    samples = warmup_samples(spec, model_dir) if spec.warmup else None
+
+    def create(ispec: InstanceSpec) -> ModelInstance:
+        instance = backend.create_instance(spec, ispec)
+        if samples is not None:  # before the version can report ready
+            try:
+                run_warmup(spec, instance, samples)
+            except BaseException:
+                instance.close()
+                raise
+        return instance
+
     tickets: list[Ticket | None] = []
     try:
         for ispec in ispecs:  # first: a load the resources could never run fails before any runtime loads
             tickets.append(_ticket(spec, ispec, limiter))
         for ispec in ispecs:
-            instances.append(backend.create_instance(spec, ispec))
-        if spec.warmup:  # before the version can report ready
-            samples = warmup_samples(spec, model_dir)
-            for instance in instances:
-                run_warmup(spec, instance, samples)
+            instances.append(create(ispec))
     except BaseException:
         for instance in instances:
             instance.close()
@@ -93,8 +102,13 @@ def build_model(
             if ticket is not None:
                 ticket.close()
         raise
-    workers = [InstanceWorker(i, "thread" if i.thread_only else params.execution, params.inline_max_microseconds,
-                              ticket) for i, ticket in zip(instances, tickets)]
+    timeout = params.execution_timeout_microseconds
+    workers = [
+        InstanceWorker(i, "thread" if i.thread_only or timeout else params.execution, params.inline_max_microseconds,
+                       ticket, timeout_us=timeout, rebuild=functools.partial(create, ispec),
+                       max_retired=params.max_retired_instances, clock=clock)
+        for i, ispec, ticket in zip(instances, ispecs, tickets)
+    ]
     if any(w.mode == "auto" for w in workers):
         sample = sample_inputs(spec)
         if sequence is not None:

@@ -108,6 +108,9 @@ class BackgroundLane(Scheduler):
     def inflight(self) -> int:
         return self.inner.inflight() + len(self._waiters)
 
+    def problem(self) -> str | None:  # Scheduler defines it: __getattr__ would not reach the inner one
+        return self.inner.problem()
+
     async def stop(self) -> None:
         self._alarm.cancel()
         await self.inner.stop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -12,6 +12,7 @@ from inferd.types import InferenceRequest
 
 if TYPE_CHECKING:
     from inferd.observability.stats import ModelStats
+    from inferd.scheduling.instances import InstanceWorker
 
 
 class Scheduler(abc.ABC):
@@ -31,6 +32,16 @@ class Scheduler(abc.ABC):
     @abc.abstractmethod
     async def stop(self) -> None:
         """Finish every accepted request, then release the instances."""
+
+    def problem(self) -> str | None:
+        """Why the model cannot execute now (every instance failed), or None."""
+        return None
+
+
+def workers_problem(workers: Sequence["InstanceWorker"]) -> str | None:
+    """The first instance's reason when every one of ``workers`` has failed (InstanceWorker.failed)."""
+    reasons = [w.failed for w in workers]
+    return reasons[0] if reasons and all(reasons) else None
 
 
 class Inflight:

@@ -25,7 +25,7 @@ from inferd.backends.base import BatchResult, RequestInputs
 from inferd.clock import Alarm, Clock, MonotonicClock
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
-from inferd.scheduling.base import Inflight, Scheduler
+from inferd.scheduling.base import Inflight, Scheduler, workers_problem
 from inferd.scheduling.instances import InstanceWorker
 from inferd.scheduling.adaptive import ADAPTIVE, Instance
 from inferd.scheduling.policy import BatchingPolicy
@@ -106,6 +106,9 @@ class BatchScheduler(Scheduler):
 
     def queue_depth(self) -> int:
         return len(self._queue)
+
+    def problem(self) -> str | None:
+        return workers_problem(self.workers)
 
     async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
         if self._stopped:
@@ -360,6 +363,7 @@ class BatchScheduler(Scheduler):
         if isinstance(result, BatchResult):
             t = result.times
             self._stats.record_execution(batch.rows, len(batch.items), t.input_ns, t.infer_ns, t.output_ns)
+            self._stats.record_memory(result.memory_delta)
             if result.real_elements:
                 self._stats.record_padding(result.real_elements, result.pad_elements)
         batch.result = result

@@ -21,6 +21,26 @@ model's compute. So each instance decides where it runs:
   move it back when the running mean passes the limit, or at once when one
   execution takes ten times the limit. After three such flips the model stays
   on its thread, so a model with erratic timing cannot keep stalling the loop.
+
+A model with ``inferd.execution_timeout_microseconds`` always runs on its
+thread, and an execution that passes the limit fails its batch with
+DEADLINE_EXCEEDED at once. A thread cannot be killed, so the worker *retires*
+it: the thread is left to finish the stuck call on its own (then it closes its
+instance and ends), and a new instance is built off the loop (``rebuild``: the
+backend loads the model again and warms it up) to take the next batches, which
+wait for it. Each retired thread keeps its instance's memory (the model's
+weights, its runtime) until its call returns, and one stuck in Python code
+also takes its share of the GIL; so at most ``max_retired`` of them may be
+outstanding per instance: past that no new instance is built and the worker
+answers UNAVAILABLE (the model is reported not ready) until one returns.
+
+A :class:`~inferd.backends.base.TensorInstance` on its thread may be handed its
+next batch while it still executes one (:attr:`InstanceWorker.can_stage`, the
+scheduler decides when): the batch is assembled on the loop into the instance's
+pooled buffers and executes as soon as the thread is free. Not with an
+execution timeout (each batch's timer runs from when it is handed over, and a
+retired thread would strand the batch behind it) nor under the rate limiter
+(it grants an instance one execution at a time).
 """
 
 from __future__ import annotations
@@ -35,6 +55,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from inferd.backends.base import Assembled, BatchResult, ModelInstance
+from inferd.clock import Clock, MonotonicClock, TimerHandle
+from inferd.errors import DeadlineExceeded, Unavailable
 from inferd.scheduling.estimates import ExecutionModel
 from inferd.scheduling.rate_limiter import Ticket
 
@@ -47,12 +69,40 @@ MAX_FLIPS = 3
 SLOW_FACTOR = 10  # one inline run this many times the limit moves the model off the loop
 
 
-class InstanceWorker:
-    """``ticket``: the instance's place in the server's rate limiter (None: not limited);
-    each execution waits for its resources, and gives them back when it ends."""
+class _Job:
+    __slots__ = ("batch", "outputs", "done", "loop", "timer", "over")
 
+    def __init__(self, batch: Sequence[dict[str, np.ndarray]] | Assembled | BaseException, outputs: Sequence[str],
+                 done: Done, loop: asyncio.AbstractEventLoop) -> None:
+        self.batch = batch  # the requests' inputs, or assembled ahead (or what assembling raised)
+        self.outputs = outputs
+        self.done = done
+        self.loop = loop
+        self.timer: TimerHandle | None = None
+        self.over = False  # ran past the execution timeout: answered already
+
+
+class _Thread:
+    """A worker thread and the instance it executes on; ``retired`` once an execution overran."""
+
+    __slots__ = ("instance", "jobs", "thread", "retired")
+
+    def __init__(self, instance: ModelInstance) -> None:
+        self.instance = instance
+        self.jobs: SimpleQueue = SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.retired = False
+
+
+class InstanceWorker:
     def __init__(self, instance: ModelInstance, mode: str = "auto", inline_max_us: int = 1000,
-                 ticket: Ticket | None = None) -> None:
+                 ticket: Ticket | None = None, *, timeout_us: int = 0,
+                 rebuild: Callable[[], ModelInstance] | None = None, max_retired: int = 2,
+                 clock: Clock | None = None) -> None:
+        """``ticket``: the instance's place in the server's rate limiter (None: not limited); each
+        execution waits for its resources and gives them back when it ends. ``timeout_us``: the
+        execution timeout (0: none; it needs ``mode`` thread); ``rebuild``: creates a fresh instance
+        when one is retired (None: it is not replaced)."""
         self.instance = instance
         self.ticket = ticket
         self.name = instance.name
@@ -62,13 +112,24 @@ class InstanceWorker:
         self._fast_runs = 0
         self._flips = 0
         self.mean_ns: int | None = None
-        self._jobs: SimpleQueue | None = None
-        self._thread: threading.Thread | None = None
-        self.jobs = 0  # batches handed over and not done: one executing, maybe one assembled behind it
+        self._thread: _Thread | None = None
+        self.jobs = 0  # batches handed over and not answered: one executing, maybe one assembled behind it
         self.estimate = ExecutionModel()  # seconds per execution by rows, learned as they end
         self.free_at = 0.0  # when the batches handed over are expected to end (kept by the driver)
         self.ended_at = 0.0  # when the driver saw its last batch end
         self.stage_from = 0.0  # when it may take its next batch while still executing (kept by the driver)
+        if timeout_us and mode != "thread":
+            raise ValueError(f"instance {self.name}: an execution timeout needs mode 'thread', got '{mode}'")
+        self._timeout_s = timeout_us / 1e6
+        self._rebuild = rebuild
+        self._max_retired = max_retired
+        self._clock = clock or MonotonicClock()
+        self.retired = 0  # retired threads whose stuck execution has not returned yet
+        self.failed: str | None = None  # why no instance can execute now (retired too many, rebuild failed)
+        self._rebuilding = False
+        self._waiting: _Job | None = None  # the batch that waits for the new instance
+        self._owned = True  # ``instance`` is ours to close (not a retired thread's)
+        self._closed = False
 
     @property
     def busy(self) -> bool:
@@ -76,11 +137,10 @@ class InstanceWorker:
 
     @property
     def can_stage(self) -> bool:
-        """Executing one batch on its thread, with room for the next, assembled meanwhile.
-        Not under the rate limiter: it grants an instance one execution at a time (a batch
-        handed over behind another would ask for its resources a second time)."""
-        return (self.jobs == 1 and not self.inline and self.ticket is None
-                and getattr(self.instance, "assembles_ahead", False))
+        """Executing one batch on its thread, with room for the next, assembled meanwhile
+        (not with an execution timeout or a rate limiter ticket: the module's docstring)."""
+        return (self.jobs == 1 and not self.inline and self.ticket is None and not self._timeout_s
+                and not self._rebuilding and getattr(self.instance, "assembles_ahead", False))
 
     def calibrate(self, sample: dict[str, np.ndarray], outputs: Sequence[str], runs: int = 3) -> int | None:
         """Time ``runs`` executions of ``sample`` at load; blocking. Returns the
@@ -109,10 +169,10 @@ class InstanceWorker:
     ) -> None:
         """Execute a batch; ``done(worker, result)`` is called on the loop.
 
-        Inline, ``done`` runs before this returns; on a thread, later; with a rate
-        limiter ticket, once the resources are allocated. A second batch may be handed
-        over while one executes on the thread (:attr:`can_stage`): it is assembled now,
-        and executes as soon as the first ends.
+        Inline (or refused: the worker has failed), ``done`` runs before this returns; on a thread, later;
+        with a rate limiter ticket, once the resources are allocated. A second batch may be handed over
+        while one executes on the thread (:attr:`can_stage`): it is assembled now, and executes as soon
+        as the first ends.
         """
         self.jobs += 1
         if self.ticket is not None:
@@ -127,13 +187,17 @@ class InstanceWorker:
             self._ended()
             done(self, result)
             return
-        job = self._assemble(inputs)  # here, on the loop: the thread may be executing the batch before
-        if self._thread is None:
-            self._start_thread()
-        assert self._jobs is not None
-        self._jobs.put((job, outputs, done, loop))
+        if self.failed is not None:
+            self._ended()
+            done(self, Unavailable(self.failed))
+            return
+        if self._rebuilding:
+            self._waiting = _Job(inputs, outputs, done, loop)  # no staging while rebuilding: one batch waits
+            return
+        # Assembled here, on the loop: the thread may be executing the batch before.
+        self._submit(_Job(self._assemble(inputs), outputs, done, loop))
 
-    def _assemble(self, inputs: Sequence[dict[str, np.ndarray]]) -> object:
+    def _assemble(self, inputs: Sequence[dict[str, np.ndarray]]) -> Sequence[dict[str, np.ndarray]] | Assembled | BaseException:
         if not getattr(self.instance, "assembles_ahead", False):
             return inputs
         try:
@@ -146,6 +210,16 @@ class InstanceWorker:
         if self.ticket is not None:
             self.ticket.release()
 
+    def _submit(self, job: _Job) -> None:
+        t = self._thread
+        if t is None:
+            t = self._thread = _Thread(self.instance)
+            t.thread = threading.Thread(target=self._serve, args=(t,), name=f"inferd-{self.name}", daemon=True)
+            t.thread.start()
+        if self._timeout_s:
+            job.timer = self._clock.call_at(self._clock.now() + self._timeout_s, lambda: self._overran(job))
+        t.jobs.put(job)
+
     def run_inline(self, inputs: Sequence[dict[str, np.ndarray]], outputs: Sequence[str]) -> BatchResult | BaseException:
         """Execute a batch here, on the calling (loop) thread; never raises."""
         t0 = time.thread_time_ns()
@@ -156,38 +230,97 @@ class InstanceWorker:
         self._observe(time.thread_time_ns() - t0)
         return result
 
-    def _start_thread(self) -> None:
-        self._jobs = SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name=f"inferd-{self.name}", daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        jobs = self._jobs
-        assert jobs is not None
+    def _serve(self, t: _Thread) -> None:
+        jobs = t.jobs
         while True:
             job = jobs.get()
             if job is None:
-                return
-            batch, outputs, done, loop = job
+                break
             t0 = time.thread_time_ns()
+            batch = job.batch
             try:
                 if isinstance(batch, BaseException):
                     raise batch
                 result: BatchResult | BaseException = (
-                    self.instance.execute_assembled(batch, outputs) if isinstance(batch, Assembled)  # type: ignore[attr-defined]
-                    else self.instance.execute(batch, outputs))  # type: ignore[arg-type]
+                    t.instance.execute_assembled(batch, job.outputs) if isinstance(batch, Assembled)  # type: ignore[attr-defined]
+                    else t.instance.execute(batch, job.outputs))
             except BaseException as exc:
                 result = exc
             elapsed = time.thread_time_ns() - t0
             try:
-                loop.call_soon_threadsafe(self._finish, done, result, elapsed)
+                job.loop.call_soon_threadsafe(self._finish, job, result, elapsed)
             except RuntimeError:  # the loop closed under us: nobody is waiting
-                return
+                break
+            if t.retired:
+                break
+        if t.retired:  # its stuck execution returned at last: nobody else will use the instance
+            _close_quietly(t.instance)
 
-    def _finish(self, done: Done, result: BatchResult | BaseException, elapsed_ns: int) -> None:
+    def _finish(self, job: _Job, result: BatchResult | BaseException, elapsed_ns: int) -> None:
+        if job.over:  # answered at its timeout; a retired thread got free
+            self.retired -= 1
+            log.info("instance %s: a retired execution returned after the timeout; %d still stuck",
+                     self.name, self.retired)
+            if self.failed is not None and self._rebuild is not None and self.retired <= self._max_retired:
+                self.failed = None
+                self._start_rebuild(job.loop)
+            return
+        if job.timer is not None:
+            job.timer.cancel()
         self._observe(elapsed_ns)
         self._ended()
-        done(self, result)
+        job.done(self, result)
+
+    def _overran(self, job: _Job) -> None:
+        """The execution timeout passed: fail the batch, retire the thread, replace the instance."""
+        job.over = True
+        t = self._thread
+        assert t is not None
+        t.retired = True
+        t.jobs.put(None)  # the thread ends once the stuck call returns, and closes its instance
+        self._thread = None
+        self._owned = False
+        self.retired += 1
+        model = getattr(getattr(t.instance, "model", None), "name", self.name)
+        limit_us = round(self._timeout_s * 1e6)
+        error = DeadlineExceeded(
+            f"model '{model}': the execution on instance {self.name} ran past inferd.execution_timeout_microseconds "
+            f"({limit_us} us); the instance was retired and a new one takes the next requests")
+        log.error("%s (%d retired executions still running)", error.message, self.retired)
+        if self._rebuild is None or self.retired > self._max_retired:
+            self.failed = (f"model '{model}': instance {self.name} is unavailable: {self.retired} executions are "
+                           f"stuck past inferd.execution_timeout_microseconds ({limit_us} us), more than "
+                           f"inferd.max_retired_instances ({self._max_retired}); it serves again when one returns")
+        else:
+            self._start_rebuild(job.loop)
+        self._ended()
+        job.done(self, error)
+
+    def _start_rebuild(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._rebuilding = True
+        assert self._rebuild is not None
+        loop.run_in_executor(None, self._rebuild).add_done_callback(self._rebuilt)
+
+    def _rebuilt(self, future: asyncio.Future) -> None:
+        self._rebuilding = False
+        exc = future.exception()
+        if exc is not None:
+            self.failed = f"instance {self.name} is unavailable: building a new instance failed: {exc}"
+            log.error("%s", self.failed)
+        elif self._closed:
+            _close_quietly(future.result())
+            return
+        else:
+            self.instance, self._owned = future.result(), True
+            log.info("instance %s: a new instance replaced the retired one", self.name)
+        waiting, self._waiting = self._waiting, None
+        if waiting is None:
+            return
+        if self.failed is not None:
+            self._ended()
+            waiting.done(self, Unavailable(self.failed))
+        else:
+            self._submit(waiting)
 
     def _observe(self, elapsed_ns: int) -> None:
         if self.mode != "auto":
@@ -216,14 +349,25 @@ class InstanceWorker:
             self._fast_runs = 0
 
     def close(self) -> None:
-        """Stop the thread (after the jobs already queued) and free the runtime."""
-        if self._jobs is not None:
-            self._jobs.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        """Stop the thread (after the jobs already queued) and free the runtime. Retired threads are
+        not waited for: each closes its own instance if its stuck call ever returns."""
+        self._closed = True
+        t = self._thread
+        if t is not None:
+            t.jobs.put(None)
+            if t.thread is not None:
+                t.thread.join(timeout=30)
         if self.ticket is not None:
             self.ticket.close()
-        self.instance.close()
+        if self._owned:
+            self.instance.close()
+
+
+def _close_quietly(instance: ModelInstance) -> None:
+    try:
+        instance.close()
+    except Exception:
+        log.exception("closing a retired instance of %s failed", instance.name)
 
 
 async def close_workers(workers: Sequence["InstanceWorker"]) -> None:

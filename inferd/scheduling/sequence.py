@@ -51,7 +51,7 @@ from inferd.clock import Alarm, Clock, MonotonicClock
 from inferd.config import CORRID, END, READY, START, SequencePolicy
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
-from inferd.scheduling.base import Inflight, Scheduler
+from inferd.scheduling.base import Inflight, Scheduler, workers_problem
 from inferd.scheduling.instances import InstanceWorker, close_workers
 from inferd.types import InferenceRequest
 
@@ -434,6 +434,9 @@ class SequenceScheduler(Scheduler):
     def queue_depth(self) -> int:
         return len(self._queue)
 
+    def problem(self) -> str | None:
+        return workers_problem(self.workers)
+
     def active_sequences(self) -> int:
         return self._queue.active()
 
@@ -535,6 +538,7 @@ class SequenceScheduler(Scheduler):
         if isinstance(result, BatchResult):
             t = result.times
             self._stats.record_execution(len(real), len(real), t.input_ns, t.infer_ns, t.output_ns)
+            self._stats.record_memory(result.memory_delta)
             outputs: list[Any] = result.outputs
         else:
             error = result if isinstance(result, InferdError) else ModelExecutionError(

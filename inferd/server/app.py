@@ -5,11 +5,13 @@ opens; an empty one is warned about), opens the ports (gRPC with health and
 reflection, HTTP/REST, metrics; each can be turned off), then loads every model
 (a broken one is reported, not fatal, unless ``exit_on_error``): the server is
 live but not ready while models load. When loading ends it prints one table of
-the models and a line saying whether it is ready and, if not, why. SIGINT/SIGTERM start a graceful stop: readiness turns
-false and gRPC health NOT_SERVING at once, new inference requests are refused
+the models and a line saying whether it is ready and, if not, why.
+SIGINT/SIGTERM start a graceful stop: readiness turns false and gRPC health
+NOT_SERVING at once, new inference requests are refused (UNAVAILABLE / 503)
 while the ports stay open, accepted ones finish (up to ``grace`` seconds in
-all), then the ports close and the models are released; metrics answer until
-the end.
+all), then the ports close, the gRPC one answering what arrives meanwhile
+UNAVAILABLE, never CANCELLED (:class:`GrpcPort`), and the models are released;
+metrics answer until the end.
 """
 
 from __future__ import annotations
@@ -20,9 +22,8 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-
 from inferd.dataplane import SERVER_NAME, DataPlane
+from inferd.dataplane.admission import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS, Admission
 from inferd.dataplane.batches import default_batch_dir
 from inferd.errors import InferdError
 from inferd.model.cache import ResponseCache
@@ -35,9 +36,12 @@ from inferd.repository.layout import check_repositories
 from inferd.repository.report import format_table, model_rows, readiness
 from inferd.scheduling.rate_limiter import RateLimiter
 from inferd.server.asgi import AsgiServer
-from inferd.server.grpc_service import InferenceServicer, add_to_server
-from inferd.server.health import Health, enable_reflection
-from inferd.server.http_service import HttpFrontend
+from inferd.server.grpc_server import GrpcPort, GrpcPortOptions
+from inferd.server.grpc_service import InferenceServicer
+from inferd.server.health import Health
+from inferd.server.http_service import DEFAULT_MAX_INPUT_BYTES, HttpFrontend
+from inferd.server.restrictions import Restrictions
+from inferd.server.tls import TlsFiles
 
 log = logging.getLogger("inferd")
 
@@ -54,7 +58,14 @@ class ServerOptions:
     allow_grpc: bool = True
     allow_http: bool = True
     allow_metrics: bool = True
-    max_message_bytes: int = 2**31 - 1
+    max_message_bytes: int = 2**31 - 1  # gRPC
+    http_max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
+    grpc_tls: TlsFiles | None = None
+    http_tls: TlsFiles | None = None
+    grpc_restrictions: Restrictions = field(default_factory=lambda: Restrictions(protocol="protocol"))
+    http_restrictions: Restrictions = field(default_factory=Restrictions)
+    max_queued_requests: int = DEFAULT_MAX_REQUESTS  # server-wide admission caps (0: none)
+    max_queued_bytes: int = DEFAULT_MAX_BYTES
     grace_seconds: float = 30.0
     exit_on_error: bool = False
     grpc_options: list[tuple[str, object]] = field(default_factory=list)
@@ -81,12 +92,11 @@ class InferenceServer:
                                     auto_complete=not options.strict_model_config, cache=cache, limiter=limiter)
         self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings,
                                    server_name=options.server_name,
+                                   admission=Admission(options.max_queued_requests, options.max_queued_bytes),
                                    batch_dir=options.batch_dir or default_batch_dir(options.model_repositories[0]))
         self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
                        if options.model_control_mode == "poll" else None)
-        self._grpc: grpc.aio.Server | None = None
-        self.grpc_port: int = 0
-        self.health: Health | None = None
+        self._grpc: GrpcPort | None = None
         self.metrics: ServerMetrics | None = None
         self._http: AsgiServer | None = None
         self._metrics_server: AsgiServer | None = None
@@ -99,6 +109,10 @@ class InferenceServer:
     @property
     def metrics_address(self) -> str:
         return self.options.metrics_address or self.http_address
+
+    @property
+    def grpc_port(self) -> int:
+        return self._grpc.port if self._grpc is not None else 0
 
     @property
     def http_port(self) -> int:
@@ -139,8 +153,8 @@ class InferenceServer:
             raise SystemExit(exc.message) from None
         if self.poller is not None:
             self.poller.start()
-        if self.health is not None:
-            await self.health.refresh()
+        if self._grpc is not None:
+            await self._grpc.health.refresh()
         if o.exit_on_error and not await self.dataplane.server_ready():
             broken = [e for e in await self.dataplane.repository_index() if e.state != "READY"]
             await self.stop()
@@ -156,7 +170,8 @@ class InferenceServer:
         if o.allow_grpc:
             await self._start_grpc()
         if o.allow_http:
-            self._http = AsgiServer(HttpFrontend(self.dataplane).app(), self.http_address, o.http_port, "HTTP")
+            app = HttpFrontend(self.dataplane, o.http_restrictions, o.http_max_input_bytes).app()
+            self._http = AsgiServer(app, self.http_address, o.http_port, "HTTP", tls=o.http_tls)
             await self._http.start()
             log.info("serving HTTP on %s:%d", self.http_address, self.http_port)
 
@@ -168,26 +183,13 @@ class InferenceServer:
         log.info("serving metrics on %s:%d/metrics", self.metrics_address, self.metrics_port)
 
     async def _start_grpc(self) -> None:
-        size = self.options.max_message_bytes
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_send_message_length", size),
-                ("grpc.max_receive_message_length", size),
-                *self.options.grpc_options,
-            ]
-        )
-        add_to_server(InferenceServicer(self.dataplane), server)
-        self.health = Health(self.dataplane)
-        self.health.add_to_server(server)
-        enable_reflection(server)
-        address = f"{self.options.address}:{self.options.grpc_port}"
-        self.grpc_port = server.add_insecure_port(address)
-        if self.grpc_port == 0:
-            raise SystemExit(f"cannot listen for gRPC on {address}")
-        await server.start()
-        self._grpc = server
-        await self.health.start()
-        log.info("serving gRPC on %s:%d", self.options.address, self.grpc_port)
+        o = self.options
+        port = GrpcPort(InferenceServicer(self.dataplane), Health(self.dataplane), GrpcPortOptions(
+            address=o.address, port=o.grpc_port, max_message_bytes=o.max_message_bytes, tls=o.grpc_tls,
+            restrictions=o.grpc_restrictions, channel_args=tuple(o.grpc_options)))
+        await port.start()
+        self._grpc = port
+        log.info("serving gRPC%s on %s:%d", " (TLS)" if o.grpc_tls else "", o.address, self.grpc_port)
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful stop: not ready at once, refuse new work, let accepted requests finish (for ``grace``
@@ -196,18 +198,22 @@ class InferenceServer:
         await self.dataplane.stop_batches()  # their unfinished lines run at the next start
         if self.poller is not None:
             await self.poller.stop()
-        if self.health is not None:
-            self.health.drain()
+        if self._grpc is not None:
+            self._grpc.health.drain()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + (self.options.grace_seconds if grace is None else grace)
+        grace = self.options.grace_seconds if grace is None else grace
+        deadline = loop.time() + grace
         # The ports stay open meanwhile: health, readiness and metadata answer, inference is refused.
-        while self.dataplane.inflight() and loop.time() < deadline:
-            await asyncio.sleep(0.005)
+        # Up to a quarter of the grace (at most a second) is kept for closing the ports.
+        try:
+            await asyncio.wait_for(self.dataplane.drained(), timeout=grace - min(grace / 4, 1.0))
+        except asyncio.TimeoutError:
+            log.warning("stopping: %d requests still unanswered after the %.3g s grace period",
+                        self.dataplane.inflight(), grace)
         grace = max(deadline - loop.time(), 0.0)
         closing = []
         if self._grpc is not None:
-            self.health.close()  # type: ignore[union-attr]
-            closing.append(self._grpc.stop(grace))
+            closing.append(self._grpc.close(grace))
         if self._http is not None:
             closing.append(self._http.stop(grace))
         await asyncio.gather(*closing)

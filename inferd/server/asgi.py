@@ -18,6 +18,8 @@ from typing import Any, Iterator
 
 import uvicorn
 
+from inferd.server.tls import TlsFiles
+
 log = logging.getLogger(__name__)
 
 
@@ -55,10 +57,13 @@ def bind(host: str, port: int, what: str, reuse_port: bool = False) -> socket.so
 class AsgiServer:
     """``app`` served on ``host:port``; :meth:`start` returns the bound port."""
 
-    def __init__(self, app: Any, host: str, port: int, what: str, sock: socket.socket | None = None) -> None:
-        """``sock``: a socket bound already (a frontend worker's SO_REUSEPORT one); else bound here."""
+    def __init__(self, app: Any, host: str, port: int, what: str, sock: socket.socket | None = None,
+                 tls: TlsFiles | None = None) -> None:
+        """``sock``: a socket bound already (a frontend worker's SO_REUSEPORT one); else bound here.
+        ``tls``: serve HTTPS (mutual TLS when it says so) with these files."""
         self.app = app
         self._sock = sock
+        self.tls = tls
         self.host = host
         self.requested_port = port
         self.what = what
@@ -79,6 +84,7 @@ class AsgiServer:
             server_header=False,
             ws="none",
             timeout_keep_alive=75,  # clients (perf_analyzer, tritonclient) keep connections open
+            **(self.tls.uvicorn_options() if self.tls is not None else {}),
         )
         server = _Server(config)
         self._server = server

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from inferd._proto import grpc_service_pb2 as pb
-from inferd.dtypes import BY_NAME, DataType, datatype_problem, decode_bytes, encode_bytes
+from inferd.dtypes import BY_NAME, DataType, datatype_problem, decode_bytes, element_count, encode_bytes
 from inferd.errors import InvalidArgument
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput, SharedTensor, ShmRef
 
@@ -63,9 +63,7 @@ def parse_version(model: str, version: str) -> int:
 
 
 def array_from_raw(raw: bytes, dtype: DataType, shape: tuple[int, ...], where: str) -> np.ndarray:
-    count = 1
-    for d in shape:
-        count *= d
+    count = element_count(shape, where)
     if dtype.name == "BYTES":
         return decode_bytes(raw, count, where).reshape(shape)
     expected = count * dtype.itemsize
@@ -83,9 +81,7 @@ def array_from_contents(t: pb.ModelInferRequest.InferInputTensor, dtype: DataTyp
     if field is None:
         raise InvalidArgument(f"{where}: data type {dtype.name} has no typed contents field; send it as raw_input_contents")
     values = getattr(t.contents, field)
-    count = 1
-    for d in shape:
-        count *= d
+    count = element_count(shape, where)
     if len(values) != count:
         raise InvalidArgument(f"{where}: {len(values)} values in contents for shape {list(shape)}, expecting {count}")
     if dtype.name == "BYTES":

@@ -36,6 +36,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, dataplane: DataPlaneAPI, clock: Clock | None = None) -> None:
         self.dp = dataplane
         self.clock = clock or MonotonicClock()
+        self._streams: set[asyncio.Queue] = set()  # the open ModelStreamInfer streams' outboxes
+
+    def close_streams(self, error: InferdError) -> None:
+        """End every open stream with ``error``'s status (the port is closing): each stops reading
+        and its client gets the status once the responses already queued are written."""
+        for out in self._streams:
+            out.put_nowait(_Closing(error))
 
     async def _abort(self, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
         code, message = grpc_status(exc)
@@ -173,14 +180,18 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 out.put_nowait(finished)
 
         reader = asyncio.ensure_future(read())
+        self._streams.add(out)
         try:
             while pending:
                 message = await out.get()
                 if message is finished:
                     pending -= 1
                     continue
+                if isinstance(message, _Closing):
+                    await context.abort(*grpc_status(message.error))
                 yield message
         finally:
+            self._streams.discard(out)
             reader.cancel()
             for task in list(tasks):
                 task.cancel()
@@ -304,6 +315,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             else:
                 out.string_param = value
         return response
+
+
+class _Closing:
+    """Put in a stream's outbox to end the stream with ``error``'s status."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: InferdError) -> None:
+        self.error = error
 
 
 def _metadata(context) -> dict[str, str]:  # type: ignore[no-untyped-def]

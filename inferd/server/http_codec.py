@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd.dtypes import BY_NAME, DataType, datatype_problem, encode_bytes, from_numpy
+from inferd.dtypes import BY_NAME, DataType, datatype_problem, element_count, encode_bytes, from_numpy
 from inferd.errors import InvalidArgument
 from inferd.observability.stats import ModelStatistics
 from inferd.server.codec import array_from_raw, int_param, parse_version, shm_ref
@@ -73,6 +73,8 @@ def load_json(data: bytes | memoryview, what: str) -> Any:
         return json.loads(bytes(data) if isinstance(data, memoryview) else data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgument(f"{what}: the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidArgument(f"{what}: the JSON body nests arrays or objects too deeply") from None
 
 
 def decode_infer_request(model: str, version: str, body: bytes, header_length: str | None = None) -> HttpInferRequest:
@@ -214,9 +216,7 @@ def _flatten(data: Any) -> list[Any]:
 
 def array_from_json(data: Any, dtype: DataType, shape: tuple[int, ...], where: str) -> np.ndarray:
     """A JSON ``data`` value (flat or nested, row-major) as an array of ``shape``."""
-    count = 1
-    for d in shape:
-        count *= d
+    count = element_count(shape, where)
     flat = _flatten(data)
     if len(flat) != count:
         raise InvalidArgument(f"{where}: {len(flat)} values in 'data' for shape {list(shape)}, expecting {count}")
@@ -255,7 +255,13 @@ def array_from_json(data: Any, dtype: DataType, shape: tuple[int, ...], where: s
             raise InvalidArgument(f"{where}: value {bad} is out of range for {name} ({info.min}..{info.max})")
     elif kind not in "iuf":
         raise InvalidArgument(f"{where}: {name} data must be numbers, got {_first_bad(flat, float)!r}")
-    return values.astype(dtype.numpy, copy=False).reshape(shape)
+    try:
+        with np.errstate(over="raise", invalid="ignore"):  # NaN and infinities given as such pass
+            return values.astype(dtype.numpy, copy=False).reshape(shape)
+    except FloatingPointError:
+        finfo = np.finfo(dtype.numpy)
+        raise InvalidArgument(f"{where}: a value is out of range for {name} (magnitude at most {float(finfo.max):g})"
+                              ) from None
 
 
 def _first_bad(flat: list[Any], kind: type) -> Any:

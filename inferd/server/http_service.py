@@ -8,6 +8,11 @@ Health and readiness answer 200 for true and 400 for false, as Triton does.
 Triton's extensions use the data plane's own state, so both frontends see one
 set of shared memory regions, trace settings and log settings; a W3C
 ``traceparent`` header parents a traced request's span as gRPC metadata does.
+
+Limits: a body (and, compressed, what it decompresses to) larger than
+``--http-max-input-size`` (64 MiB by default, Triton's) is refused with 413
+before it is all read; restricted groups (``--http-restricted-api``,
+:mod:`inferd.server.restrictions`) answer 403 without the header.
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ from starlette.routing import Route
 
 from inferd.config import message_to_dict
 from inferd.dataplane import DataPlaneAPI
-from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unimplemented
+from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, TooLarge, Unimplemented
 from inferd.server import generate, http_codec
 from inferd.server.codec import parse_version
+from inferd.server.restrictions import Restrictions
 from inferd.server.status import http_status
 
 # Triton's words for an HTTP inference request to a decoupled model (clients match on them).
@@ -39,6 +45,7 @@ log = logging.getLogger(__name__)
 
 JSON = "application/json"
 Handler = Callable[[Request], Awaitable[Response]]
+DEFAULT_MAX_INPUT_BYTES = 64 * 1024 * 1024  # Triton's --http-max-input-size default
 
 
 def json_response(doc: Any, status: int = 200) -> Response:
@@ -65,9 +72,17 @@ def _trace_values(key: str, value: Any) -> list[str]:
     raise InvalidArgument(f"trace setting '{key}' must be a string, an array of strings or null, got {value!r}")
 
 
-def _guarded(handler: Handler) -> Handler:
+def _guarded(handler: Handler, group: str, restrictions: Restrictions) -> Handler:
+    rule = group if group in restrictions.by_group else None
+
     async def run(request: Request) -> Response:
         try:
+            if rule is not None:
+                client = request.client
+                refused = restrictions.refusal(rule, request.headers.get, f"{request.method} {request.url.path}",
+                                               f"{client.host}:{client.port}" if client else "")
+                if refused is not None:
+                    return error_response(refused)
             return await handler(request)
         except Exception as exc:
             return error_response(exc)
@@ -76,18 +91,68 @@ def _guarded(handler: Handler) -> Handler:
     return run
 
 
-def _decompress(body: bytes, encoding: str) -> bytes:
+def _too_large(size: int | str, limit: int, what: str = "the request body") -> TooLarge:
+    return TooLarge(f"{what} has {size} bytes, more than the {limit} this server accepts "
+                    "(--http-max-input-size)")
+
+
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """``body`` decoded; TooLarge when it would decompress past ``limit`` bytes (it stops there)."""
     encoding = encoding.strip().lower()
-    try:
-        if encoding == "gzip":
-            return gzip.decompress(body)
-        if encoding == "deflate":
-            return zlib.decompress(body)
-    except (OSError, zlib.error, EOFError) as exc:
-        raise InvalidArgument(f"the request body is not valid {encoding} data: {exc}") from None
     if encoding in ("", "identity"):
         return body
-    raise Unimplemented(f"Content-Encoding '{encoding}' is not supported; use gzip or deflate")
+    if encoding not in ("gzip", "deflate"):
+        raise Unimplemented(f"Content-Encoding '{encoding}' is not supported; use gzip or deflate")
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    out = b""
+    rest = body
+    while True:  # a gzip body may hold several members, one after the other
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out += inflater.decompress(rest, limit + 1 - len(out))
+            if len(out) > limit or inflater.unconsumed_tail:
+                raise _too_large(f"more than {limit}", limit, f"the {encoding} request body, decompressed,")
+            out += inflater.flush()
+        except zlib.error as exc:
+            raise InvalidArgument(f"the request body is not valid {encoding} data: {exc}") from None
+        if not inflater.eof:
+            raise InvalidArgument(f"the request body is not valid {encoding} data: it ends before the stream does")
+        rest = inflater.unused_data
+        if not rest or encoding != "gzip":
+            return out
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``limit`` bytes is refused (413) as soon as that is known:
+    from its Content-Length before any of it is read, else when the bytes read pass it."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit = self.limit
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                if not value.isdigit() or int(value) > limit:
+                    await json_response({"error": _too_large(value.decode("latin-1")[:32], limit).message},
+                                        413)(scope, receive, send)
+                    return
+                break
+        seen = 0
+
+        async def bounded() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise _too_large(f"more than {limit}", limit)
+            return message
+
+        await self.app(scope, bounded, send)
 
 
 def _compress(body: bytes, accept: str | None) -> tuple[bytes, str | None]:
@@ -102,11 +167,11 @@ def _compress(body: bytes, accept: str | None) -> tuple[bytes, str | None]:
     return body, None
 
 
-async def _json_body(request: Request, what: str) -> dict[str, Any]:
+async def _json_body(request: Request, what: str, limit: int = DEFAULT_MAX_INPUT_BYTES) -> dict[str, Any]:
     body = await request.body()
     encoding = request.headers.get("content-encoding")
     if encoding:
-        body = _decompress(body, encoding)
+        body = _decompress(body, encoding, limit)
     if not body.strip():
         return {}
     doc = http_codec.load_json(body, what)
@@ -115,10 +180,10 @@ async def _json_body(request: Request, what: str) -> dict[str, Any]:
     return doc
 
 
-async def _control_parameters(request: Request, what: str) -> dict[str, Any]:
+async def _control_parameters(request: Request, what: str, limit: int) -> dict[str, Any]:
     """Explicit model control's body: its ``parameters`` (``config``, ``unload_dependents``) as they
     are, and the ``file:<path>`` ones base64-decoded (JSON carries a file's bytes as base64)."""
-    doc = await _json_body(request, f"model {what} request")
+    doc = await _json_body(request, f"model {what} request", limit)
     params = doc.get("parameters") or {}
     rpc = "RepositoryModelLoad" if what == "load" else "RepositoryModelUnload"
     if not isinstance(params, dict):
@@ -140,58 +205,65 @@ def _file_content(rpc: str, key: str, value: Any) -> bytes:
 class HttpFrontend:
     """The routes; they call only the :class:`DataPlaneAPI` façade."""
 
-    def __init__(self, dataplane: DataPlaneAPI) -> None:
+    def __init__(self, dataplane: DataPlaneAPI, restrictions: Restrictions | None = None,
+                 max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> None:
         self.dp = dataplane
+        self.restrictions = restrictions or Restrictions()
+        self.max_input = max_input_bytes
 
-    def app(self) -> Starlette:
+    def app(self) -> Any:
         r: list[Route] = []
 
-        def route(path: str, handler: Handler, method: str = "GET", versioned: bool = False) -> None:
-            r.append(Route(path, _guarded(handler), methods=[method]))
+        def route(path: str, handler: Handler, group: str, method: str = "GET", versioned: bool = False) -> None:
+            guarded = _guarded(handler, group, self.restrictions)
+            r.append(Route(path, guarded, methods=[method]))
             if versioned:
                 at = path.index("{model}") + len("{model}")
-                r.append(Route(path[:at] + "/versions/{version}" + path[at:], _guarded(handler), methods=[method]))
+                r.append(Route(path[:at] + "/versions/{version}" + path[at:], guarded, methods=[method]))
 
-        route("/v2/models/{model}/infer", self.infer, "POST", versioned=True)  # first: the hot path
-        route("/v2/models/{model}/generate", self.generate, "POST", versioned=True)
-        route("/v2/models/{model}/generate_stream", self.generate_stream, "POST", versioned=True)
-        route("/v2/health/live", self.live)
-        route("/v2/health/ready", self.ready)
-        route("/v2", self.server_metadata)
-        route("/v2/models/stats", self.statistics)
-        route("/v2/models/{model}", self.model_metadata, versioned=True)
-        route("/v2/models/{model}/ready", self.model_ready, versioned=True)
-        route("/v2/models/{model}/config", self.model_config, versioned=True)
-        route("/v2/models/{model}/stats", self.statistics, versioned=True)
-        route("/v2/repository/index", self.repository_index, "POST")
-        route("/v2/repository/models/{model}/load", self.load, "POST")
-        route("/v2/repository/models/{model}/unload", self.unload, "POST")
-        route("/v2/systemsharedmemory/status", self.shm_status)
-        route("/v2/systemsharedmemory/region/{region}/status", self.shm_status)
-        route("/v2/systemsharedmemory/region/{region}/register", self.shm_register, "POST")
-        route("/v2/systemsharedmemory/region/{region}/unregister", self.shm_unregister, "POST")
-        route("/v2/systemsharedmemory/unregister", self.shm_unregister, "POST")
-        route("/v2/cudasharedmemory/status", self.cuda_status)
-        route("/v2/cudasharedmemory/region/{region}/status", self.cuda_status)
-        route("/v2/cudasharedmemory/region/{region}/register", self.cuda_register, "POST")
-        route("/v2/cudasharedmemory/region/{region}/unregister", self.cuda_unregister, "POST")
-        route("/v2/cudasharedmemory/unregister", self.cuda_unregister, "POST")
-        route("/v2/batches", self.batch_submit, "POST")
-        route("/v2/batches", self.batch_list)
-        route("/v2/batches/{job}", self.batch_status)
-        route("/v2/batches/{job}/results", self.batch_results)
-        route("/v2/batches/{job}/cancel", self.batch_cancel, "POST")
+        # The groups are Triton's (--http-restricted-api).
+        route("/v2/models/{model}/infer", self.infer, "inference", "POST", versioned=True)  # first: the hot path
+        route("/v2/models/{model}/generate", self.generate, "inference", "POST", versioned=True)
+        route("/v2/models/{model}/generate_stream", self.generate_stream, "inference", "POST", versioned=True)
+        route("/v2/health/live", self.live, "health")
+        route("/v2/health/ready", self.ready, "health")
+        route("/v2", self.server_metadata, "metadata")
+        route("/v2/models/stats", self.statistics, "statistics")
+        route("/v2/models/{model}", self.model_metadata, "metadata", versioned=True)
+        route("/v2/models/{model}/ready", self.model_ready, "health", versioned=True)
+        route("/v2/models/{model}/config", self.model_config, "model-config", versioned=True)
+        route("/v2/models/{model}/stats", self.statistics, "statistics", versioned=True)
+        route("/v2/repository/index", self.repository_index, "model-repository", "POST")
+        route("/v2/repository/models/{model}/load", self.load, "model-repository", "POST")
+        route("/v2/repository/models/{model}/unload", self.unload, "model-repository", "POST")
+        shm = "shared-memory"
+        route("/v2/systemsharedmemory/status", self.shm_status, shm)
+        route("/v2/systemsharedmemory/region/{region}/status", self.shm_status, shm)
+        route("/v2/systemsharedmemory/region/{region}/register", self.shm_register, shm, "POST")
+        route("/v2/systemsharedmemory/region/{region}/unregister", self.shm_unregister, shm, "POST")
+        route("/v2/systemsharedmemory/unregister", self.shm_unregister, shm, "POST")
+        route("/v2/cudasharedmemory/status", self.cuda_status, shm)
+        route("/v2/cudasharedmemory/region/{region}/status", self.cuda_status, shm)
+        route("/v2/cudasharedmemory/region/{region}/register", self.cuda_register, shm, "POST")
+        route("/v2/cudasharedmemory/region/{region}/unregister", self.cuda_unregister, shm, "POST")
+        route("/v2/cudasharedmemory/unregister", self.cuda_unregister, shm, "POST")
+        # Batch jobs (inferd's own) run inference: the inference group guards them.
+        route("/v2/batches", self.batch_submit, "inference", "POST")
+        route("/v2/batches", self.batch_list, "inference")
+        route("/v2/batches/{job}", self.batch_status, "inference")
+        route("/v2/batches/{job}/results", self.batch_results, "inference")
+        route("/v2/batches/{job}/cancel", self.batch_cancel, "inference", "POST")
         for method in ("GET", "POST"):
-            route("/v2/trace/setting", self.trace_setting, method)
-            route("/v2/models/{model}/trace/setting", self.trace_setting, method)
-            route("/v2/logging", self.log_settings, method)
+            route("/v2/trace/setting", self.trace_setting, "trace", method)
+            route("/v2/models/{model}/trace/setting", self.trace_setting, "trace", method)
+            route("/v2/logging", self.log_settings, "logging", method)
 
         async def not_found(request: Request, exc: Exception) -> Response:
             status = exc.status_code if isinstance(exc, HTTPException) else 404
             what = "method not allowed" if status == 405 else "no such endpoint"
             return json_response({"error": f"{what}: {request.method} {request.url.path}"}, status)
 
-        return Starlette(routes=r, exception_handlers={404: not_found, 405: not_found})
+        return BodyLimit(Starlette(routes=r, exception_handlers={404: not_found, 405: not_found}), self.max_input)
 
     # -- health and metadata ---------------------------------------------------
 
@@ -233,7 +305,7 @@ class HttpFrontend:
     # -- model repository --------------------------------------------------------
 
     async def repository_index(self, request: Request) -> Response:
-        doc = await _json_body(request, "repository index request")
+        doc = await _json_body(request, "repository index request", self.max_input)
         ready = doc.get("ready", False)
         if not isinstance(ready, bool):
             raise InvalidArgument(f"repository index request: 'ready' must be a boolean, got {ready!r}")
@@ -249,11 +321,11 @@ class HttpFrontend:
         return json_response(out)
 
     async def load(self, request: Request) -> Response:
-        await self.dp.load_model(request.path_params["model"], await _control_parameters(request, "load"))
+        await self.dp.load_model(request.path_params["model"], await _control_parameters(request, "load", self.max_input))
         return Response(status_code=200)
 
     async def unload(self, request: Request) -> Response:
-        await self.dp.unload_model(request.path_params["model"], await _control_parameters(request, "unload"))
+        await self.dp.unload_model(request.path_params["model"], await _control_parameters(request, "unload", self.max_input))
         return Response(status_code=200)
 
     # -- shared memory (Triton's extension; the data plane's regions, shared with gRPC) ------------
@@ -265,7 +337,7 @@ class HttpFrontend:
 
     async def shm_register(self, request: Request) -> Response:
         name = request.path_params["region"]
-        doc = await _json_body(request, f"system shared memory register request for region '{name}'")
+        doc = await _json_body(request, f"system shared memory register request for region '{name}'", self.max_input)
         key = doc.get("key")
         if not isinstance(key, str):
             raise InvalidArgument(f"system shared memory region '{name}': 'key' must be a string, got {key!r}")
@@ -289,7 +361,7 @@ class HttpFrontend:
 
     async def cuda_register(self, request: Request) -> Response:
         name = request.path_params["region"]
-        doc = await _json_body(request, f"CUDA shared memory register request for region '{name}'")
+        doc = await _json_body(request, f"CUDA shared memory register request for region '{name}'", self.max_input)
         raw = doc.get("raw_handle")
         b64 = raw.get("b64") if isinstance(raw, dict) else None
         if not isinstance(b64, str):
@@ -322,7 +394,7 @@ class HttpFrontend:
         model = request.path_params.get("model", "")
         changes = None
         if request.method == "POST":
-            doc = await _json_body(request, "trace setting request")
+            doc = await _json_body(request, "trace setting request", self.max_input)
             changes = {key: _trace_values(key, value) for key, value in doc.items()}
         settings = await self.dp.trace_settings(model, changes or None)
         # Triton's JSON: trace_level is an array, the others single strings (left out when unset).
@@ -338,7 +410,7 @@ class HttpFrontend:
         """GET reads, POST changes (as the LogSettings RPC)."""
         changes = None
         if request.method == "POST":
-            changes = await _json_body(request, "log setting request")
+            changes = await _json_body(request, "log setting request", self.max_input)
         return json_response(await self.dp.log_settings(changes or None))
 
     # -- batch jobs ----------------------------------------------------------------
@@ -353,7 +425,7 @@ class HttpFrontend:
         body = await request.body()
         encoding = request.headers.get("content-encoding")
         if encoding:
-            body = _decompress(body, encoding)
+            body = _decompress(body, encoding, self.max_input)
         return json_response(await self.dp.batch_submit(body, model, version))
 
     async def batch_list(self, request: Request) -> Response:
@@ -380,7 +452,7 @@ class HttpFrontend:
         that is refused before it reaches the model raises here (a JSON error answer)."""
         name, version = request.path_params["model"], request.path_params.get("version", "")
         metadata = await self.dp.model_metadata(name, parse_version(name, version))
-        doc = await _json_body(request, f"generate request for model '{name}'")
+        doc = await _json_body(request, f"generate request for model '{name}'", self.max_input)
         return self.dp.infer_stream(generate.decode_generate_request(doc, metadata, version))
 
     async def generate(self, request: Request) -> Response:
@@ -434,7 +506,7 @@ class HttpFrontend:
         headers = request.headers
         encoding = headers.get("content-encoding")
         if encoding:
-            body = _decompress(body, encoding)
+            body = _decompress(body, encoding, self.max_input)
         name = request.path_params["model"]
         decoded = http_codec.decode_infer_request(
             name, request.path_params.get("version", ""), body, headers.get(http_codec.HEADER_LENGTH),

@@ -21,6 +21,8 @@ STATUS: dict[str, tuple[grpc.StatusCode, int]] = {
     "UNIMPLEMENTED": (grpc.StatusCode.UNIMPLEMENTED, 501),
     "UNAVAILABLE": (grpc.StatusCode.UNAVAILABLE, 503),
     "DEADLINE_EXCEEDED": (grpc.StatusCode.DEADLINE_EXCEEDED, 504),
+    "PERMISSION_DENIED": (grpc.StatusCode.PERMISSION_DENIED, 403),
+    "RESOURCE_EXHAUSTED": (grpc.StatusCode.RESOURCE_EXHAUSTED, 413),
 }
 _INTERNAL = STATUS["INTERNAL"]
 

@@ -1,0 +1,236 @@
+"""The gRPC port: the grpc.aio server every process that serves gRPC builds here.
+
+:class:`GrpcPort` puts the inference servicer, gRPC health and reflection on
+one port with what every such port needs: the message-size limits, TLS or
+mutual TLS (:mod:`inferd.server.tls`), the restricted groups
+(:mod:`inferd.server.restrictions`), and gRPC core's own limits raised out of
+the way so that the server, not the transport, decides what to refuse:
+
+- gRPC core answers calls it holds unclaimed past ``grpc.server.max_pending_requests``
+  (1,000, randomly up to the hard limit of 3,000) with CANCELLED, a status clients
+  do not retry. A Python server claims one call per event-loop turn, so a burst of
+  a few thousand calls reached it under load (issue 16: 8,060 CANCELLED in 12 s).
+  Both limits are raised here; the data plane's admission caps
+  (:mod:`inferd.dataplane.admission`) refuse what the server cannot take, with
+  UNAVAILABLE and the reason, as soon as the call is claimed.
+
+Closing the port (:meth:`GrpcPort.close`) never answers CANCELLED either. gRPC
+core cancels every call that arrived but was not claimed yet when the server
+shuts down, and under load there always are some (issue 16: 52 of 64 client
+loops). So the port first *holds* every call it claims (the shutdown gate): a
+client waiting for its answer sends nothing more, and once no call arrived for
+``QUIET_SECONDS`` (at most ``LONGEST_HOLD_SECONDS``) nothing is left unclaimed.
+Then the server shuts down (GOAWAY: clients take new calls elsewhere) and the
+held calls, and any open stream, are answered UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import grpc
+from grpc_health.v1 import health_pb2_grpc
+
+from inferd.clock import Alarm, Clock, MonotonicClock
+from inferd.errors import Unavailable
+from inferd.server.grpc_service import InferenceServicer, add_to_server
+from inferd.server.health import Health, enable_reflection
+from inferd.server.restrictions import GRPC_METHODS, Restrictions
+from inferd.server.status import grpc_status
+from inferd.server.tls import TlsFiles
+
+log = logging.getLogger(__name__)
+
+# gRPC core's unclaimed-call limits, raised past any backlog a server process can hold.
+PENDING_LIMIT = 1 << 20
+QUIET_SECONDS = 0.05
+LONGEST_HOLD_SECONDS = 1.0
+CLOSING = "inferd is shutting down and this port is closing; retry the call on another server"
+
+
+@dataclass(frozen=True)
+class GrpcPortOptions:
+    address: str = "0.0.0.0"
+    port: int = 8001
+    max_message_bytes: int = 2**31 - 1
+    tls: TlsFiles | None = None
+    restrictions: Restrictions = field(default_factory=lambda: Restrictions(protocol="protocol"))
+    channel_args: tuple[tuple[str, Any], ...] = ()  # more grpc server options (SO_REUSEPORT for workers, ...)
+
+
+def server_options(o: GrpcPortOptions) -> list[tuple[str, Any]]:
+    """The grpc.aio server options a port is built with (``channel_args`` last: they win)."""
+    return [
+        ("grpc.max_send_message_length", o.max_message_bytes),
+        ("grpc.max_receive_message_length", o.max_message_bytes),
+        ("grpc.server.max_pending_requests", PENDING_LIMIT),
+        ("grpc.server.max_pending_requests_hard_limit", PENDING_LIMIT),
+        *o.channel_args,
+    ]
+
+
+class Gate:
+    """The shutdown gate: once closed, calls are held until :meth:`release`, then refused.
+
+    :meth:`quiet` waits, on the injected clock, until no call arrived for a while."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock or MonotonicClock()
+        self.closed = False
+        self.held = 0  # calls held since the gate closed
+        self._last = 0.0
+        self._released: asyncio.Event | None = None
+
+    def close(self) -> None:
+        self.closed = True
+        self._last = self.clock.now()
+        self._released = asyncio.Event()
+
+    async def hold(self) -> None:
+        """Wait until the gate is released (the server is shutting down by then)."""
+        self.held += 1
+        self._last = self.clock.now()
+        assert self._released is not None
+        await self._released.wait()
+
+    async def quiet(self, quiet_s: float = QUIET_SECONDS, longest_s: float = LONGEST_HOLD_SECONDS) -> None:
+        """Return once no call arrived for ``quiet_s``, or ``longest_s`` after this was called."""
+        give_up = self.clock.now() + longest_s
+        done = asyncio.get_running_loop().create_future()
+
+        def check() -> None:
+            now = self.clock.now()
+            when = min(self._last + quiet_s, give_up)
+            if now >= when:
+                if not done.done():
+                    done.set_result(None)
+            else:
+                alarm.arm(when)
+
+        alarm = Alarm(self.clock, check)
+        check()
+        try:
+            await done
+        finally:
+            alarm.cancel()
+
+    def release(self) -> None:
+        if self._released is not None:
+            self._released.set()
+
+
+class _Guarded:
+    """A servicer as grpc registers it: each method behind the port's restrictions and gate."""
+
+    def __init__(self, servicer: Any, restrictions: Restrictions, gate: Gate) -> None:
+        self._servicer = servicer
+        self._restrictions = restrictions
+        self._gate = gate
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._servicer, name)
+        if name not in GRPC_METHODS:  # not an RPC (a helper the registration may use): as it is
+            return method
+        group = GRPC_METHODS.get(name)
+        restricted = group is not None and group in self._restrictions.by_group
+        return _guard(method, name, group if restricted else None, self._restrictions, self._gate)
+
+
+def _guard(method: Callable[..., Any], name: str, group: str | None, restrictions: Restrictions,
+           gate: Gate) -> Callable[..., Any]:
+    async def refusal(context: grpc.aio.ServicerContext) -> Exception | None:
+        if group is not None:
+            error = restrictions.refusal(group, _header(context), name, context.peer())
+            if error is not None:
+                return error
+        if gate.closed:
+            await gate.hold()
+            return Unavailable(CLOSING)
+        return None
+
+    if inspect.isasyncgenfunction(method):
+        async def streamed(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            error = await refusal(context) if group is not None or gate.closed else None
+            if error is not None:
+                await context.abort(*grpc_status(error))
+            async for message in method(request, context):
+                yield message
+        return streamed
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if group is not None or gate.closed:
+            error = await refusal(context)
+            if error is not None:
+                await context.abort(*grpc_status(error))
+        return await method(request, context)
+    return unary
+
+
+def _header(context: grpc.aio.ServicerContext) -> Callable[[str], str | None]:
+    def get(key: str) -> str | None:
+        for m in context.invocation_metadata() or ():
+            if m.key == key:
+                return m.value if isinstance(m.value, str) else None
+        return None
+    return get
+
+
+class GrpcPort:
+    """One gRPC port: ``servicer`` (the inference service), ``health`` and reflection."""
+
+    def __init__(self, servicer: InferenceServicer, health: Health, options: GrpcPortOptions,
+                 clock: Clock | None = None) -> None:
+        self.servicer = servicer
+        self.health = health
+        self.options = options
+        self.gate = Gate(clock)
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> int:
+        """Bind and serve; the bound port. SystemExit when the address cannot be listened on."""
+        o = self.options
+        server = grpc.aio.server(options=server_options(o))
+        add_to_server(_Guarded(self.servicer, o.restrictions, self.gate), server)  # type: ignore[arg-type]
+        health_pb2_grpc.add_HealthServicer_to_server(
+            _Guarded(self.health.servicer, o.restrictions, self.gate), server)  # type: ignore[arg-type]
+        enable_reflection(server)
+        address = f"{o.address}:{o.port}"
+        try:
+            if o.tls is not None:
+                self.port = server.add_secure_port(address, o.tls.grpc_credentials())
+            else:
+                self.port = server.add_insecure_port(address)
+        except RuntimeError as exc:  # grpc raises for a port it cannot bind
+            raise SystemExit(f"cannot listen for gRPC on {address}: {exc}") from None
+        if self.port == 0:
+            raise SystemExit(f"cannot listen for gRPC on {address}")
+        await server.start()
+        self._server = server
+        await self.health.start()
+        return self.port
+
+    async def close(self, grace: float) -> None:
+        """Close the port, answering every call UNAVAILABLE or as served, never CANCELLED (see the module).
+        Calls being served when this is called get up to ``grace`` seconds to finish."""
+        server = self._server
+        if server is None:
+            return
+        self._server = None
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        self.gate.close()
+        await self.gate.quiet(longest_s=min(LONGEST_HOLD_SECONDS, max(grace, 0.0)))
+        self.health.close()
+        stopping = loop.create_task(server.stop(max(grace - (loop.time() - started), 0.0)))
+        await asyncio.sleep(0)  # the shutdown has begun (GOAWAY sent, nothing more is claimed)
+        self.gate.release()
+        self.servicer.close_streams(Unavailable(CLOSING))
+        await stopping
+        if self.gate.held:
+            log.info("gRPC port closed; %d calls that arrived while it closed were answered UNAVAILABLE",
+                     self.gate.held)
