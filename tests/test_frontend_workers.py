@@ -359,7 +359,7 @@ def test_sigterm_under_load_answers_every_accepted_request(tmp_path: Path, start
     assert code == 0 and not server.left_behind, server.log()
     # Answered, or refused as not taken (retryable): never CANCELLED, also for the calls that race a
     # worker's port closing (GrpcPort holds them until none is left unclaimed in gRPC core, issue 16).
-    assert set(results) <= {"ok", "StatusCode.UNAVAILABLE"}, sorted(set(results))
+    assert set(results) <= {"ok", "StatusCode.UNAVAILABLE", "StatusCode.UNAVAILABLE (not sent)"}, sorted(set(results))
     assert results.count("ok") > 50
 
 

@@ -38,6 +38,8 @@ class WorkerLink:
         self.draining = False
         self.tracing = False  # the core's tracing is on for some model: send trace carriers
         self.drain_requested: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.core_draining = False  # the core sent DRAIN: it will say CLOSE when the whole server is drained
+        self.close_requested: asyncio.Future = asyncio.get_running_loop().create_future()
         self.update_state(config.get("state") or {})
 
     @classmethod
@@ -80,8 +82,12 @@ class WorkerLink:
         elif kind == wire.STATE:
             self.update_state(msg[1])
         elif kind == wire.DRAIN:
+            self.core_draining = True
             if not self.drain_requested.done():
                 self.drain_requested.set_result(msg[1])
+        elif kind == wire.CLOSE:
+            if not self.close_requested.done():
+                self.close_requested.set_result(None)
         else:
             log.warning("frontend %d: unknown message kind %r from the core", self.index, kind)
 
@@ -97,6 +103,8 @@ class WorkerLink:
         self._calls.clear()
         if not self.drain_requested.done():
             self.drain_requested.set_result(None)  # None: no grace, the core is gone
+        if not self.close_requested.done():
+            self.close_requested.set_result(None)
 
     @property
     def core_gone(self) -> bool:

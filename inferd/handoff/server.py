@@ -102,7 +102,8 @@ class MultiProcessServer(InferenceServer):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self.options.grace_seconds if grace is None else grace)
         if self.supervisor is not None:
-            await self.supervisor.stop(max(deadline - loop.time(), 0.0))
+            self.dataplane.drain()  # not ready and refusing at once, through every worker
+            await self.supervisor.stop(max(deadline - loop.time(), 0.0), self.dataplane.drained())
         for sock in self._reserved:
             sock.close()
         self._reserved.clear()

@@ -13,8 +13,9 @@ closes) is *lost*: the core's endpoint for it fails what it had in flight, and
 the slot is started again (when: :mod:`inferd.handoff.restart`) with fresh
 arenas, so nothing a dead worker wrote can be read again.
 :meth:`Supervisor.stop` sends ``DRAIN`` to every worker: each stops taking
-requests, answers those it accepted, closes its ports and exits; one still
-running after the grace is killed. Every worker is reaped before stop returns.
+requests and answers those it accepted, its ports still answering (not ready,
+UNAVAILABLE); once the core's requests are all answered it sends ``CLOSE``, and
+each closes its ports and exits; one still running after the grace is killed. Every worker is reaped before stop returns.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 from inferd.clock import Clock, MonotonicClock
 from inferd.handoff import wire
@@ -247,8 +248,9 @@ class Supervisor:
 
     # -- stop -------------------------------------------------------------------------
 
-    async def stop(self, grace: float) -> None:
-        """Drain every worker (each answers what it accepted, then exits); kill what is left after
+    async def stop(self, grace: float, drained: Awaitable[None] | None = None) -> None:
+        """Drain every worker (each answers what it accepted); once ``drained`` (the core's own
+        requests are all answered) tell them to CLOSE their ports and exit; kill what is left after
         ``grace`` seconds; return once every worker is reaped."""
         self._stopping = True
         for fut in self._waits:
@@ -257,6 +259,13 @@ class Supervisor:
         links = list(self.links.values())
         for link in links:
             link.channel.send([wire.DRAIN, grace])
+        if drained is not None and links:
+            try:
+                await asyncio.wait_for(drained, timeout=max(grace - min(grace / 4, 1.0), 0.0))
+            except asyncio.TimeoutError:
+                pass  # the workers' own grace ends it
+        for link in links:
+            link.channel.send([wire.CLOSE])
         if links:
             await asyncio.wait([link.gone for link in links], timeout=grace + EXIT_MARGIN)
         for link in links:

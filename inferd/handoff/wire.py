@@ -36,8 +36,10 @@ Core -> frontend::
     [FINAL, rid]                           a decoupled request ended after its last response
     [REPLY, cid, ok, value]                value: the pickled result, or [kind, message] when not ok
     [STATE, {"tracing": bool}]             pushed when it changes
-    [DRAIN, grace_seconds]                 stop taking requests, answer those accepted, close the
-                                           ports and exit
+    [DRAIN, grace_seconds]                 stop taking requests (not ready), answer those accepted
+    [CLOSE]                                every worker's accepted requests are answered: close the
+                                           ports and exit (until then an idle worker keeps its
+                                           ports answering, as the one-process server does)
 
 A request's input block is the frontend's until the core's final message for
 it (RESPONSE/ERROR with final set, or FINAL): the core reads the inputs in
@@ -60,6 +62,7 @@ FINAL = 19
 REPLY = 20
 DRAIN = 21
 STATE = 22
+CLOSE = 23
 
 NOT_IN_ARENA = -1
 NO_BLOCK = -1

@@ -86,6 +86,13 @@ async def serve(index: int, channel_fd: int) -> int:
         await asyncio.wait_for(link.pending.idle(), timeout=grace)
     except asyncio.TimeoutError:
         log.warning("frontend %d: %d requests still unanswered after %.1f s", index, len(link.pending), grace)
+    if link.core_draining:
+        # The whole server drains: keep answering (NOT_SERVING, new requests UNAVAILABLE) until
+        # the core says every worker's requests are answered, as one process keeps its port open.
+        try:
+            await asyncio.wait_for(asyncio.shield(link.close_requested), timeout=max(deadline - loop.time(), 0.0))
+        except asyncio.TimeoutError:
+            pass
     # What is left of the grace (at most a second) lets the last answers and control calls finish;
     # past it the ports close and what is still running is cut off. The gRPC port answers what
     # arrives while it closes UNAVAILABLE, never CANCELLED (GrpcPort.close).
