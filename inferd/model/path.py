@@ -19,8 +19,9 @@ import numpy as np
 
 from inferd.clock import Clock
 from inferd.dtypes import encode_bytes
-from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError
+from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError, SloRefused
 from inferd.gpu.tensor import DeviceTensor
+from inferd.model.cache import ResponseCache, request_key
 from inferd.model.model import Model
 from inferd.model.validation import check_requested_outputs, prepare_inputs, shape_outputs
 from inferd.streaming import ResponseSink, StreamEvent, StreamResponse
@@ -36,21 +37,51 @@ async def run_model(
     outputs requested into shared memory are written there. ``describe`` turns
     a failure into the error raised and traced (an ensemble names its step)."""
     start = time.perf_counter_ns()
+    hit_ns = -1  # a response cache hit: the time finding it took
     try:
         rows = _admit(model, request)
-        result = _shape(model, await model.scheduler.infer(request, rows), request)
+        if model.cache is None:
+            outputs = await model.scheduler.infer(request, rows)
+        else:
+            outputs, hit_ns = await _cached(model, model.cache, request, rows)
+        result = _shape(model, outputs, request)
     except BaseException as exc:
         error = describe(exc) if describe is not None and isinstance(exc, Exception) else exc
         _record_failure(model, request, clock, start, exc, error)
         if error is exc:
             raise
         raise error from (None if isinstance(exc, InferdError) else exc)
-    model.stats.record_success(time.perf_counter_ns() - start, clock.now())
+    if hit_ns < 0:
+        model.stats.record_success(time.perf_counter_ns() - start, clock.now())
+    else:
+        model.stats.record_cache_hit(time.perf_counter_ns() - start, hit_ns, clock.now())
     trace = request.trace
     if trace is not None:
         trace.tensors_attributes("output", result)
         trace.end()
     return result
+
+
+async def _cached(model: Model, cache: ResponseCache, request: InferenceRequest,
+                  rows: int) -> tuple[dict[str, np.ndarray], int]:
+    """The model's outputs for ``request``: from the response cache (and the time the hit
+    took), or computed, kept there and -1 (the miss's lookup and insertion are counted).
+    As in Triton, only host tensors are cached: a request with an input on a device
+    bypasses the cache, and outputs left on a device are not kept."""
+    if not all(isinstance(a, np.ndarray) for a in request.inputs.values()):
+        return await model.scheduler.infer(request, rows), -1
+    t0 = time.perf_counter_ns()
+    key = request_key(model.spec.name, model.version, request)
+    outputs = cache.lookup(key)
+    if outputs is not None:
+        return outputs, time.perf_counter_ns() - t0
+    lookup_ns = time.perf_counter_ns() - t0
+    outputs = await model.scheduler.infer(request, rows)
+    t1 = time.perf_counter_ns()
+    if all(isinstance(a, np.ndarray) for a in outputs.values()):
+        cache.insert(key, outputs)
+    model.stats.record_cache_miss(lookup_ns + time.perf_counter_ns() - t1)
+    return outputs, -1
 
 
 async def stream_model(model: Model, request: InferenceRequest, clock: Clock) -> AsyncIterator[StreamResponse]:
@@ -177,6 +208,8 @@ def failure_reason(exc: BaseException) -> str:
         return "CANCELED"
     if isinstance(exc, DeadlineExceeded):
         return "TIMEOUT"
+    if isinstance(exc, SloRefused):
+        return SloRefused.reason
     if isinstance(exc, InferdError):
         return exc.kind
     return "INTERNAL"
