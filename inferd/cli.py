@@ -81,6 +81,20 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECONDS",
                    help="poll mode: seconds between rescans (default 15)")
     tracing.add_arguments(p)
+    p.add_argument("--cache-config", action="append", default=[], metavar="local,size=BYTES",
+                   help="as Triton: the response cache, shared by the models whose config says response_cache "
+                        "{ enable: true }; 'local' (in-process, least recently used entries evicted first) is the "
+                        "one cache; size in bytes")
+    p.add_argument("--response-cache-byte-size", type=int, default=None, metavar="BYTES",
+                   help="Triton's deprecated spelling of --cache-config local,size=BYTES")
+    p.add_argument("--rate-limit", type=str.lower, choices=["off", "execution_count"], default="off",
+                   help="as Triton: execution_count runs an instance only once the resources its instance_group's "
+                        "rate_limiter asks for are free, the instance with the fewest executions x priority "
+                        "first; off (default) ignores every rate_limiter block")
+    p.add_argument("--rate-limit-resource", action="append", default=[], metavar="NAME:COUNT[:DEVICE]",
+                   help="as Triton: how many units of a resource exist (per device, or on DEVICE only; a global "
+                        "resource takes the largest count given); default: the most any loaded instance needs. "
+                        "Repeatable; once given, every resource a model uses must be listed")
     p.add_argument("--frontend-workers", type=int, default=None, metavar="N",
                    help="processes that serve the gRPC and HTTP ports (SO_REUSEPORT) and hand each request to "
                         "this process, which runs the models: 0 serves everything in one process. Default: "
@@ -208,9 +222,25 @@ def _repository_problem(repositories: list[Path]) -> str | None:
     return None
 
 
+def _cache_and_limits(args: argparse.Namespace) -> tuple[int | None, list[tuple[str, int, int]]]:
+    """The response cache's size and the explicit rate-limit resources, checked (InvalidArgument)."""
+    from inferd.errors import InvalidArgument
+    from inferd.model.cache import parse_cache_config
+    from inferd.scheduling.rate_limiter import parse_resource
+
+    if args.response_cache_byte_size is not None and args.cache_config:
+        raise InvalidArgument("Incompatible flags --response-cache-byte-size and --cache-config both provided. "
+                              "Please provide one or the other.")
+    settings = list(args.cache_config)
+    if args.response_cache_byte_size is not None:
+        settings = [f"local,size={args.response_cache_byte_size}"]
+    return parse_cache_config(settings), [parse_resource(r) for r in args.rate_limit_resource]
+
+
 def _serve(args: argparse.Namespace) -> int:
     from inferd.server.app import InferenceServer, ServerOptions
 
+    from inferd.errors import InferdError
     from inferd.observability.log_settings import LogSettings
     from inferd.observability.tracing import TraceConfig, Tracing
     from inferd.repository.control import check_arguments
@@ -259,6 +289,11 @@ def _serve(args: argparse.Namespace) -> int:
     if workers < 0:
         print(f"inferd: --frontend-workers must be >= 0, got {workers}", file=sys.stderr)
         return 2
+    try:
+        cache_bytes, resources = _cache_and_limits(args)
+    except InferdError as exc:
+        print(f"inferd: {exc.message}", file=sys.stderr)
+        return 2
     if not (args.allow_grpc or args.allow_http):
         print("inferd: --allow-grpc and --allow-http are both false: nothing would take requests", file=sys.stderr)
         return 2
@@ -286,6 +321,9 @@ def _serve(args: argparse.Namespace) -> int:
         repository_poll_secs=args.repository_poll_secs,
         tracing=tracer,
         log_settings=logs,
+        cache_bytes=cache_bytes,
+        rate_limit=args.rate_limit,
+        rate_limit_resources=resources,
         batch_dir=args.batch_dir,
         server_name=args.server_name,
     )

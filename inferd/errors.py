@@ -47,6 +47,13 @@ class Unavailable(InferdError):
     kind = "UNAVAILABLE"
 
 
+class SloRefused(Unavailable):
+    """Refused when it arrived: the model's latency SLO (``inferd.max_latency_microseconds``)
+    could not be met by the estimate (admission control). Counted under its own reason."""
+
+    reason = "SLO_REFUSED"
+
+
 class DeadlineExceeded(InferdError):
     """The client's own deadline passed before a response was ready."""
 

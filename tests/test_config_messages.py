@@ -69,7 +69,7 @@ def test_a_misspelt_inferd_parameter_gets_the_closest_key() -> None:
     with pytest.raises(ConfigError) as info:
         InferdParameters.from_config(config)
     assert ("unknown parameter 'inferd.split_large_request'; did you mean 'inferd.split_large_requests'? "
-            "(known inferd parameters: inferd.default_priority_level, inferd.execution,") in info.value.message
+            "(known inferd parameters: inferd.batch_wait, inferd.default_priority_level, inferd.execution,") in info.value.message
 
 
 def test_inferd_check_shows_the_hint(tmp_path: Path) -> None:

@@ -537,6 +537,7 @@ class FakeModel:
     stats: ModelStats
     version: int = 1
     tensor_device: str | None = None  # a torch device: the model takes and gives DeviceTensors there
+    cache: None = None  # no response cache
 
 
 def fake_model(name: str, fn, n_inputs: int = 1) -> FakeModel:  # type: ignore[no-untyped-def]

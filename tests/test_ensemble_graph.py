@@ -367,8 +367,8 @@ def test_prepare_reads_versions_and_checks_everything(tmp_path: Path):
     assert prepared.spec.platform == "ensemble"
     assert not prepared.spec.config.instance_group  # the manager adds none to an ensemble
     # The checks every config gets still apply (refused fields, parameters).
-    cached = ensemble(CHAIN, extra="response_cache { enable: true }\n")
-    assert "response_cache" in refused(loader.prepare, "ens", tmp_path, cached)
+    per_gpu = ensemble(CHAIN, extra='cc_model_filenames { key: "7.5" value: "m.onnx" }\n')
+    assert "cc_model_filenames" in refused(loader.prepare, "ens", tmp_path, per_gpu)
     typo = ensemble(CHAIN, extra='parameters { key: "inferd.nope" value { string_value: "1" } }\n')
     assert "unknown parameter 'inferd.nope'" in refused(loader.prepare, "ens", tmp_path, typo)
     assert "no version folder" in refused(loader.prepare, "ens", tmp_path / "1", config)

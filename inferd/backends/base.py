@@ -19,6 +19,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from inferd.backends.batching import Joined, join, request_rows, split
+from inferd.backends.pool import BufferPool
 from inferd.config import ModelConfig, ModelSignature, ModelSpec
 from inferd.errors import ConfigError, InferdError, ModelExecutionError
 from inferd.types import InferenceRequest, InferenceResponse
@@ -104,6 +105,7 @@ class InstanceSpec:
     version: int
     model_file: Path
     threads: int  # intra-op threads this instance may use (cores / instances)
+    group: int = 0  # the index of its instance_group in the config
     dispatcher: InferenceDispatcher | None = field(default=None, compare=False, repr=False)
 
 
@@ -150,23 +152,46 @@ class ModelInstance(abc.ABC):
         """Release the runtime's resources; called once, after the last execute."""
 
 
+@dataclass(slots=True)
+class Assembled:
+    """A batch's inputs joined ahead of its execution (:meth:`TensorInstance.assemble`)."""
+
+    joined: Joined
+    input_ns: int
+
+
 class TensorInstance(ModelInstance):
     """Base for runtimes that take one tensor per input for the whole batch.
 
-    ``execute`` joins the requests' inputs (concatenated; padded, masked or
-    ragged for a model with variable-length batching: :mod:`inferd.backends.batching`),
-    runs once and splits the outputs back per request.
+    A batch's inputs are joined (concatenated; padded, masked or ragged for a model
+    with variable-length batching: :mod:`inferd.backends.batching`) into buffers
+    from the instance's :class:`~inferd.backends.pool.BufferPool`
+    (``inferd.pooled_buffers``), the runtime runs once, and the outputs are split
+    back per request as views. The scheduler joins a batch with :meth:`assemble`
+    on the event loop, while the instance's thread may still execute the batch
+    before it, and runs it with :meth:`execute_assembled`; :meth:`execute` does both.
     """
+
+    # The scheduler may call assemble (on the loop) and execute_assembled (on the instance's
+    # thread) instead of execute.
+    assembles_ahead = True
+
+    def __init__(self, spec: ModelSpec, instance: InstanceSpec) -> None:
+        super().__init__(spec, instance)
+        self.pool: BufferPool | None = BufferPool() if spec.params.pooled_buffers else None
 
     @abc.abstractmethod
     def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
         """One call of the runtime."""
 
-    def execute(self, inputs: Sequence[dict[str, np.ndarray]], output_names: Sequence[str]) -> BatchResult:
-        times = ExecutionTimes()
-        varlen = self.model.varlen
+    def assemble(self, inputs: Sequence[dict[str, np.ndarray]]) -> Assembled:
+        """Join a batch's inputs (each request copied once, into a pooled buffer)."""
         t0 = time.perf_counter_ns()
-        joined = join(inputs, varlen)
+        joined = join(inputs, self.model.varlen, self.pool, self.model.max_batch_size)
+        return Assembled(joined, time.perf_counter_ns() - t0)
+
+    def execute_assembled(self, assembled: Assembled, output_names: Sequence[str]) -> BatchResult:
+        joined = assembled.joined
         t1 = time.perf_counter_ns()
         try:
             out = self.run(joined.inputs, output_names)
@@ -175,11 +200,13 @@ class TensorInstance(ModelInstance):
         except Exception as exc:
             raise ModelExecutionError(f"model '{self.model.name}' failed to execute: {exc}") from exc
         t2 = time.perf_counter_ns()
-        results: list[dict[str, np.ndarray] | InferdError] = list(split(self.model.name, joined, out, varlen))
-        times.input_ns = t1 - t0
-        times.infer_ns = t2 - t1
-        times.output_ns = time.perf_counter_ns() - t2
+        results: list[dict[str, np.ndarray] | InferdError] = list(
+            split(self.model.name, joined, out, self.model.varlen))
+        times = ExecutionTimes(assembled.input_ns, t2 - t1, time.perf_counter_ns() - t2)
         return BatchResult(results, times, joined.real_elements, joined.pad_elements)
+
+    def execute(self, inputs: Sequence[dict[str, np.ndarray]], output_names: Sequence[str]) -> BatchResult:
+        return self.execute_assembled(self.assemble(inputs), output_names)
 
 
 def split_batch(inputs: Sequence[dict[str, Any]], out: dict[str, Any]) -> list[dict[str, Any] | InferdError]:

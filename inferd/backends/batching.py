@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from inferd.config import MASK, BatchInput, BatchOutput, FilledInput, Unpad, VarlenSpec
+from inferd.backends.pool import BufferPool
 from inferd.errors import ModelExecutionError
 
 Shape = tuple[int, ...]
@@ -49,30 +50,33 @@ def request_rows(requests: Sequence[Mapping[str, Any]]) -> list[int]:
     return [len(next(iter(r.values()))) if r else 0 for r in requests]
 
 
-def join(requests: Sequence[dict[str, np.ndarray]], varlen: VarlenSpec | None = None) -> Joined:
+def join(requests: Sequence[dict[str, np.ndarray]], varlen: VarlenSpec | None = None,
+         pool: BufferPool | None = None, max_rows: int = 0) -> Joined:
+    """``pool``: take the joined tensors from it (each request copied once, into place);
+    ``max_rows``: the model's largest batch, which a pooled buffer is made to hold."""
     rows = request_rows(requests)
     first = requests[0]
     if varlen is None:
         if len(requests) == 1:
             return Joined(first, rows)
-        return Joined({name: np.concatenate([r[name] for r in requests]) for name in first}, rows)
+        return Joined({name: concatenate(name, [r[name] for r in requests], pool, max_rows) for name in first}, rows)
     joined = Joined({}, rows, [{name: a.shape for name, a in r.items()} for r in requests])
     pads = {p.name: p.pad for p in varlen.padded}
     sent = {f.name: f for f in varlen.filled if f.name in first}
     for name in first:
         arrays = [r[name] for r in requests]
         if name in sent:
-            joined.inputs[name] = (pad_to_longest(arrays, 0)[0] if sent[name].kind == MASK
-                                   else arrays[0] if len(arrays) == 1 else np.concatenate(arrays))
+            joined.inputs[name] = (pad_to_longest(arrays, 0, pool, name)[0] if sent[name].kind == MASK
+                                   else concatenate(name, arrays, pool, max_rows))
         elif name in varlen.ragged:
-            joined.inputs[name] = np.concatenate([a.reshape(-1) for a in arrays])
+            joined.inputs[name] = concatenate(name, [a.reshape(-1) for a in arrays], pool)
         elif name in pads:
-            array, real = pad_to_longest(arrays, pads[name])
+            array, real = pad_to_longest(arrays, pads[name], pool, name)
             joined.inputs[name] = array
             joined.real_elements += real
             joined.pad_elements += array.size - real
         else:
-            joined.inputs[name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+            joined.inputs[name] = concatenate(name, arrays, pool, max_rows)
     if len(sent) < len(varlen.filled):
         reference = varlen.reference
         assert reference is not None  # a mask or lengths input needs padding, which has a reference
@@ -90,15 +94,36 @@ def join(requests: Sequence[dict[str, np.ndarray]], varlen: VarlenSpec | None = 
     return joined
 
 
-def pad_to_longest(arrays: Sequence[np.ndarray], value: object) -> tuple[np.ndarray, int]:
+def concatenate(name: str, arrays: Sequence[np.ndarray], pool: BufferPool | None = None,
+                max_rows: int = 0) -> np.ndarray:
+    """The arrays joined along dimension 0: the one array itself, or a copy of each into
+    one buffer (a pooled one, made to hold ``max_rows`` rows, when ``pool`` is given)."""
+    if len(arrays) == 1:
+        return arrays[0]
+    first = arrays[0]
+    if pool is None or first.dtype.kind == "O":
+        return np.concatenate(arrays)
+    tail = first.shape[1:]
+    out = pool.take(name, first.dtype, (sum(len(a) for a in arrays),) + tail, max_rows * math.prod(tail))
+    return np.concatenate(arrays, out=out)
+
+
+def pad_to_longest(arrays: Sequence[np.ndarray], value: object, pool: BufferPool | None = None,
+                   name: str = "") -> tuple[np.ndarray, int]:
     """The arrays joined along dimension 0, each padded with ``value`` to the longest
-    extent of every other dimension; and how many elements are the arrays' own."""
+    extent of every other dimension; and how many elements are the arrays' own.
+    ``pool``: the joined array is a buffer of its ``name`` key."""
     real = sum(a.size for a in arrays)
     longest = tuple(max(a.shape[d] for a in arrays) for d in range(1, arrays[0].ndim))
     if all(a.shape[1:] == longest for a in arrays):
-        return (arrays[0] if len(arrays) == 1 else np.concatenate(arrays)), real
+        return concatenate(name, arrays, pool), real
     total = sum(len(a) for a in arrays)
-    out = np.full((total,) + longest, value, dtype=arrays[0].dtype)
+    dtype = arrays[0].dtype
+    if pool is None or dtype.kind == "O":
+        out = np.full((total,) + longest, value, dtype=dtype)
+    else:
+        out = pool.take(name, dtype, (total,) + longest)
+        out.fill(value)  # type: ignore[arg-type]
     start = 0
     for a in arrays:
         out[(slice(start, start + len(a)),) + tuple(slice(0, n) for n in a.shape[1:])] = a

@@ -10,6 +10,7 @@ instances do not oversubscribe them.
 from __future__ import annotations
 
 import ctypes
+import math
 from pathlib import Path
 from typing import Sequence
 
@@ -19,6 +20,10 @@ from inferd.backends.base import Backend, InstanceSpec, ModelInstance, TensorIns
 from inferd.config import ModelSignature, ModelSpec, SignatureTensor
 from inferd.dtypes import BY_ONNX
 from inferd.errors import ConfigError, InvalidArgument
+
+# Below this many output bytes per batch, binding outputs costs more (~15 us a run, measured on the
+# 256-1024-256 MLP) than ONNX Runtime's own arena allocation it saves.
+POOLED_OUTPUT_BYTES = 64 * 1024
 
 _GRAPH_LEVELS = {
     -1: "ORT_DISABLE_ALL",
@@ -126,14 +131,50 @@ class OnnxInstance(TensorInstance):
         # stays: it retries on CPU when the provider fails.
         sess = getattr(self.session, "_sess", None)
         self._session_run = sess.run if sess is not None and providers == ["CPUExecutionProvider"] else self.session.run
+        self._pooled_outputs = self._poolable_outputs(providers)
+        self._row_bytes = sum(dtype.itemsize * math.prod(dims) for _, dtype, dims in self._pooled_outputs or ())
+
+    def _poolable_outputs(self, providers: list) -> list[tuple[str, np.dtype, tuple[int, ...]]] | None:
+        """The outputs ONNX Runtime can write into pooled buffers (IOBinding): on CPU, for a
+        batching model whose outputs all have fixed dims in the config; None otherwise."""
+        spec = self.model
+        if (self.pool is None or providers != ["CPUExecutionProvider"] or spec.max_batch_size <= 0
+                or spec.varlen is not None or self._uses_bf16 or self._string_inputs):
+            return None
+        out = []
+        for name in self._all_outputs:
+            t = spec.outputs.get(name)
+            if t is None or -1 in t.model_dims or t.datatype.numpy is None or np.dtype(t.datatype.numpy).kind == "O":
+                return None
+            out.append((name, np.dtype(t.datatype.numpy), tuple(t.model_dims)))
+        return out
 
     def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
         if self._string_inputs:
             inputs = {k: _to_str(self.model.name, k, v) if k in self._string_inputs else v for k, v in inputs.items()}
         if self._uses_bf16:
             return self._run_bf16(inputs)
+        if self._pooled_outputs is not None:
+            rows = len(next(iter(inputs.values())))
+            if rows * self._row_bytes >= POOLED_OUTPUT_BYTES:
+                return self._run_into_pool(inputs, rows, self._pooled_outputs)
         values = self._session_run(self._all_outputs, inputs, self._run_options)
         return dict(zip(self._all_outputs, values))
+
+    def _run_into_pool(self, inputs: dict[str, np.ndarray], rows: int,
+                       outputs: list[tuple[str, np.dtype, tuple[int, ...]]]) -> dict[str, np.ndarray]:
+        """One run whose outputs ONNX Runtime writes into buffers of the instance's pool."""
+        assert self.pool is not None
+        binding = self.session.io_binding()
+        for name, array in inputs.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        out = {}
+        for name, dtype, dims in outputs:
+            buffer = self.pool.take(("output", name), dtype, (rows,) + dims, self.model.max_batch_size * math.prod(dims))
+            binding.bind_output(name, "cpu", 0, dtype, buffer.shape, buffer.ctypes.data)
+            out[name] = buffer
+        self.session.run_with_iobinding(binding, self._run_options)
+        return out
 
     def _run_bf16(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # numpy has no bfloat16 of its own: ORT takes and gives it through

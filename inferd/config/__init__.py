@@ -29,7 +29,8 @@ from inferd.config._prepare import (
 )
 from inferd.config._sequence import CORRID, END, READY, START, Control, SequencePolicy, StateSpec
 from inferd.config._spec import (
-    KIND_AUTO, KIND_CPU, KIND_GPU, InstanceGroup, ModelSpec, TensorSpec, WarmupInput, WarmupSample, model_spec,
+    KIND_AUTO, KIND_CPU, KIND_GPU, InstanceGroup, ModelSpec, RateLimitResource, TensorSpec, WarmupInput, WarmupSample,
+    model_spec,
 )
 from inferd.config._validate import check_declared, validate
 from inferd.config._varlen import (
@@ -41,9 +42,9 @@ __all__ = [
     "BatchInput", "BatchOutput", "FilledInput", "PaddedInput", "Unpad", "VarlenSpec", "varlen_spec",
     "BackendResolver", "ConfigCompleter", "Control", "DynamicBatching", "EnsembleConfig", "InferdParameters",
     "InstanceGroup", "ModelConfig", "ModelSignature", "ModelSpec", "PreparedConfig", "QueuePolicy",
-    "SequencePolicy", "SignatureTensor", "StateSpec", "StepConfig", "TensorSpec", "WarmupInput", "WarmupSample",
-    "autocomplete", "check_declared", "check_ensemble_config", "check_name", "config_from_dict", "config_from_json",
-    "config_to_json", "config_to_text",
+    "RateLimitResource", "SequencePolicy", "SignatureTensor", "StateSpec", "StepConfig", "TensorSpec", "WarmupInput",
+    "WarmupSample", "autocomplete", "check_declared", "check_ensemble_config", "check_name", "config_from_dict",
+    "config_from_json", "config_to_json", "config_to_text",
     "dynamic_batching", "ensemble_config", "is_ensemble", "message_to_dict", "model_spec", "parse_config_file",
     "parse_config_text", "placements", "prepare_config", "prepare_ensemble_config", "read_ensemble_config",
     "read_model_config", "select_versions", "settle_groups", "validate",

@@ -28,6 +28,14 @@ class InferdParameters:
     execution: str = "auto"
     # "auto" mode: a model whose executions take longer than this runs on a thread.
     inline_max_microseconds: int = 1000
+    # How long a batch waits for company within max_queue_delay_microseconds: "adaptive" only while
+    # company is expected before it ends; "fixed" all of it, as Triton (inferd/scheduling/adaptive.py).
+    batch_wait: str = "adaptive"
+    # A latency SLO per request (0: none): waits and batch sizes keep the oldest request within it,
+    # and a request whose estimated completion passes it is refused at once (UNAVAILABLE).
+    max_latency_microseconds: int = 0
+    # Batches assembled in, and outputs written to, buffers each instance keeps and reuses.
+    pooled_buffers: bool = True
     # An execution that runs longer fails its batch (DEADLINE_EXCEEDED) and its instance is
     # retired and replaced (0: no limit). The model then always executes on its threads.
     execution_timeout_microseconds: int = 0
@@ -84,6 +92,22 @@ class InferdParameters:
                     f"model '{config.name}': parameter '{key}' must be {kind}, got '{raw}'"
                 ) from None
         params = cls(**values)  # type: ignore[arg-type]
+        if params.batch_wait not in ("adaptive", "fixed"):
+            raise ConfigError(
+                f"model '{config.name}': parameter 'inferd.batch_wait' must be adaptive or fixed, "
+                f"got '{params.batch_wait}'"
+            )
+        if params.max_latency_microseconds and config.HasField("sequence_batching"):
+            raise ConfigError(
+                f"model '{config.name}': parameter 'inferd.max_latency_microseconds' applies to the dynamic batcher "
+                "and the default scheduler; a sequence batcher's requests must run in their sequence, so it cannot "
+                "refuse or reorder them: remove the parameter or sequence_batching"
+            )
+        if params.max_latency_microseconds and config.platform == "ensemble":
+            raise ConfigError(
+                f"model '{config.name}': parameter 'inferd.max_latency_microseconds' is not supported on an ensemble; "
+                "set it on the composing models, whose schedulers admit and batch the steps"
+            )
         if params.execution not in ("auto", "thread", "inline"):
             raise ConfigError(
                 f"model '{config.name}': parameter 'inferd.execution' must be auto, thread or inline, "

@@ -141,8 +141,14 @@ def _settle_instance_groups(config: mc.ModelConfig, gpus: Sequence[int], backend
     the kind, count and GPUs chosen, as Triton's does."""
     settled = settle_groups(config.name, _instance_groups(config), gpus, backend=config.backend,
                             backend_gpu=backend_gpu)
+    original = [mc.ModelInstanceGroup() for _ in config.instance_group]
+    for copy, group in zip(original, config.instance_group):
+        copy.CopyFrom(group)
     del config.instance_group[:]
-    for group in settled:
+    for i, group in enumerate(settled):
         g = config.instance_group.add()
+        if i < len(original):  # what settling does not touch (rate_limiter, ...) stays as written
+            g.CopyFrom(original[i])
+            del g.gpus[:]
         g.name, g.kind, g.count = group.name, mc.ModelInstanceGroup.Kind.Value(group.kind), group.count
         g.gpus.extend(group.gpus)

@@ -41,13 +41,26 @@ class TensorSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class RateLimitResource:
+    """One resource of an instance group's ``rate_limiter``: ``count`` units per execution."""
+
+    name: str
+    count: int
+    is_global: bool = False  # shared by every device, not one per device
+
+
+@dataclass(frozen=True, slots=True)
 class InstanceGroup:
-    """One ``instance_group``: ``count`` instances of ``kind`` (on each of ``gpus`` for KIND_GPU)."""
+    """One ``instance_group``: ``count`` instances of ``kind`` (on each of ``gpus`` for KIND_GPU);
+    ``rate_limited``: it has a ``rate_limiter`` block (``resources``, ``rate_priority``)."""
 
     name: str  # "" : named after the model and the group's index
     kind: str  # KIND_AUTO, KIND_CPU or KIND_GPU
     count: int
     gpus: tuple[int, ...] = ()
+    rate_limited: bool = False
+    resources: tuple[RateLimitResource, ...] = ()
+    rate_priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +103,7 @@ class ModelSpec:
     # (what a client may send, what model metadata lists). A mask or lengths input (inferd.padding)
     # is in ``inputs``, optional: inferd fills it when a request leaves it out.
     filled_inputs: dict[str, TensorSpec] = field(default_factory=dict)
+    response_cache: bool = False  # response_cache.enable: used when the server has a cache
 
     @property
     def batching(self) -> bool:
@@ -119,7 +133,11 @@ def tensor_spec(t: mc.ModelInput | mc.ModelOutput, labels: tuple[str, ...] = ())
 
 def _instance_groups(config: mc.ModelConfig) -> tuple[InstanceGroup, ...]:
     return tuple(
-        InstanceGroup(g.name, mc.ModelInstanceGroup.Kind.Name(g.kind), int(g.count), tuple(int(x) for x in g.gpus))
+        InstanceGroup(g.name, mc.ModelInstanceGroup.Kind.Name(g.kind), int(g.count), tuple(int(x) for x in g.gpus),
+                      rate_limited=g.HasField("rate_limiter"),
+                      resources=tuple(RateLimitResource(r.name, int(r.count), bool(getattr(r, "global")))
+                                      for r in g.rate_limiter.resources),
+                      rate_priority=int(g.rate_limiter.priority))
         for g in config.instance_group
     )
 
@@ -168,4 +186,5 @@ def model_spec(config: mc.ModelConfig, labels: dict[str, tuple[str, ...]] | None
         sequence=sequence,
         varlen=varlen,
         filled_inputs=filled_inputs,
+        response_cache=bool(config.response_cache.enable),
     )

@@ -26,10 +26,10 @@ _HONOURED = {
     "name", "platform", "backend", "version_policy", "max_batch_size", "input", "output",
     "instance_group", "default_model_filename", "parameters", "dynamic_batching", "optimization",
     "runtime", "model_warmup", "sequence_batching", "model_transaction_policy", "batch_input", "batch_output",
+    "response_cache",
 }
 _REFUSED = {
     "ensemble_scheduling": "ensemble_scheduling is only valid with platform: \"ensemble\"",
-    "response_cache": "the response cache is not supported by inferd",
     "model_repository_agents": "repository agents are not supported by inferd",
     "cc_model_filenames": "cc_model_filenames (per-GPU-architecture files) is not supported by inferd",
     "metric_tags": "metric_tags is not supported by inferd",
@@ -101,7 +101,7 @@ def validate(
         if varlen is not None and any(f.name == t.name for f in varlen.filled):
             t.optional = True  # inferd fills a mask or lengths input the request leaves out
     _check_warmup(config)
-    problem = decoupled_problem(config)
+    problem = decoupled_problem(config) or _response_cache_problem(config)
     if problem:
         raise ConfigError(problem)
     normalize_sequence_batching(config)
@@ -112,6 +112,19 @@ def validate(
         _check_against_signature(config, signature, varlen)
     # An input and an output may share a name (Triton allows it).
     return model_spec(config, labels, model_dir=model_dir, sequence=sequence)
+
+
+def _response_cache_problem(config: mc.ModelConfig) -> str | None:
+    """Where Triton refuses the response cache: sequences and decoupled models (its words)."""
+    if not config.response_cache.enable:
+        return None
+    if config.HasField("sequence_batching"):
+        return (f"Response Cache does not currently support model {config.name} with sequence batching "
+                "scheduler. Please disable the response cache.")
+    if config.model_transaction_policy.decoupled:
+        return (f"Response Cache does not currently support model {config.name} with 'decoupled' transaction "
+                "policy. Please disable the response cache.")
+    return None
 
 
 def _check_version_policy(config: mc.ModelConfig) -> None:
@@ -248,12 +261,24 @@ def _check_instance_groups(config: mc.ModelConfig) -> None:
             raise ConfigError(f"{where}: kind KIND_MODEL is not supported; use KIND_CPU, KIND_GPU or KIND_AUTO")
         if any(gpu < 0 for gpu in g.gpus):
             raise ConfigError(f"{where}: gpus {list(g.gpus)} must be >= 0")
-        for field in ("rate_limiter", "secondary_devices", "profile", "passive", "host_policy"):
+        _check_rate_limiter(where, g.rate_limiter)
+        for field in ("secondary_devices", "profile", "passive", "host_policy"):
             value = getattr(g, field)
             if (field in ("passive", "host_policy") and value) or (
                 field not in ("passive", "host_policy") and (value if not hasattr(value, "ListFields") else value.ListFields())
             ):
                 raise ConfigError(f"{where}: {field} is not supported by inferd")
+
+
+def _check_rate_limiter(where: str, limiter: mc.ModelRateLimiter) -> None:
+    seen: set[str] = set()
+    for j, r in enumerate(limiter.resources):
+        if not r.name:
+            raise ConfigError(f"{where}: rate_limiter.resources[{j}] has no name")
+        if r.name in seen:
+            raise ConfigError(f"{where}: rate_limiter lists resource '{r.name}' twice; give it once, with the "
+                              "count one instance needs")
+        seen.add(r.name)
 
 
 def _check_warmup(config: mc.ModelConfig) -> None:

@@ -21,8 +21,9 @@ import numpy as np
 
 from inferd.clock import Clock
 from inferd.dtypes import encode_bytes
-from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError
+from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError, SloRefused
 from inferd.gpu.tensor import DeviceTensor
+from inferd.model.cache import ResponseCache, request_key
 from inferd.model.model import Model
 from inferd.model.validation import check_requested_outputs, prepare_inputs, shape_outputs
 from inferd.streaming import ResponseSink, StreamEvent, StreamResponse
@@ -41,7 +42,7 @@ class ModelRun:
     """
 
     __slots__ = ("model", "request", "clock", "describe", "on_done", "start", "finished", "outputs", "error",
-                 "_cancel")
+                 "hit_ns", "_cancel")
 
     def __init__(self, model: Model, request: InferenceRequest, clock: Clock, on_done: Callable[["ModelRun"], None],
                  describe: Callable[[Exception], Exception] | None) -> None:
@@ -54,6 +55,7 @@ class ModelRun:
         self.finished = False
         self.outputs: dict[str, np.ndarray] | None = None
         self.error: BaseException | None = None
+        self.hit_ns = -1  # a response cache hit: the time finding it took
         self._cancel: Callable[[], None] | None = None
 
     def done(self) -> bool:
@@ -71,7 +73,10 @@ class ModelRun:
             return
         self.finished = True
         self.outputs = outputs
-        model.stats.record_success(time.perf_counter_ns() - self.start, self.clock.now())
+        if self.hit_ns < 0:
+            model.stats.record_success(time.perf_counter_ns() - self.start, self.clock.now())
+        else:
+            model.stats.record_cache_hit(time.perf_counter_ns() - self.start, self.hit_ns, self.clock.now())
         trace = request.trace
         if trace is not None:
             trace.tensors_attributes("output", outputs)
@@ -118,7 +123,10 @@ def submit_model(model: Model, request: InferenceRequest, clock: Clock, on_done:
     run = ModelRun(model, request, clock, on_done, describe)
     try:
         rows = _admit(model, request)
-        run._cancel = model.scheduler.submit(request, rows, run, more)
+        if model.cache is None:
+            run._cancel = model.scheduler.submit(request, rows, run, more)
+        else:
+            run._cancel = asyncio.get_running_loop().create_task(_run_cached(run, rows)).cancel
     except BaseException as exc:
         run.set_exception(exc)
     return run
@@ -133,12 +141,15 @@ async def run_model(
     outputs requested into shared memory are written there. ``describe`` turns
     a failure into the error raised and traced (an ensemble names its step).
     The same steps as :func:`submit_model` (a :class:`ModelRun`), awaiting the
-    scheduler's ``infer`` in the caller's task: no task of its own, whatever the
-    scheduler. Cancelling the awaiting task cancels the request."""
+    scheduler's ``infer`` (or the response cache) in the caller's task: no task
+    of its own, whatever the scheduler. Cancelling the awaiting task cancels the request."""
     run = ModelRun(model, request, clock, _awaited, describe)
     try:
         rows = _admit(model, request)
-        result = await model.scheduler.infer(request, rows)
+        if model.cache is None:
+            result = await model.scheduler.infer(request, rows)
+        else:
+            result, run.hit_ns = await _cached(model, model.cache, request, rows)
     except BaseException as exc:
         run.set_exception(exc)
     else:
@@ -151,6 +162,40 @@ async def run_model(
 
 def _awaited(run: ModelRun) -> None:
     """run_model's on_done: its caller reads the run once it has ended."""
+
+
+async def _run_cached(run: ModelRun, rows: int) -> None:
+    """submit_model's path for a model with a response cache: the lookup and insertion
+    around the scheduler need a coroutine, so a cached model's request gets a task."""
+    assert run.model.cache is not None
+    try:
+        result, run.hit_ns = await _cached(run.model, run.model.cache, run.request, rows)
+    except BaseException as exc:
+        run.set_exception(exc)
+    else:
+        run.set_result(result)
+
+
+async def _cached(model: Model, cache: ResponseCache, request: InferenceRequest,
+                  rows: int) -> tuple[dict[str, np.ndarray], int]:
+    """The model's outputs for ``request``: from the response cache (and the time the hit
+    took), or computed, kept there and -1 (the miss's lookup and insertion are counted).
+    As in Triton, only host tensors are cached: a request with an input on a device
+    bypasses the cache, and outputs left on a device are not kept."""
+    if not all(isinstance(a, np.ndarray) for a in request.inputs.values()):
+        return await model.scheduler.infer(request, rows), -1
+    t0 = time.perf_counter_ns()
+    key = request_key(model.spec.name, model.version, request)
+    outputs = cache.lookup(key)
+    if outputs is not None:
+        return outputs, time.perf_counter_ns() - t0
+    lookup_ns = time.perf_counter_ns() - t0
+    outputs = await model.scheduler.infer(request, rows)
+    t1 = time.perf_counter_ns()
+    if all(isinstance(a, np.ndarray) for a in outputs.values()):
+        cache.insert(key, outputs)
+    model.stats.record_cache_miss(lookup_ns + time.perf_counter_ns() - t1)
+    return outputs, -1
 
 
 async def stream_model(model: Model, request: InferenceRequest, clock: Clock) -> AsyncIterator[StreamResponse]:
@@ -277,6 +322,8 @@ def failure_reason(exc: BaseException) -> str:
         return "CANCELED"
     if isinstance(exc, DeadlineExceeded):
         return "TIMEOUT"
+    if isinstance(exc, SloRefused):
+        return SloRefused.reason
     if isinstance(exc, InferdError):
         return exc.kind
     return "INTERNAL"

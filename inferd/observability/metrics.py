@@ -48,7 +48,7 @@ LATENCY_BUCKETS = (
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # Failure reasons always exported (as 0 until one happens), so rate() works from the first scrape.
-FAILURE_REASONS = ("INVALID_ARGUMENT", "UNAVAILABLE", "TIMEOUT", "CANCELED", "INTERNAL")
+FAILURE_REASONS = ("INVALID_ARGUMENT", "UNAVAILABLE", "SLO_REFUSED", "TIMEOUT", "CANCELED", "INTERNAL")
 # A client that went away is "CANCELED" whichever way the data plane learnt of it.
 _REASON_ALIASES = {"CANCELLED": "CANCELED"}
 LOAD_STATES = ("READY", "LOADING", "UNLOADING", "UNAVAILABLE")
@@ -56,8 +56,8 @@ LOAD_STATES = ("READY", "LOADING", "UNLOADING", "UNAVAILABLE")
 # Triton's failure reasons (core's FailureReason): a request the scheduler refused or timed out,
 # one the client cancelled, one the model failed to execute, anything else.
 TRITON_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
-_TRITON_REASON = {"UNAVAILABLE": "REJECTED", "TIMEOUT": "REJECTED", "CANCELED": "CANCELED",
-                  "CANCELLED": "CANCELED", "INTERNAL": "BACKEND"}
+_TRITON_REASON = {"UNAVAILABLE": "REJECTED", "SLO_REFUSED": "REJECTED", "TIMEOUT": "REJECTED",
+                  "CANCELED": "CANCELED", "CANCELLED": "CANCELED", "INTERNAL": "BACKEND"}
 
 
 def triton_reason(reason: str, ensemble: bool) -> str:
@@ -218,6 +218,16 @@ TRITON_FAMILIES: tuple[tuple[str, str, str, _Read], ...] = (
      lambda m: _queue_depth(m)),
 )
 _FAILURE_HELP = "Failed inference requests by Triton's reason (REJECTED, CANCELED, BACKEND, OTHER)"
+# Triton's response cache families, for the model versions that use the cache (as Triton serves them).
+CACHE_FAMILIES: tuple[tuple[str, str, str, _Read], ...] = (
+    ("nv_cache_num_hits_per_model", "counter", "Number of cache hits per model", lambda m: m.stats.cache_hit.count),
+    ("nv_cache_num_misses_per_model", "counter", "Number of cache misses per model",
+     lambda m: m.stats.cache_miss.count),
+    ("nv_cache_hit_duration_per_model", "counter", "Total cache hit duration per model, in microseconds",
+     lambda m: m.stats.cache_hit.ns // 1000),
+    ("nv_cache_miss_duration_per_model", "counter", "Total cache miss (insert+lookup) duration per model, in "
+     "microseconds", lambda m: m.stats.cache_miss.ns // 1000),
+)
 
 
 def _queue_depth(model: Any) -> float:
@@ -243,6 +253,10 @@ def triton_exposition(models: Iterable[Any]) -> str:
     family(lines, "nv_inference_request_failure", "counter", _FAILURE_HELP, failures)
     for name, kind, help_text, read in TRITON_FAMILIES[1:]:
         family(lines, name, kind, help_text, ((lv, read(m)) for m, lv in labels))
+    cached = [(m, lv) for m, lv in labels if getattr(m, "cache", None) is not None]
+    if cached:
+        for name, kind, help_text, read in CACHE_FAMILIES:
+            family(lines, name, kind, help_text, ((lv, read(m)) for m, lv in cached))
     return "".join(lines)
 
 

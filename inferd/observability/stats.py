@@ -55,6 +55,9 @@ class ModelStatistics:
     compute_infer: Duration
     compute_output: Duration
     batch_stats: tuple[BatchStatistics, ...]  # by batch size, ascending
+    # The response cache: hits (lookup and extraction) and misses (lookup and insertion).
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
 
 
 # Wall-clock milliseconds for last_inference, derived from the monotonic clock
@@ -79,7 +82,7 @@ class ModelStats:
     __slots__ = (
         "name", "version", "success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
         "inference_count", "execution_count", "last_inference_ms", "batch_stats", "fail_reasons",
-        "observers", "pending", "memory_growth", "real_elements", "pad_elements",
+        "observers", "pending", "cache_hit", "cache_miss", "memory_growth", "real_elements", "pad_elements",
     )
 
     def __init__(self, name: str, version: int) -> None:
@@ -98,6 +101,8 @@ class ModelStats:
         self.fail_reasons: dict[str, int] = {}
         self.observers: list[Observer] = []
         self.pending = 0  # requests admitted and not yet answered
+        self.cache_hit = Duration()
+        self.cache_miss = Duration()
         # Bytes the process's resident memory grew across this version's executions, summed; None
         # for backends that do not measure it (only the Python backend does: see BatchResult).
         self.memory_growth: int | None = None
@@ -121,7 +126,7 @@ class ModelStats:
         return ModelStatistics(
             self.name, self.version, self.last_inference_ms, self.inference_count, self.execution_count,
             copy(self.success), copy(self.fail), copy(self.queue), copy(self.compute_input),
-            copy(self.compute_infer), copy(self.compute_output), batches,
+            copy(self.compute_infer), copy(self.compute_output), batches, copy(self.cache_hit), copy(self.cache_miss),
         )
 
     def _notify(self, event: str, data: dict) -> None:
@@ -140,6 +145,17 @@ class ModelStats:
         self.last_inference_ms = wall_ms(now)
         if self.observers:
             self._notify("failure", {"ns": duration_ns, "reason": reason})
+
+    def record_cache_hit(self, duration_ns: int, lookup_ns: int, now: float) -> None:
+        """A request answered from the response cache: a success (``duration_ns`` in the
+        server) that never reached the model, so no inference or execution is counted
+        (as Triton); ``lookup_ns``: finding and extracting the entry."""
+        self.cache_hit.add(lookup_ns)
+        self.record_success(duration_ns, now)
+
+    def record_cache_miss(self, ns: int) -> None:
+        """A request the cache did not hold: ``ns`` looking it up and inserting the result."""
+        self.cache_miss.add(ns)
 
     def record_queue(self, ns: int) -> None:
         self.queue.add(ns)

@@ -21,6 +21,7 @@ from inferd.ensemble.graph import Composing, EnsembleGraph, build_graph, check_a
 from inferd.ensemble.scheduler import EnsembleScheduler
 from inferd.errors import ConfigError
 from inferd.model import Model, ModelLookup
+from inferd.model.cache import ResponseCache
 from inferd.observability.stats import ModelStats
 from inferd.repository.layout import available_versions
 
@@ -97,16 +98,25 @@ def check_models(prepared: PreparedEnsemble, entry_of: Callable[[str], Any]) -> 
         return Composing(latest.spec, frozenset(entry.versions))
 
     check_against_models(prepared.spec, prepared.graph, lookup)
+    if prepared.spec.response_cache:
+        for step in prepared.graph.steps:
+            used = lookup(step.model_name)
+            if used is not None and (used.spec.decoupled or used.spec.sequence is not None):
+                why = "'decoupled' transaction policy" if used.spec.decoupled else "sequence batching scheduler"
+                raise ConfigError(f"ensemble '{prepared.spec.name}': Response Cache does not currently support "
+                                  f"{step.label} (model '{step.model_name}' has {why}); an ensemble can cache "
+                                  "only when every composing model could. Please disable the response cache.")
 
 
 def build_versions(prepared: PreparedEnsemble, model_dir: Path, resolve: ModelLookup, clock: Clock | None = None,
-                   problem: Callable[[], str | None] | None = None) -> dict:
+                   problem: Callable[[], str | None] | None = None, cache: ResponseCache | None = None) -> dict:
     """One Model (an EnsembleScheduler and its own statistics) per selected version.
-    ``problem``: why the ensemble cannot serve now (ModelManager.ensemble_problem)."""
+    ``problem``: why the ensemble cannot serve now (ModelManager.ensemble_problem);
+    ``cache``: the server's response cache, for an ensemble whose config enables it."""
     models = {}
     for version in prepared.versions:
         stats = ModelStats(prepared.spec.name, version)
         scheduler = EnsembleScheduler(prepared.spec, prepared.graph, resolve, stats, clock, problem)
         models[version] = Model(spec=prepared.spec, version=version, scheduler=scheduler, stats=stats,
-                                model_dir=model_dir)
+                                model_dir=model_dir, cache=cache if prepared.spec.response_cache else None)
     return models

@@ -34,10 +34,12 @@ from inferd.ensemble.graph import EnsembleGraph, build_graph, dependents, find_c
 from inferd.errors import ConfigError, InferdError, NotFound, Unavailable, unknown_model
 from inferd.gpu.inventory import GpuInventory, default_inventory
 from inferd.model import ModelDispatcher
+from inferd.model.cache import ResponseCache
 from inferd.repository import ensembles as ensemble_loader
 from inferd.repository.overrides import OverrideFolders
 from inferd.repository.layout import available_versions, fingerprint, scan
 from inferd.repository.model import Model, build_model
+from inferd.scheduling.rate_limiter import RateLimiter
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +112,8 @@ def load_versions(prepared: Prepared, model_dir: Path, clock: Clock | None = Non
 class ModelManager:
     def __init__(self, repositories: list[Path], clock: Clock | None = None, *, mode: str = "none",
                  startup_models: list[str] | None = None, auto_complete: bool = True,
-                 gpus: GpuInventory | None = None) -> None:
+                 gpus: GpuInventory | None = None, cache: ResponseCache | None = None,
+                 limiter: RateLimiter | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"model control mode must be one of {MODES}, got '{mode}'")
         self.repositories = repositories
@@ -118,6 +121,8 @@ class ModelManager:
         self.mode = mode
         self.startup_models = list(startup_models or [])  # explicit mode: --load-model ("*": all)
         self.auto_complete = auto_complete  # False: --strict-model-config, every model brings its config
+        self.cache = cache  # --cache-config: the response cache the models that enable it share
+        self.limiter = limiter  # --rate-limit execution_count: the rate limiter every instance asks
         self._entries: dict[str, _Entry] = {}
         self.overrides = OverrideFolders()  # RepositoryModelLoad's file: parameters
         # Handed to every instance it builds: a Python model's BLS calls reach the other models through it.
@@ -271,7 +276,7 @@ class ModelManager:
                     models[version] = old[version]
                 else:
                     models[version] = build_model(prepared.spec, prepared.backend, path, version, file, self.clock,
-                                                  self.dispatcher)
+                                                  self.dispatcher, cache=self.cache, limiter=self.limiter)
         except BaseException:
             for version, model in models.items():
                 if model is not old.get(version):
@@ -402,7 +407,7 @@ class ModelManager:
             models = self._kept_ensemble_versions(entry, prepared)
             if models is None:
                 models = ensemble_loader.build_versions(prepared, entry.path, self.get, self.clock,
-                                                        lambda: self.ensemble_problem(name))
+                                                        lambda: self.ensemble_problem(name), self.cache)
         except InferdError as exc:
             log.error("failed to load ensemble '%s': %s", name, exc.message)
             return self._failed(entry, exc)

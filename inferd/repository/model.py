@@ -4,6 +4,7 @@ warm-up, scheduler and statistics, from the plain :class:`ModelSpec`."""
 from __future__ import annotations
 
 import functools
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from inferd.config import ModelSpec, placements
 from inferd.errors import ConfigError
 from inferd.host import cpu_budget
 from inferd.model import Model
+from inferd.model.cache import ResponseCache
 from inferd.observability.stats import ModelStats
 from inferd.scheduling.background import BackgroundLane, LanePolicy
 from inferd.scheduling.base import Scheduler
@@ -22,24 +24,27 @@ from inferd.scheduling.instances import InstanceWorker
 from inferd.scheduling.iterative import IterativeScheduler
 from inferd.repository.warmup import run_warmup, warmup_samples
 from inferd.scheduling.policy import batching_policy
+from inferd.scheduling.rate_limiter import RateLimiter, Ticket
 from inferd.scheduling.sequence import SequenceScheduler, sequence_sample
+
+log = logging.getLogger(__name__)
 
 
 def instance_specs(spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path,
                    dispatcher: InferenceDispatcher | None = None) -> list[InstanceSpec]:
     """One InstanceSpec per instance of the (settled, config/_placement.py) instance groups."""
-    devices = [(name, Device("cpu") if gpu is None else Device("cuda", gpu))
-               for name, gpu in placements(spec.instance_groups)]
-    if any(d.kind == "cuda" for _, d in devices) and not backend.gpu_available():
+    devices = [(name, Device("cpu") if gpu is None else Device("cuda", gpu), gi)
+               for gi, group in enumerate(spec.instance_groups) for name, gpu in placements([group])]
+    if any(d.kind == "cuda" for _, d, _ in devices) and not backend.gpu_available():
         # The config was settled for GPUs the backend can use; a backend that changed its mind
         # (a driver gone since) must not get a GPU instance.
         raise ConfigError(f"model '{spec.name}': backend '{backend.name}' has no CUDA device here")
-    cpu_instances = sum(1 for _, d in devices if d.kind == "cpu") or 1
+    cpu_instances = sum(1 for _, d, _ in devices if d.kind == "cpu") or 1
     threads = max(1, cpu_budget() // cpu_instances)
     return [
         InstanceSpec(name=name, device=device, model_dir=model_dir, version_dir=model_dir / str(version),
-                     version=version, model_file=model_file, threads=threads, dispatcher=dispatcher)
-        for name, device in devices
+                     version=version, model_file=model_file, threads=threads, group=group, dispatcher=dispatcher)
+        for name, device, group in devices
     ]
 
 
@@ -58,16 +63,20 @@ def sample_inputs(spec: ModelSpec) -> dict[str, np.ndarray]:
 
 def build_model(
     spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path, clock: Clock | None = None,
-    dispatcher: InferenceDispatcher | None = None,
+    dispatcher: InferenceDispatcher | None = None, *, cache: ResponseCache | None = None,
+    limiter: RateLimiter | None = None,
 ) -> Model:
     """Create every instance and the scheduler; blocking (runtimes load here).
-    ``dispatcher``: how the instances reach other models (BLS); None outside a server."""
+    ``dispatcher``: how the instances reach other models (BLS); None outside a server.
+    ``cache``: the server's response cache (used when the config enables it);
+    ``limiter``: the server's rate limiter (None: ``--rate-limit off``)."""
     params = spec.params
     policy = batching_policy(spec.max_batch_size, spec.dynamic_batching, aging_us=params.priority_aging_microseconds,
-                             split=params.split_large_requests, varlen=spec.varlen)
+                             split=params.split_large_requests, varlen=spec.varlen, batch_wait=params.batch_wait,
+                             slo_us=params.max_latency_microseconds)
     sequence = spec.sequence  # None without sequence_batching
-    instances = []
     ispecs = instance_specs(spec, backend, model_dir, version, model_file, dispatcher)
+    instances = []
     samples = warmup_samples(spec, model_dir) if spec.warmup else None
 
     def create(ispec: InstanceSpec) -> ModelInstance:
@@ -80,19 +89,25 @@ def build_model(
                 raise
         return instance
 
+    tickets: list[Ticket | None] = []
     try:
+        for ispec in ispecs:  # first: a load the resources could never run fails before any runtime loads
+            tickets.append(_ticket(spec, ispec, limiter))
         for ispec in ispecs:
             instances.append(create(ispec))
     except BaseException:
         for instance in instances:
             instance.close()
+        for ticket in tickets:
+            if ticket is not None:
+                ticket.close()
         raise
     timeout = params.execution_timeout_microseconds
     workers = [
         InstanceWorker(i, "thread" if i.thread_only or timeout else params.execution, params.inline_max_microseconds,
-                       timeout_us=timeout, rebuild=functools.partial(create, ispec),
+                       ticket, timeout_us=timeout, rebuild=functools.partial(create, ispec),
                        max_retired=params.max_retired_instances, clock=clock)
-        for i, ispec in zip(instances, ispecs)
+        for i, ispec, ticket in zip(instances, ispecs, tickets)
     ]
     if any(w.mode == "auto" for w in workers):
         sample = sample_inputs(spec)
@@ -114,9 +129,22 @@ def build_model(
         scheduler = SequenceScheduler(spec.name, sequence, workers, list(spec.outputs), stats, clock)
     else:
         scheduler = BatchScheduler(spec.name, policy, workers, list(spec.outputs), stats, clock)
+    if spec.response_cache and cache is None:
+        log.info("model '%s': response_cache is enabled, but the server has no cache (--cache-config "
+                 "local,size=BYTES): its responses are not cached", spec.name)
     devices = {getattr(i, "tensor_device", None) for i in instances}
     # Batch-job work reaches the scheduler only on capacity interactive work leaves idle;
     # an idle server takes a batch's worth per instance at once.
     lane = BackgroundLane(scheduler, LanePolicy(burst=max(1, spec.max_batch_size) * len(workers)), clock, lowest)
     return Model(spec=spec, version=version, scheduler=lane, stats=stats, model_dir=model_dir,
-                 decoupled=spec.decoupled, tensor_device=devices.pop() if len(devices) == 1 else None)
+                 decoupled=spec.decoupled, tensor_device=devices.pop() if len(devices) == 1 else None,
+                 cache=cache if spec.response_cache else None)
+
+
+def _ticket(spec: ModelSpec, ispec: InstanceSpec, limiter: RateLimiter | None) -> Ticket | None:
+    """The instance's place in the rate limiter; None when it is off or the group has no rate_limiter."""
+    group = spec.instance_groups[ispec.group] if ispec.group < len(spec.instance_groups) else None
+    if limiter is None or group is None or not group.rate_limited:
+        return None
+    device = ispec.device.index if ispec.device.kind == "cuda" else 0  # CPU instances: device 0, as in Triton
+    return limiter.register(spec.name, ispec.name, device, group.resources, group.rate_priority)

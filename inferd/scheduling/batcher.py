@@ -15,6 +15,7 @@ arriving together again.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from typing import Callable
@@ -27,6 +28,7 @@ from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Una
 from inferd.observability.stats import ModelStats
 from inferd.scheduling.base import Completion, Inflight, Relay, Scheduler, workers_problem
 from inferd.scheduling.instances import InstanceWorker
+from inferd.scheduling.adaptive import ADAPTIVE, Instance
 from inferd.scheduling.policy import BatchingPolicy
 from inferd.scheduling.queue import BatchQueue, Pending, split_rows
 from inferd.types import InferenceRequest
@@ -37,6 +39,10 @@ from inferd.types import InferenceRequest
 # many still waits (a probe): one that finds company resumes waiting.
 DEFER_MISSES = 16
 DEFER_PROBE_EVERY = 16
+# A busy instance takes its next (complete) batch once this share of its expected execution time
+# has passed: assembled while it still executes, the batch starts as soon as it ends, and requests
+# arriving in the first part of an execution (a higher priority one, say) can still be in it.
+STAGE_AT = 0.75
 
 
 class _Job:
@@ -72,14 +78,16 @@ class _Call(Relay):
 
 
 class _Batch:
-    __slots__ = ("items", "rows", "result", "traced", "instance")
+    __slots__ = ("items", "rows", "result", "traced", "instance", "dispatched")
 
-    def __init__(self, items: list[Pending], rows: int, traced: bool = False, instance: str = "") -> None:
+    def __init__(self, items: list[Pending], rows: int, traced: bool = False, instance: str = "",
+                 dispatched: float = 0.0) -> None:
         self.items = items
         self.rows = rows
         self.result: BatchResult | BaseException | None = None
         self.traced = traced  # some request of the batch is traced
         self.instance = instance
+        self.dispatched = dispatched  # when it was handed to its instance (maybe still executing another)
 
 
 class BatchScheduler(Scheduler):
@@ -183,14 +191,13 @@ class BatchScheduler(Scheduler):
             # Refuses a request no batch could hold (too long for the buckets or the
             # budget), on the fast path too.
             group = p.grouping.describe(self.model, request.inputs, rows)
-        if (not more and not self._queue and free and free[0].inline and request.trace is None
-                and not self._ordered and not self.policy.max_queue_delay_us
-                and (_nothing_else_ready(loop) or not self._worth_waiting())):
+        if (not more and not self._queue and free and free[0].inline and free[0].ticket is None
+                and request.trace is None and not self._ordered and not p.slo_us and self._alone(loop, free[0], rows)):
             # The idle fast path: nothing is queued, a free instance executes
-            # inline, no queue delay asks to wait for company, and no request
-            # could join a batch this loop turn (nothing else is ready to run, or
-            # recent turns brought none). Run it now, with none of the queue's
-            # bookkeeping; what a client sees (results, errors, statistics) is the same.
+            # inline, no other request follows in this loop turn (``more``), and
+            # none is expected to join this one's batch (see _alone). Run it now,
+            # with none of the queue's bookkeeping; what a client sees (results,
+            # errors, statistics) is the same.
             try:
                 outputs = self._run_now(free.popleft(), request, rows, time.perf_counter_ns())
             except Exception as exc:
@@ -211,7 +218,8 @@ class BatchScheduler(Scheduler):
             deadline=request.deadline,
             payload=_Job(request, completion, now),
         )
-        self._queue.admit(item, now)  # raises Unavailable when the queue is full
+        # Raises Unavailable when the queue is full, SloRefused when the SLO cannot be met.
+        self._queue.admit(item, now, self._instances(now) if p.slo_us else ())
         if not self._pump_scheduled:
             if not more and _nothing_else_ready(loop):
                 # No other callback is waiting to run this turn, so no other
@@ -224,6 +232,20 @@ class BatchScheduler(Scheduler):
                 self._pump_scheduled = True
                 loop.call_soon(self._pump)
         return item
+
+    def _alone(self, loop: asyncio.AbstractEventLoop, worker: InstanceWorker, rows: int) -> bool:
+        """Whether a request finding the queue empty should run at once. With a queue delay
+        and adaptive waits, the queue's own decision says (no company expected); with none,
+        when no request could join it this loop turn (nothing else is ready to run, or
+        recent turns brought none); a fixed delay always waits for company, as Triton."""
+        p = self.policy
+        if p.max_queue_delay_us:
+            return p.batch_wait == ADAPTIVE and self._queue.lone_runs_now(self._clock.now(), rows, worker.estimate)
+        return _nothing_else_ready(loop) or not self._worth_waiting()
+
+    def _instances(self, now: float) -> list[Instance]:
+        """Each instance as admission sees it: when it is expected free, how long it takes."""
+        return [Instance(w.free_at if w.busy else now, w.estimate) for w in self.workers]
 
     def _worth_waiting(self) -> bool:
         """Whether to let the rest of this loop turn's requests join this one's batch."""
@@ -241,11 +263,13 @@ class BatchScheduler(Scheduler):
     def _run_now(self, worker: InstanceWorker, request: InferenceRequest, rows: int, arrived_ns: int) -> dict[str, np.ndarray]:
         stats = self._stats
         stats.record_queue(time.perf_counter_ns() - arrived_ns)  # the time it took to get here: no wait
+        start = self._clock.now()
         try:
             result = worker.run_inline([_entry(request, getattr(worker.instance, "wants_requests", False))],
                                        self._outputs)
         finally:
             self._free.append(worker)
+        worker.estimate.observe(rows, self._clock.now() - start)
         if isinstance(result, BaseException):
             raise result if isinstance(result, InferdError) else ModelExecutionError(
                 f"model '{self.model}' failed to execute: {type(result).__name__}: {result}")
@@ -322,16 +346,44 @@ class BatchScheduler(Scheduler):
         loop = asyncio.get_running_loop()
         while True:
             now = self._clock.now()
-            step = queue.step(now, bool(self._free))
+            free = self._free
+            staging, stage_from = (None, None) if free else self._stageable(now)
+            if free:
+                step = queue.step(now, True, free[0].estimate)
+            elif staging is not None:
+                step = queue.step(now, False, staging.estimate, stage_at=max(now, staging.free_at))
+            else:
+                step = queue.step(now, False)
             for item, error in step.expired:
                 future = item.payload.future
                 if not future.done():
                     future.set_exception(error)
             if step.batch:
-                self._dispatch(self._free.popleft(), step.batch, now, loop)
+                worker = free.popleft() if free else staging
+                assert worker is not None
+                self._dispatch(worker, step.batch, now, loop)
                 continue
-            self._alarm.arm(step.wake_at)
+            wake = step.wake_at
+            if stage_from is not None and len(queue):
+                wake = stage_from if wake is None else min(wake, stage_from)
+            self._alarm.arm(wake)
             return
+
+    def _stageable(self, now: float) -> tuple[InstanceWorker | None, float | None]:
+        """The busy instance that can take its next batch now, assembled while it still
+        executes: one executing on its thread with room behind it, past STAGE_AT of its
+        expected execution time. Else (None, when the first one will be: None for none)."""
+        ready: InstanceWorker | None = None
+        soonest: float | None = None
+        for worker in self.workers:
+            if not worker.can_stage:
+                continue
+            if worker.stage_from <= now:
+                if ready is None or worker.free_at < ready.free_at:
+                    ready = worker
+            elif soonest is None or worker.stage_from < soonest:
+                soonest = worker.stage_from
+        return (ready, None) if ready is not None else (None, soonest)
 
     def _dispatch(self, worker: InstanceWorker, items: list[Pending], now: float, loop: asyncio.AbstractEventLoop) -> None:
         stats = self._stats
@@ -346,7 +398,11 @@ class BatchScheduler(Scheduler):
             inputs.append(_entry(job.request, wants_requests))
             if job.traced_ns:
                 traced = True
-        batch = _Batch(items, rows, traced, worker.name)
+        start = max(now, worker.free_at) if worker.busy else now
+        worker.free_at = start + worker.estimate.upper(rows)
+        # Unknown until executions were seen: no batch is taken early on a guess.
+        worker.stage_from = start + STAGE_AT * worker.estimate.predict(rows) if worker.estimate.count else math.inf
+        batch = _Batch(items, rows, traced, worker.name, now)
         if traced:
             _trace_queued(batch)
         if self._ordered is not None:
@@ -354,7 +410,13 @@ class BatchScheduler(Scheduler):
         worker.run(inputs, self._outputs, lambda w, result: self._done(w, batch, result), loop)
 
     def _done(self, worker: InstanceWorker, batch: _Batch, result: BatchResult | BaseException) -> None:
-        self._free.append(worker)
+        now = self._clock.now()
+        if isinstance(result, BatchResult):
+            # A batch handed over behind another started when that one ended, seen here earlier.
+            worker.estimate.observe(batch.rows, now - max(batch.dispatched, worker.ended_at))
+        worker.ended_at = now
+        if not worker.busy:
+            self._free.append(worker)
         if isinstance(result, BatchResult):
             t = result.times
             self._stats.record_execution(batch.rows, len(batch.items), t.input_ns, t.infer_ns, t.output_ns)

@@ -33,6 +33,14 @@ weights, its runtime) until its call returns, and one stuck in Python code
 also takes its share of the GIL; so at most ``max_retired`` of them may be
 outstanding per instance: past that no new instance is built and the worker
 answers UNAVAILABLE (the model is reported not ready) until one returns.
+
+A :class:`~inferd.backends.base.TensorInstance` on its thread may be handed its
+next batch while it still executes one (:attr:`InstanceWorker.can_stage`, the
+scheduler decides when): the batch is assembled on the loop into the instance's
+pooled buffers and executes as soon as the thread is free. Not with an
+execution timeout (each batch's timer runs from when it is handed over, and a
+retired thread would strand the batch behind it) nor under the rate limiter
+(it grants an instance one execution at a time).
 """
 
 from __future__ import annotations
@@ -46,9 +54,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from inferd.backends.base import BatchResult, ModelInstance
+from inferd.backends.base import Assembled, BatchResult, ModelInstance
 from inferd.clock import Clock, MonotonicClock, TimerHandle
 from inferd.errors import DeadlineExceeded, Unavailable
+from inferd.scheduling.estimates import ExecutionModel
+from inferd.scheduling.rate_limiter import Ticket
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +70,11 @@ SLOW_FACTOR = 10  # one inline run this many times the limit moves the model off
 
 
 class _Job:
-    __slots__ = ("inputs", "outputs", "done", "loop", "timer", "over")
+    __slots__ = ("batch", "outputs", "done", "loop", "timer", "over")
 
-    def __init__(self, inputs: Sequence[dict[str, np.ndarray]], outputs: Sequence[str], done: Done,
-                 loop: asyncio.AbstractEventLoop) -> None:
-        self.inputs = inputs
+    def __init__(self, batch: Sequence[dict[str, np.ndarray]] | Assembled | BaseException, outputs: Sequence[str],
+                 done: Done, loop: asyncio.AbstractEventLoop) -> None:
+        self.batch = batch  # the requests' inputs, or assembled ahead (or what assembling raised)
         self.outputs = outputs
         self.done = done
         self.loop = loop
@@ -85,12 +95,16 @@ class _Thread:
 
 
 class InstanceWorker:
-    def __init__(self, instance: ModelInstance, mode: str = "auto", inline_max_us: int = 1000, *,
-                 timeout_us: int = 0, rebuild: Callable[[], ModelInstance] | None = None, max_retired: int = 2,
+    def __init__(self, instance: ModelInstance, mode: str = "auto", inline_max_us: int = 1000,
+                 ticket: Ticket | None = None, *, timeout_us: int = 0,
+                 rebuild: Callable[[], ModelInstance] | None = None, max_retired: int = 2,
                  clock: Clock | None = None) -> None:
-        """``timeout_us``: the execution timeout (0: none; it needs ``mode`` thread); ``rebuild``:
-        creates a fresh instance when one is retired (None: it is not replaced)."""
+        """``ticket``: the instance's place in the server's rate limiter (None: not limited); each
+        execution waits for its resources and gives them back when it ends. ``timeout_us``: the
+        execution timeout (0: none; it needs ``mode`` thread); ``rebuild``: creates a fresh instance
+        when one is retired (None: it is not replaced)."""
         self.instance = instance
+        self.ticket = ticket
         self.name = instance.name
         self.mode = mode
         self.inline = mode == "inline"
@@ -99,7 +113,11 @@ class InstanceWorker:
         self._flips = 0
         self.mean_ns: int | None = None
         self._thread: _Thread | None = None
-        self.busy = False
+        self.jobs = 0  # batches handed over and not answered: one executing, maybe one assembled behind it
+        self.estimate = ExecutionModel()  # seconds per execution by rows, learned as they end
+        self.free_at = 0.0  # when the batches handed over are expected to end (kept by the driver)
+        self.ended_at = 0.0  # when the driver saw its last batch end
+        self.stage_from = 0.0  # when it may take its next batch while still executing (kept by the driver)
         if timeout_us and mode != "thread":
             raise ValueError(f"instance {self.name}: an execution timeout needs mode 'thread', got '{mode}'")
         self._timeout_s = timeout_us / 1e6
@@ -112,6 +130,17 @@ class InstanceWorker:
         self._waiting: _Job | None = None  # the batch that waits for the new instance
         self._owned = True  # ``instance`` is ours to close (not a retired thread's)
         self._closed = False
+
+    @property
+    def busy(self) -> bool:
+        return self.jobs > 0
+
+    @property
+    def can_stage(self) -> bool:
+        """Executing one batch on its thread, with room for the next, assembled meanwhile
+        (not with an execution timeout or a rate limiter ticket: the module's docstring)."""
+        return (self.jobs == 1 and not self.inline and self.ticket is None and not self._timeout_s
+                and not self._rebuilding and getattr(self.instance, "assembles_ahead", False))
 
     def calibrate(self, sample: dict[str, np.ndarray], outputs: Sequence[str], runs: int = 3) -> int | None:
         """Time ``runs`` executions of ``sample`` at load; blocking. Returns the
@@ -140,23 +169,46 @@ class InstanceWorker:
     ) -> None:
         """Execute a batch; ``done(worker, result)`` is called on the loop.
 
-        Inline (or refused: the worker has failed), ``done`` runs before this returns; on a thread, later.
+        Inline (or refused: the worker has failed), ``done`` runs before this returns; on a thread, later;
+        with a rate limiter ticket, once the resources are allocated. A second batch may be handed over
+        while one executes on the thread (:attr:`can_stage`): it is assembled now, and executes as soon
+        as the first ends.
         """
-        self.busy = True
+        self.jobs += 1
+        if self.ticket is not None:
+            self.ticket.request(lambda: self._start(inputs, outputs, done, loop))
+            return
+        self._start(inputs, outputs, done, loop)
+
+    def _start(self, inputs: Sequence[dict[str, np.ndarray]], outputs: Sequence[str], done: Done,
+               loop: asyncio.AbstractEventLoop) -> None:
         if self.inline:
             result = self.run_inline(inputs, outputs)
-            self.busy = False
+            self._ended()
             done(self, result)
             return
         if self.failed is not None:
-            self.busy = False
+            self._ended()
             done(self, Unavailable(self.failed))
             return
-        job = _Job(inputs, outputs, done, loop)
         if self._rebuilding:
-            self._waiting = job  # the scheduler gives a worker one batch at a time
+            self._waiting = _Job(inputs, outputs, done, loop)  # no staging while rebuilding: one batch waits
             return
-        self._submit(job)
+        # Assembled here, on the loop: the thread may be executing the batch before.
+        self._submit(_Job(self._assemble(inputs), outputs, done, loop))
+
+    def _assemble(self, inputs: Sequence[dict[str, np.ndarray]]) -> Sequence[dict[str, np.ndarray]] | Assembled | BaseException:
+        if not getattr(self.instance, "assembles_ahead", False):
+            return inputs
+        try:
+            return self.instance.assemble(inputs)  # type: ignore[attr-defined]  # TensorInstance: into pooled buffers
+        except BaseException as exc:  # the batch's result: every path resolves it
+            return exc
+
+    def _ended(self) -> None:
+        self.jobs -= 1
+        if self.ticket is not None:
+            self.ticket.release()
 
     def _submit(self, job: _Job) -> None:
         t = self._thread
@@ -185,8 +237,13 @@ class InstanceWorker:
             if job is None:
                 break
             t0 = time.thread_time_ns()
+            batch = job.batch
             try:
-                result: BatchResult | BaseException = t.instance.execute(job.inputs, job.outputs)
+                if isinstance(batch, BaseException):
+                    raise batch
+                result: BatchResult | BaseException = (
+                    t.instance.execute_assembled(batch, job.outputs) if isinstance(batch, Assembled)  # type: ignore[attr-defined]
+                    else t.instance.execute(batch, job.outputs))
             except BaseException as exc:
                 result = exc
             elapsed = time.thread_time_ns() - t0
@@ -211,7 +268,7 @@ class InstanceWorker:
         if job.timer is not None:
             job.timer.cancel()
         self._observe(elapsed_ns)
-        self.busy = False
+        self._ended()
         job.done(self, result)
 
     def _overran(self, job: _Job) -> None:
@@ -236,7 +293,7 @@ class InstanceWorker:
                            f"inferd.max_retired_instances ({self._max_retired}); it serves again when one returns")
         else:
             self._start_rebuild(job.loop)
-        self.busy = False
+        self._ended()
         job.done(self, error)
 
     def _start_rebuild(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -260,7 +317,7 @@ class InstanceWorker:
         if waiting is None:
             return
         if self.failed is not None:
-            self.busy = False
+            self._ended()
             waiting.done(self, Unavailable(self.failed))
         else:
             self._submit(waiting)
@@ -300,6 +357,8 @@ class InstanceWorker:
             t.jobs.put(None)
             if t.thread is not None:
                 t.thread.join(timeout=30)
+        if self.ticket is not None:
+            self.ticket.close()
         if self._owned:
             self.instance.close()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferd.config import DELAY, REJECT, DynamicBatching, QueuePolicy, VarlenSpec
+from inferd.scheduling.adaptive import ADAPTIVE, FIXED, WaitPolicy
 from inferd.scheduling.formation import Grouping
 
 __all__ = ["DELAY", "REJECT", "BatchingPolicy", "QueuePolicy", "batching_policy"]
@@ -35,6 +36,14 @@ class BatchingPolicy:
     aging_us: int = 0
     split_large_requests: bool = False
     grouping: Grouping = Grouping()  # which requests may share a batch (shapes, padding, buckets, budget)
+    # How long a batch waits within max_queue_delay_us (built directly: Triton's "fixed"; from a
+    # config: inferd.batch_wait), and the latency SLO (inferd.max_latency_microseconds, 0: none).
+    batch_wait: str = FIXED
+    slo_us: int = 0
+
+    @property
+    def wait(self) -> WaitPolicy:
+        return WaitPolicy(self.batch_wait, self.max_queue_delay_us / 1e6, self.slo_us / 1e6)
 
     def queue_policy(self, level: int) -> QueuePolicy:
         for lvl, policy in self.priority_queue_policy:
@@ -49,13 +58,15 @@ class BatchingPolicy:
 
 
 def batching_policy(max_batch_size: int, dynamic: DynamicBatching | None, *, aging_us: int = 0,
-                    split: bool = False, varlen: VarlenSpec | None = None) -> BatchingPolicy:
+                    split: bool = False, varlen: VarlenSpec | None = None, batch_wait: str = ADAPTIVE,
+                    slo_us: int = 0) -> BatchingPolicy:
     """The policy of a model with ``max_batch_size`` and the checked ``dynamic_batching``
-    block ``dynamic`` (None: the plain scheduler); ``varlen``: its variable-length batching."""
+    block ``dynamic`` (None: the plain scheduler); ``varlen``: its variable-length batching;
+    ``batch_wait`` and ``slo_us``: inferd.batch_wait and inferd.max_latency_microseconds."""
     grouping = Grouping.of(varlen)
     if dynamic is None:
         return BatchingPolicy(max_batch_size=max_batch_size, aging_us=aging_us, split_large_requests=split,
-                              grouping=grouping)
+                              grouping=grouping, batch_wait=batch_wait, slo_us=slo_us)
     return BatchingPolicy(
         max_batch_size=max_batch_size,
         batching=True,
@@ -69,4 +80,6 @@ def batching_policy(max_batch_size: int, dynamic: DynamicBatching | None, *, agi
         aging_us=aging_us,
         split_large_requests=split,
         grouping=grouping,
+        batch_wait=batch_wait,
+        slo_us=slo_us,
     )

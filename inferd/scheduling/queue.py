@@ -17,12 +17,13 @@ under ``DELAY`` stays queued but behind every undelayed request of its level.
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterator
+from typing import Any, Hashable, Iterator, Sequence
 
 from inferd.errors import DeadlineExceeded, InferdError, Unavailable
+from inferd.scheduling.adaptive import Instance, admission, slo_rows, wait_until
+from inferd.scheduling.estimates import ArrivalRate, ExecutionModel
 from inferd.scheduling.formation import FULL, OTHER_GROUP, OVER_BUDGET, OpenBatch
 from inferd.scheduling.policy import DELAY, BatchingPolicy
 
@@ -69,12 +70,13 @@ class Step:
 
 
 class _Level:
-    __slots__ = ("main", "delayed", "count", "policy")
+    __slots__ = ("main", "delayed", "count", "rows", "policy")
 
     def __init__(self, policy) -> None:  # type: ignore[no-untyped-def]
         self.main: deque[Pending] = deque()
         self.delayed: deque[Pending] = deque()
         self.count = 0
+        self.rows = 0
         self.policy = policy
 
 
@@ -90,10 +92,12 @@ class BatchQueue:
         self.model = model
         self._levels = [_Level(policy.queue_policy(i + 1)) for i in range(policy.priority_levels)]
         self._timers: list[tuple[float, int, int, Pending]] = []  # timeouts and deadlines, lazily deleted
-        self._seq = itertools.count()
+        self._next_seq = 0
         self._size = 0
-        self._delay_s = policy.max_queue_delay_us / 1e6
         self._aging_s = policy.aging_us / 1e6
+        self._wait = policy.wait
+        # Rows arriving while requests are queued: the company a waiting batch can expect.
+        self.arrivals = ArrivalRate()
 
     def __len__(self) -> int:
         return self._size
@@ -105,8 +109,10 @@ class BatchQueue:
 
     # -- admission ---------------------------------------------------------
 
-    def admit(self, item: Pending, now: float) -> None:
-        """Queue ``item``, or raise :class:`Unavailable` if its level is full."""
+    def admit(self, item: Pending, now: float, instances: Sequence[Instance] = ()) -> None:
+        """Queue ``item``, or raise :class:`Unavailable` if its level is full, or
+        :class:`SloRefused` when, with a latency SLO, its estimated completion on
+        ``instances`` (when each is expected free, its execution model) passes it."""
         p = self.policy
         if item.level <= 0 or item.level > p.priority_levels:
             item.level = p.default_priority_level
@@ -117,22 +123,41 @@ class BatchQueue:
                 f"model '{self.model}': request rejected: exceeds maximum queue size "
                 f"({qp.max_queue_size} requests at priority level {item.level})"
             )
+        if self._wait.slo_s and instances:
+            ahead = sum(lv.rows for lv in self._levels[:item.level])  # its level and the higher ones
+            refused = admission(self._wait, self.model, now, ahead, item.rows, p.max_rows, instances)
+            if refused is not None:
+                raise refused
         requested = item.timeout_at  # relative seconds or None
         timeout = qp.default_timeout_us / 1e6 if qp.default_timeout_us else None
         if requested is not None and (qp.allow_timeout_override or timeout is None):
             # A request may shorten the policy's timeout, never lengthen it.
             timeout = requested if timeout is None else min(timeout, requested)
         item.arrival = now
-        item.seq = next(self._seq)
+        item.seq = self._next_seq
+        self._next_seq += 1
         item.state = QUEUED
         item.timeout_at = now + timeout if timeout is not None else None
         if item.timeout_at is not None:
             heapq.heappush(self._timers, (item.timeout_at, item.seq, 0, item))
         if item.deadline is not None:
             heapq.heappush(self._timers, (item.deadline, item.seq, 1, item))
+        self.arrivals.arrived(now, item.rows, self._size)
         level.main.append(item)
         level.count += 1
+        level.rows += item.rows
         self._size += 1
+
+    def lone_runs_now(self, now: float, rows: int, model: ExecutionModel) -> bool:
+        """Whether a request of ``rows`` rows arriving at an empty queue would run at once
+        (no company expected): the driver then runs it without queueing it. It takes a
+        sequence number (probes are every PROBE_EVERY-th) and adds no queued time."""
+        if self._size or not self.policy.batching:
+            return False
+        if wait_until(self._wait, now, self._next_seq, rows, now, self.arrivals, model) is not None:
+            return False
+        self._next_seq += 1
+        return True
 
     def cancel(self, item: Pending) -> bool:
         """Drop a queued request (its client went away). True if it was queued."""
@@ -143,20 +168,29 @@ class BatchQueue:
 
     def _remove(self, item: Pending) -> None:
         item.state = DONE
-        self._levels[item.level - 1].count -= 1
+        level = self._levels[item.level - 1]
+        level.count -= 1
+        level.rows -= item.rows
         self._size -= 1
 
     # -- the decision ------------------------------------------------------
 
-    def step(self, now: float, can_dispatch: bool) -> Step:
-        """Expire what timed out; then, if an instance is free, maybe form a batch."""
+    def step(self, now: float, can_dispatch: bool, model: ExecutionModel | None = None,
+             stage_at: float | None = None) -> Step:
+        """Expire what timed out; then, if an instance is free, maybe form a batch.
+
+        ``model``: the execution model of the instance the batch would run on.
+        ``stage_at``: no instance is free, but one expected free then takes a batch
+        to start as soon as it is (assembled meanwhile): only a batch that cannot
+        grow (full, a preferred size, blocked) is formed for it."""
         out = Step()
         if not self._size and not self._timers:
             return out  # nothing queued, nothing to expire
         self._expire(now, out)
         self._compact()
-        if can_dispatch and self._size:
-            self._decide(now, out)
+        if self._size and (can_dispatch or stage_at is not None):
+            self._decide(now, out, model or ExecutionModel(), None if can_dispatch else stage_at)
+        self.arrivals.queued(now, self._size > 0)
         timers = self._prune_timers()
         if timers:
             out.wake_at = timers[0][0] if out.wake_at is None else min(out.wake_at, timers[0][0])
@@ -239,7 +273,7 @@ class BatchQueue:
             level = max(1, level - int((now - item.arrival) / self._aging_s))
         return (level, delayed, item.arrival, item.seq)
 
-    def _decide(self, now: float, out: Step) -> None:
+    def _decide(self, now: float, out: Step, model: ExecutionModel, stage_at: float | None) -> None:
         p = self.policy
         batch: list[Pending] = []
         best_prefix = 0  # batch[:best_prefix] fills a preferred size exactly
@@ -278,15 +312,22 @@ class BatchQueue:
         if forming is None:
             return
         head = batch[0]
-        if not p.batching or forming.full or now >= head.arrival + self._delay_s:
+        if not p.batching or forming.full or (stage_at is None and now >= head.arrival + self._wait.bound_s):
             chosen = batch  # full, or waited long enough (at once when there is no delay)
         elif best_prefix:
             chosen = batch[:best_prefix]  # a preferred size is reached: run it rather than wait
         elif blocked:
             chosen = batch  # it cannot grow: waiting for the delay would only add latency
+        elif stage_at is not None:
+            return  # it could still grow: formed when the instance is free, with whoever came meanwhile
         else:
-            out.wake_at = head.arrival + self._delay_s
-            return
+            until = wait_until(self._wait, head.arrival, head.seq, forming.rows, now, self.arrivals, model)
+            if until is not None:
+                out.wake_at = until
+                return
+            chosen = batch  # no company is expected in time
+        if self._wait.slo_s:
+            chosen = chosen[:slo_rows(self._wait, head.arrival, stage_at or now, [i.rows for i in chosen], model)]
         for item in chosen:
             self._remove(item)
         out.batch = chosen

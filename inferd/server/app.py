@@ -26,6 +26,7 @@ from inferd.dataplane import SERVER_NAME, DataPlane
 from inferd.dataplane.admission import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS, Admission
 from inferd.dataplane.batches import default_batch_dir
 from inferd.errors import InferdError
+from inferd.model.cache import ResponseCache
 from inferd.observability.log_settings import LogSettings
 from inferd.observability.metrics import ServerMetrics
 from inferd.observability.tracing import Tracing
@@ -33,6 +34,7 @@ from inferd.repository import ModelManager
 from inferd.repository.control import RepositoryPoller
 from inferd.repository.layout import check_repositories
 from inferd.repository.report import format_table, model_rows, readiness
+from inferd.scheduling.rate_limiter import RateLimiter
 from inferd.server.asgi import AsgiServer
 from inferd.server.grpc_server import GrpcPort, GrpcPortOptions
 from inferd.server.grpc_service import InferenceServicer
@@ -73,6 +75,9 @@ class ServerOptions:
     tracing: Tracing | None = None  # None: off
     log_settings: LogSettings | None = None
     strict_model_config: bool = False  # True: every model brings a complete config.pbtxt (no auto-complete)
+    cache_bytes: int | None = None  # --cache-config local,size=BYTES: the response cache's size (None: no cache)
+    rate_limit: str = "off"  # --rate-limit off | execution_count
+    rate_limit_resources: list[tuple[str, int, int]] = field(default_factory=list)  # --rate-limit-resource
     server_name: str = SERVER_NAME  # ServerMetadata's name
     batch_dir: Path | None = None  # batch jobs' state; None: next to the first repository
 
@@ -80,9 +85,11 @@ class ServerOptions:
 class InferenceServer:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
+        cache = ResponseCache(options.cache_bytes) if options.cache_bytes else None
+        limiter = RateLimiter(options.rate_limit_resources) if options.rate_limit == "execution_count" else None
         self.manager = ModelManager(options.model_repositories, mode=options.model_control_mode,
                                     startup_models=options.load_models,
-                                    auto_complete=not options.strict_model_config)
+                                    auto_complete=not options.strict_model_config, cache=cache, limiter=limiter)
         self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings,
                                    server_name=options.server_name,
                                    admission=Admission(options.max_queued_requests, options.max_queued_bytes),

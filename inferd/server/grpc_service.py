@@ -112,6 +112,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             _fill_duration(st.compute_input, s.compute_input)
             _fill_duration(st.compute_infer, s.compute_infer)
             _fill_duration(st.compute_output, s.compute_output)
+            _fill_duration(st.cache_hit, s.cache_hit)
+            _fill_duration(st.cache_miss, s.cache_miss)
             for b in s.batch_stats:
                 bs = out.batch_stats.add()
                 bs.batch_size = b.batch_size

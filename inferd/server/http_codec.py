@@ -337,7 +337,6 @@ def statistics_json(models: list[ModelStatistics]) -> dict[str, Any]:
     """The statistics extension's answer for ``models`` (snapshots of loaded model versions)."""
     out = []
     for s in models:
-        zero = {"count": 0, "ns": 0}
         out.append({
             "name": s.name,
             "version": str(s.version),
@@ -351,8 +350,8 @@ def statistics_json(models: list[ModelStatistics]) -> dict[str, Any]:
                 "compute_input": _duration(s.compute_input),
                 "compute_infer": _duration(s.compute_infer),
                 "compute_output": _duration(s.compute_output),
-                "cache_hit": dict(zero),
-                "cache_miss": dict(zero),
+                "cache_hit": _duration(s.cache_hit),
+                "cache_miss": _duration(s.cache_miss),
             },
             "batch_stats": [
                 {

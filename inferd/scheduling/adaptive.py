@@ -1,0 +1,146 @@
+"""The decisions behind adaptive waiting and latency SLOs: pure functions of plain data.
+
+Each takes what the batch decision knows (the queue's head and rows, the
+online estimates of :mod:`inferd.scheduling.estimates`, ``now``) and returns a
+time or a size; none reads a clock or keeps state, so tests drive them with
+made-up numbers. :class:`~inferd.scheduling.queue.BatchQueue` calls them.
+
+Waiting (``inferd.batch_wait``). ``max_queue_delay_microseconds`` is the most a
+request may wait for company. ``fixed`` waits all of it, as Triton does.
+``adaptive`` waits only when company is expected: at least one more row within a
+delay at the rate rows arrive while requests are queued (until that rate rests on
+enough evidence: or someone joined the last requests that waited). So a lone
+request at low load (a closed loop of one client: nobody ever joins it) runs at
+once, and under load it waits out the delay as ``fixed`` does, not stopping at an
+arrival because the next one seems late: there the server is short of CPU (the
+event loop and the runtime share the cores), and every execution batching saves
+is capacity for other requests. It does not wait either where the execution
+model says batching saves nothing measurable (time proportional to rows). With
+no company expected, one head request in ``PROBE_EVERY`` (``PROBE_NEAR`` when
+nearly a row is expected per delay) waits anyway, as a probe, to notice when
+company starts coming.
+
+SLOs (``inferd.max_latency_microseconds``). Every request must be answered within
+the budget of its arrival. A wait ends early enough for the batch to run in the
+head's budget, a batch is cut to the rows that fit it, and a request whose
+estimated completion (the rows queued ahead of it, at its priority and above,
+run in full batches on the instances as they free up) passes its budget is
+refused when it arrives, with the estimate in the message. A request finding
+nothing ahead of it and an instance free is always admitted: the estimate can be
+wrong (a stalled execution), and only executions correct it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from inferd.errors import SloRefused
+from inferd.scheduling.estimates import PROBE_EVERY, ArrivalRate, ExecutionModel
+
+ADAPTIVE, FIXED = "adaptive", "fixed"
+# Batching "saves nothing measurable" below this share of one execution's time.
+NEGLIGIBLE = 0.02
+# Nearly expected (this share of a row per delay, after a lull under load, say): probe one head in
+# PROBE_NEAR rather than PROBE_EVERY, so batching comes back quickly once company does.
+NEAR, PROBE_NEAR = 0.25, 4
+# Executions simulated to estimate a completion before extrapolating.
+MAX_SIMULATED = 256
+
+
+@dataclass(frozen=True, slots=True)
+class WaitPolicy:
+    """How long a batch may wait for company, and the latency budget (0: none), in seconds."""
+
+    mode: str = ADAPTIVE
+    bound_s: float = 0.0
+    slo_s: float = 0.0
+
+    @property
+    def slo_us(self) -> int:
+        return round(self.slo_s * 1e6)
+
+
+def wait_until(policy: WaitPolicy, head_arrival: float, head_seq: int, rows: int, now: float,
+               rate: ArrivalRate, model: ExecutionModel) -> float | None:
+    """When to look again at a batch of ``rows`` rows that could still grow (None: run it now)."""
+    deadline = head_arrival + policy.bound_s
+    if policy.slo_s:
+        deadline = min(deadline, head_arrival + policy.slo_s - model.upper(rows + 1))
+    if now >= deadline:
+        return None
+    if policy.mode == FIXED:
+        return deadline
+    if model.settled:
+        fixed = model.fixed_cost()
+        if fixed is not None and fixed <= NEGLIGIBLE * model.predict(rows):
+            return None  # batching would not make the execution cheaper: waiting only adds latency
+    expected = rate.rate(now) * policy.bound_s  # rows expected within one delay
+    if expected >= 1.0 or (rate.company_last_time and not rate.informed):
+        return deadline  # company is expected within a delay: wait it out, as fixed does
+    if head_seq % (PROBE_NEAR if expected >= NEAR else PROBE_EVERY) == 0:
+        return deadline  # a probe: waits, to notice when company starts (or comes back after a lull)
+    return None
+
+
+def slo_rows(policy: WaitPolicy, head_arrival: float, now: float, rows: Sequence[int],
+             model: ExecutionModel) -> int:
+    """How many of a batch's requests (``rows``: each one's rows, in order) to run so that
+    the batch ends within the head's budget; at least the head."""
+    if not policy.slo_s:
+        return len(rows)
+    budget = head_arrival + policy.slo_s - now
+    total = sum(rows)
+    count = len(rows)
+    while count > 1 and model.upper(total) > budget:
+        count -= 1
+        total -= rows[count]
+    return count
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """An instance as admission sees it: when it is expected to be free, and its execution model."""
+
+    free_at: float
+    model: ExecutionModel
+
+
+def completion(now: float, rows_ahead: int, rows: int, max_rows: int, instances: Sequence[Instance]) -> float:
+    """When a request of ``rows`` rows, queued behind ``rows_ahead`` rows, is expected to be
+    answered: the rows run in full batches, in order, each on the instance that frees first."""
+    if not instances:
+        return now
+    free = [max(i.free_at, now) for i in instances]
+    remaining = rows_ahead + rows
+    done = now
+    for _ in range(MAX_SIMULATED):
+        if remaining <= 0:
+            return done
+        k = min(range(len(free)), key=free.__getitem__)
+        batch = min(max_rows, remaining)
+        free[k] += instances[k].model.upper(batch)
+        done = free[k]
+        remaining -= batch
+    # A very long queue: the rest at the pace of the simulated batches.
+    per_row = (done - now) / max(1, rows_ahead + rows - remaining)
+    return done + per_row * remaining
+
+
+def admission(policy: WaitPolicy, model: str, now: float, rows_ahead: int, rows: int, max_rows: int,
+              instances: Sequence[Instance]) -> SloRefused | None:
+    """The refusal of a request whose estimated completion passes its budget, or None to admit it."""
+    if not policy.slo_s:
+        return None
+    if rows_ahead == 0 and any(i.free_at <= now for i in instances):
+        return None  # nothing ahead of it and an instance free: it runs at once, whatever the estimate says
+    done = completion(now, rows_ahead, rows, max_rows, instances)
+    if done - now <= policy.slo_s:
+        return None
+    batch = min(max_rows, rows_ahead + rows)
+    per_batch = min(i.model.upper(batch) for i in instances)
+    return SloRefused(
+        f"model '{model}': request refused: it cannot meet the latency SLO of {policy.slo_us} us "
+        f"(inferd.max_latency_microseconds): estimated {round((done - now) * 1e6)} us to answer it "
+        f"({rows_ahead} rows queued ahead of it, about {round(per_batch * 1e6)} us per batch of {batch} rows "
+        f"on {len(instances)} instance{'s' if len(instances) != 1 else ''}); retry later or with another priority")
