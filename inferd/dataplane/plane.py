@@ -11,8 +11,9 @@ its lifecycle (:meth:`DataPlane.load_models`, :meth:`DataPlane.drain`,
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 
 from inferd.clock import Clock, MonotonicClock
 from inferd.dataplane.admission import Admission, request_bytes
@@ -21,7 +22,7 @@ from inferd.dataplane.batches import BatchService
 from inferd.dataplane.cuda_shared_memory import CudaRegionStatus
 from inferd.dataplane.shared_memory import RegionStatus, SharedMemoryManager
 from inferd.errors import InferdError, InvalidArgument, Unavailable, Unimplemented
-from inferd.model import DECOUPLED_UNARY, Model, find, response, run_model
+from inferd.model import DECOUPLED_UNARY, Model, ModelRun, find, response, run_model, submit_model
 from inferd.model import infer_stream as model_infer_stream
 from inferd.observability.log_settings import LogSettings
 from inferd.observability.stats import ModelStatistics
@@ -199,6 +200,31 @@ class DataPlane:
 
     async def infer(self, request: InferenceRequest, decoupled_error: str = DECOUPLED_UNARY,
                     trace_carrier: TraceCarrier | None = None) -> InferenceResponse:
+        model, nbytes = self._admit(request, decoupled_error, trace_carrier)
+        try:
+            return response(model, request, await run_model(model, request, self.clock))
+        finally:
+            self.admission.release(nbytes)
+
+    def submit(self, request: InferenceRequest, on_done: Callable[[ModelRun], None],
+               decoupled_error: str = DECOUPLED_UNARY, trace_carrier: TraceCarrier | None = None,
+               more: bool = False) -> ModelRun:
+        """:meth:`infer` with a callback instead of an awaiting task, for the core's hand-off
+        endpoint (not part of the façade): the same checks, then the model's path
+        (:func:`~inferd.model.path.submit_model`; ``more``: other requests follow this turn).
+        Raises what refuses the request before it reaches a model; otherwise ``on_done(run)``
+        comes once, with ``run.outputs`` or ``run.error`` (a CancelledError once cancelled)."""
+        model, nbytes = self._admit(request, decoupled_error, trace_carrier)
+        return submit_model(model, request, self.clock, partial(self._answered, nbytes, on_done), more=more)
+
+    def _answered(self, nbytes: int, on_done: Callable[[ModelRun], None], run: ModelRun) -> None:
+        self.admission.release(nbytes)
+        on_done(run)
+
+    def _admit(self, request: InferenceRequest, decoupled_error: str,
+               trace_carrier: TraceCarrier | None) -> tuple[Model, int]:
+        """Refuse while draining or full, resolve shared memory, start the trace, find the model:
+        the model and the bytes admitted, which the caller releases once the request has ended."""
         if self.draining:
             raise Unavailable(DRAINING)
         nbytes = request_bytes(request.inputs)
@@ -209,11 +235,10 @@ class DataPlane:
                 self.shared_memory.resolve(request)
             if self.tracing.enabled and request.trace is None:
                 request.trace = self.tracing.start(request.model_name, request.id, trace_carrier)
-            # model.dispatch.infer's two steps, inline: no extra coroutine per request on the hot path.
-            model = find(self.manager.get, request, decoupled_error)
-            return response(model, request, await run_model(model, request, self.clock))
-        finally:
+            return find(self.manager.get, request, decoupled_error), nbytes
+        except BaseException:
             admission.release(nbytes)
+            raise
 
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
         nbytes = request_bytes(request.inputs)

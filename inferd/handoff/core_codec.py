@@ -16,6 +16,7 @@ from inferd.dtypes import BY_NAME, encode_bytes, from_numpy
 from inferd.errors import InvalidArgument
 from inferd.handoff import wire
 from inferd.handoff.arena import Arena, ArenaWriter
+from inferd.server import codec
 from inferd.types import InferenceRequest, RequestedOutput, SharedTensor
 
 _NUMPY_NAME = {t.numpy: t.name for t in BY_NAME.values() if t.numpy is not None}
@@ -24,8 +25,6 @@ _NUMPY_NAME = {t.numpy: t.name for t in BY_NAME.values() if t.numpy is not None}
 def request_from(msg: list[Any], inputs: Arena) -> InferenceRequest:
     """The request an INFER message carries. Tensors in a client's system shared memory stay
     references (SharedTensor inputs, ShmRef outputs), resolved by the data plane."""
-    from inferd.server import codec
-
     model = msg[wire.I_MODEL]
     arrays: dict[str, Any] = {}
     shared = False
@@ -83,10 +82,25 @@ def response_message(rid: int, final: bool, response: Any, requested: list[Reque
                      outputs: ArenaWriter) -> list[Any]:
     """A RESPONSE for an InferenceResponse; its tensors go into one new output block.
     Outputs requested into shared memory were written there already: they carry no data."""
+    entries, block = _outputs_message(response.outputs, requested, outputs)
+    return [wire.RESPONSE, rid, final, response.model_name, response.model_version, response.id, entries,
+            response.parameters or None, block]
+
+
+def run_message(rid: int, run: Any, outputs: ArenaWriter) -> list[Any]:
+    """The final RESPONSE for a finished :class:`~inferd.model.ModelRun`."""
+    request = run.request
+    entries, block = _outputs_message(run.outputs, request.requested_outputs, outputs)
+    model = run.model
+    return [wire.RESPONSE, rid, True, model.spec.name, model.version, request.id, entries, None, block]
+
+
+def _outputs_message(arrays: dict[str, np.ndarray], requested: list[RequestedOutput] | None,
+                     outputs: ArenaWriter) -> tuple[list[list[Any]], int]:
     in_shm = {r.name for r in requested if r.shared_memory is not None} if requested else None
     entries: list[list[Any]] = []
     parts: list[Any] = []
-    for name, array in response.outputs.items():
+    for name, array in arrays.items():
         datatype = datatype_of(array)
         if in_shm and name in in_shm:
             entries.append([name, datatype, list(array.shape), wire.NOT_IN_ARENA, 0])
@@ -106,5 +120,4 @@ def response_message(rid: int, final: bool, response: Any, requested: list[Reque
             if e[3] is None:
                 e[3] = offsets[i]
                 i += 1
-    return [wire.RESPONSE, rid, final, response.model_name, response.model_version, response.id, entries,
-            response.parameters or None, block]
+    return entries, block

@@ -4,8 +4,14 @@ Every request a frontend sends gets exactly one final message back (RESPONSE or
 ERROR with ``final`` set, or FINAL after a decoupled model's last response),
 whatever happens to it: that message is what frees the request's input block in
 the frontend, so the core never sends it while it may still read the inputs.
-A CANCEL (the client went away) cancels the request's task: a queued request is
+A CANCEL (the client went away) cancels the request: a queued request is
 dropped before it costs compute, and the final message still follows.
+
+A one-response request takes the model path with a callback
+(:meth:`DataPlane.submit`): no task or coroutine per request, and the INFERs
+of one socket read are handed to the batcher together (``more``), so they can
+share a batch; the response is encoded and queued as its batch ends. Stream
+requests run as tasks over ``infer_stream``.
 """
 
 from __future__ import annotations
@@ -13,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import pickle
+from functools import partial
 from typing import Any, Callable
 
 from inferd.errors import InferdError
 from inferd.handoff import wire
-from inferd.handoff.core_codec import request_from, response_message
+from inferd.handoff.core_codec import request_from, response_message, run_message
 from inferd.handoff.supervisor import Link
-from inferd.model import DECOUPLED_UNARY
+from inferd.model import DECOUPLED_UNARY, ModelRun
 from inferd.server.http_service import DECOUPLED_HTTP
 
 log = logging.getLogger(__name__)
@@ -42,7 +49,8 @@ class CoreEndpoint:
         self.channel = link.channel
         self.inputs = link.inputs
         self.outputs = link.outputs
-        self.tasks: dict[int, asyncio.Task] = {}
+        self.tasks: dict[int, asyncio.Task] = {}  # stream requests
+        self.runs: dict[int, ModelRun] = {}  # one-response requests
         self._loop = asyncio.get_running_loop()
         self._gone = False
 
@@ -57,7 +65,12 @@ class CoreEndpoint:
             for block in msg[1]:
                 free(block)
         elif kind == wire.CANCEL:
-            task = self.tasks.get(msg[1])
+            rid = msg[1]
+            run = self.runs.get(rid)
+            if run is not None:
+                run.cancel()  # answered at once (_answered), whether or not it had started
+                return
+            task = self.tasks.get(rid)
             if task is not None:
                 task.cancel()
         elif kind == wire.CALL:
@@ -68,6 +81,9 @@ class CoreEndpoint:
     def lost(self) -> None:
         """The worker died: its requests are dropped (queued ones never run)."""
         self._gone = True
+        runs, self.runs = self.runs, {}
+        for run in runs.values():
+            run.cancel()
         for task in list(self.tasks.values()):
             task.cancel()
 
@@ -77,18 +93,20 @@ class CoreEndpoint:
         rid = msg[wire.I_RID]
         try:
             request = request_from(msg, self.inputs)
+            flags = msg[wire.I_FLAGS]
+            if flags & wire.STREAM:
+                task = self.tasks[rid] = self._loop.create_task(self._stream(rid, request))
+                task.add_done_callback(lambda t: self._cancelled_before_start(rid, t))
+                return
+            trace = msg[wire.I_TRACE]
+            run = self.dp.submit(request, partial(self._answered, rid),
+                                 DECOUPLED_HTTP if flags & wire.HTTP else DECOUPLED_UNARY,
+                                 None if trace is None else lambda: trace, self.channel.more)
         except Exception as exc:
             self.channel.send([wire.ERROR, rid, True, *error_kind(exc)])
             return
-        flags = msg[wire.I_FLAGS]
-        if flags & wire.STREAM:
-            coro = self._stream(rid, request)
-        else:
-            trace = msg[wire.I_TRACE]
-            coro = self._unary(rid, request, DECOUPLED_HTTP if flags & wire.HTTP else DECOUPLED_UNARY,
-                               None if trace is None else lambda: trace)
-        task = self.tasks[rid] = self._loop.create_task(coro)
-        task.add_done_callback(lambda t: self._cancelled_before_start(rid, t))
+        if not run.finished:
+            self.runs[rid] = run
 
     def _cancelled_before_start(self, rid: int, task: asyncio.Task) -> None:
         # A CANCEL read with its INFER (one channel read) cancels the task before its coroutine starts:
@@ -99,17 +117,19 @@ class CoreEndpoint:
             del self.tasks[rid]
             self._send([wire.ERROR, rid, True, "Cancelled", CANCELLED])
 
-    async def _unary(self, rid: int, request: Any, decoupled_error: str, carrier: Any) -> None:
-        try:
-            response = await self.dp.infer(request, decoupled_error, carrier)
-            message = response_message(rid, True, response, request.requested_outputs, self.outputs)
-        except asyncio.CancelledError:
-            request.cancelled = True
+    def _answered(self, rid: int, run: ModelRun) -> None:
+        """A one-response request's end (on the loop, as its batch ends, or as it is cancelled):
+        RESPONSE or ERROR."""
+        self.runs.pop(rid, None)
+        if isinstance(run.error, asyncio.CancelledError):
             message = [wire.ERROR, rid, True, "Cancelled", CANCELLED]
-        except Exception as exc:
-            message = [wire.ERROR, rid, True, *error_kind(exc)]
-        finally:
-            del self.tasks[rid]
+        elif run.error is not None:
+            message = [wire.ERROR, rid, True, *error_kind(run.error)]
+        else:
+            try:
+                message = run_message(rid, run, self.outputs)
+            except Exception as exc:
+                message = [wire.ERROR, rid, True, *error_kind(exc)]
         self._send(message)
 
     async def _stream(self, rid: int, request: Any) -> None:

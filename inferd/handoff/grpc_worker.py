@@ -51,5 +51,5 @@ class WorkerServicer(InferenceServicer):
             return await context.abort(*grpc_status(exc))
         response = pb.ModelInferResponse()
         fill_response(response, reply, link.outputs)
-        pending.release(reply[wire.R_BLOCK])
+        pending.release(reply)
         return response

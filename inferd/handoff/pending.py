@@ -6,9 +6,10 @@ stream request. The entry owns the request's input block: it is freed when the
 final message comes, never before (the core reads the inputs in place until
 then), even for a request whose client went away. Output blocks the frontend
 has read are gathered and go back in one FREE message with the next write to
-the core (the next requests' turn), so a busy frontend never wakes the core for
-frees alone; an idle one (nothing in flight) or one with many gathered sends
-them at once.
+the core (the next requests' turn), so a frontend never wakes the core for
+frees alone: not while busy, nor once idle (the core needs no room for a frontend
+that sends nothing). Only many gathered blocks, or an idle frontend's large ones
+(whose pages the core gives back to the kernel), go back at once.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from inferd import errors
 from inferd.errors import InferdError, Unavailable
 from inferd.handoff import wire
-from inferd.handoff.arena import ArenaWriter
+from inferd.handoff.arena import RELEASE_BYTES, ArenaWriter
 from inferd.handoff.channel import Channel
 
 CORE_GONE = "inferd's core process went away; the request was not answered"
@@ -55,6 +56,7 @@ class Pending:
         # rid -> [future or Stream, input block or NO_BLOCK]
         self._entries: dict[int, list[Any]] = {}
         self._freed: list[int] = []
+        self._freed_bytes = 0  # what they held: an idle frontend sends large ones back at once
         self._idle = asyncio.Event()
         self._idle.set()
         self.lost: InferdError | None = None  # set once the core is gone: nothing more is sent
@@ -98,17 +100,20 @@ class Pending:
             entry[0].abandoned = True
         self.channel.send([wire.CANCEL, rid])
 
-    def release(self, block: int) -> None:
-        """An output block has been read: it goes back with the next write to the core."""
+    def release(self, reply: list[Any]) -> None:
+        """A RESPONSE's output block has been read: it goes back with the next write to the core."""
+        block = reply[wire.R_BLOCK]
         if block != wire.NO_BLOCK:
             self._freed.append(block)
-            if not self._entries or len(self._freed) >= FREE_BATCH:
+            self._freed_bytes += sum(o[wire.T_NBYTES] for o in reply[wire.R_OUTPUTS])
+            if len(self._freed) >= FREE_BATCH or (not self._entries and self._freed_bytes >= RELEASE_BYTES):
                 self.channel.wake()
 
     def _send_frees(self) -> None:
         if self._freed:
             self.channel.send([wire.FREE, self._freed])
             self._freed = []
+            self._freed_bytes = 0
 
     # -- receiving (Channel.on_message) -----------------------------------------------
 
@@ -118,7 +123,7 @@ class Pending:
         entry = self._entries.get(rid)
         if entry is None:
             if msg[0] == wire.RESPONSE:
-                self.release(msg[wire.R_BLOCK])  # nobody waits for it (cannot happen unless the core errs)
+                self.release(msg)  # nobody waits for it (cannot happen unless the core errs)
             return
         final = msg[0] == wire.FINAL or msg[2]
         if final:
@@ -131,12 +136,12 @@ class Pending:
         if isinstance(waiter, Stream):
             if waiter.abandoned:
                 if msg[0] == wire.RESPONSE:
-                    self.release(msg[wire.R_BLOCK])
+                    self.release(msg)
                 return
             waiter.queue.put_nowait(msg)
         elif waiter.done():  # cancelled by its client
             if msg[0] == wire.RESPONSE:
-                self.release(msg[wire.R_BLOCK])
+                self.release(msg)
         elif msg[0] == wire.ERROR:
             waiter.set_exception(error_from(msg[3], msg[4]))
         else:

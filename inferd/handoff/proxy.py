@@ -171,7 +171,7 @@ class RemoteDataPlane:
                 arrays[name] = decode_bytes(outputs.read(offset, nbytes), count, name).reshape(shape)
             else:
                 arrays[name] = outputs.array(dtype.numpy, offset, count).reshape(shape).copy()
-        self.link.pending.release(reply[wire.R_BLOCK])
+        self.link.pending.release(reply)
         return InferenceResponse(model_name=reply[wire.R_MODEL], model_version=reply[wire.R_VERSION],
                                  outputs=arrays, id=reply[wire.R_ID], parameters=reply[wire.R_PARAMS] or {})
 

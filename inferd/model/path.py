@@ -4,9 +4,11 @@ The data plane runs every client request through :func:`run_model` (one
 response) or :func:`stream_model` (a stream's request: one response, or a
 decoupled model's many), and an ensemble runs each of its steps through
 :func:`run_model` too, so a step is validated, batched, traced and counted
-exactly as a direct request to that model. Both take the same steps
-(:func:`_admit`, :func:`_shape`, :func:`_record_failure`); only how the
-outputs come back differs.
+exactly as a direct request to that model. :func:`run_model` and
+:func:`submit_model` (the hand-off's core: a callback, no task or coroutine per
+request) share one :class:`ModelRun`. All take
+the same steps (:func:`_admit`, :func:`_shape`, :func:`_record_failure`); only
+how the outputs come back differs.
 """
 
 from __future__ import annotations
@@ -28,6 +30,108 @@ from inferd.streaming import ResponseSink, StreamEvent, StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
 
 
+class ModelRun:
+    """One request on its model's path, answered through a callback (no task awaits it).
+
+    Made by :func:`submit_model`; the scheduler resolves it as it would a future
+    (``set_result`` / ``set_exception``). Once the request ends, its statistics
+    are recorded, its trace is ended, :attr:`outputs` (shaped as the client asked,
+    those requested into shared memory written there) or :attr:`error` is set and
+    ``on_done(run)`` is called, once, on the loop (maybe before :func:`submit_model`
+    returns). :meth:`cancel` ends it early, counted as cancelled, ``on_done`` still called.
+    """
+
+    __slots__ = ("model", "request", "clock", "describe", "on_done", "start", "finished", "outputs", "error",
+                 "hit_ns", "_cancel")
+
+    def __init__(self, model: Model, request: InferenceRequest, clock: Clock, on_done: Callable[["ModelRun"], None],
+                 describe: Callable[[Exception], Exception] | None) -> None:
+        self.model = model
+        self.request = request
+        self.clock = clock
+        self.describe = describe
+        self.on_done = on_done
+        self.start = time.perf_counter_ns()
+        self.finished = False
+        self.outputs: dict[str, np.ndarray] | None = None
+        self.error: BaseException | None = None
+        self.hit_ns = -1  # a response cache hit: the time finding it took
+        self._cancel: Callable[[], None] | None = None
+
+    def done(self) -> bool:
+        return self.finished
+
+    def set_result(self, result: dict[str, np.ndarray]) -> None:
+        """The scheduler's outputs for the request."""
+        if self.finished:
+            return
+        model, request = self.model, self.request
+        try:
+            outputs = _shape(model, result, request)
+        except BaseException as exc:
+            self.set_exception(exc)
+            return
+        self.finished = True
+        self.outputs = outputs
+        if self.hit_ns < 0:
+            model.stats.record_success(time.perf_counter_ns() - self.start, self.clock.now())
+        else:
+            model.stats.record_cache_hit(time.perf_counter_ns() - self.start, self.hit_ns, self.clock.now())
+        trace = request.trace
+        if trace is not None:
+            trace.tensors_attributes("output", outputs)
+            trace.end()
+        self.on_done(self)
+
+    def set_exception(self, exception: BaseException) -> None:
+        """The request failed: counted under its reason; ``describe`` says what the caller sees."""
+        if self.finished:
+            return
+        self.finished = True
+        describe = self.describe
+        error = describe(exception) if describe is not None and isinstance(exception, Exception) else exception
+        _record_failure(self.model, self.request, self.clock, self.start, exception, error)
+        if error is not exception:
+            if isinstance(exception, InferdError):
+                error.__suppress_context__ = True
+            else:
+                error.__cause__ = exception
+        self.error = error
+        self.on_done(self)
+
+    def cancel(self) -> None:
+        """The caller has gone: drop the request if it has not started (one that has runs on,
+        its outcome ignored). The run ends now, counted as cancelled: ``on_done`` sees a
+        CancelledError as its :attr:`error`."""
+        if self.finished:
+            return
+        self.finished = True
+        self.request.cancelled = True
+        if self._cancel is not None:
+            self._cancel()
+        cancelled = asyncio.CancelledError()
+        _record_failure(self.model, self.request, self.clock, self.start, cancelled, cancelled)
+        self.error = cancelled
+        self.on_done(self)
+
+
+def submit_model(model: Model, request: InferenceRequest, clock: Clock, on_done: Callable[[ModelRun], None],
+                 describe: Callable[[Exception], Exception] | None = None, more: bool = False) -> ModelRun:
+    """Start ``request`` on its model's path: validate, then hand it to the scheduler
+    (``more``: other requests follow in this loop turn). See :class:`ModelRun`; a request
+    refused on the way is answered (``on_done``) before this returns."""
+    run = ModelRun(model, request, clock, on_done, describe)
+    try:
+        rows = _admit(model, request)
+        if model.cache is None:
+            run._cancel = model.scheduler.submit(request, rows, run, more)
+        else:
+            run._cancel = asyncio.get_running_loop().create_task(_run_cached(run, rows)).cancel
+    except BaseException as exc:
+        run.set_exception(exc)
+    return run
+
+
 async def run_model(
     model: Model, request: InferenceRequest, clock: Clock,
     describe: Callable[[Exception], Exception] | None = None,
@@ -35,31 +139,41 @@ async def run_model(
     """The request's outputs, shaped as the client asked. Records success or
     failure (with its reason) in ``model.stats`` and ends ``request.trace``;
     outputs requested into shared memory are written there. ``describe`` turns
-    a failure into the error raised and traced (an ensemble names its step)."""
-    start = time.perf_counter_ns()
-    hit_ns = -1  # a response cache hit: the time finding it took
+    a failure into the error raised and traced (an ensemble names its step).
+    The same steps as :func:`submit_model` (a :class:`ModelRun`), awaiting the
+    scheduler's ``infer`` (or the response cache) in the caller's task: no task
+    of its own, whatever the scheduler. Cancelling the awaiting task cancels the request."""
+    run = ModelRun(model, request, clock, _awaited, describe)
     try:
         rows = _admit(model, request)
         if model.cache is None:
-            outputs = await model.scheduler.infer(request, rows)
+            result = await model.scheduler.infer(request, rows)
         else:
-            outputs, hit_ns = await _cached(model, model.cache, request, rows)
-        result = _shape(model, outputs, request)
+            result, run.hit_ns = await _cached(model, model.cache, request, rows)
     except BaseException as exc:
-        error = describe(exc) if describe is not None and isinstance(exc, Exception) else exc
-        _record_failure(model, request, clock, start, exc, error)
-        if error is exc:
-            raise
-        raise error from (None if isinstance(exc, InferdError) else exc)
-    if hit_ns < 0:
-        model.stats.record_success(time.perf_counter_ns() - start, clock.now())
+        run.set_exception(exc)
     else:
-        model.stats.record_cache_hit(time.perf_counter_ns() - start, hit_ns, clock.now())
-    trace = request.trace
-    if trace is not None:
-        trace.tensors_attributes("output", result)
-        trace.end()
-    return result
+        run.set_result(result)
+    if run.error is not None:
+        raise run.error
+    assert run.outputs is not None
+    return run.outputs
+
+
+def _awaited(run: ModelRun) -> None:
+    """run_model's on_done: its caller reads the run once it has ended."""
+
+
+async def _run_cached(run: ModelRun, rows: int) -> None:
+    """submit_model's path for a model with a response cache: the lookup and insertion
+    around the scheduler need a coroutine, so a cached model's request gets a task."""
+    assert run.model.cache is not None
+    try:
+        result, run.hit_ns = await _cached(run.model, run.model.cache, run.request, rows)
+    except BaseException as exc:
+        run.set_exception(exc)
+    else:
+        run.set_result(result)
 
 
 async def _cached(model: Model, cache: ResponseCache, request: InferenceRequest,

@@ -31,12 +31,12 @@ import asyncio
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from inferd.clock import Alarm, Clock, MonotonicClock
-from inferd.scheduling.base import Scheduler
+from inferd.scheduling.base import Completion, Relay, Scheduler
 from inferd.types import InferenceRequest
 
 
@@ -118,17 +118,11 @@ class BackgroundLane(Scheduler):
     async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
         state = self.state
         if not request.background:
-            state.interactive += 1
-            state.last_interactive = self._clock.now()
-            if state.batch:
-                self.interactive_met_batch += 1
+            self._arrived()
             try:
                 return await self.inner.infer(request, rows)
             finally:
-                state.interactive -= 1
-                state.last_interactive = self._clock.now()
-                if self._waiters and not state.interactive:
-                    self._decide()
+                self._left()
         await self._admission()
         if self._lowest:
             request.priority = self._lowest
@@ -140,6 +134,36 @@ class BackgroundLane(Scheduler):
             pace(self.policy, state, started, self._clock.now())
             if self._waiters:
                 self._decide()
+
+    def submit(self, request: InferenceRequest, rows: int, completion: Completion,
+               more: bool = False) -> Callable[[], None]:
+        """:meth:`infer`'s callback twin: an interactive request goes straight on to the
+        scheduler's own ``submit``, its end counted as it relays the outcome; a batch-job
+        request waits in the lane (as a task: the default)."""
+        if request.background:
+            return super().submit(request, rows, completion)
+        self._arrived()
+        relay = _Interactive(self, completion)
+        try:
+            relay.cancel_inner = self.inner.submit(request, rows, relay, more)
+        except BaseException:
+            relay.cancel()
+            raise
+        return relay.cancel
+
+    def _arrived(self) -> None:
+        state = self.state
+        state.interactive += 1
+        state.last_interactive = self._clock.now()
+        if state.batch:
+            self.interactive_met_batch += 1
+
+    def _left(self) -> None:
+        state = self.state
+        state.interactive -= 1
+        state.last_interactive = self._clock.now()
+        if self._waiters and not state.interactive:
+            self._decide()
 
     async def _admission(self) -> None:
         """Wait until this batch request may go on; it is then counted in ``state.batch``."""
@@ -175,3 +199,16 @@ class BackgroundLane(Scheduler):
                 self.admitted_over_interactive += 1
             waiter.set_result(None)
         self._alarm.arm(wake)
+
+
+class _Interactive(Relay):
+    """An interactive request submitted through the lane: its end is counted, once."""
+
+    __slots__ = ("lane",)
+
+    def __init__(self, lane: BackgroundLane, completion: Completion) -> None:
+        super().__init__(completion)
+        self.lane = lane
+
+    def settle(self) -> None:
+        self.lane._left()

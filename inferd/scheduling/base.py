@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -13,6 +13,58 @@ from inferd.types import InferenceRequest
 if TYPE_CHECKING:
     from inferd.observability.stats import ModelStats
     from inferd.scheduling.instances import InstanceWorker
+
+
+class Completion(Protocol):
+    """What :meth:`Scheduler.submit` resolves: an ``asyncio.Future`` is one."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: dict[str, np.ndarray]) -> None: ...
+
+    def set_exception(self, exception: BaseException) -> None: ...
+
+
+class Relay:
+    """A completion between a scheduler and the completion its caller handed it: on the
+    first of the outcome and :meth:`cancel`, :meth:`settle` runs, once; then the outcome goes
+    on to ``completion``, or the cancel to :meth:`drop` (by default ``cancel_inner``: the
+    cancel of the scheduler this one handed the request to, when it did)."""
+
+    __slots__ = ("completion", "cancel_inner", "open")
+
+    def __init__(self, completion: Completion) -> None:
+        self.completion = completion
+        self.cancel_inner: Callable[[], None] | None = None
+        self.open = True
+
+    def done(self) -> bool:
+        return not self.open
+
+    def set_result(self, result: dict[str, np.ndarray]) -> None:
+        if self.open:
+            self.open = False
+            self.settle()
+            self.completion.set_result(result)
+
+    def set_exception(self, exception: BaseException) -> None:
+        if self.open:
+            self.open = False
+            self.settle()
+            self.completion.set_exception(exception)
+
+    def cancel(self) -> None:
+        if self.open:
+            self.open = False
+            self.settle()
+            self.drop()
+
+    def settle(self) -> None:
+        """The request has ended here (answered or cancelled): whatever this scheduler counts."""
+
+    def drop(self) -> None:
+        if self.cancel_inner is not None:
+            self.cancel_inner()
 
 
 class Scheduler(abc.ABC):
@@ -24,6 +76,29 @@ class Scheduler(abc.ABC):
         Raises the domain error the client should see. Cancelling the awaiting
         task drops the request if it has not started executing.
         """
+
+    def submit(self, request: InferenceRequest, rows: int, completion: Completion,
+               more: bool = False) -> Callable[[], None]:
+        """:meth:`infer` with no task awaiting it: ``completion`` gets the outputs or the error,
+        once, on the loop (maybe before this returns). Returns the cancel: called before the
+        completion, it drops the request if it has not started, and the completion is never
+        resolved. ``more``: other requests follow in this loop turn (a batcher may hold this
+        one for them). May raise what :meth:`infer` would raise before queueing.
+
+        This default runs :meth:`infer` as a task; a scheduler on the hot path admits directly."""
+        task = asyncio.get_running_loop().create_task(self.infer(request, rows))
+
+        def finished(t: asyncio.Task) -> None:
+            if t.cancelled() or completion.done():
+                return
+            error = t.exception()
+            if error is None:
+                completion.set_result(t.result())
+            else:
+                completion.set_exception(error)
+
+        task.add_done_callback(finished)
+        return task.cancel
 
     @abc.abstractmethod
     def inflight(self) -> int:

@@ -18,6 +18,7 @@ import asyncio
 import math
 import time
 from collections import deque
+from typing import Callable
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from inferd.backends.base import BatchResult, RequestInputs
 from inferd.clock import Alarm, Clock, MonotonicClock
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
-from inferd.scheduling.base import Inflight, Scheduler, workers_problem
+from inferd.scheduling.base import Completion, Inflight, Relay, Scheduler, workers_problem
 from inferd.scheduling.instances import InstanceWorker
 from inferd.scheduling.adaptive import ADAPTIVE, Instance
 from inferd.scheduling.policy import BatchingPolicy
@@ -45,16 +46,35 @@ STAGE_AT = 0.75
 
 
 class _Job:
-    """What the driver keeps for a queued request."""
+    """What the driver keeps for a queued request; ``future``: an asyncio.Future, or a _Call."""
 
     __slots__ = ("request", "future", "enqueued", "traced_ns")
 
-    def __init__(self, request: InferenceRequest, future: asyncio.Future, enqueued: float) -> None:
+    def __init__(self, request: InferenceRequest, future: Completion, enqueued: float) -> None:
         self.request = request
         self.future = future
         self.enqueued = enqueued
         # A traced request's wall-clock time (ns) when queued, then when dispatched.
         self.traced_ns = time.time_ns() if request.trace is not None else 0
+
+
+class _Call(Relay):
+    """A request :meth:`BatchScheduler.submit` took: it leaves the in-flight count once,
+    answered or cancelled; cancelled, it is dropped from the queue if it has not started."""
+
+    __slots__ = ("owner", "item")
+
+    def __init__(self, owner: "BatchScheduler", completion: Completion) -> None:
+        super().__init__(completion)
+        self.owner = owner
+        self.item: Pending | None = None
+
+    def settle(self) -> None:
+        self.owner._inflight.leave()
+
+    def drop(self) -> None:
+        if self.item is not None:
+            self.owner._queue.cancel(self.item)
 
 
 class _Batch:
@@ -111,6 +131,27 @@ class BatchScheduler(Scheduler):
         return workers_problem(self.workers)
 
     async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
+        if self._must_split(rows):
+            return await self._infer_split(request, rows)
+        return await self._infer_one(request, rows)
+
+    def submit(self, request: InferenceRequest, rows: int, completion: Completion,
+               more: bool = False) -> Callable[[], None]:
+        """:meth:`infer` with no task or coroutine per request (the hand-off's entry point):
+        the same admission, queue and fast path; the batch resolves ``completion``."""
+        if self._must_split(rows):
+            return super().submit(request, rows, completion)  # split: several executions, rare
+        call = _Call(self, completion)
+        self._inflight.enter()
+        try:
+            call.item = self._enqueue(request, rows, call, more)
+        except BaseException:
+            call.cancel()  # leaves the count; nothing was queued
+            raise
+        return call.cancel
+
+    def _must_split(self, rows: int) -> bool:
+        """Raise what refuses a request before it is queued; whether it must be split."""
         if self._stopped:
             raise Unavailable(f"model '{self.model}' is unloading and takes no new requests")
         p = self.policy
@@ -120,10 +161,28 @@ class BatchScheduler(Scheduler):
                     f"model '{self.model}': inference request batch-size must be <= {p.max_batch_size}, "
                     f"got {rows} (set parameter inferd.split_large_requests to split larger requests)"
                 )
-            return await self._infer_split(request, rows)
-        return await self._infer_one(request, rows)
+            return True
+        return False
 
     async def _infer_one(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._inflight.enter()
+        try:
+            item = self._enqueue(request, rows, future, False)
+            if item is None:  # run at once
+                return future.result()
+            try:
+                return await future
+            except asyncio.CancelledError:
+                # The client went away: if the request has not started, it never will.
+                self._queue.cancel(item)
+                raise
+        finally:
+            self._inflight.leave()
+
+    def _enqueue(self, request: InferenceRequest, rows: int, completion: Completion, more: bool) -> Pending | None:
+        """Queue the request for ``completion`` (and step the queue, or arrange to), or run it at
+        once on the idle fast path and resolve ``completion`` before returning None."""
         loop = asyncio.get_running_loop()
         free = self._free
         p = self.policy
@@ -132,17 +191,23 @@ class BatchScheduler(Scheduler):
             # Refuses a request no batch could hold (too long for the buckets or the
             # budget), on the fast path too.
             group = p.grouping.describe(self.model, request.inputs, rows)
-        if (not self._queue and free and free[0].inline and free[0].ticket is None and request.trace is None
-                and not self._ordered and not p.slo_us and self._alone(loop, free[0], rows)):
+        if (not more and not self._queue and free and free[0].inline and free[0].ticket is None
+                and request.trace is None and not self._ordered and not p.slo_us and self._alone(loop, free[0], rows)):
             # The idle fast path: nothing is queued, a free instance executes
-            # inline, and no request is expected to join this one's batch (see
-            # _alone). Run it now, with none of the queue's bookkeeping; what a
-            # client sees (results, errors, statistics) is the same.
-            return self._run_now(free.popleft(), request, rows, time.perf_counter_ns())
+            # inline, no other request follows in this loop turn (``more``), and
+            # none is expected to join this one's batch (see _alone). Run it now,
+            # with none of the queue's bookkeeping; what a client sees (results,
+            # errors, statistics) is the same.
+            try:
+                outputs = self._run_now(free.popleft(), request, rows, time.perf_counter_ns())
+            except Exception as exc:
+                completion.set_exception(exc)
+            else:
+                completion.set_result(outputs)
+            return None
         if group is None:
             group = p.grouping.describe(self.model, request.inputs, rows) if p.batching else (None, 0)
         key, length = group
-        future: asyncio.Future = loop.create_future()
         now = self._clock.now()
         item = Pending(
             rows,
@@ -151,13 +216,12 @@ class BatchScheduler(Scheduler):
             priority=request.priority,
             timeout_us=request.timeout_us,
             deadline=request.deadline,
-            payload=_Job(request, future, now),
+            payload=_Job(request, completion, now),
         )
         # Raises Unavailable when the queue is full, SloRefused when the SLO cannot be met.
         self._queue.admit(item, now, self._instances(now) if p.slo_us else ())
-        self._inflight.enter()
         if not self._pump_scheduled:
-            if _nothing_else_ready(loop):
+            if not more and _nothing_else_ready(loop):
                 # No other callback is waiting to run this turn, so no other
                 # request can join a batch by waiting: step now, and a fast
                 # inline model answers before the await, saving two loop turns.
@@ -167,14 +231,7 @@ class BatchScheduler(Scheduler):
                 # share the batch, with no queue delay configured.
                 self._pump_scheduled = True
                 loop.call_soon(self._pump)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            # The client went away: if the request has not started, it never will.
-            self._queue.cancel(item)
-            raise
-        finally:
-            self._inflight.leave()
+        return item
 
     def _alone(self, loop: asyncio.AbstractEventLoop, worker: InstanceWorker, rows: int) -> bool:
         """Whether a request finding the queue empty should run at once. With a queue delay

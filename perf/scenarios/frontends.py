@@ -3,7 +3,8 @@
     machine's default), in one run: identity_fp32 (16 floats) and mlp (256 -> 1024 -> 256), both with
     dynamic_batching {}, at concurrency 16, and identity at concurrency 1. Next to each figure, the
     CPU per inference of each server process (perf/proc_cpu.py: /proc utime+stime over the
-    perf_analyzer run, divided by the server's ModelStatistics inference count). perf_analyzer
+    perf_analyzer run, divided by the server's ModelStatistics inference count) and the load average
+    as it ended. All four servers stay up and each load runs on them one after the other. perf_analyzer
     runs on the same two cores, and the machine was shared with other engineers' builds and tests."""
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def _measure(label: str, proc, url: str, model: str, c: int, shape: str | None) 
     core = cpu.per_inference_us("core")
     frontends = cpu.per_inference_us("frontend")
     m.note = (m.note + "; " if m.note else "") + (f"CPU/inference: {'core' if frontends else 'process'} {core:.0f} us"
-              + (f", frontends {frontends:.0f} us" if frontends else "") + f", all {cpu.per_inference_us():.0f} us")
+              + (f", frontends {frontends:.0f} us" if frontends else "") + f", all {cpu.per_inference_us():.0f} us"
+              + f"; load {os.getloadavg()[0]:.1f}")
     out = asdict(m)
     out["model"] = model
     out["cpu"] = cpu.as_dict()
@@ -53,28 +55,32 @@ def _measure(label: str, proc, url: str, model: str, c: int, shape: str | None) 
     return out
 
 
-ANALYSIS = """Targets (issue 12) missed here: see the ratios. Where the time goes (2 workers, identity c=16;
-py-spy on the core and on one worker in a separate run of the same load, and /proc utime/stime): the core's
-CPU is ~83% user time with no single hot spot: reading INFER headers, making the request's numpy views and
-one asyncio task per request ~30%; the model path and the scheduler (validation, queue, statistics) ~21%;
-dispatch and the ONNX Runtime calls ~23% (batches of one or two: at 1,300-1,800 inferences/s the core wakes for
-one or two requests at a time, so little is shared); writing responses ~8%. Reaching 60 us needs the core to
-take a request without a task and coroutine chain each (a callback path through the model path and scheduler)
-and to see more requests per wake-up; neither is done yet. The workers cost 1.4-1.8x the echo, and inferd's own
-code is a small part of it: in the worker's profile our Python (the INFER header, the arena write, the pending
-table, the response) is ~5-8% of the samples, grpc.aio's Cython callbacks ~45% and its poller thread ~30%.
-The echo answers inside its handler with no await; a worker's handler suspends until the core answers, so each
-request costs grpc.aio a resumed RPC and the loop two more wake-ups (the response's read, the handler's
-resumption); on this machine every wake-up also paid for preemption (one worker recorded ~11k voluntary and
-~109k involuntary context switches in 10 s). The p50 at concurrency 1 (+550 us over the echo) is two
-more process hops, each a scheduler wake-up on cores shared with perf_analyzer and, in these runs, other
-engineers' test suites (load averages 2 to 27 during the runs). perf_analyzer opens one gRPC connection per
-6 contexts (3 at concurrency 16) and the kernel hashes connections to workers, so the split is luck: in one
-earlier run all three landed on one worker (16.5 s of CPU against 0.06 s); in the run above they split
-evenly, and with a connection per context (TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT=1) 2 workers reached
-0.82x the echo (2,950/s). Across three runs 2 workers served the MLP at c=16 faster than one process
-(1,425 / 1,787 / 2,107 against 1,013 / 1,418 / 1,466/s); identity c=16 went either way; c=1 latency is
-always lower in one process. The 1-worker identity c=16 run above never stabilised within 40% (shown as 0)."""
+ANALYSIS = """Targets (issue 12) missed here: see the ratios. What changed on the core's side since the first
+run (branch corepath): a one-response INFER takes a callback path (DataPlane.submit -> submit_model -> Scheduler.submit,
+no task or coroutine per request; the INFERs of one socket read share a batch), what a read's handlers send is written
+as the read ends (one loop iteration less per wake-up), an idle worker no longer wakes the core to free output blocks,
+and freed arena blocks are reused without the buddy allocator splitting and merging ~26 levels each time (alloc+free
+5.0 -> 0.44 us, on both sides). Counted, not timed: the core's syscalls per inference (strace -c, 2 workers, identity
+c=16) 4.6 -> 3.2, its voluntary context switches per inference (/proc) 0.93-1.0 -> 0.2-0.3 at c=16 and 1.75 -> 1.0 at
+c=1. The core's Python per request with warm caches (python -m perf.core_path, no sockets) went 43.6 -> 29.4 us with
+one request per loop turn and 26.5 -> 23.8 us with eight. Served, the core still costs 115-130 us per inference at
+c=16 (the first run: 139): the same ~30 us of Python, run on two cores shared by perf_analyzer, two workers, the core
+and other engineers' suites (load averages 4 to 15 during these runs), each wake-up starting on caches the others
+have cooled. Where the core's time goes (py-spy, 2 workers, identity c=16, busy samples only): handling socket reads
+45% (decoding INFER headers into requests 10%, the model path up to the queue (validation, lane, admission) 22%);
+running batches 50% (the instance call 26%, of it ONNX Runtime and its wrapper 12%; completing each request
+(shaping, statistics, trace) 17%; encoding the RESPONSE into the output arena 9-12%); socket writes 3%. Requests come
+~2.4 to a batch at c=16. Reaching 60 us would need the Python per request roughly halved again and fewer wake-ups per
+request, i.e. the workers delivering more requests per write; neither was reached. The workers cost 1.4-1.9x the echo,
+and inferd's own code is a small part of it: in a worker's profile our Python (the INFER header, the arena write, the
+pending table, the response) is ~10% of the samples, grpc.aio's Cython callbacks ~40% and its poller thread ~17%. The
+echo answers inside its handler with no await; a worker's handler suspends until the core answers, so each request
+costs grpc.aio a resumed RPC and the loop more wake-ups. On two cores throughput is bounded by the total CPU per
+inference (server processes plus perf_analyzer): 2 workers + core spend ~2.5x the echo's CPU per inference, so they
+cannot reach 1.0x the echo's throughput here; that needs spare cores (the 16-core check, not available to this work).
+The p50 at concurrency 1 (+450-550 us over the echo) is two more process hops, each a scheduler wake-up on cores
+shared with perf_analyzer and other engineers' test suites. perf_analyzer opens one gRPC connection per 6 contexts
+(3 at concurrency 16) and the kernel hashes connections to workers, so the split between workers is luck."""
 
 
 def run(quick: bool) -> dict:
@@ -83,26 +89,28 @@ def run(quick: bool) -> dict:
     repo = bench_repository(big=False)
     out: dict = {"measures": [], "ceilings": {}}
     load = [os.getloadavg()[0]]
-    echo, echo_url = start_echo()
+    # Every server is up for the whole run and each load is measured on all of them one after
+    # the other, so a ratio compares figures taken within a minute of each other: on this shared
+    # machine the load average moved from 4 to 15 within one run (one after the other, the echo's
+    # figures came minutes before the last mode's).
+    servers = [(ECHO, 0, *start_echo())]
     try:
+        for label, workers in MODES:
+            servers.append((label, workers, *_start(repo, workers)))
         for model, c, shape in LOADS:
-            if model == "identity_fp32":
-                out["measures"].append(_measure(ECHO, echo, echo_url, model, c, shape))
+            for label, workers, proc, url in servers:
+                if label == ECHO and model != "identity_fp32":
+                    continue
+                name = label if label == ECHO else f"{label} {model}"
+                out["measures"].append(_measure(name, proc, url, model, c, shape))
         with _connections_per_context():
-            out["measures"].append(_measure(ECHO + SPREAD, echo, echo_url, "identity_fp32", 16, "INPUT0:16"))
+            for label, workers, proc, url in servers:
+                if label == ECHO or workers > 1:
+                    name = ECHO + SPREAD if label == ECHO else f"{label} identity_fp32{SPREAD}"
+                    out["measures"].append(_measure(name, proc, url, "identity_fp32", 16, "INPUT0:16"))
     finally:
-        echo.stop()
-    for label, workers in MODES:
-        server, url = _start(repo, workers)
-        try:
-            for model, c, shape in LOADS:
-                out["measures"].append(_measure(f"{label} {model}", server, url, model, c, shape))
-            if workers > 1:
-                with _connections_per_context():
-                    out["measures"].append(_measure(f"{label} identity_fp32{SPREAD}", server, url, "identity_fp32",
-                                                    16, "INPUT0:16"))
-        finally:
-            server.stop()
+        for _, _, proc, _ in servers:
+            proc.stop()
     load.append(os.getloadavg()[0])
     out["notes"] = (f"Load average (1 min) {load[0]:.1f} before the run and {load[1]:.1f} after it, on 2 cores: "
                     "other engineers' test suites ran meanwhile. No GPU machine was available to this work, so the "

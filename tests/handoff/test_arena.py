@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from inferd.errors import Unavailable
-from inferd.handoff.arena import ALIGN, Arena, ArenaFull, ArenaWriter, BuddyAllocator
+from inferd.handoff.arena import ALIGN, CACHED_PER_ORDER, Arena, ArenaFull, ArenaWriter, BuddyAllocator
 
 
 def test_blocks_are_powers_of_two_at_least_64_bytes_and_aligned_to_their_size() -> None:
@@ -136,3 +136,17 @@ def test_closing_an_arena_with_live_views_keeps_them_readable() -> None:
     view = arena.array(np.dtype(np.int64), off, 4)
     arena.close()
     assert view.tolist() == [1, 1, 1, 1]
+
+
+def test_freed_small_blocks_wait_unmerged_until_an_allocation_needs_them_merged() -> None:
+    a = BuddyAllocator(1 << 12)  # room for 64 blocks of 64 bytes
+    blocks = [a.alloc(64) for _ in range(64)]
+    for off in blocks:
+        a.free(off)
+    assert a.used_bytes == 0 and a.in_use() == 0
+    waiting = blocks[CACHED_PER_ORDER - 1]  # the last one kept unmerged (the rest merged)
+    assert a.alloc(64) == waiting
+    with pytest.raises(KeyError):
+        a.free(blocks[0])  # waiting blocks are not in use: a double free is still refused
+    a.free(waiting)
+    assert a.alloc(1 << 12) == 0  # the whole arena, once the waiting blocks merge back

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import io
 
+import msgpack
 import pytest
 
 from inferd.handoff.channel import Channel, socket_pair
@@ -106,3 +108,33 @@ async def test_a_failing_handler_does_not_stop_the_channel(caplog: pytest.LogCap
     assert "failed to handle a control message" in caplog.text
     a.close()
     b.close()
+
+
+class Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[bytes] = []
+
+    def write(self, data) -> None:  # type: ignore[no-untyped-def]
+        self.written.append(bytes(data))
+
+
+async def test_answers_to_one_read_go_out_in_one_write_as_its_handling_ends() -> None:
+    channel: Channel
+    seen_more: list[bool] = []
+
+    def answer(msg) -> None:  # type: ignore[no-untyped-def]
+        seen_more.append(channel.more)
+        channel.send(["answer", msg[1]])
+
+    channel = Channel(answer)
+    transport = Transport()
+    channel.connection_made(transport)
+    channel.data_received(b"".join(msgpack.packb(["ask", i]) for i in range(3)))
+    assert seen_more == [True, True, False]  # more: others of the same read follow
+    assert len(transport.written) == 1  # already written, not a loop turn later
+    assert list(msgpack.Unpacker(io.BytesIO(transport.written[0]))) == [["answer", i] for i in range(3)]
+    channel.send(["later", 0])  # outside a read: written as the turn ends
+    assert len(transport.written) == 1
+    await asyncio.sleep(0)
+    assert len(transport.written) == 2 and channel.writes == 2

@@ -151,3 +151,27 @@ async def test_the_lane_shows_what_the_scheduler_has():
     lane = BackgroundLane(Inner(), P, FakeClock())
     assert lane.queue_depth == 7
     assert lane.state.last_interactive == -math.inf
+
+
+async def test_a_submitted_interactive_request_holds_batch_work_until_it_is_answered_or_cancelled():
+    clock, inner = FakeClock(), Inner()
+    lane = BackgroundLane(inner, P, clock)
+    loop = asyncio.get_running_loop()
+    answered, dropped = loop.create_future(), loop.create_future()
+    lane.submit(req(), 1, answered)
+    cancel = lane.submit(req(), 1, dropped)
+    job = asyncio.ensure_future(lane.infer(req(True), 1))
+    await settle()
+    assert len(inner.running) == 2 and lane.state.interactive == 2  # the job waits for them
+    inner.finish(0)
+    await settle()
+    assert answered.done() and lane.state.interactive == 1
+    cancel()
+    await settle()
+    assert lane.state.interactive == 0 and not dropped.done()
+    assert inner.running.pop()[1].cancelled()  # the cancel reached the inner scheduler
+    clock.advance(P.gap_s)
+    await settle()
+    assert [r.background for r, _ in inner.running] == [True]  # quiet for the gap: the job goes on
+    inner.finish()
+    await job

@@ -656,3 +656,50 @@ async def test_stop_finishes_accepted_requests_then_closes_instances():
     inst.release(2)
     await result(stopping)
     assert a.result() and b.result() and inst.closed
+
+
+# -- submit: the callback entry point (no task per request) ------------------------------
+
+
+async def test_submitted_requests_of_one_turn_share_a_batch_and_resolve_their_completions():
+    inst = Recording()
+    sched, stats, _ = make(policy(max_batch_size=8), inst)
+    loop = asyncio.get_running_loop()
+    futures = [loop.create_future() for _ in range(3)]
+    for i, f in enumerate(futures):
+        sched.submit(request(float(i)), 1, f, more=i < 2)  # more: others follow this turn
+    assert not any(f.done() for f in futures)  # held for the rest of the turn, not run alone
+    outs = [await result(f) for f in futures]
+    assert inst.batches == [[0.0, 1.0, 2.0]]
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2.0 * i, np.float32))
+    assert sched.inflight() == 0 and stats.pending == 0
+    await sched.stop()
+
+
+async def test_a_submitted_request_cancelled_before_it_starts_never_runs_and_never_resolves():
+    inst = Blocking()
+    sched, stats, _ = make(policy(), inst, mode="thread")
+    loop = asyncio.get_running_loop()
+    running, doomed = loop.create_future(), loop.create_future()
+    sched.submit(request(1.0), 1, running)
+    await inst.wait_started()
+    cancel = sched.submit(request(2.0), 1, doomed)
+    assert sched.queue_depth() == 1 and sched.inflight() == 2
+    cancel()
+    assert sched.queue_depth() == 0 and sched.inflight() == 1
+    inst.release(1)
+    await result(running)
+    await settle()
+    assert not doomed.done() and inst.batches == [[1.0]]
+    assert sched.inflight() == 0 and stats.pending == 0
+    await sched.stop()
+
+
+async def test_submit_refuses_what_infer_refuses_before_queueing():
+    sched, _, _ = make(policy(max_batch_size=2), Recording())
+    future = asyncio.get_running_loop().create_future()
+    with pytest.raises(InvalidArgument, match="batch-size must be <= 2, got 3"):
+        sched.submit(request(rows=3), 3, future)
+    assert sched.inflight() == 0 and not future.done()
+    await sched.stop()

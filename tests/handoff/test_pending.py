@@ -1,0 +1,74 @@
+"""A frontend's requests in flight (inferd.handoff.pending): output blocks go back to the core
+with the frontend's next write, never in a wake-up of their own unless they hold much."""
+
+from __future__ import annotations
+
+import asyncio
+
+from inferd.handoff import wire
+from inferd.handoff.arena import RELEASE_BYTES, Arena, ArenaWriter
+from inferd.handoff.channel import Channel, socket_pair
+from inferd.handoff.pending import FREE_BATCH, Pending
+
+
+class Core:
+    """The core's end: the messages it receives, by read."""
+
+    def __init__(self) -> None:
+        self.messages: list[list] = []
+
+    def __call__(self, msg: list) -> None:
+        self.messages.append(msg)
+
+
+async def _frontend():  # type: ignore[no-untyped-def]
+    a, b = socket_pair()
+    core = Core()
+    core_end = await Channel.open(b, core, "core")
+    frontend_pending: list[Pending] = []
+    channel = await Channel.open(a, lambda msg: frontend_pending[0].on_response(msg), "frontend")
+    pending = Pending(channel, ArenaWriter(Arena.create(1 << 20)))
+    frontend_pending.append(pending)
+    return pending, core, core_end, channel
+
+
+def response(rid: int, block: int, nbytes: int) -> list:
+    return wire.response(rid, True, "m", 1, "", [["OUTPUT0", "FP32", [nbytes // 4], block, nbytes]], None, block)
+
+
+async def turns(n: int = 5) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def test_an_idle_frontend_holds_small_freed_blocks_until_its_next_request() -> None:
+    pending, core, core_end, channel = await _frontend()
+    fut = pending.unary(1, wire.infer(1, "m", "", "", None, [], None), wire.NO_BLOCK)
+    await turns()
+    assert [m[0] for m in core.messages] == [wire.INFER]
+    pending.on_response(response(1, 4096, 64))
+    pending.release(await fut)  # nothing in flight now
+    await turns()
+    assert [m[0] for m in core.messages] == [wire.INFER]  # no write for the free alone
+    writes = channel.writes
+    pending.unary(2, wire.infer(2, "m", "", "", None, [], None), wire.NO_BLOCK)
+    await turns()
+    assert core.messages[1:] == [wire.infer(2, "m", "", "", None, [], None), [wire.FREE, [4096]]]
+    assert channel.writes == writes + 1  # in the request's own write
+    channel.close()
+    core_end.close()
+
+
+async def test_an_idle_frontend_sends_large_blocks_back_at_once_and_many_blocks_go_back_unasked() -> None:
+    pending, core, core_end, channel = await _frontend()
+    fut = pending.unary(1, wire.infer(1, "m", "", "", None, [], None), wire.NO_BLOCK)
+    pending.on_response(response(1, 0, RELEASE_BYTES))
+    pending.release(await fut)
+    await turns()
+    assert core.messages[-1] == [wire.FREE, [0]]  # the core gives its pages back to the kernel
+    for i in range(FREE_BATCH):
+        pending.release(response(0, 64 * i, 64))
+    await turns()
+    assert core.messages[-1] == [wire.FREE, [64 * i for i in range(FREE_BATCH)]]
+    channel.close()
+    core_end.close()
