@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
 
+from inferd.scheduling.instances import close_workers
 from inferd.types import InferenceRequest
 
 if TYPE_CHECKING:
+    from inferd.clock import Alarm
     from inferd.observability.stats import ModelStats
     from inferd.scheduling.instances import InstanceWorker
 
@@ -117,6 +119,31 @@ def workers_problem(workers: Sequence["InstanceWorker"]) -> str | None:
     """The first instance's reason when every one of ``workers`` has failed (InstanceWorker.failed)."""
     reasons = [w.failed for w in workers]
     return reasons[0] if reasons and all(reasons) else None
+
+
+class PumpedScheduler(Scheduler):
+    """A scheduler driven by one ``_pump`` decision at a time (the sequence and iterative
+    schedulers): at most one pump is scheduled per loop turn, and stopping refuses new work,
+    waits for what is in flight, disarms the alarm and closes the instances. Subclasses set
+    ``_stopped``, ``_pump_scheduled``, ``_inflight``, ``_alarm`` and ``workers``, and define ``_pump``."""
+
+    _stopped: bool
+    _pump_scheduled: bool
+    _inflight: "Inflight"
+    _alarm: "Alarm"
+    workers: "list[InstanceWorker]"
+    _pump: Callable[[], None]
+
+    def _schedule_pump(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            loop.call_soon(self._pump)
+
+    async def stop(self) -> None:
+        self._stopped = True
+        await self._inflight.drained()
+        self._alarm.cancel()
+        await close_workers(self.workers)
 
 
 class Inflight:

@@ -44,8 +44,8 @@ from inferd.clock import Alarm, Clock, MonotonicClock
 from inferd.config._sequence import SequencePolicy
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
-from inferd.scheduling.base import Inflight, Scheduler
-from inferd.scheduling.instances import InstanceWorker, close_workers
+from inferd.scheduling.base import Inflight, PumpedScheduler
+from inferd.scheduling.instances import InstanceWorker
 from inferd.scheduling.iterative_queue import CANCELLED, ENDED, LEFT, WAITING, IterativeQueue, IterSeq
 from inferd.scheduling.sequence import FLAG_START, SequenceControls, SequenceId, _shape_key, sequence_params
 from inferd.streaming import StreamEvent
@@ -134,7 +134,7 @@ class _Job:
         self.final_sent = False
 
 
-class IterativeScheduler(Scheduler):
+class IterativeScheduler(PumpedScheduler):
     def __init__(
         self,
         model: str,
@@ -262,18 +262,7 @@ class IterativeScheduler(Scheduler):
             return 1
         return priority if 0 < priority <= self._levels else self._default_level
 
-    async def stop(self) -> None:
-        self._stopped = True
-        await self._inflight.drained()
-        self._alarm.cancel()
-        await close_workers(self.workers)
-
     # -- driving the queue ------------------------------------------------------------
-
-    def _schedule_pump(self, loop: asyncio.AbstractEventLoop) -> None:
-        if not self._pump_scheduled:
-            self._pump_scheduled = True
-            loop.call_soon(self._pump)
 
     def _pump(self) -> None:
         """One decision: free instances drop, admit and maybe start a step each."""

@@ -51,8 +51,8 @@ from inferd.clock import Alarm, Clock, MonotonicClock
 from inferd.config import CORRID, END, READY, START, SequencePolicy
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
-from inferd.scheduling.base import Inflight, Scheduler, workers_problem
-from inferd.scheduling.instances import InstanceWorker, close_workers
+from inferd.scheduling.base import Inflight, PumpedScheduler, workers_problem
+from inferd.scheduling.instances import InstanceWorker
 from inferd.types import InferenceRequest
 
 log = logging.getLogger(__name__)
@@ -398,7 +398,7 @@ class _Batch:
         self.instance = instance
 
 
-class SequenceScheduler(Scheduler):
+class SequenceScheduler(PumpedScheduler):
     def __init__(
         self,
         model: str,
@@ -472,18 +472,7 @@ class SequenceScheduler(Scheduler):
         finally:
             self._inflight.leave()
 
-    async def stop(self) -> None:
-        self._stopped = True
-        await self._inflight.drained()
-        self._alarm.cancel()
-        await close_workers(self.workers)
-
     # -- driving the queue ---------------------------------------------------
-
-    def _schedule_pump(self, loop: asyncio.AbstractEventLoop) -> None:
-        if not self._pump_scheduled:
-            self._pump_scheduled = True
-            loop.call_soon(self._pump)
 
     def _pump(self) -> None:
         self._pump_scheduled = False

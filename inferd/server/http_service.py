@@ -167,6 +167,17 @@ def _compress(body: bytes, accept: str | None) -> tuple[bytes, str | None]:
     return body, None
 
 
+
+def _sizes(doc: dict, what: str, fields: dict[str, int | None]) -> dict[str, int]:
+    """``fields`` of a registration body (each with its default), each a non-negative integer."""
+    sizes = {}
+    for field, default in fields.items():
+        value = doc.get(field, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidArgument(f"{what}: '{field}' must be a non-negative integer, got {value!r}")
+        sizes[field] = value
+    return sizes
+
 async def _json_body(request: Request, what: str, limit: int = DEFAULT_MAX_INPUT_BYTES) -> dict[str, Any]:
     body = await request.body()
     encoding = request.headers.get("content-encoding")
@@ -341,13 +352,7 @@ class HttpFrontend:
         key = doc.get("key")
         if not isinstance(key, str):
             raise InvalidArgument(f"system shared memory region '{name}': 'key' must be a string, got {key!r}")
-        sizes = {}
-        for field, default in (("offset", 0), ("byte_size", None)):
-            value = doc.get(field, default)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidArgument(f"system shared memory region '{name}': '{field}' must be a non-negative "
-                                      f"integer, got {value!r}")
-            sizes[field] = value
+        sizes = _sizes(doc, f"system shared memory region '{name}'", {"offset": 0, "byte_size": None})
         await self.dp.shm_register(name, key, sizes["offset"], sizes["byte_size"])
         return Response(status_code=200)
 
@@ -372,13 +377,7 @@ class HttpFrontend:
         except (binascii.Error, ValueError):
             raise InvalidArgument(f"CUDA shared memory region '{name}': 'raw_handle' must be a valid base64 encoded "
                                   "cudaIpcMemHandle_t") from None
-        sizes = {}
-        for field in ("device_id", "byte_size"):
-            value = doc.get(field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidArgument(f"CUDA shared memory region '{name}': '{field}' must be a non-negative "
-                                      f"integer, got {value!r}")
-            sizes[field] = value
+        sizes = _sizes(doc, f"CUDA shared memory region '{name}'", {"device_id": None, "byte_size": None})
         await self.dp.cuda_shm_register(name, handle, sizes["device_id"], sizes["byte_size"])
         return Response(status_code=200)
 
