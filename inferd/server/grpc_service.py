@@ -161,7 +161,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         takes its next response from the data plane only once there is room, and
         room comes back as gRPC takes each write (its flow control: a client that
         reads slowly slows the model, never fills the server). The client going
-        away cancels every request of the stream, down to the model."""
+        away cancels every request of the stream, down to the model. Writes are
+        awaited here (``context.write``), not yielded, so that a write the client's
+        departure fails ends the stream quietly instead of being logged by grpc."""
         out: asyncio.Queue = asyncio.Queue()
         room = asyncio.Semaphore(STREAM_WINDOW)
         tasks: set[asyncio.Task] = set()
@@ -202,7 +204,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 if isinstance(item, _Closing):
                     await context.abort(*grpc_status(item.error))
                 message, counted = item
-                yield message
+                try:
+                    await context.write(message)
+                except Exception:  # the write failed: the client went away meanwhile
+                    return
                 if counted:
                     room.release()
         finally:
