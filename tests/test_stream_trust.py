@@ -35,7 +35,7 @@ STREAM_LIMIT = 4  # --stream-max-responses for these servers
 # Sends up to COUNT responses as fast as it can, stopping once its request is cancelled.
 # Writes <dir>/progress (responses sent so far) every 16 sends, and <dir>/cancelled.<n>
 # when it sees the cancellation after n sends.
-FLOOD = '''
+FLOOD_TEMPLATE = '''
 import os
 
 import numpy as np
@@ -70,7 +70,12 @@ class TritonPythonModel:
             self._progress(sent)
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
-'''.replace("FLOATS", str(FLOAT_COUNT))
+'''
+
+
+def flood_source(floats: int) -> str:
+    """The flood model, each response ``floats`` FP32 values (perf/scenarios/flood.py uses it too)."""
+    return FLOOD_TEMPLATE.replace("FLOATS", str(floats))
 
 # Three responses, then the final flag alone (an empty final response).
 THREE = '''
@@ -118,7 +123,7 @@ def _python(repo: Path, name: str, source: str, out_dims: list[int], decoupled: 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("stream_trust")
-    _python(repo, "flood", FLOOD, [FLOAT_COUNT])
+    _python(repo, "flood", flood_source(FLOAT_COUNT), [FLOAT_COUNT])
     _python(repo, "three", THREE, [1])
     _python(repo, "plain", PLAIN, [1], decoupled=False)
     return repo
@@ -286,3 +291,22 @@ def test_sigterm_ends_the_process_tree_while_a_model_is_held_by_its_client(repo,
             stream.cancel()
         # It ended by itself (a graceful stop, or its watchdog), not by the test's kill after 30 s.
         assert code in (0, 1), (code, server.log())
+
+
+def test_an_http_generate_stream_client_that_leaves_cancels_the_model(server, repo):
+    import http.client
+
+    _reset(repo, "flood")
+    conn = http.client.HTTPConnection(*server.http_url.split(":"), timeout=WAIT)
+    try:
+        conn.request("POST", "/v2/models/flood/generate_stream", body=f'{{"IN": [{FLOOD_COUNT}]}}',
+                     headers={"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        assert answer.status == 200
+        assert answer.read(6) == b"data: "  # the first event has begun
+    finally:
+        conn.sock.shutdown(2)  # the client leaves without reading the rest
+        conn.close()
+    assert _wait_for(lambda: any((repo / "flood").glob("cancelled.*"))), "the model never saw is_cancelled()"
+    sent = int(next((repo / "flood").glob("cancelled.*")).name.split(".")[1])
+    assert sent < FLOOD_COUNT
