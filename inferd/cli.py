@@ -51,6 +51,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    metavar="BYTES", help="largest HTTP request body accepted, also once decompressed (default "
                                          "64 MiB, as Triton); a larger one is refused with 413")
     _overload_arguments(p)
+    _stream_arguments(p)
     _security_arguments(p)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0, dest="grace",
                    help="on SIGINT/SIGTERM, seconds to let in-flight requests finish (default 30)")
@@ -117,6 +118,21 @@ def _overload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queued-bytes", type=int, default=DEFAULT_MAX_BYTES, metavar="BYTES",
                    help="input tensor bytes the requests held may add up to, as --max-queued-requests "
                         f"(default {DEFAULT_MAX_BYTES // 2**20} MiB; 0: no cap)")
+
+
+def _stream_arguments(p: argparse.ArgumentParser) -> None:
+    from inferd.streaming import DEFAULT_MAX_BYTES as STREAM_BYTES, DEFAULT_MAX_RESPONSES, DEFAULT_STALL_SECONDS
+
+    p.add_argument("--stream-max-responses", type=int, default=DEFAULT_MAX_RESPONSES, metavar="N",
+                   help="responses of one stream request (a decoupled model's) the server holds while its client "
+                        "has not read them; past it the model's send waits for the client "
+                        f"(default {DEFAULT_MAX_RESPONSES})")
+    p.add_argument("--stream-max-bytes", type=int, default=STREAM_BYTES, metavar="BYTES",
+                   help="bytes of output those responses may hold, as --stream-max-responses "
+                        f"(default {STREAM_BYTES // 2**20} MiB)")
+    p.add_argument("--stream-stall-timeout", type=float, default=DEFAULT_STALL_SECONDS, metavar="SECONDS",
+                   help="how long a model's send waits for a client that reads nothing before the stream ends "
+                        f"with RESOURCE_EXHAUSTED (default {DEFAULT_STALL_SECONDS:g})")
 
 
 def _security_arguments(p: argparse.ArgumentParser) -> None:
@@ -239,6 +255,7 @@ def _cache_and_limits(args: argparse.Namespace) -> tuple[int | None, list[tuple[
 
 def _serve(args: argparse.Namespace) -> int:
     from inferd.server.app import InferenceServer, ServerOptions
+    from inferd.streaming import StreamLimits
 
     from inferd.errors import InferdError
     from inferd.observability.log_settings import LogSettings
@@ -282,6 +299,7 @@ def _serve(args: argparse.Namespace) -> int:
             return 2
     try:
         security = _security_options(args)
+        stream_limits = StreamLimits(args.stream_max_responses, args.stream_max_bytes, args.stream_stall_timeout)
     except ValueError as exc:
         print(f"inferd: {exc}", file=sys.stderr)
         return 2
@@ -312,6 +330,7 @@ def _serve(args: argparse.Namespace) -> int:
         http_max_input_bytes=args.http_max_input_bytes,
         max_queued_requests=args.max_queued_requests,
         max_queued_bytes=args.max_queued_bytes,
+        stream_limits=stream_limits,
         **security,
         grace_seconds=args.grace,
         exit_on_error=args.exit_on_error,

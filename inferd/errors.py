@@ -78,6 +78,13 @@ class TooLarge(InferdError):
     kind = "RESOURCE_EXHAUSTED"
 
 
+class ResourceExhausted(InferdError):
+    """A per-request bound was reached: a stream's client fell too far behind its model
+    (the message names the limit and the flag that sets it)."""
+
+    kind = "RESOURCE_EXHAUSTED"
+
+
 class Unimplemented(InferdError):
     """A protocol feature inferd does not provide (the message says which)."""
 

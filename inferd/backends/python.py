@@ -377,6 +377,9 @@ class PythonInstance(ModelInstance):
             senders.append((sender, sink))
             reached.append(i)
         t1 = time.perf_counter_ns()
+        for _, sink in senders:
+            if isinstance(sink, ResponseSink) and not sink.started_ns:
+                sink.started_ns = t1  # its first response's statistics count from here
         if requests:
             _enter(name, self._dispatcher)
             try:

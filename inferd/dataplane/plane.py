@@ -28,7 +28,7 @@ from inferd.observability.log_settings import LogSettings
 from inferd.observability.stats import ModelStatistics
 from inferd.observability.tracing import Tracing
 from inferd.repository import IndexEntry, ModelManager, control
-from inferd.streaming import StreamResponse
+from inferd.streaming import StreamLimits, StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse
 
 # ServerMetadata's name: Triton's own clients check for "triton" (README, "Server name"); the
@@ -47,11 +47,14 @@ class DataPlane:
 
     def __init__(self, manager: ModelManager, clock: Clock | None = None, *, tracing: Tracing | None = None,
                  logs: LogSettings | None = None, server_name: str = SERVER_NAME,
-                 admission: Admission | None = None, batch_dir: Path | None = None) -> None:
+                 admission: Admission | None = None, batch_dir: Path | None = None,
+                 stream_limits: StreamLimits | None = None) -> None:
         self.manager = manager
         self.server_name = server_name
         # Server-wide caps on the requests inside (--max-queued-requests / --max-queued-bytes).
         self.admission = admission or Admission()
+        # How far a stream's client may fall behind its model (--stream-max-responses, ...).
+        self.stream_limits = stream_limits or StreamLimits()
         self.clock = clock or MonotonicClock()
         # Batch jobs (POST /v2/batches), kept in batch_dir; None: off.
         self.batches = BatchService(manager, batch_dir, self.clock) if batch_dir is not None else None
@@ -257,7 +260,7 @@ class DataPlane:
             yield StreamResponse(error=exc, final=True)
             return
         try:
-            async for item in model_infer_stream(self.manager.get, request, self.clock):
+            async for item in model_infer_stream(self.manager.get, request, self.clock, self.stream_limits):
                 yield item
         finally:
             self.admission.release(nbytes)

@@ -39,6 +39,28 @@ def error_kind(exc: BaseException) -> tuple[str, str]:
     return "ModelExecutionError", f"internal error: {type(exc).__name__}: {exc}"
 
 
+class Credit:
+    """A stream's responses the core may still send before the frontend credits more (wire.CREDIT)."""
+
+    __slots__ = ("left", "_more")
+
+    def __init__(self, window: int) -> None:
+        self.left = window
+        self._more: asyncio.Future[None] | None = None
+
+    async def take(self) -> None:
+        while self.left <= 0:
+            self._more = asyncio.get_running_loop().create_future()
+            await self._more
+        self.left -= 1
+
+    def grant(self, n: int) -> None:
+        self.left += n
+        more, self._more = self._more, None
+        if more is not None and not more.done():
+            more.set_result(None)
+
+
 class CoreEndpoint:
     """Serves one worker's messages against the data plane (on the core's loop)."""
 
@@ -50,6 +72,7 @@ class CoreEndpoint:
         self.inputs = link.inputs
         self.outputs = link.outputs
         self.tasks: dict[int, asyncio.Task] = {}  # stream requests
+        self.credits: dict[int, Credit] = {}  # their pacing
         self.runs: dict[int, ModelRun] = {}  # one-response requests
         self._loop = asyncio.get_running_loop()
         self._gone = False
@@ -73,6 +96,10 @@ class CoreEndpoint:
             task = self.tasks.get(rid)
             if task is not None:
                 task.cancel()
+        elif kind == wire.CREDIT:
+            credit = self.credits.get(msg[1])
+            if credit is not None:
+                credit.grant(msg[2])
         elif kind == wire.CALL:
             self._loop.create_task(self._call(msg[1], msg[2], msg[3]))
         else:
@@ -134,8 +161,11 @@ class CoreEndpoint:
 
     async def _stream(self, rid: int, request: Any) -> None:
         ended = False
+        credit = self.credits[rid] = Credit(wire.STREAM_WINDOW)
         try:
             async for item in self.dp.infer_stream(request):
+                if not item.final:
+                    await credit.take()  # the frontend's client is behind: the model waits
                 if item.error is not None:
                     self._send([wire.ERROR, rid, item.final, *error_kind(item.error)])
                 elif item.response is not None:
@@ -153,6 +183,7 @@ class CoreEndpoint:
             ended = True
         finally:
             del self.tasks[rid]
+            del self.credits[rid]
         if not ended:
             self._send([wire.ERROR, rid, True, "Cancelled", CANCELLED])
 

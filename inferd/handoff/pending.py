@@ -100,6 +100,11 @@ class Pending:
             entry[0].abandoned = True
         self.channel.send([wire.CANCEL, rid])
 
+    def credit(self, rid: int, n: int) -> None:
+        """A stream's client took ``n`` more responses: the core may send as many more."""
+        if self.lost is None and rid in self._entries:
+            self.channel.send([wire.CREDIT, rid, n])
+
     def release(self, reply: list[Any]) -> None:
         """A RESPONSE's output block has been read: it goes back with the next write to the core."""
         block = reply[wire.R_BLOCK]

@@ -196,6 +196,7 @@ class RemoteDataPlane:
             yield StreamResponse(error=exc, final=True)
             return
         done = False
+        taken = 0  # responses the client took since the last credit sent back
         try:
             while not done:
                 item = await stream.queue.get()
@@ -211,6 +212,11 @@ class RemoteDataPlane:
                     yield StreamResponse(error=error_from(item[3], item[4]), final=done)
                 else:
                     yield StreamResponse(final=True)
+                # Back here: the client asked for the next one (the frontend wrote this one).
+                taken += 1
+                if taken >= wire.CREDIT_EVERY and not done:
+                    self.link.pending.credit(rid, taken)
+                    taken = 0
         finally:
             if not done:
                 self.link.pending.cancel(rid)

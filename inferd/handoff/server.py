@@ -82,6 +82,9 @@ class MultiProcessServer(InferenceServer):
             "log_level": logging.getLogger().level,
         }
 
+    def child_pids(self) -> list[int]:
+        return self.supervisor.pids() if self.supervisor is not None else []
+
     def _endpoint(self, link: Link) -> CoreEndpoint:
         return CoreEndpoint(link, self.dataplane, self._call)
 

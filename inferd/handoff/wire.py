@@ -20,6 +20,7 @@ Frontend -> core::
         deadline    absolute CLOCK_MONOTONIC seconds (shared by every process) or None
         trace       the W3C trace context carrier ({"traceparent": ...}) or None
     [CANCEL, rid]                          the client went away; the core answers it anyway
+    [CREDIT, rid, n]                       a stream's client has taken n more of its responses
     [FREE, [block, ...]]                   output blocks the frontend is done reading
     [CALL, cid, method, payload]           a control-plane call (metadata, statistics, a forwarded
                                            RPC or HTTP route); payload: pickle of (args, kwargs),
@@ -41,6 +42,12 @@ Core -> frontend::
                                            ports and exit (until then an idle worker keeps its
                                            ports answering, as the one-process server does)
 
+A stream request's responses are paced by credit: the core sends at most
+STREAM_WINDOW responses of one stream beyond those the frontend has credited
+back (its final message is never held), and the frontend credits them back
+CREDIT_EVERY at a time as its client takes them. A client that reads slowly so
+holds its model back instead of filling the frontend or the arenas.
+
 A request's input block is the frontend's until the core's final message for
 it (RESPONSE/ERROR with final set, or FINAL): the core reads the inputs in
 place until then, and never after.
@@ -54,6 +61,7 @@ INFER = 1
 CANCEL = 2
 FREE = 3
 CALL = 4
+CREDIT = 5
 # core -> frontend
 CONFIG = 16
 RESPONSE = 17
@@ -66,6 +74,10 @@ CLOSE = 23
 
 NOT_IN_ARENA = -1
 NO_BLOCK = -1
+
+# stream pacing (see above): STREAM_WINDOW must exceed CREDIT_EVERY, or a stream would stall
+STREAM_WINDOW = 64
+CREDIT_EVERY = 16
 
 # INFER flags
 STREAM = 1  # a stream request: a decoupled model may answer many times

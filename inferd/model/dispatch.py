@@ -20,7 +20,7 @@ from inferd.clock import Clock, MonotonicClock
 from inferd.errors import InferdError, Unimplemented
 from inferd.model.model import Model
 from inferd.model.path import response, run_model, stream_model
-from inferd.streaming import StreamResponse
+from inferd.streaming import StreamLimits, StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse
 
 # (name, version; 0 = as the version policy chooses) -> the loaded model, or the domain error a client sees.
@@ -56,7 +56,8 @@ async def infer(lookup: ModelLookup, request: InferenceRequest, clock: Clock,
     return response(model, request, await run_model(model, request, clock))
 
 
-async def infer_stream(lookup: ModelLookup, request: InferenceRequest, clock: Clock) -> AsyncIterator[StreamResponse]:
+async def infer_stream(lookup: ModelLookup, request: InferenceRequest, clock: Clock,
+                       limits: StreamLimits | None = None) -> AsyncIterator[StreamResponse]:
     """Every response to one request as it comes (see :func:`~inferd.model.path.stream_model`);
     a model that cannot be found is the one final error."""
     try:
@@ -64,7 +65,7 @@ async def infer_stream(lookup: ModelLookup, request: InferenceRequest, clock: Cl
     except InferdError as exc:
         yield StreamResponse(error=exc, final=True)
         return
-    async for item in stream_model(model, request, clock):
+    async for item in stream_model(model, request, clock, limits):
         yield item
 
 

@@ -26,7 +26,7 @@ from inferd.gpu.tensor import DeviceTensor
 from inferd.model.cache import ResponseCache, request_key
 from inferd.model.model import Model
 from inferd.model.validation import check_requested_outputs, prepare_inputs, shape_outputs
-from inferd.streaming import ResponseSink, StreamEvent, StreamResponse
+from inferd.streaming import ResponseSink, StreamEvent, StreamLimits, StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
 
 
@@ -198,15 +198,20 @@ async def _cached(model: Model, cache: ResponseCache, request: InferenceRequest,
     return outputs, -1
 
 
-async def stream_model(model: Model, request: InferenceRequest, clock: Clock) -> AsyncIterator[StreamResponse]:
+async def stream_model(model: Model, request: InferenceRequest, clock: Clock,
+                       limits: StreamLimits | None = None) -> AsyncIterator[StreamResponse]:
     """Every response to one request, as it comes (ModelStreamInfer).
 
     A plain model gives one response, final. A decoupled model gives what its
-    code sends through the request's :class:`ResponseSink`: zero or more
-    responses (or errors), then the final flag (on the last response, or
-    alone); the request is counted once, when it ends, as failed under its
-    first error's reason. Errors are yielded, as final responses where they
-    end the request; only cancellation (or a bug) raises.
+    code sends through the request's :class:`ResponseSink` (bounded by
+    ``limits``): zero or more responses (or errors), then the final flag (on the
+    last response, or alone); the request is counted once, when it ends, as
+    failed under its first error's reason, and each response under its index
+    (``response_stats``). The request's statistics are recorded before its final
+    response is yielded, so a consumer that stops there (the hand-off's core does)
+    has a success counted, not a cancellation. Errors are yielded, as final
+    responses where they end the request; only cancellation (or a bug) raises, and
+    a cancellation reaches the model (``request.cancelled``, the sink refuses more).
     """
     if not model.decoupled:
         try:
@@ -224,7 +229,7 @@ async def stream_model(model: Model, request: InferenceRequest, clock: Clock) ->
         yield StreamResponse(error=exc, final=True)
         return
     loop = asyncio.get_running_loop()
-    sink = ResponseSink(loop)
+    sink = ResponseSink(loop, limits, model.spec.name, request)
     request.responder = sink
     task = loop.create_task(model.scheduler.infer(request, rows))
     name = model.spec.name
@@ -238,37 +243,84 @@ async def stream_model(model: Model, request: InferenceRequest, clock: Clock) ->
             sink.put(StreamEvent(error=error, final=True))
 
     task.add_done_callback(executed)
+    counter = _ResponseCounter(model, sink)
     failure: InferdError | None = None
+    ended = False
     try:
-        while True:
+        while not ended:
             event = await sink.get()
             if event.error is not None:
                 failure = failure or event.error
-                yield StreamResponse(error=event.error, final=event.final)
+                item = StreamResponse(error=event.error, final=event.final)
             elif event.outputs is not None:
                 try:
                     result = _shape(model, event.outputs, request)
                 except InferdError as exc:
                     failure = failure or exc
-                    yield StreamResponse(error=exc, final=event.final)
+                    item = StreamResponse(error=exc, final=event.final)
                 else:
-                    yield StreamResponse(response=response(model, request, result), final=event.final)
+                    item = StreamResponse(response=response(model, request, result), final=event.final)
             else:
-                yield StreamResponse(final=True)
+                item = StreamResponse(final=True)
+            counter.count(event, item)
             if event.final:
-                break
+                ended = True
+                _record_end(model, request, clock, start, failure)
+            yield item
     except BaseException as exc:  # cancelled, or the consumer closed the stream
-        request.cancelled = sink.cancelled = True
+        if ended:  # closed after its final response: already counted
+            raise
+        sink.cancel()
         if not task.done():
             task.cancel()
+        counter.cancelled()
         _record_failure(model, request, clock, start, asyncio.CancelledError(), exc)
         raise
+
+
+class _ResponseCounter:
+    """A decoupled request's responses in ``response_stats``, by index, as Triton counts
+    them: each response's span runs from the previous one's end (the first's from the
+    moment its request reached the model) to its own, split at the moment the model
+    sent it (compute_infer before, compute_output after: the server's shaping)."""
+
+    __slots__ = ("stats", "sink", "index", "last_ns")
+
+    def __init__(self, model: Model, sink: ResponseSink) -> None:
+        self.stats = model.stats
+        self.sink = sink
+        self.index = 0
+        self.last_ns = 0
+
+    def count(self, event: StreamEvent, item: StreamResponse) -> None:
+        now = time.perf_counter_ns()
+        begin = self.last_ns or self.sink.started_ns or event.sent_ns
+        sent = min(max(event.sent_ns, begin), now)
+        if item.error is not None:
+            kind = "fail"
+        elif item.response is not None:
+            kind = "success"
+        else:
+            kind = "empty"
+        self.stats.record_response(self.index, kind, sent - begin, now - sent)
+        self.index += 1
+        self.last_ns = now
+
+    def cancelled(self) -> None:
+        now = time.perf_counter_ns()
+        begin = self.last_ns or self.sink.started_ns or now
+        self.stats.record_response(self.index, "cancel", now - begin, 0)
+
+
+def _record_end(model: Model, request: InferenceRequest, clock: Clock, start: int,
+                failure: InferdError | None) -> None:
+    """A decoupled request's end: one success, or one failure under its first error's reason."""
     if failure is not None:
         _record_failure(model, request, clock, start, failure, failure)
-    else:
-        model.stats.record_success(time.perf_counter_ns() - start, clock.now())
-        if request.trace is not None:
-            request.trace.end()
+        return
+    model.stats.record_success(time.perf_counter_ns() - start, clock.now())
+    if request.trace is not None:
+        request.trace.end()
 
 
 def _admit(model: Model, request: InferenceRequest) -> int:

@@ -38,6 +38,22 @@ class BatchStatistics:
     compute_output: Duration
 
 
+@dataclass(slots=True)
+class ResponseStat:
+    """One response index's durations (Triton's InferResponseStatistics)."""
+
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    empty_response: Duration = field(default_factory=Duration)
+    cancel: Duration = field(default_factory=Duration)
+
+    def copy(self) -> "ResponseStat":
+        return ResponseStat(*(Duration(d.count, d.ns) for d in (
+            self.compute_infer, self.compute_output, self.success, self.fail, self.empty_response, self.cancel)))
+
+
 @dataclass(frozen=True, slots=True)
 class ModelStatistics:
     """A copy of one model version's counters at one moment: plain data, safe to
@@ -58,6 +74,9 @@ class ModelStatistics:
     # The response cache: hits (lookup and extraction) and misses (lookup and insertion).
     cache_hit: Duration = field(default_factory=Duration)
     cache_miss: Duration = field(default_factory=Duration)
+    # By response index ("0", "1", ...): each response's compute, success, failure, empty
+    # final and cancellation, as Triton 2.4x reports them (response_stats).
+    response_stats: dict[str, ResponseStat] = field(default_factory=dict)
 
 
 # Wall-clock milliseconds for last_inference, derived from the monotonic clock
@@ -83,6 +102,7 @@ class ModelStats:
         "name", "version", "success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
         "inference_count", "execution_count", "last_inference_ms", "batch_stats", "fail_reasons",
         "observers", "pending", "cache_hit", "cache_miss", "memory_growth", "real_elements", "pad_elements",
+        "responses", "single_response",
     )
 
     def __init__(self, name: str, version: int) -> None:
@@ -111,6 +131,12 @@ class ModelStats:
         # field for them; /metrics exports them.
         self.real_elements = 0
         self.pad_elements = 0
+        # response_stats, by index. A model that answers each request once with each execution
+        # (``single_response``: neither decoupled nor iterative) has its one response, index 0,
+        # counted from its executions and its request's end; a decoupled model's stream counts
+        # each response itself (record_response).
+        self.responses: dict[int, ResponseStat] = {}
+        self.single_response = False
         for hook in on_create:
             hook(self)
 
@@ -127,7 +153,29 @@ class ModelStats:
             self.name, self.version, self.last_inference_ms, self.inference_count, self.execution_count,
             copy(self.success), copy(self.fail), copy(self.queue), copy(self.compute_input),
             copy(self.compute_infer), copy(self.compute_output), batches, copy(self.cache_hit), copy(self.cache_miss),
+            {str(i): r.copy() for i, r in sorted(self.responses.items())},
         )
+
+    def _response(self, index: int) -> ResponseStat:
+        stat = self.responses.get(index)
+        if stat is None:
+            stat = self.responses[index] = ResponseStat()
+        return stat
+
+    def record_response(self, index: int, kind: str, infer_ns: int, output_ns: int) -> None:
+        """Response ``index`` of a stream: ``kind`` is success, fail, empty (a final flag
+        with no response) or cancel (the stream was cancelled before it); ``infer_ns`` the
+        model's time on it, ``output_ns`` the server's after the model sent it."""
+        stat = self._response(index)
+        total = infer_ns + output_ns
+        if kind == "empty":
+            stat.empty_response.add(total)
+        elif kind == "cancel":
+            stat.cancel.add(total)
+        else:
+            stat.compute_infer.add(infer_ns)
+            stat.compute_output.add(output_ns)
+            (stat.success if kind == "success" else stat.fail).add(total)
 
     def _notify(self, event: str, data: dict) -> None:
         for observer in self.observers:
@@ -135,6 +183,8 @@ class ModelStats:
 
     def record_success(self, duration_ns: int, now: float) -> None:
         self.success.add(duration_ns)
+        if self.single_response:
+            self._response(0).success.add(duration_ns)
         self.last_inference_ms = wall_ms(now)
         if self.observers:
             self._notify("success", {"ns": duration_ns})
@@ -142,6 +192,9 @@ class ModelStats:
     def record_failure(self, duration_ns: int, reason: str, now: float) -> None:
         self.fail.add(duration_ns)
         self.fail_reasons[reason] = self.fail_reasons.get(reason, 0) + 1
+        if self.single_response:
+            stat = self._response(0)
+            (stat.cancel if reason == "CANCELED" else stat.fail).add(duration_ns)
         self.last_inference_ms = wall_ms(now)
         if self.observers:
             self._notify("failure", {"ns": duration_ns, "reason": reason})
@@ -182,6 +235,10 @@ class ModelStats:
         bs.compute_input.add(input_ns)
         bs.compute_infer.add(infer_ns)
         bs.compute_output.add(output_ns)
+        if self.single_response:
+            stat = self._response(0)
+            stat.compute_infer.add(infer_ns * requests, requests)
+            stat.compute_output.add(output_ns * requests, requests)
         if self.observers:
             self._notify("execution", {"rows": batch_rows, "requests": requests,
                                        "input_ns": input_ns, "infer_ns": infer_ns, "output_ns": output_ns})

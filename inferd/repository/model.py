@@ -117,6 +117,7 @@ def build_model(
             if worker.mode == "auto":
                 worker.calibrate(sample, list(spec.outputs))
     stats = ModelStats(spec.name, version)
+    stats.single_response = not spec.decoupled and not (sequence is not None and sequence.iterative)
     scheduler: Scheduler
     lowest = policy.priority_levels if policy.priority_levels > 1 else 0
     if sequence is not None and sequence.iterative:

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +44,7 @@ from inferd.server.health import Health
 from inferd.server.http_service import DEFAULT_MAX_INPUT_BYTES, HttpFrontend
 from inferd.server.restrictions import Restrictions
 from inferd.server.tls import TlsFiles
+from inferd.streaming import StreamLimits
 
 log = logging.getLogger("inferd")
 
@@ -66,6 +69,7 @@ class ServerOptions:
     http_restrictions: Restrictions = field(default_factory=Restrictions)
     max_queued_requests: int = DEFAULT_MAX_REQUESTS  # server-wide admission caps (0: none)
     max_queued_bytes: int = DEFAULT_MAX_BYTES
+    stream_limits: StreamLimits = field(default_factory=StreamLimits)  # how far a stream's client may lag
     grace_seconds: float = 30.0
     exit_on_error: bool = False
     grpc_options: list[tuple[str, object]] = field(default_factory=list)
@@ -82,6 +86,11 @@ class ServerOptions:
     batch_dir: Path | None = None  # batch jobs' state; None: next to the first repository
 
 
+# Past the grace period, how long a stop may still take (closing ports, releasing models)
+# before the watchdog ends the process tree.
+WATCHDOG_MARGIN = 5.0
+
+
 class InferenceServer:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
@@ -93,6 +102,7 @@ class InferenceServer:
         self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings,
                                    server_name=options.server_name,
                                    admission=Admission(options.max_queued_requests, options.max_queued_bytes),
+                                   stream_limits=options.stream_limits,
                                    batch_dir=options.batch_dir or default_batch_dir(options.model_repositories[0]))
         self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
                        if options.model_control_mode == "poll" else None)
@@ -101,6 +111,8 @@ class InferenceServer:
         self._http: AsgiServer | None = None
         self._metrics_server: AsgiServer | None = None
         self._stopping = asyncio.Event()
+        self._watchdog: threading.Timer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def http_address(self) -> str:
@@ -236,10 +248,36 @@ class InferenceServer:
     def request_stop(self) -> None:
         self._stopping.set()
 
+    def child_pids(self) -> list[int]:
+        """The processes this server started (its frontend workers), for the watchdog to kill."""
+        return []
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        """SIGINT/SIGTERM, in the main thread between two bytecodes of whatever the loop runs, so
+        it is seen even while the loop is swamped. Starts the graceful stop on the loop, and arms
+        the watchdog: a stop still running ``grace`` + WATCHDOG_MARGIN seconds later (a model
+        that never returns, a loop that never gets back) ends the process tree at once."""
+        if self._watchdog is None:
+            delay = self.options.grace_seconds + WATCHDOG_MARGIN
+            self._watchdog = threading.Timer(delay, self._hard_exit, args=(delay,))
+            self._watchdog.daemon = True
+            self._watchdog.start()
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self.request_stop)
+
+    def _hard_exit(self, delay: float) -> None:
+        log.error("stopping: the graceful stop did not end within %.3g s; killing the server", delay)
+        for pid in self.child_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os._exit(1)
+
     async def serve_forever(self) -> None:
-        loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.request_stop)
+            signal.signal(sig, self._on_signal)
         await self.start()
         o = self.options
         where = [f"gRPC on {o.address}:{self.grpc_port}" if o.allow_grpc else "",

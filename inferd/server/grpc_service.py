@@ -120,6 +120,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 _fill_duration(bs.compute_input, b.compute_input)
                 _fill_duration(bs.compute_infer, b.compute_infer)
                 _fill_duration(bs.compute_output, b.compute_output)
+            for key, r in s.response_stats.items():
+                rs = out.response_stats[key]
+                for field in RESPONSE_FIELDS:
+                    _fill_duration(getattr(rs, field), getattr(r, field))
         return response
 
     async def RepositoryIndex(self, request, context):  # type: ignore[no-untyped-def]
@@ -151,8 +155,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         concurrently with the others (in arrival order into its model's queue);
         responses are written as they complete, a decoupled model's as it sends
         them. A failed request answers with ``error_message`` and the stream
-        carries on, as Triton's does."""
+        carries on, as Triton's does.
+
+        At most ``STREAM_WINDOW`` responses wait to be written: a request's task
+        takes its next response from the data plane only once there is room, and
+        room comes back as gRPC takes each write (its flow control: a client that
+        reads slowly slows the model, never fills the server). The client going
+        away cancels every request of the stream, down to the model. Writes are
+        awaited here (``context.write``), not yielded, so that a write the client's
+        departure fails ends the stream quietly instead of being logged by grpc."""
         out: asyncio.Queue = asyncio.Queue()
+        room = asyncio.Semaphore(STREAM_WINDOW)
         tasks: set[asyncio.Task] = set()
         finished = object()  # one per request, and one for the reader
         pending = 1
@@ -160,11 +173,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         async def run(msg):  # type: ignore[no-untyped-def]
             try:
                 async for message in self._stream_one(msg):
-                    out.put_nowait(message)
+                    await room.acquire()
+                    out.put_nowait((message, True))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                out.put_nowait(_stream_error(msg, exc))
+                out.put_nowait((_stream_error(msg, exc), False))
             finally:
                 out.put_nowait(finished)
 
@@ -183,13 +197,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._streams.add(out)
         try:
             while pending:
-                message = await out.get()
-                if message is finished:
+                item = await out.get()
+                if item is finished:
                     pending -= 1
                     continue
-                if isinstance(message, _Closing):
-                    await context.abort(*grpc_status(message.error))
-                yield message
+                if isinstance(item, _Closing):
+                    await context.abort(*grpc_status(item.error))
+                message, counted = item
+                try:
+                    await context.write(message)
+                except Exception:  # the write failed: the client went away meanwhile
+                    return
+                if counted:
+                    room.release()
         finally:
             self._streams.discard(out)
             reader.cancel()
@@ -324,6 +344,10 @@ class _Closing:
 
     def __init__(self, error: InferdError) -> None:
         self.error = error
+
+
+STREAM_WINDOW = 64  # responses of one ModelStreamInfer stream waiting for gRPC to take them
+RESPONSE_FIELDS = ("compute_infer", "compute_output", "success", "fail", "empty_response", "cancel")
 
 
 def _metadata(context) -> dict[str, str]:  # type: ignore[no-untyped-def]

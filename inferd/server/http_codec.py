@@ -329,6 +329,9 @@ def json_values(array: np.ndarray, wire: str, name: str, model: str) -> list[Any
 # -- other JSON answers ----------------------------------------------------
 
 
+_RESPONSE_FIELDS = ("compute_infer", "compute_output", "success", "fail", "empty_response", "cancel")
+
+
 def _duration(d: Any) -> dict[str, int]:
     return {"count": d.count, "ns": d.ns}
 
@@ -362,5 +365,9 @@ def statistics_json(models: list[ModelStatistics]) -> dict[str, Any]:
                 }
                 for b in s.batch_stats
             ],
+            "response_stats": {
+                key: {field: _duration(getattr(r, field)) for field in _RESPONSE_FIELDS}
+                for key, r in s.response_stats.items()
+            },
         })
     return {"model_stats": out}
