@@ -24,6 +24,7 @@ from pathlib import Path
 
 from inferd.dataplane import SERVER_NAME, DataPlane
 from inferd.dataplane.admission import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS, Admission
+from inferd.dataplane.shedding import DEFAULT_INTERVAL_US, DEFAULT_TARGET_US, QueueDelay
 from inferd.dataplane.batches import default_batch_dir
 from inferd.errors import InferdError
 from inferd.model.cache import ResponseCache
@@ -66,6 +67,8 @@ class ServerOptions:
     http_restrictions: Restrictions = field(default_factory=Restrictions)
     max_queued_requests: int = DEFAULT_MAX_REQUESTS  # server-wide admission caps (0: none)
     max_queued_bytes: int = DEFAULT_MAX_BYTES
+    queue_delay_target_us: int = DEFAULT_TARGET_US  # the server-wide queueing-delay bound (0: off, --no-shed)
+    queue_delay_interval_us: int = DEFAULT_INTERVAL_US
     grace_seconds: float = 30.0
     exit_on_error: bool = False
     grpc_options: list[tuple[str, object]] = field(default_factory=list)
@@ -93,6 +96,8 @@ class InferenceServer:
         self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings,
                                    server_name=options.server_name,
                                    admission=Admission(options.max_queued_requests, options.max_queued_bytes),
+                                   shedding=QueueDelay(options.queue_delay_target_us,
+                                                       options.queue_delay_interval_us),
                                    batch_dir=options.batch_dir or default_batch_dir(options.model_repositories[0]))
         self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
                        if options.model_control_mode == "poll" else None)
