@@ -34,14 +34,18 @@ from __future__ import annotations
 
 from inferd.errors import Unavailable
 
-# Defaults. mlp at 16 in flight, unloaded, answers with p99 ~25 ms here (2 cores shared with the
-# client), its requests waiting a few ms each for the batch ahead of them: a 20 ms target is never
-# reached for a whole interval by that load, and under overload it holds the admitted requests'
-# queueing to ~20 ms, so their p99 stays well within 10x the unloaded p99 (250 ms; perf/RESULTS.md,
-# overload). 100 ms is CoDel's own interval: a burst that drains within it is never shed.
-DEFAULT_TARGET_US = 20_000
+# Defaults. mlp at 16 in flight, unloaded, answers with p99 25-56 ms here (2 cores shared with the
+# client and other engineers' tests), its requests waiting a few ms each for the batch ahead of them but
+# now and then tens of ms when the machine is busy: a 20 ms target made that normal load shed after an
+# overload (perf/RESULTS.md, shedding: throughput after 0.51x before), so the target is 50 ms, twice
+# that p99, and bounds the queueing the stamp sees well within 10x the unloaded p99 (what waits before
+# the stamp, in gRPC core's and the kernel's queues or the client, it cannot see: measured so). 100 ms is
+# CoDel's own interval: a burst that drains within it is never shed. The memory of a past overload is
+# two intervals: long enough to stop the queue regrowing for an interval each time shedding pauses,
+# short enough that the normal load after an overload is not shed for its noise.
+DEFAULT_TARGET_US = 50_000
 DEFAULT_INTERVAL_US = 100_000
-REENTER_INTERVALS = 8
+REENTER_INTERVALS = 2
 FLAGS = "--queue-delay-target-us, --queue-delay-interval-us; --no-shed turns shedding off"
 
 
