@@ -39,6 +39,7 @@ class WorkerLink:
         # This worker's share of --max-queued-requests (0: no cap): what waits here, in the hand-off
         # or in the core counts against the server-wide cap before it reaches the core's.
         self.max_pending: int = config.get("max_pending", 0)
+        self.max_queued: int = config.get("max_queued_requests", 0)
         self.tracing = False  # the core's tracing is on for some model: send trace carriers
         self.drain_requested: asyncio.Future = asyncio.get_running_loop().create_future()
         self.core_draining = False  # the core sent DRAIN: it will say CLOSE when the whole server is drained
@@ -142,7 +143,7 @@ class WorkerLink:
             raise Unavailable(
                 f"model '{model}': request rejected: the server is overloaded: this frontend worker already "
                 f"holds {len(self.pending)} requests in flight, its share ({self.max_pending}) of "
-                "--max-queued-requests over the --frontend-workers; retry later")
+                f"--max-queued-requests {self.max_queued} over the --frontend-workers; retry later")
 
     def hello(self) -> None:
         import os

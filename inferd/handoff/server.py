@@ -80,6 +80,7 @@ class MultiProcessServer(InferenceServer):
             "state": {"tracing": self._tracing_sent},
             # What waits in a worker counts in the server-wide request cap: each takes its share.
             "max_pending": -(-o.max_queued_requests // self.workers) if o.max_queued_requests else 0,
+            "max_queued_requests": o.max_queued_requests,
             "grace": o.grace_seconds,  # a worker's own SIGTERM drains with the server's grace
             "log_level": logging.getLogger().level,
         }

@@ -107,6 +107,7 @@ class BatchScheduler(Scheduler):
         self.workers = workers
         self._free: deque[InstanceWorker] = deque(workers)
         self._queue = BatchQueue(policy, model)
+        self._bound_s = policy.max_queue_delay_us / 1e6
         self._outputs = output_names
         self._stats = stats
         self._clock = clock or MonotonicClock()
@@ -398,7 +399,9 @@ class BatchScheduler(Scheduler):
         for item in items:
             job = item.payload
             stats.record_queue(int((now - job.enqueued) * 1e9))
-            job.request.dispatched = now  # its queueing delay ends: the data plane's controller reads it
+            # Its queueing delay ends (the data plane's controller reads it), less the batching wait the
+            # model's config asks for: waiting out max_queue_delay is not overload.
+            job.request.dispatched = now - min(self._bound_s, now - item.arrival)
             rows += item.rows
             inputs.append(_entry(job.request, wants_requests))
             if job.traced_ns:

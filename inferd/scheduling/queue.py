@@ -151,6 +151,8 @@ class BatchQueue:
         if item.deadline is not None:
             heapq.heappush(self._timers, (item.deadline, item.seq, 1, item))
         if item.shed_at is not None:
+            # The batching wait the model's config asks for (max_queue_delay) is not overload: on top.
+            item.shed_at += self._wait.bound_s
             heapq.heappush(self._timers, (item.shed_at, item.seq, 2, item))
         self.arrivals.arrived(now, item.rows, self._size)
         level.main.append(item)

@@ -65,11 +65,11 @@ def test_the_proxy_sends_the_frontends_stamp_or_stamps_one_itself() -> None:
 
 
 def test_a_worker_refuses_past_its_share_of_the_request_cap() -> None:
-    link = SimpleNamespace(max_pending=2, pending=[1])
+    link = SimpleNamespace(max_pending=2, max_queued=4, pending=[1])
     WorkerLink.refuse_if_full(link, "simple")  # type: ignore[arg-type]
     link.pending.append(2)
     with pytest.raises(Unavailable) as info:
         WorkerLink.refuse_if_full(link, "simple")  # type: ignore[arg-type]
     m = info.value.message
-    assert "model 'simple'" in m and "overloaded" in m and "2 requests" in m and "--max-queued-requests" in m
+    assert "model 'simple'" in m and "overloaded" in m and "2 requests" in m and "--max-queued-requests 4" in m
     WorkerLink.refuse_if_full(SimpleNamespace(max_pending=0, pending=[1, 2, 3]), "simple")  # type: ignore[arg-type]
