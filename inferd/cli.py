@@ -110,6 +110,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
 
 def _overload_arguments(p: argparse.ArgumentParser) -> None:
     from inferd.dataplane.admission import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS
+    from inferd.dataplane.shedding import DEFAULT_INTERVAL_US, DEFAULT_TARGET_US
 
     p.add_argument("--max-queued-requests", type=int, default=DEFAULT_MAX_REQUESTS, metavar="N",
                    help="requests the server holds at once, over all models (queued or executing); one more is "
@@ -118,6 +119,17 @@ def _overload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queued-bytes", type=int, default=DEFAULT_MAX_BYTES, metavar="BYTES",
                    help="input tensor bytes the requests held may add up to, as --max-queued-requests "
                         f"(default {DEFAULT_MAX_BYTES // 2**20} MiB; 0: no cap)")
+    p.add_argument("--queue-delay-target-us", type=int, default=DEFAULT_TARGET_US, metavar="US",
+                   help="shed load (UNAVAILABLE / 503) once requests keep waiting longer than this from their "
+                        "frontend receiving them to their model starting them: while even the least-delayed "
+                        "request over a --queue-delay-interval-us waited more, a request that has already waited "
+                        f"longer is refused (default {DEFAULT_TARGET_US}; 0: never shed, as --no-shed)")
+    p.add_argument("--queue-delay-interval-us", type=int, default=DEFAULT_INTERVAL_US, metavar="US",
+                   help="how long queueing delays must stay above --queue-delay-target-us before the server "
+                        f"sheds: a burst that drains sooner is never shed (default {DEFAULT_INTERVAL_US})")
+    p.add_argument("--no-shed", action="store_true",
+                   help="never shed on queueing delay (--queue-delay-target-us 0): requests wait, bounded only "
+                        "by --max-queued-requests, the models' queue policies and their clients' deadlines")
 
 
 def _stream_arguments(p: argparse.ArgumentParser) -> None:
@@ -291,8 +303,12 @@ def _serve(args: argparse.Namespace) -> int:
         if not 0 <= port <= 65535:
             print(f"inferd: {name} must be in 0..65535, got {port}", file=sys.stderr)
             return 2
+    if args.queue_delay_interval_us < 1:
+        print(f"inferd: --queue-delay-interval-us must be >= 1, got {args.queue_delay_interval_us}", file=sys.stderr)
+        return 2
     for value, name in ((args.max_queued_requests, "--max-queued-requests"),
-                        (args.max_queued_bytes, "--max-queued-bytes"), (args.http_max_input_bytes, "--http-max-input-size")):
+                        (args.max_queued_bytes, "--max-queued-bytes"), (args.http_max_input_bytes, "--http-max-input-size"),
+                        (args.queue_delay_target_us, "--queue-delay-target-us")):
         if value < 0 or (value == 0 and name == "--http-max-input-size"):
             print(f"inferd: {name} must be {'> 0' if name == '--http-max-input-size' else '>= 0'}, got {value}",
                   file=sys.stderr)
@@ -331,6 +347,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_queued_requests=args.max_queued_requests,
         max_queued_bytes=args.max_queued_bytes,
         stream_limits=stream_limits,
+        queue_delay_target_us=0 if args.no_shed else args.queue_delay_target_us,
+        queue_delay_interval_us=args.queue_delay_interval_us,
         **security,
         grace_seconds=args.grace,
         exit_on_error=args.exit_on_error,

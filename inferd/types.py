@@ -80,6 +80,17 @@ class InferenceRequest:
     # Leave the outputs on this torch device ("cuda:0"; "cpu"), as DeviceTensors, when the model runs
     # there: an ensemble sets it for a step whose consumers run on that device too. None: host numpy.
     output_device: str | None = None
+    # When its frontend received it: CLOCK_MONOTONIC nanoseconds (time.monotonic_ns(), one clock for
+    # every process of a host, the base of MonotonicClock.now() in seconds); 0: not stamped (an
+    # in-process call), its wait starts when the data plane or scheduler sees it. Queue timeouts, the
+    # SLO and the queue-delay controller count the whole wait from here.
+    received_ns: int = 0
+    # Set by the data plane while the server sheds (inferd.dataplane.shedding): still queued past this
+    # time (clock seconds), the request is shed UNAVAILABLE by its queue. None: no bound.
+    shed_at: float | None = None
+    # When its scheduler handed it to an instance (clock seconds; 0.0: not by a BatchScheduler); the
+    # data plane reads it as the request ends to feed the controller its queueing delay.
+    dispatched: float = 0.0
 
 
 @dataclass(slots=True, eq=False)

@@ -101,7 +101,10 @@ def server(tmp_path_factory: pytest.TempPathFactory, logs: Path) -> Iterator[Ser
     add_model(repo, "pooled", om.mlp(*WIDE, seed=4), config(
         "pooled", *WIDE_IO, max_batch_size=32,
         extra="dynamic_batching { max_queue_delay_microseconds: 200000 }\n" + _wait("fixed")))
-    with running(repo, extra_args=["--cache-config", "local,size=1048576", "--rate-limit", "execution_count"]) as srv:
+    # --no-shed: the hammered sleeping models keep queues longer than the default queue-delay target, and
+    # these tests are about the rate limiter and batch waits, not shedding (tests/test_shedding_server.py).
+    with running(repo, extra_args=["--cache-config", "local,size=1048576", "--rate-limit", "execution_count",
+                                   "--no-shed"]) as srv:
         yield srv
 
 

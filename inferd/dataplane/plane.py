@@ -21,6 +21,7 @@ from inferd.dataplane.api import ModelMetadata, ServerMetadata, TensorMetadata, 
 from inferd.dataplane.batches import BatchService
 from inferd.dataplane.cuda_shared_memory import CudaRegionStatus
 from inferd.dataplane.shared_memory import RegionStatus, SharedMemoryManager
+from inferd.dataplane.shedding import QueueDelay
 from inferd.errors import InferdError, InvalidArgument, Unavailable, Unimplemented
 from inferd.model import DECOUPLED_UNARY, Model, ModelRun, find, response, run_model, submit_model
 from inferd.model import infer_stream as model_infer_stream
@@ -48,13 +49,16 @@ class DataPlane:
     def __init__(self, manager: ModelManager, clock: Clock | None = None, *, tracing: Tracing | None = None,
                  logs: LogSettings | None = None, server_name: str = SERVER_NAME,
                  admission: Admission | None = None, batch_dir: Path | None = None,
-                 stream_limits: StreamLimits | None = None) -> None:
+                 stream_limits: StreamLimits | None = None,
+                 shedding: QueueDelay | None = None) -> None:
         self.manager = manager
         self.server_name = server_name
         # Server-wide caps on the requests inside (--max-queued-requests / --max-queued-bytes).
         self.admission = admission or Admission()
         # How far a stream's client may fall behind its model (--stream-max-responses, ...).
         self.stream_limits = stream_limits or StreamLimits()
+        # The server-wide bound on queueing delay (--queue-delay-target-us; target 0: off).
+        self.shedding = shedding or QueueDelay()
         self.clock = clock or MonotonicClock()
         # Batch jobs (POST /v2/batches), kept in batch_dir; None: off.
         self.batches = BatchService(manager, batch_dir, self.clock) if batch_dir is not None else None
@@ -208,6 +212,8 @@ class DataPlane:
             return response(model, request, await run_model(model, request, self.clock))
         finally:
             self.admission.release(nbytes)
+            if request.dispatched:
+                self._observe(request)
 
     def submit(self, request: InferenceRequest, on_done: Callable[[ModelRun], None],
                decoupled_error: str = DECOUPLED_UNARY, trace_carrier: TraceCarrier | None = None,
@@ -222,7 +228,30 @@ class DataPlane:
 
     def _answered(self, nbytes: int, on_done: Callable[[ModelRun], None], run: ModelRun) -> None:
         self.admission.release(nbytes)
+        if run.request.dispatched:
+            self._observe(run.request)
         on_done(run)
+
+    def _observe(self, request: InferenceRequest) -> None:
+        """A request its scheduler handed to an instance has ended: its queueing delay, from its
+        frontend receiving it to that hand-over, feeds the controller."""
+        shedding = self.shedding
+        if shedding.enabled:
+            received = request.received_ns * 1e-9 if request.received_ns else request.dispatched
+            shedding.observe(request.dispatched - received, self.clock.now())
+
+    def _shed(self, request: InferenceRequest) -> None:
+        """While the server sheds: refuse a request that already waited past the target since its
+        frontend received it (before it costs anything more), and bound the wait of one admitted."""
+        shedding = self.shedding
+        if not shedding.dropping:
+            return
+        now = self.clock.now()
+        received = min(request.received_ns * 1e-9, now) if request.received_ns else now
+        refused = shedding.refusal(request.model_name, now - received, now)
+        if refused is not None:
+            raise refused
+        request.shed_at = shedding.shed_at(received)
 
     def _admit(self, request: InferenceRequest, decoupled_error: str,
                trace_carrier: TraceCarrier | None) -> tuple[Model, int]:
@@ -230,6 +259,7 @@ class DataPlane:
         the model and the bytes admitted, which the caller releases once the request has ended."""
         if self.draining:
             raise Unavailable(DRAINING)
+        self._shed(request)
         nbytes = request_bytes(request.inputs)
         admission = self.admission
         admission.admit(nbytes, request.model_name)  # raises Unavailable when the server is full

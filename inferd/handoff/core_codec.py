@@ -50,7 +50,8 @@ def request_from(msg: list[Any], inputs: Arena) -> InferenceRequest:
                 arrays[name] = inputs.array(dtype.numpy, offset, count).reshape(dims)
     request = InferenceRequest(model_name=model, inputs=arrays,
                                model_version=codec.parse_version(model, msg[wire.I_VERSION]),
-                               id=msg[wire.I_ID], deadline=msg[wire.I_DEADLINE], shared_memory=shared)
+                               id=msg[wire.I_ID], deadline=msg[wire.I_DEADLINE], shared_memory=shared,
+                               received_ns=msg[wire.I_RECEIVED])
     params = msg[wire.I_PARAMS]
     if params:
         request.parameters = params

@@ -31,9 +31,11 @@ def params_of(parameters: Any) -> dict[str, object] | None:
 
 
 def infer_message(rid: int, msg: pb.ModelInferRequest, inputs: ArenaWriter, flags: int = 0,
-                  deadline: float | None = None, trace: dict | None = None) -> tuple[int, list[Any]]:
+                  deadline: float | None = None, trace: dict | None = None,
+                  received_ns: int = 0) -> tuple[int, list[Any]]:
     """(input block, INFER message). The block holds the tensors given inline; it is the
-    caller's to free once the core's final answer comes (or at once if sending fails)."""
+    caller's to free once the core's final answer comes (or at once if sending fails).
+    ``received_ns``: when the frontend received it (CLOCK_MONOTONIC ns)."""
     model = msg.model_name
     raw = msg.raw_input_contents
     tensors: list[list[Any]] = []
@@ -73,7 +75,7 @@ def infer_message(rid: int, msg: pb.ModelInferRequest, inputs: ArenaWriter, flag
     if msg.outputs:
         outputs = [[o.name, params_of(o.parameters)] for o in msg.outputs]
     message = [wire.INFER, rid, model, msg.model_version, msg.id, params_of(msg.parameters), tensors,
-               outputs, flags, deadline, trace]
+               outputs, flags, deadline, trace, received_ns]
     return block, message
 
 

@@ -30,15 +30,18 @@ class WorkerServicer(InferenceServicer):
         self.pending = link.pending
 
     async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
+        received_ns = time.monotonic_ns()  # the whole wait counts from here, in the core too
         link = self.link
         pending = self.pending
         try:
             link.refuse_if_draining()
+            link.refuse_if_full(request.model_name)
             rid = pending.next_rid()
             remaining = context.time_remaining()
             trace = _metadata(context) if link.tracing else None  # the W3C context, for the core's spans
             block, message = infer_message(
-                rid, request, link.inputs, 0, None if remaining is None else time.monotonic() + remaining, trace)
+                rid, request, link.inputs, 0, None if remaining is None else time.monotonic() + remaining, trace,
+                received_ns)
             fut = pending.unary(rid, message, block)
         except InferdError as exc:
             return await context.abort(*grpc_status(exc))

@@ -36,6 +36,10 @@ class WorkerLink:
         self._calls: dict[int, asyncio.Future] = {}
         self._next_call = 0
         self.draining = False
+        # This worker's share of --max-queued-requests (0: no cap): what waits here, in the hand-off
+        # or in the core counts against the server-wide cap before it reaches the core's.
+        self.max_pending: int = config.get("max_pending", 0)
+        self.max_queued: int = config.get("max_queued_requests", 0)
         self.tracing = False  # the core's tracing is on for some model: send trace carriers
         self.drain_requested: asyncio.Future = asyncio.get_running_loop().create_future()
         self.core_draining = False  # the core sent DRAIN: it will say CLOSE when the whole server is drained
@@ -131,6 +135,15 @@ class WorkerLink:
             raise Unavailable(DRAINING)
         if self.pending.lost is not None:
             raise self.pending.lost
+
+    def refuse_if_full(self, model: str) -> None:
+        """Refuse (UNAVAILABLE) a request past this worker's share of the server-wide request cap,
+        before its tensors are copied or anything is sent."""
+        if self.max_pending and len(self.pending) >= self.max_pending:
+            raise Unavailable(
+                f"model '{model}': request rejected: the server is overloaded: this frontend worker already "
+                f"holds {len(self.pending)} requests in flight, its share ({self.max_pending}) of "
+                f"--max-queued-requests {self.max_queued} over the --frontend-workers; retry later")
 
     def hello(self) -> None:
         import os

@@ -13,6 +13,7 @@ path skips even the numpy decoding: :mod:`inferd.handoff.grpc_worker`.)
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, AsyncIterator, Mapping
 
 import numpy as np
@@ -130,6 +131,7 @@ class RemoteDataPlane:
               trace_carrier: TraceCarrier | None) -> tuple[int, int, list[Any]]:
         link = self.link
         link.refuse_if_draining()
+        link.refuse_if_full(request.model_name)
         tensors, parts = [], []
         for name, array in request.inputs.items():
             if isinstance(array, SharedTensor):
@@ -155,7 +157,8 @@ class RemoteDataPlane:
         trace = dict(trace_carrier()) if link.tracing and trace_carrier is not None else None
         rid = link.pending.next_rid()
         message = [wire.INFER, rid, request.model_name, str(request.model_version or ""), request.id,
-                   request.parameters or None, tensors, outputs, flags, request.deadline, trace]
+                   request.parameters or None, tensors, outputs, flags, request.deadline, trace,
+                   request.received_ns or time.monotonic_ns()]
         return rid, block, message
 
     def _response(self, reply: list[Any]) -> InferenceResponse:

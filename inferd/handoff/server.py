@@ -78,6 +78,9 @@ class MultiProcessServer(InferenceServer):
                      "tls": o.http_tls.to_plain() if o.http_tls else None,
                      "restrictions": o.http_restrictions.to_plain()} if o.allow_http else None,
             "state": {"tracing": self._tracing_sent},
+            # What waits in a worker counts in the server-wide request cap: each takes its share.
+            "max_pending": -(-o.max_queued_requests // self.workers) if o.max_queued_requests else 0,
+            "max_queued_requests": o.max_queued_requests,
             "grace": o.grace_seconds,  # a worker's own SIGTERM drains with the server's grace
             "log_level": logging.getLogger().level,
         }

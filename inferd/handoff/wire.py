@@ -8,7 +8,7 @@ the layouts below are the whole protocol.
 Frontend -> core::
 
     [HELLO, index, pid]                    the worker has bound its ports and serves
-    [INFER, rid, model, version, id, parameters, inputs, outputs, flags, deadline, trace]
+    [INFER, rid, model, version, id, parameters, inputs, outputs, flags, deadline, trace, received]
         rid         the frontend's request number, unique among its requests in flight
         version     the wire's version string ("" for the policy's choice)
         parameters  the request's parameters as plain values (dict) or None
@@ -19,6 +19,8 @@ Frontend -> core::
         flags       STREAM: a stream request (decoupled models may answer many times)
         deadline    absolute CLOCK_MONOTONIC seconds (shared by every process) or None
         trace       the W3C trace context carrier ({"traceparent": ...}) or None
+        received    when the frontend received the request: CLOCK_MONOTONIC nanoseconds (an int;
+                    0: not stamped); the core counts the request's whole wait from it
     [CANCEL, rid]                          the client went away; the core answers it anyway
     [CREDIT, rid, n]                       a stream's client has taken n more of its responses
     [FREE, [block, ...]]                   output blocks the frontend is done reading
@@ -84,7 +86,7 @@ STREAM = 1  # a stream request: a decoupled model may answer many times
 HTTP = 2  # from the HTTP frontend (refusals of decoupled models use its words)
 
 # positions in an INFER message
-I_RID, I_MODEL, I_VERSION, I_ID, I_PARAMS, I_INPUTS, I_OUTPUTS, I_FLAGS, I_DEADLINE, I_TRACE = range(1, 11)
+I_RID, I_MODEL, I_VERSION, I_ID, I_PARAMS, I_INPUTS, I_OUTPUTS, I_FLAGS, I_DEADLINE, I_TRACE, I_RECEIVED = range(1, 12)
 # positions in a tensor entry
 T_NAME, T_DATATYPE, T_SHAPE, T_OFFSET, T_NBYTES, T_PARAMS = range(6)
 # positions in a RESPONSE message
@@ -93,8 +95,8 @@ R_RID, R_FINAL, R_MODEL, R_VERSION, R_ID, R_OUTPUTS, R_PARAMS, R_BLOCK = range(1
 
 def infer(rid: int, model: str, version: str, request_id: str, parameters: dict | None, inputs: list,
           outputs: list | None, flags: int = 0, deadline: float | None = None,
-          trace: dict | None = None) -> list:
-    return [INFER, rid, model, version, request_id, parameters, inputs, outputs, flags, deadline, trace]
+          trace: dict | None = None, received_ns: int = 0) -> list:
+    return [INFER, rid, model, version, request_id, parameters, inputs, outputs, flags, deadline, trace, received_ns]
 
 
 def response(rid: int, final: bool, model: str, version: int, request_id: str, outputs: list,

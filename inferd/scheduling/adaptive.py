@@ -128,19 +128,21 @@ def completion(now: float, rows_ahead: int, rows: int, max_rows: int, instances:
 
 
 def admission(policy: WaitPolicy, model: str, now: float, rows_ahead: int, rows: int, max_rows: int,
-              instances: Sequence[Instance]) -> SloRefused | None:
-    """The refusal of a request whose estimated completion passes its budget, or None to admit it."""
+              instances: Sequence[Instance], waited: float = 0.0) -> SloRefused | None:
+    """The refusal of a request whose estimated completion passes its budget, or None to admit it.
+    ``waited``: seconds since its frontend received it (spent from the budget already)."""
     if not policy.slo_s:
         return None
     if rows_ahead == 0 and any(i.free_at <= now for i in instances):
         return None  # nothing ahead of it and an instance free: it runs at once, whatever the estimate says
     done = completion(now, rows_ahead, rows, max_rows, instances)
-    if done - now <= policy.slo_s:
+    if done - now + waited <= policy.slo_s:
         return None
     batch = min(max_rows, rows_ahead + rows)
     per_batch = min(i.model.upper(batch) for i in instances)
     return SloRefused(
         f"model '{model}': request refused: it cannot meet the latency SLO of {policy.slo_us} us "
-        f"(inferd.max_latency_microseconds): estimated {round((done - now) * 1e6)} us to answer it "
-        f"({rows_ahead} rows queued ahead of it, about {round(per_batch * 1e6)} us per batch of {batch} rows "
+        f"(inferd.max_latency_microseconds): estimated {round((done - now + waited) * 1e6)} us to answer it "
+        f"({round(waited * 1e6)} us waited since its frontend received it, {rows_ahead} rows queued ahead of "
+        f"it, about {round(per_batch * 1e6)} us per batch of {batch} rows "
         f"on {len(instances)} instance{'s' if len(instances) != 1 else ''}); retry later or with another priority")

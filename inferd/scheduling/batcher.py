@@ -107,6 +107,7 @@ class BatchScheduler(Scheduler):
         self.workers = workers
         self._free: deque[InstanceWorker] = deque(workers)
         self._queue = BatchQueue(policy, model)
+        self._bound_s = policy.max_queue_delay_us / 1e6
         self._outputs = output_names
         self._stats = stats
         self._clock = clock or MonotonicClock()
@@ -217,6 +218,8 @@ class BatchScheduler(Scheduler):
             timeout_us=request.timeout_us,
             deadline=request.deadline,
             payload=_Job(request, completion, now),
+            received=request.received_ns * 1e-9 if request.received_ns else None,
+            shed_at=request.shed_at,
         )
         # Raises Unavailable when the queue is full, SloRefused when the SLO cannot be met.
         self._queue.admit(item, now, self._instances(now) if p.slo_us else ())
@@ -263,7 +266,7 @@ class BatchScheduler(Scheduler):
     def _run_now(self, worker: InstanceWorker, request: InferenceRequest, rows: int, arrived_ns: int) -> dict[str, np.ndarray]:
         stats = self._stats
         stats.record_queue(time.perf_counter_ns() - arrived_ns)  # the time it took to get here: no wait
-        start = self._clock.now()
+        start = request.dispatched = self._clock.now()
         try:
             result = worker.run_inline([_entry(request, getattr(worker.instance, "wants_requests", False))],
                                        self._outputs)
@@ -305,6 +308,8 @@ class BatchScheduler(Scheduler):
                 timeout_us=request.timeout_us,
                 deadline=request.deadline,
                 trace=request.trace,
+                received_ns=request.received_ns,
+                shed_at=request.shed_at,
             )
             parts.append(asyncio.ensure_future(self._infer_one(sub, stop - start)))
         try:
@@ -394,6 +399,9 @@ class BatchScheduler(Scheduler):
         for item in items:
             job = item.payload
             stats.record_queue(int((now - job.enqueued) * 1e9))
+            # Its queueing delay ends (the data plane's controller reads it), less the batching wait the
+            # model's config asks for: waiting out max_queue_delay is not overload.
+            job.request.dispatched = now - min(self._bound_s, now - item.arrival)
             rows += item.rows
             inputs.append(_entry(job.request, wants_requests))
             if job.traced_ns:

@@ -34,7 +34,7 @@ class Pending:
     """One request waiting in the queue."""
 
     __slots__ = ("rows", "shape_key", "length", "level", "arrival", "seq", "timeout_at", "deadline", "state",
-                 "payload")
+                 "payload", "received", "shed_at")
 
     def __init__(
         self,
@@ -46,6 +46,8 @@ class Pending:
         timeout_us: int = 0,
         deadline: float | None = None,
         payload: Any = None,
+        received: float | None = None,
+        shed_at: float | None = None,
     ) -> None:
         self.rows = rows  # batch rows this request fills (1 for a non-batching model)
         self.shape_key = shape_key  # only requests with equal keys share a batch
@@ -57,6 +59,9 @@ class Pending:
         self.deadline = deadline
         self.state = QUEUED
         self.payload = payload
+        # When its frontend received it (None: when admitted): its wait, timeout and SLO count from there.
+        self.received = received
+        self.shed_at = shed_at  # the server sheds it (UNAVAILABLE) if still queued then; None: never
 
     def __repr__(self) -> str:
         return f"Pending(seq={self.seq}, rows={self.rows}, level={self.level}, state={self.state})"
@@ -123,9 +128,12 @@ class BatchQueue:
                 f"model '{self.model}': request rejected: exceeds maximum queue size "
                 f"({qp.max_queue_size} requests at priority level {item.level})"
             )
+        # Its wait began when its frontend received it, not here (never later than now: another clock).
+        arrival = now if item.received is None else min(item.received, now)
         if self._wait.slo_s and instances:
             ahead = sum(lv.rows for lv in self._levels[:item.level])  # its level and the higher ones
-            refused = admission(self._wait, self.model, now, ahead, item.rows, p.max_rows, instances)
+            refused = admission(self._wait, self.model, now, ahead, item.rows, p.max_rows, instances,
+                                waited=now - arrival)
             if refused is not None:
                 raise refused
         requested = item.timeout_at  # relative seconds or None
@@ -133,15 +141,19 @@ class BatchQueue:
         if requested is not None and (qp.allow_timeout_override or timeout is None):
             # A request may shorten the policy's timeout, never lengthen it.
             timeout = requested if timeout is None else min(timeout, requested)
-        item.arrival = now
+        item.arrival = arrival
         item.seq = self._next_seq
         self._next_seq += 1
         item.state = QUEUED
-        item.timeout_at = now + timeout if timeout is not None else None
+        item.timeout_at = arrival + timeout if timeout is not None else None
         if item.timeout_at is not None:
             heapq.heappush(self._timers, (item.timeout_at, item.seq, 0, item))
         if item.deadline is not None:
             heapq.heappush(self._timers, (item.deadline, item.seq, 1, item))
+        if item.shed_at is not None:
+            # The batching wait the model's config asks for (max_queue_delay) is not overload: on top.
+            item.shed_at += self._wait.bound_s
+            heapq.heappush(self._timers, (item.shed_at, item.seq, 2, item))
         self.arrivals.arrived(now, item.rows, self._size)
         level.main.append(item)
         level.count += 1
@@ -218,6 +230,9 @@ class BatchQueue:
                 self._remove(item)
                 out.expired.append((item, DeadlineExceeded(
                     f"model '{self.model}': the request's deadline passed while it was queued")))
+            elif item.shed_at is not None and item.shed_at <= now:
+                self._remove(item)
+                out.expired.append((item, _shed(self.model, item, now)))
             elif item.timeout_at is not None and item.timeout_at <= now and item.state == QUEUED:
                 level = self._levels[item.level - 1]
                 if level.policy.timeout_action == DELAY:
@@ -331,6 +346,15 @@ class BatchQueue:
         for item in chosen:
             self._remove(item)
         out.batch = chosen
+
+
+def _shed(model: str, item: Pending, now: float) -> Unavailable:
+    bound_us = round((item.shed_at - item.arrival) * 1e6)  # type: ignore[operator]
+    return Unavailable(
+        f"model '{model}': request shed: the server is overloaded: the request waited "
+        f"{round((now - item.arrival) * 1e6)} us since its frontend received it and was still queued, past "
+        f"the queue-delay target of {bound_us} us (--queue-delay-target-us, --queue-delay-interval-us; "
+        "--no-shed turns shedding off); retry later")
 
 
 def _next_in(it: Iterator[Pending], state: int) -> Pending | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import grpc
@@ -135,8 +136,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # -- inference -----------------------------------------------------------------
 
     async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
+        received_ns = time.monotonic_ns()  # the request's wait counts from here
         try:
             req = codec.decode_infer_request(request)
+            req.received_ns = received_ns
             remaining = context.time_remaining()
             if remaining is not None:
                 req.deadline = self.clock.now() + remaining

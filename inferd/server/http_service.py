@@ -21,6 +21,7 @@ import base64
 import binascii
 import gzip
 import logging
+import time
 import zlib
 from typing import Any, Awaitable, Callable
 
@@ -501,6 +502,7 @@ class HttpFrontend:
         return StreamingResponse(body(), status_code=status, media_type="text/event-stream; charset=utf-8")
 
     async def infer(self, request: Request) -> Response:
+        received_ns = time.monotonic_ns()  # the request's wait counts from here (its body's read included)
         body = await request.body()
         headers = request.headers
         encoding = headers.get("content-encoding")
@@ -510,6 +512,7 @@ class HttpFrontend:
         decoded = http_codec.decode_infer_request(
             name, request.path_params.get("version", ""), body, headers.get(http_codec.HEADER_LENGTH),
         )
+        decoded.request.received_ns = received_ns
         # A W3C traceparent (and tracestate) header makes the request span a child of the caller's.
         response = await self.dp.infer(decoded.request, decoupled_error=DECOUPLED_HTTP, trace_carrier=lambda: headers)
         content, header_length = http_codec.encode_infer_response(response, decoded)

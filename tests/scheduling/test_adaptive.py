@@ -182,3 +182,13 @@ def test_a_request_with_nothing_ahead_and_an_instance_free_is_admitted_whatever_
     slo = WaitPolicy(ADAPTIVE, BOUND, slo_s=20_000 * US)
     assert admission(slo, "m", 0.0, 0, 1, 64, [Instance(0.0, slow)]) is None
     assert admission(slo, "m", 0.0, 0, 1, 64, [Instance(0.01, slow)]) is not None  # it would wait for it
+
+
+def test_the_slo_counts_the_time_a_request_waited_before_its_queue():
+    model = batching_model(a_us=100, c_us=10)
+    slo = WaitPolicy(ADAPTIVE, BOUND, slo_s=2000 * US)
+    instances = [Instance(0.0, model)]
+    assert admission(slo, "mlp", 0.0, 64, 1, 64, instances) is None  # 850 us of 2000
+    refused = admission(slo, "mlp", 0.0, 64, 1, 64, instances, waited=1500 * US)  # 850 + 1500 waited
+    assert isinstance(refused, SloRefused)
+    assert "estimated 2350 us to answer it (1500 us waited since its frontend received it" in refused.message

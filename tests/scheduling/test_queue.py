@@ -561,3 +561,44 @@ def test_preferred_size_listed_twice_is_refused():
 def test_dynamic_batching_with_max_batch_size_zero_is_refused():
     msg = refused("max_batch_size: 0\ndynamic_batching { }")
     assert "model 'm': dynamic_batching needs max_batch_size >= 1, got 0" in msg
+
+
+# -- the time a request's frontend received it ---------------------------------------
+
+
+def test_a_queue_timeout_counts_from_when_the_frontend_received_the_request():
+    qp = QueuePolicy(timeout_action=REJECT, default_timeout_us=50_000)
+    q = BatchQueue(policy(default_queue_policy=qp), model="m")
+    (a,) = admit(q, T0 + 0.03, req("a", received=T0))  # it waited 30 ms before the queue saw it
+    assert q.step(T0 + 0.03, False).wake_at == pytest.approx(T0 + 0.05)
+    step = q.step(T0 + 0.05, False)
+    assert [i for i, _ in step.expired] == [a] and "50000 us" in step.expired[0][1].message
+
+
+def test_a_request_received_before_its_queue_saw_it_waits_only_what_is_left_of_the_delay():
+    q = BatchQueue(policy(max_batch_size=4, max_queue_delay_us=10_000), model="m")  # fixed: waits out the delay
+    admit(q, T0, req("late", received=T0 - 0.012))  # received 12 ms ago: past the 10 ms delay already
+    step = q.step(T0, True)
+    assert names(step.batch) == ["late"]
+
+
+def test_a_received_time_from_another_clock_never_starts_a_wait_in_the_future():
+    q = BatchQueue(policy(), model="m")
+    (a,) = admit(q, T0, req("a", received=T0 + 5.0))
+    assert a.arrival == T0
+
+
+def test_a_request_the_server_sheds_is_answered_unavailable_when_its_bound_passes_in_the_queue():
+    q = BatchQueue(policy(), model="m")
+    (a, b) = admit(q, T0 + 0.005, req("a", received=T0, shed_at=T0 + 0.02), req("b"))
+    step = q.step(T0 + 0.005, False)  # the instance is busy
+    assert step.wake_at == pytest.approx(T0 + 0.02)
+    assert q.step(T0 + 0.019, False).expired == []
+    step = q.step(T0 + 0.021, False)
+    assert [i for i, _ in step.expired] == [a] and len(q) == 1
+    err = step.expired[0][1]
+    assert isinstance(err, Unavailable)
+    m = err.message
+    assert "model 'm'" in m and "shed" in m and "waited 21000 us" in m and "target of 20000 us" in m
+    assert "--queue-delay-target-us" in m and "--no-shed" in m
+    assert names(q.step(T0 + 0.021, True).batch) == ["b"]  # no bound: it waits on
