@@ -110,7 +110,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
 
 def _overload_arguments(p: argparse.ArgumentParser) -> None:
     from inferd.dataplane.admission import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS
-    from inferd.dataplane.shedding import DEFAULT_INTERVAL_US, DEFAULT_TARGET_US
+    from inferd.dataplane.shedding import DEFAULT_EXECUTION_MULTIPLE, DEFAULT_INTERVAL_US, DEFAULT_TARGET_US
 
     p.add_argument("--max-queued-requests", type=int, default=DEFAULT_MAX_REQUESTS, metavar="N",
                    help="requests the server holds at once, over all models (queued or executing); one more is "
@@ -127,6 +127,10 @@ def _overload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue-delay-interval-us", type=int, default=DEFAULT_INTERVAL_US, metavar="US",
                    help="how long queueing delays must stay above --queue-delay-target-us before the server "
                         f"sheds: a burst that drains sooner is never shed (default {DEFAULT_INTERVAL_US})")
+    p.add_argument("--queue-delay-execution-multiple", type=float, default=DEFAULT_EXECUTION_MULTIPLE,
+                   metavar="K", help="a model's queue-delay target is at least K times its mean execution time, "
+                                     "so a slow model is not shed for the queue its own executions make "
+                                     f"(default {DEFAULT_EXECUTION_MULTIPLE:g}; 0: --queue-delay-target-us alone)")
     p.add_argument("--no-shed", action="store_true",
                    help="never shed on queueing delay (--queue-delay-target-us 0): requests wait, bounded only "
                         "by --max-queued-requests, the models' queue policies and their clients' deadlines")
@@ -349,6 +353,7 @@ def _serve(args: argparse.Namespace) -> int:
         stream_limits=stream_limits,
         queue_delay_target_us=0 if args.no_shed else args.queue_delay_target_us,
         queue_delay_interval_us=args.queue_delay_interval_us,
+        queue_delay_execution_multiple=args.queue_delay_execution_multiple,
         **security,
         grace_seconds=args.grace,
         exit_on_error=args.exit_on_error,

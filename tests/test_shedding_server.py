@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 from gated_model import add_gated_model, release, wait_started
 from test_metrics import get, scrape
 
-TINY = ["--queue-delay-target-us", "1", "--queue-delay-interval-us", "1"]
+TINY = ["--queue-delay-target-us", "1", "--queue-delay-interval-us", "1", "--queue-delay-execution-multiple", "0"]
 
 
 def _infer(url: str) -> np.ndarray:

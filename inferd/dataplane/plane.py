@@ -57,8 +57,10 @@ class DataPlane:
         self.admission = admission or Admission()
         # How far a stream's client may fall behind its model (--stream-max-responses, ...).
         self.stream_limits = stream_limits or StreamLimits()
-        # The server-wide bound on queueing delay (--queue-delay-target-us; target 0: off).
+        # The bound on queueing delay (--queue-delay-*; target 0: off): these settings, one controller
+        # per model (by name) made from them.
         self.shedding = shedding or QueueDelay()
+        self._delays: dict[str, QueueDelay] = {}
         self.clock = clock or MonotonicClock()
         # Batch jobs (POST /v2/batches), kept in batch_dir; None: off.
         self.batches = BatchService(manager, batch_dir, self.clock) if batch_dir is not None else None
@@ -213,7 +215,7 @@ class DataPlane:
         finally:
             self.admission.release(nbytes)
             if request.dispatched:
-                self._observe(request)
+                self._observe(model, request)
 
     def submit(self, request: InferenceRequest, on_done: Callable[[ModelRun], None],
                decoupled_error: str = DECOUPLED_UNARY, trace_carrier: TraceCarrier | None = None,
@@ -229,37 +231,48 @@ class DataPlane:
     def _answered(self, nbytes: int, on_done: Callable[[ModelRun], None], run: ModelRun) -> None:
         self.admission.release(nbytes)
         if run.request.dispatched:
-            self._observe(run.request)
+            self._observe(run.model, run.request)
         on_done(run)
 
-    def _observe(self, request: InferenceRequest) -> None:
-        """A request its scheduler handed to an instance has ended: its queueing delay, from its
-        frontend receiving it to that hand-over, feeds the controller."""
-        shedding = self.shedding
-        if shedding.enabled:
-            received = request.received_ns * 1e-9 if request.received_ns else request.dispatched
-            shedding.observe(request.dispatched - received, self.clock.now())
+    def queue_delay(self, model: str) -> QueueDelay:
+        """The queue-delay controller of the model named ``model`` (made on first use)."""
+        delay = self._delays.get(model)
+        if delay is None:
+            delay = self._delays[model] = self.shedding.fresh()
+        return delay
 
-    def _shed(self, request: InferenceRequest) -> None:
-        """While the server sheds: refuse a request that already waited past the target since its
+    def _observe(self, model: Model, request: InferenceRequest) -> None:
+        """A request its scheduler handed to an instance has ended: its queueing delay, from its
+        frontend receiving it to that hand-over, feeds its model's controller, whose target
+        follows the model's mean execution."""
+        if self.shedding.enabled:
+            delay = self.queue_delay(model.spec.name)
+            infer = model.stats.compute_infer
+            if infer.count:
+                delay.follow(infer.ns / infer.count * 1e-9)
+            received = request.received_ns * 1e-9 if request.received_ns else request.dispatched
+            delay.observe(request.dispatched - received, self.clock.now())
+
+    def _shed(self, model: Model, request: InferenceRequest) -> None:
+        """While the model sheds: refuse a request that already waited past its target since its
         frontend received it (before it costs anything more), and bound the wait of one admitted."""
-        shedding = self.shedding
-        if not shedding.dropping:
+        delay = self._delays.get(model.spec.name)
+        if delay is None or not delay.dropping:
             return
         now = self.clock.now()
         received = min(request.received_ns * 1e-9, now) if request.received_ns else now
-        refused = shedding.refusal(request.model_name, now - received, now)
+        refused = delay.refusal(request.model_name, now - received, now)
         if refused is not None:
             raise refused
-        request.shed_at = shedding.shed_at(received)
+        request.shed_at = delay.shed_at(received)
 
     def _admit(self, request: InferenceRequest, decoupled_error: str,
                trace_carrier: TraceCarrier | None) -> tuple[Model, int]:
-        """Refuse while draining or full, resolve shared memory, start the trace, find the model:
-        the model and the bytes admitted, which the caller releases once the request has ended."""
+        """Refuse while draining or full, resolve shared memory, start the trace, find the model,
+        shed while it is overloaded: the model and the bytes admitted, which the caller releases
+        once the request has ended."""
         if self.draining:
             raise Unavailable(DRAINING)
-        self._shed(request)
         nbytes = request_bytes(request.inputs)
         admission = self.admission
         admission.admit(nbytes, request.model_name)  # raises Unavailable when the server is full
@@ -268,7 +281,14 @@ class DataPlane:
                 self.shared_memory.resolve(request)
             if self.tracing.enabled and request.trace is None:
                 request.trace = self.tracing.start(request.model_name, request.id, trace_carrier)
-            return find(self.manager.get, request, decoupled_error), nbytes
+            model = find(self.manager.get, request, decoupled_error)
+            try:
+                self._shed(model, request)
+            except Unavailable as exc:
+                if request.trace is not None:
+                    request.trace.end(exc)
+                raise
+            return model, nbytes
         except BaseException:
             admission.release(nbytes)
             raise

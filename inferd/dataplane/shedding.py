@@ -26,6 +26,16 @@ Jacobson), taken from packets to requests:
   target by construction, so the first of them ends the overload, and without
   this memory the queue would regrow for a whole interval each time.
 
+There is one controller per model (:meth:`QueueDelay.fresh` makes each from the
+server's settings), and a model's target follows its own executions
+(:meth:`QueueDelay.follow`): at least the configured target, and at least
+``execution_multiple`` times the model's mean execution. A model that takes 400
+ms an execution queues a request or two behind the one running as a matter of
+course; a fixed 50 ms target would shed it at a concurrency of two. So the
+bound is on queueing relative to the model's own work (a default server keeps
+a request's wait within about five of its model's executions), and one model's
+overload sheds only its own requests.
+
 Plain data and ``now`` in, a verdict out; no clock, no loop, no lock (the data
 plane calls it on the event loop). ``target`` 0 turns it off.
 """
@@ -44,22 +54,31 @@ from inferd.errors import Unavailable
 # two intervals: long enough to stop the queue regrowing for an interval each time shedding pauses,
 # short enough that the normal load after an overload is not shed for its noise.
 DEFAULT_TARGET_US = 50_000
+DEFAULT_EXECUTION_MULTIPLE = 5.0
 DEFAULT_INTERVAL_US = 100_000
 REENTER_INTERVALS = 2
-FLAGS = "--queue-delay-target-us, --queue-delay-interval-us; --no-shed turns shedding off"
+FLAGS = ("--queue-delay-target-us, --queue-delay-interval-us, --queue-delay-execution-multiple; "
+         "--no-shed turns shedding off")
 
 
 class QueueDelay:
     """The controller's state: one per server, fed by the data plane on the event loop."""
 
-    __slots__ = ("target_s", "interval_s", "above_since", "dropping", "left_at", "shed", "last_delay")
+    __slots__ = ("base_s", "execution_multiple", "target_s", "interval_s", "above_since", "dropping", "left_at",
+                 "shed", "last_delay")
 
-    def __init__(self, target_us: int = DEFAULT_TARGET_US, interval_us: int = DEFAULT_INTERVAL_US) -> None:
+    def __init__(self, target_us: int = DEFAULT_TARGET_US, interval_us: int = DEFAULT_INTERVAL_US,
+                 execution_multiple: float = DEFAULT_EXECUTION_MULTIPLE) -> None:
         if target_us < 0:
             raise ValueError(f"--queue-delay-target-us must be >= 0 (0: off), got {target_us}")
         if interval_us < 1:
             raise ValueError(f"--queue-delay-interval-us must be >= 1, got {interval_us}")
-        self.target_s = target_us / 1e6
+        if execution_multiple < 0:
+            raise ValueError(f"--queue-delay-execution-multiple must be >= 0 (0: the target alone), "
+                             f"got {execution_multiple:g}")
+        self.base_s = target_us / 1e6  # the configured target: the least any model gets
+        self.execution_multiple = execution_multiple
+        self.target_s = self.base_s
         self.interval_s = interval_us / 1e6
         self.above_since: float | None = None  # delays have stayed above target since then
         self.dropping = False
@@ -69,12 +88,21 @@ class QueueDelay:
 
     @property
     def enabled(self) -> bool:
-        return self.target_s > 0
+        return self.base_s > 0
+
+    def fresh(self) -> "QueueDelay":
+        """A new controller with these settings (one per model)."""
+        return QueueDelay(round(self.base_s * 1e6), round(self.interval_s * 1e6), self.execution_multiple)
+
+    def follow(self, execution_s: float) -> None:
+        """The model's mean execution is ``execution_s`` seconds: its target is at least that many
+        times the multiple (and never below the configured target)."""
+        self.target_s = max(self.base_s, self.execution_multiple * execution_s)
 
     def observe(self, delay: float, now: float) -> None:
         """A request was handed to an instance ``delay`` seconds after its frontend received it
         (called as it ends, at ``now``)."""
-        if not self.target_s:
+        if not self.base_s:
             return
         self.last_delay = delay
         if delay < self.target_s:
@@ -98,8 +126,8 @@ class QueueDelay:
         self.shed += 1
         return Unavailable(
             f"model '{model}': request shed: the server is overloaded: the request waited "
-            f"{round(waited * 1e6)} us since its frontend received it, past the queue-delay target of "
-            f"{round(self.target_s * 1e6)} us that requests have not met for "
+            f"{round(waited * 1e6)} us since its frontend received it, past the model's queue-delay target of "
+            f"{round(self.target_s * 1e6)} us that its requests have not met for "
             f"{round(self.interval_s * 1e6)} us or more (last queueing delay {round(self.last_delay * 1e6)} us; "
             f"{FLAGS}); retry later")
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from inferd.dataplane import SERVER_NAME, DataPlane
 from inferd.dataplane.admission import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS, Admission
-from inferd.dataplane.shedding import DEFAULT_INTERVAL_US, DEFAULT_TARGET_US, QueueDelay
+from inferd.dataplane.shedding import DEFAULT_EXECUTION_MULTIPLE, DEFAULT_INTERVAL_US, DEFAULT_TARGET_US, QueueDelay
 from inferd.dataplane.batches import default_batch_dir
 from inferd.errors import InferdError
 from inferd.model.cache import ResponseCache
@@ -73,6 +73,7 @@ class ServerOptions:
     stream_limits: StreamLimits = field(default_factory=StreamLimits)  # how far a stream's client may lag
     queue_delay_target_us: int = DEFAULT_TARGET_US  # the server-wide queueing-delay bound (0: off, --no-shed)
     queue_delay_interval_us: int = DEFAULT_INTERVAL_US
+    queue_delay_execution_multiple: float = DEFAULT_EXECUTION_MULTIPLE
     grace_seconds: float = 30.0
     exit_on_error: bool = False
     grpc_options: list[tuple[str, object]] = field(default_factory=list)
@@ -107,7 +108,8 @@ class InferenceServer:
                                    admission=Admission(options.max_queued_requests, options.max_queued_bytes),
                                    stream_limits=options.stream_limits,
                                    shedding=QueueDelay(options.queue_delay_target_us,
-                                                       options.queue_delay_interval_us),
+                                                       options.queue_delay_interval_us,
+                                                       options.queue_delay_execution_multiple),
                                    batch_dir=options.batch_dir or default_batch_dir(options.model_repositories[0]))
         self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
                        if options.model_control_mode == "poll" else None)

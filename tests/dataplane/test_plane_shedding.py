@@ -52,14 +52,14 @@ async def plane(tmp_path):
 
 async def test_a_request_that_already_waited_past_the_target_is_shed_before_it_is_admitted(plane):
     dp = plane
-    _overloaded(dp.shedding)
+    _overloaded(dp.queue_delay("simple"))
     old = _request(time.monotonic_ns() - SECOND_NS)  # its frontend received it a second ago
     with pytest.raises(Unavailable) as info:
         await dp.infer(old)
     m = info.value.message
     assert "model 'simple'" in m and "shed" in m and "target of 20000 us" in m and "--no-shed" in m
-    assert dp.inflight() == 0 and dp.admission.refused == 0  # refused before the caps counted it
-    assert dp.shedding.shed == 1
+    assert dp.inflight() == 0 and dp.admission.refused == 0  # refused: not counted as a cap's refusal
+    assert dp.queue_delay("simple").shed == 1
     # A fresh one is admitted, with the time past which it would be shed if still queued.
     fresh = _request(time.monotonic_ns())
     await dp.infer(fresh)
@@ -68,7 +68,7 @@ async def test_a_request_that_already_waited_past_the_target_is_shed_before_it_i
 
 async def test_the_callback_path_sheds_alike(plane):
     dp = plane
-    _overloaded(dp.shedding)
+    _overloaded(dp.queue_delay("simple"))
     with pytest.raises(Unavailable, match="shed"):
         dp.submit(_request(time.monotonic_ns() - SECOND_NS), lambda run: None)
 
@@ -78,15 +78,23 @@ async def test_the_queueing_delay_fed_to_the_controller_counts_from_the_received
     request = _request(time.monotonic_ns() - SECOND_NS)
     await dp.infer(request)  # not shedding yet: served
     assert request.dispatched > 0
-    assert dp.shedding.last_delay >= 1.0  # it waited at least the second before the core saw it
-    assert dp.shedding.above_since is not None
+    delay = dp.queue_delay("simple")
+    assert delay.last_delay >= 1.0  # it waited at least the second before the core saw it
+    assert delay.above_since is not None
+
+
+async def test_one_models_overload_sheds_only_its_own_requests(plane):
+    dp = plane
+    _overloaded(dp.queue_delay("other"))
+    await dp.infer(_request(time.monotonic_ns() - SECOND_NS))  # 'simple' is not shedding: served
 
 
 async def test_target_zero_never_sheds(tmp_path):
     dp = await _plane(tmp_path, QueueDelay(0, 100_000))
     try:
-        _ = [dp.shedding.observe(5.0, time.monotonic() + i) for i in range(3)]
-        assert not dp.shedding.dropping
+        delay = dp.queue_delay("simple")
+        _ = [delay.observe(5.0, time.monotonic() + i) for i in range(3)]
+        assert not delay.dropping
         await dp.infer(_request(time.monotonic_ns() - 10 * SECOND_NS))
     finally:
         await dp.close()

@@ -93,3 +93,30 @@ def test_target_zero_is_off():
 def test_bad_settings_are_refused_naming_the_flag(target: int, interval: int):
     with pytest.raises(ValueError, match="--queue-delay-(target|interval)-us must be"):
         QueueDelay(target, interval)
+
+
+def test_a_models_target_follows_its_mean_execution():
+    c = QueueDelay(50_000, 100_000, execution_multiple=5)
+    c.follow(0.4)  # a slow model: 400 ms an execution
+    assert c.target_s == pytest.approx(2.0)
+    # A request or two queued behind its running execution is its normal load, never shed.
+    c.observe(0.8, 0.0)
+    c.observe(0.8, 0.5)
+    assert not c.dropping and c.above_since is None
+    # Five executions' worth of waiting, for an interval, is an overload.
+    c.observe(2.5, 1.0)
+    c.observe(2.5, 1.2)
+    assert c.dropping
+    c.follow(0.001)  # a fast model: the configured target is the floor
+    assert c.target_s == pytest.approx(0.05)
+
+
+def test_a_fresh_controller_has_the_settings_and_none_of_the_state():
+    c = QueueDelay(20_000, 100_000, execution_multiple=3)
+    c.observe(1.0, 0.0)
+    c.observe(1.0, 0.2)
+    fresh = c.fresh()
+    assert c.dropping and not fresh.dropping
+    assert (fresh.base_s, fresh.interval_s, fresh.execution_multiple) == (0.02, 0.1, 3)
+    with pytest.raises(ValueError, match="--queue-delay-execution-multiple must be >= 0"):
+        QueueDelay(execution_multiple=-1)
