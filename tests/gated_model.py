@@ -5,7 +5,9 @@ requests, queues, orders and slow loads, without timing guesses.
 model's instances, in the order they began; the file holds the first element of each
 request's INPUT0, one a line, so a test can tell which requests an execution ran) and
 waits for ``<gate>/release`` (then answers OUTPUT0 = INPUT0); with ``hold_load``,
-``initialize`` waits for ``<gate>/loaded`` first. Waits give up after 120 s.
+``initialize`` waits for ``<gate>/loaded`` first; with ``sleep_s``, each execution
+also sleeps that long (a known least execution time, for estimates). Waits give up
+after 120 s.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import triton_python_backend_utils as pb_utils
 
 GATE = {gate!r}
 HOLD_LOAD = {hold_load!r}
+SLEEP_S = {sleep_s!r}
 
 
 def _wait(path):
@@ -57,20 +60,22 @@ class TritonPythonModel:
     def execute(self, requests):
         inputs = [pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() for r in requests]
         _started([repr(float(x.flat[0])) if x.size else "" for x in inputs])
+        if SLEEP_S:
+            time.sleep(SLEEP_S)
         _wait(os.path.join(GATE, "release"))
         return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", x)]) for x in inputs]
 '''
 
 
 def add_gated_model(repo: Path, name: str, gate: Path, hold_load: bool = False, *, max_batch_size: int = 0,
-                    dims: Sequence[int] = (-1,), count: int = 1, extra: str = "") -> None:
+                    dims: Sequence[int] = (-1,), count: int = 1, extra: str = "", sleep_s: float = 0.0) -> None:
     """INPUT0 -> OUTPUT0, FP32 ``dims`` (no batching unless ``max_batch_size``), ``count`` instances;
     ``extra`` is more config text (dynamic_batching, parameters)."""
     gate.mkdir(parents=True, exist_ok=True)
     text = config(name, [("INPUT0", "TYPE_FP32", dims)], [("OUTPUT0", "TYPE_FP32", dims)], max_batch_size,
                   platform=None,
                   extra=f'backend: "python"\ninstance_group [ {{ kind: KIND_CPU count: {count} }} ]\n' + extra)
-    source = _SOURCE.format(gate=str(gate), hold_load=hold_load).encode()
+    source = _SOURCE.format(gate=str(gate), hold_load=hold_load, sleep_s=sleep_s).encode()
     add_model(repo, name, source, text, filename="model.py")
 
 
