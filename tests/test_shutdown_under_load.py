@@ -35,8 +35,14 @@ GRACE = 20  # --exit-timeout-secs
 
 
 @pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    add_gated_model(tmp_path, "held", tmp_path / "gate")
+def gate(tmp_path: Path) -> Path:
+    return tmp_path / "gate"  # outside the repository: a folder there would be read as a model
+
+
+@pytest.fixture
+def repo(tmp_path: Path, gate: Path) -> Path:
+    tmp_path = tmp_path / "repo"
+    add_gated_model(tmp_path, "held", gate)
     add_model(tmp_path, "work", WORK.encode(), config(
         "work", [("INPUT0", "TYPE_FP32", [4])], [("OUTPUT0", "TYPE_FP32", [4])], 8, platform=None,
         extra='backend: "python"\ninstance_group [ { kind: KIND_CPU count: 2 } ]\ndynamic_batching { }\n'),
@@ -151,7 +157,7 @@ def _refused_while_draining(server) -> tuple[str, str, int]:  # type: ignore[no-
     return code, message, status
 
 
-def test_sigterm_at_full_load_answers_every_call_and_exits_zero(start_server, repo: Path) -> None:
+def test_sigterm_at_full_load_answers_every_call_and_exits_zero(start_server, repo: Path, gate: Path) -> None:
     server = start_server(repo, ["--exit-timeout-secs", str(GRACE)])
     exited, signalled = threading.Event(), threading.Event()
     grpc_codes: collections.Counter = collections.Counter()
@@ -166,7 +172,6 @@ def test_sigterm_at_full_load_answers_every_call_and_exits_zero(start_server, re
         t.start()
     held: list = []
     holder = threading.Thread(target=_held_call, args=(server.url, held))
-    gate = repo / "gate"
     try:
         deadline = time.monotonic() + 60
         while grpc_codes["OK"] < 200 and time.monotonic() < deadline:  # full load reached
@@ -191,6 +196,7 @@ def test_sigterm_at_full_load_answers_every_call_and_exits_zero(start_server, re
                 t.join(timeout=150)
     log = server.log()
     assert code == 0, log
+    assert "failed to load" not in log, log  # every model served: readiness was 200 before the signal
     assert "still unanswered after the" not in log, log  # it drained within the grace, nothing cut off
     assert "Traceback" not in log, log
     # The accepted request was answered after SIGTERM; new ones were refused with a reason.
