@@ -37,10 +37,22 @@ check: $(STAMP) models
 	$(VENV)/bin/inferd check $(REPO)
 
 # The whole suite with serve's default process mode (frontend workers from the cores), then the
-# server-level modules again in one process (--frontend-workers 0): both modes pass.
+# server-level modules again in one process (--frontend-workers 0): both modes pass. The second
+# half runs even when the first failed (a failure in one mode says nothing about the other), and
+# make fails at the end if either did. Any non-zero pytest status fails, 5 too: a half that
+# collected no tests proved nothing.
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 test: $(TEST_STAMP) models
-	$(PY) -m pytest -q -p no:cacheprovider tests
-	INFERD_TEST_FRONTEND_WORKERS=0 $(PY) -m pytest -q -p no:cacheprovider -m "server and not fixed_mode" tests
+	@default=0; single=0; \
+	echo "== make test 1/2: default process mode: $(PYTEST) tests"; \
+	$(PYTEST) tests || default=$$?; \
+	echo "== make test 2/2: one process: INFERD_TEST_FRONTEND_WORKERS=0 $(PYTEST) -m 'server and not fixed_mode' tests"; \
+	INFERD_TEST_FRONTEND_WORKERS=0 $(PYTEST) -m "server and not fixed_mode" tests || single=$$?; \
+	for half in "default process mode:$$default" "one process:$$single"; do \
+	  code=$${half##*:}; what=""; [ "$$code" = 5 ] && what=" (no tests collected)"; \
+	  echo "== make test: $${half%:*}: pytest exit $$code$$what"; \
+	done; \
+	[ "$$default" = 0 ] && [ "$$single" = 0 ]
 
 # Regenerate inferd/_proto from proto/*.proto (the generated modules are committed).
 proto: $(TEST_STAMP)

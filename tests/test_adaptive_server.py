@@ -9,6 +9,7 @@ from __future__ import annotations
 import queue
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -17,6 +18,7 @@ import pytest
 
 from inferd.examples import onnx_models as om
 from conftest import ServerProcess, running
+from gated_model import add_gated_model, pending, release, reset, wait_started
 from repo_builder import add_model, config
 from test_metrics import get, scrape
 
@@ -56,14 +58,14 @@ def _recording_model(repo: Path, name: str, logs: Path, limiter: str, extra: str
                      f'parameters {{ key: "log_dir" value {{ string_value: "{logs}" }} }}\n' + extra))
 
 
-SLO_US = 50_000  # each execution of the recording model takes 30 ms: a second one queued cannot make it
+SLO_US = 50_000  # each execution of the slo model takes 30 ms or more: a second one queued cannot make it
 
 
 MLP_IO = ([("INPUT0", "TYPE_FP32", [256])], [("OUTPUT0", "TYPE_FP32", [256])])
 # Pooled outputs: 4 KiB per row, so a batch of 16 rows or more is written into a pooled buffer by IOBinding.
 WIDE = (64, 64, 1024)
 WIDE_IO = ([("INPUT0", "TYPE_FP32", [WIDE[0]])], [("OUTPUT0", "TYPE_FP32", [WIDE[2]])])
-WAIT_US = 100_000  # a lone request under fixed waits all of it
+WAIT_US = 1_000_000  # a lone request under fixed waits all of it; one that does not wait is dispatched at once
 
 
 def _wait(mode: str) -> str:
@@ -76,17 +78,22 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, logs: Path) -> Iterator[ServerProcess]:
+def gates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gates")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, logs: Path, gates: Path) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("adaptive_repo")
     add_model(repo, "cached", om.mlp(), config("cached", *MLP_IO, max_batch_size=8,
                                                 extra="dynamic_batching { }\nresponse_cache { enable: true }\n"))
     add_model(repo, "uncached", om.mlp(), config("uncached", *MLP_IO, max_batch_size=8, extra="dynamic_batching { }\n"))
     for name in ("limited_a", "limited_b"):
         _recording_model(repo, name, logs, LIMITED)
-    for name in ("free_a", "free_b"):  # no rate_limiter block: not limited
-        _recording_model(repo, name, logs, "")
-    _recording_model(repo, "slo", logs, "", f'parameters {{ key: "inferd.max_latency_microseconds" '
-                                            f'value {{ string_value: "{SLO_US}" }} }}\n')
+    for name in ("free_a", "free_b"):  # no rate_limiter block: not limited; held by the test
+        add_gated_model(repo, name, gates / name)
+    add_gated_model(repo, "slo", gates / "slo", sleep_s=0.03, extra=f'parameters {{ key: '
+                    f'"inferd.max_latency_microseconds" value {{ string_value: "{SLO_US}" }} }}\n')
     add_model(repo, "both_ways", om.mlp(), config(
         "both_ways", *MLP_IO, max_batch_size=8,
         extra='instance_group [ { kind: KIND_CPU rate_limiter { resources [ { name: "G" global: true count: 1 } ] } },'
@@ -97,11 +104,12 @@ def server(tmp_path_factory: pytest.TempPathFactory, logs: Path) -> Iterator[Ser
             extra=f"dynamic_batching {{ max_queue_delay_microseconds: {WAIT_US} }}\n" + _wait(mode)))
     add_model(repo, "bad_wait", om.mlp(), config("bad_wait", *MLP_IO, max_batch_size=8,
                                                  extra="dynamic_batching { }\n" + _wait("sometimes")))
-    # Batches of up to 32 rows (128 KiB of outputs) gathered for up to 200 ms: pooled inputs and outputs.
+    # Batches of 32 rows (128 KiB of outputs), each run once it is full (the 60 s delay only bounds
+    # a hang): pooled inputs and outputs.
     add_model(repo, "pooled", om.mlp(*WIDE, seed=4), config(
         "pooled", *WIDE_IO, max_batch_size=32,
-        extra="dynamic_batching { max_queue_delay_microseconds: 200000 }\n" + _wait("fixed")))
-    # --no-shed: the hammered sleeping models keep queues longer than the default queue-delay target, and
+        extra="dynamic_batching { max_queue_delay_microseconds: 60000000 }\n" + _wait("fixed")))
+    # --no-shed: the held and sleeping models keep queues longer than the default queue-delay target, and
     # these tests are about the rate limiter and batch waits, not shedding (tests/test_shedding_server.py).
     with running(repo, extra_args=["--cache-config", "local,size=1048576", "--rate-limit", "execution_count",
                                    "--no-shed"]) as srv:
@@ -122,18 +130,28 @@ def _stats(client, model: str) -> dict:  # type: ignore[no-untyped-def]
 # -- adaptive waits ----------------------------------------------------------------------------
 
 
-def test_a_lone_client_waits_for_company_only_under_fixed(client):
+def test_a_lone_client_waits_for_company_only_under_fixed(client, server):
     """One request at a time: fixed waits the whole delay each time, adaptive only on its first
-    request (a probe: one head in 16 waits, to notice company)."""
-    queued = {}
-    for mode in ("adaptive", "fixed"):
-        for seed in range(6):
+    request (a probe: one head in 16 waits, to notice company). Counted from the queue-time
+    histogram: a request that waited the delay (1 s) is past its 0.5 s bucket, one dispatched at
+    once is far inside it. (The decisions themselves: tests/scheduling/test_adaptive*.py, on a
+    FakeClock.)"""
+    sent = {"adaptive": 6, "fixed": 3}
+    for mode, n in sent.items():
+        for seed in range(n):
             client.infer(f"wait_{mode}", _mlp_inputs(seed))
         stats = _stats(client, f"wait_{mode}")["inference_stats"]
-        assert int(stats["success"]["count"]) == 6
-        queued[mode] = int(stats["queue"]["ns"])
-    assert queued["fixed"] >= 6 * WAIT_US * 1000  # each request waited the whole delay
-    assert queued["adaptive"] < queued["fixed"] / 3, queued
+        assert int(stats["success"]["count"]) == n
+    metrics = scrape(server)
+
+    def waited(mode: str) -> int:
+        """How many of the mode's requests queued for longer than half the delay."""
+        count = "inferd_inference_queue_duration_seconds_bucket"
+        return int(get(metrics, count, f"wait_{mode}", le="+Inf") - get(metrics, count, f"wait_{mode}", le="0.5"))
+
+    assert int(_stats(client, "wait_fixed")["inference_stats"]["queue"]["ns"]) >= 3 * WAIT_US * 1000
+    assert waited("fixed") == 3  # each request waited the whole delay
+    assert waited("adaptive") == 1  # the first request, a probe; the other five ran at once
 
 
 def test_a_bad_batch_wait_fails_the_load_naming_the_value(client):
@@ -211,14 +229,14 @@ def _overlaps(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> int
     return sum(1 for s1, e1 in a for s2, e2 in b if s1 < e2 and s2 < e1)
 
 
-def _hammer(server: ServerProcess, models: tuple[str, ...], per_model: int = 6) -> list[BaseException]:
-    """``per_model`` requests to each model, all in flight together; the errors they got."""
+def _hammer(server: ServerProcess, models: tuple[str, ...], per_model: int = 6, tensor: str = "IN") -> list[BaseException]:
+    """``per_model`` requests to each model (input ``tensor``), all sent together; the errors they got."""
     errors: list[BaseException] = []
 
     def call(model: str) -> None:
         c = tritonclient_grpc.InferenceServerClient(server.url)
         try:
-            inp = tritonclient_grpc.InferInput("IN", [1], "FP32")
+            inp = tritonclient_grpc.InferInput(tensor, [1], "FP32")
             inp.set_data_from_numpy(np.ones(1, np.float32))
             c.infer(model, [inp], client_timeout=60)
         except BaseException as exc:  # noqa: BLE001 - reported below
@@ -241,9 +259,22 @@ def test_two_models_sharing_a_rate_limited_resource_never_execute_at_once(server
     assert _overlaps(a, b) == 0
 
 
-def test_the_same_models_without_a_rate_limiter_do_execute_at_once(server, logs):
-    assert not _hammer(server, ("free_a", "free_b"))
-    assert _overlaps(_intervals(logs, "free_a"), _intervals(logs, "free_b")) > 0
+def test_the_same_models_without_a_rate_limiter_do_execute_at_once(server, gates):
+    """The control: unlimited, free_a and free_b both start executing before either is released."""
+    done: list = []
+    try:
+        calls = [threading.Thread(target=lambda m=m: done.append(_hammer(server, (m,), per_model=1, tensor="INPUT0")))
+                 for m in ("free_a", "free_b")]
+        for t in calls:
+            t.start()
+        wait_started(gates / "free_a")
+        wait_started(gates / "free_b")  # neither released: both execute at once
+    finally:
+        release(gates / "free_a")
+        release(gates / "free_b")
+    for t in calls:
+        t.join(90)
+    assert done == [[], []]
 
 
 def test_a_resource_used_both_globally_and_per_device_fails_the_load(client):
@@ -256,13 +287,36 @@ def test_a_resource_used_both_globally_and_per_device_fails_the_load(client):
 # -- latency SLO -------------------------------------------------------------------------------
 
 
-def test_a_request_that_cannot_meet_the_slo_is_refused_and_counted(client, server):
-    inp = tritonclient_grpc.InferInput("IN", [1], "FP32")
+def test_a_request_that_cannot_meet_the_slo_is_refused_and_counted(client, server, gates):
+    """Every execution of ``slo`` takes at least 30 ms (it sleeps), so the scheduler learns that;
+    while the test holds one execution, six requests arrive: with 30 ms each, at most two of them
+    (nothing or one queued ahead) could make a 50 ms SLO, the rest are refused at once."""
+    gate = gates / "slo"
+    inp = tritonclient_grpc.InferInput("INPUT0", [1], "FP32")
     inp.set_data_from_numpy(np.ones(1, np.float32))
+    release(gate)
     for _ in range(3):  # the scheduler learns how long an execution takes
         client.infer("slo", [inp])
-    errors = _hammer(server, ("slo",), per_model=6)
-    assert errors, "six requests at once: at most two fit a 50 ms SLO of 30 ms executions"
+    reset(gate)
+    held = threading.Thread(target=lambda: _hammer(server, ("slo",), per_model=1, tensor="INPUT0"))
+    errors: list[BaseException] = []
+    held.start()
+    try:
+        wait_started(gate)
+        rest = [threading.Thread(target=lambda: errors.extend(_hammer(server, ("slo",), per_model=1, tensor="INPUT0")))
+                for _ in range(6)]
+        for t in rest:
+            t.start()
+        deadline = time.monotonic() + 60  # a bound on a hang: every request refused or queued
+        while len(errors) + pending(server.metrics_url, "slo") < 6:
+            assert time.monotonic() < deadline, (errors, "six requests never reached the queue")
+            time.sleep(0.01)
+    finally:
+        release(gate)
+    held.join(90)
+    for t in rest:
+        t.join(90)
+    assert len(errors) >= 4, errors
     for exc in errors:
         assert exc.status() == "StatusCode.UNAVAILABLE", exc
         message = exc.message()
@@ -270,7 +324,7 @@ def test_a_request_that_cannot_meet_the_slo_is_refused_and_counted(client, serve
         assert "estimated" in message and "queued ahead of it" in message, message
     s = _stats(client, "slo")
     assert int(s["inference_stats"]["fail"]["count"]) == len(errors)
-    assert int(s["inference_stats"]["success"]["count"]) == 3 + 6 - len(errors)
+    assert int(s["inference_stats"]["success"]["count"]) == 3 + 1 + 6 - len(errors)
     metrics = scrape(server)
     assert get(metrics, "inferd_inference_request_failure_total", "slo", reason="SLO_REFUSED") == len(errors)
     assert get(metrics, "nv_inference_request_failure", "slo", reason="REJECTED") == len(errors)

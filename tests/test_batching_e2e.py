@@ -1,17 +1,18 @@
 """Dynamic batching, queue policies, priorities and instance groups, end to end:
 tritonclient (gRPC, asyncio) against a real ``inferd serve``.
 
-Scenarios that need a busy instance send a "blocker": a big request to an MLP
-large enough that one execution takes a few hundred milliseconds. A test
-knows the blocker is executing (not just sent) when ModelStatistics counts
-it as dispatched (``inference_stats.queue.count``, recorded at dispatch).
-Each scenario has its own model, so statistics never mix.
+Scenarios that need a busy instance hold it with a gated Python model
+(tests/gated_model.py): its execution starts (the gate's ``started.<n>``) and waits
+until the test releases it, so "the instance is busy" and "the requests are
+queued" (the model's pending count in /metrics) are facts the test waits for, not
+guesses about how long an execution takes. Orders are read from the gate (each
+execution records the requests it ran). Each scenario has its own model and gate,
+so statistics never mix.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,49 +21,34 @@ import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import ServerProcess, running
-from inferd.examples import onnx_models as om
+from gated_model import add_gated_model, executions, release, wait_pending_async, wait_started_async
 
-D = 256  # the MLP's input and output width
-BIG_HIDDEN = 16384  # with BLOCKER_ROWS rows: a few hundred ms on a CPU core or two
-BLOCKER_ROWS = 1536  # ~0.4 s: far longer than the 100 ms queue timeout, even on a quiet machine
+D = 4  # the models' input and output width
 
-THREAD = 'parameters { key: "inferd.execution" value { string_value: "thread" } }'
 REJECT_100MS = "default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 100000 }"
 
-
-def model_config(name: str, max_batch_size: int, dynamic_batching: str, count: int = 1) -> str:
-    return f"""name: "{name}"
-platform: "onnxruntime_onnx"
-max_batch_size: {max_batch_size}
-input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {D} ] }} ]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {D} ] }} ]
-instance_group [ {{ count: {count} kind: KIND_CPU }} ]
-dynamic_batching {{ {dynamic_batching} }}
-{THREAD}
-"""
-
-
 MODELS = {
-    # name: (big model?, max_batch_size, dynamic_batching body, instance count)
-    "batched": (False, 64, "max_queue_delay_microseconds: 100000", 1),
-    "reject": (True, BLOCKER_ROWS, REJECT_100MS, 1),
-    "full": (True, BLOCKER_ROWS, "default_queue_policy { max_queue_size: 1 }", 1),
-    "prio": (True, BLOCKER_ROWS, "priority_levels: 2 default_priority_level: 2", 1),
-    "deadline": (True, BLOCKER_ROWS, "", 1),
-    "pair": (True, BLOCKER_ROWS, REJECT_100MS, 2),
+    # name: (max_batch_size, dynamic_batching body, instance count)
+    "batched": (64, "max_queue_delay_microseconds: 100000", 1),
+    "reject": (8, REJECT_100MS, 1),
+    "full": (8, "default_queue_policy { max_queue_size: 1 }", 1),
+    "prio": (1, "priority_levels: 2 default_priority_level: 2", 1),  # one request an execution: orders are exact
+    "deadline": (8, "", 1),
+    "pair": (8, REJECT_100MS, 2),
 }
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
+def gates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("batching_gates")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, gates: Path):
     repo = tmp_path_factory.mktemp("batching_repo")
-    small = om.serialize(om.mlp(D, 1024, D))
-    big = om.serialize(om.mlp(D, BIG_HIDDEN, D))
-    for name, (is_big, mbs, db, count) in MODELS.items():
-        model_dir = Path(repo) / name
-        (model_dir / "1").mkdir(parents=True)
-        (model_dir / "config.pbtxt").write_text(model_config(name, mbs, db, count))
-        (model_dir / "1" / "model.onnx").write_bytes(big if is_big else small)
+    for name, (mbs, db, count) in MODELS.items():
+        add_gated_model(repo, name, gates / name, max_batch_size=mbs, dims=(D,), count=count,
+                        extra=f"dynamic_batching {{ {db} }}\n")
     with running(repo, exit_zero=False, no_traceback=False) as srv:
         yield srv
 
@@ -80,20 +66,12 @@ def inputs(rows: int, value: float = 0.0) -> list[aioclient.InferInput]:
     return [i]
 
 
-def infer(client, model: str, rows: int = 1, **kw) -> asyncio.Future:  # type: ignore[no-untyped-def]
-    return asyncio.ensure_future(client.infer(model, inputs(rows), **kw))
+def infer(client, model: str, rows: int = 1, value: float = 0.0, **kw) -> asyncio.Future:  # type: ignore[no-untyped-def]
+    return asyncio.ensure_future(client.infer(model, inputs(rows, value), **kw))
 
 
 async def stats(client, model: str):  # type: ignore[no-untyped-def]
     return (await client.get_inference_statistics(model)).model_stats[0]
-
-
-async def dispatched(client, model: str, n: int) -> None:  # type: ignore[no-untyped-def]
-    """Wait until ``n`` requests of ``model`` left the queue for an instance."""
-    deadline = time.monotonic() + 60
-    while (await stats(client, model)).inference_stats.queue.count < n:
-        assert time.monotonic() < deadline, f"{model}: {n} requests never dispatched"
-        await asyncio.sleep(0.005)
 
 
 async def failure(call: asyncio.Future) -> InferenceServerException:
@@ -102,85 +80,93 @@ async def failure(call: asyncio.Future) -> InferenceServerException:
     return info.value
 
 
-async def test_concurrent_requests_are_batched(client):
-    results = await asyncio.gather(*(infer(client, "batched") for _ in range(16)))
-    assert len(results) == 16
+async def test_concurrent_requests_are_batched(client, server, gates):
+    # One request holds the instance while fifteen queue behind it; released, the queue is
+    # free to run them together: fewer executions than requests, whatever the machine's load.
+    first = infer(client, "batched", value=-1)
+    await wait_started_async(gates / "batched")
+    rest = [infer(client, "batched", value=i) for i in range(15)]
+    await wait_pending_async(server.metrics_url, "batched", 15)
+    release(gates / "batched")
+    results = await asyncio.gather(first, *rest)
+    assert [r.as_numpy("OUTPUT0")[0, 0] for r in results] == [-1, *range(15)]
     s = await stats(client, "batched")
     assert s.inference_count == 16
-    assert 1 <= s.execution_count < s.inference_count
+    assert 2 <= s.execution_count < s.inference_count
     assert sum(b.compute_infer.count for b in s.batch_stats) == s.execution_count
     assert max(b.batch_size for b in s.batch_stats) > 1
+    assert sorted(v for e in executions(gates / "batched") for v in e) == [-1, *range(15)]
 
 
-async def test_reject_timeout_answers_unavailable_while_the_instance_is_busy(client):
-    blocker = infer(client, "reject", BLOCKER_ROWS)
-    await dispatched(client, "reject", 1)
+async def test_reject_timeout_answers_unavailable_while_the_instance_is_busy(client, gates):
+    blocker = infer(client, "reject")
+    await wait_started_async(gates / "reject")
     err = await failure(infer(client, "reject"))
     assert err.status() == "StatusCode.UNAVAILABLE"
     assert "timed out in the queue" in err.message() and "100000 us" in err.message()
-    assert not blocker.done()  # rejected while the other batch was still executing
+    assert not blocker.done()  # rejected while the other batch was still executing (held by the gate)
+    release(gates / "reject")
     await blocker
     s = await stats(client, "reject")
-    assert s.execution_count == 1 and s.inference_count == BLOCKER_ROWS  # the rejected one never ran
+    assert s.execution_count == 1 and s.inference_count == 1  # the rejected one never ran
 
 
-async def test_a_full_queue_rejects_at_once(client):
-    blocker = infer(client, "full", BLOCKER_ROWS)
-    await dispatched(client, "full", 1)
+async def test_a_full_queue_rejects_at_once(client, gates):
+    blocker = infer(client, "full")
+    await wait_started_async(gates / "full")
     # The queue holds one request: of two sent now, one waits and one is refused.
     calls = [infer(client, "full"), infer(client, "full")]
     done, pending = await asyncio.wait(calls, return_when=asyncio.FIRST_COMPLETED)
-    assert not blocker.done()  # the refusal came at once, not after the blocker
+    assert not blocker.done()  # the refusal came while the blocker was held, not after it
     refused = done.pop()
     err = refused.exception()
     assert isinstance(err, InferenceServerException), f"expected a refusal, got {refused.result()!r}"
     assert err.status() == "StatusCode.UNAVAILABLE" and "maximum queue size" in err.message()
+    release(gates / "full")
     await blocker
     (queued,) = pending or done
     assert (await queued).as_numpy("OUTPUT0").shape == (1, D)
 
 
-async def test_high_priority_overtakes_a_backlog_of_low_priority(client):
-    order: list[str] = []
-
-    def track(name: str, call: asyncio.Future) -> asyncio.Future:
-        call.add_done_callback(lambda _: order.append(name))
-        return call
-
-    # No priority parameter: the model's default level 2, the lowest. Each request fills a
-    # batch and executes for ~0.4 s, so the backlog is queued long before the first one ends.
-    lows = [track(f"low{i}", infer(client, "prio", BLOCKER_ROWS)) for i in range(4)]
-    await dispatched(client, "prio", 1)  # one low is executing, the rest queue behind it
-    high = track("high", infer(client, "prio", BLOCKER_ROWS, priority=1))
+async def test_high_priority_overtakes_a_backlog_of_low_priority(client, server, gates):
+    # No priority parameter: the model's default level 2, the lowest. The first low holds the
+    # instance; three more queue behind it, then the high one; released, the high one runs next.
+    lows = [infer(client, "prio", value=0)]
+    await wait_started_async(gates / "prio")
+    lows += [infer(client, "prio", value=i) for i in range(1, 4)]
+    await wait_pending_async(server.metrics_url, "prio", 3)
+    high = infer(client, "prio", value=100, priority=1)
+    await wait_pending_async(server.metrics_url, "prio", 4)
+    release(gates / "prio")
     await asyncio.gather(high, *lows)
-    # Only the low that was executing when it arrived finishes before it.
-    assert order.index("high") == 1, order
+    # Only the low that was executing when it arrived ran before it; the backlog kept its order.
+    assert executions(gates / "prio") == [[0], [100], [1], [2], [3]]
 
 
-async def test_client_deadline_gives_deadline_exceeded(client):
-    blocker = infer(client, "deadline", BLOCKER_ROWS)
-    await dispatched(client, "deadline", 1)
+async def test_client_deadline_gives_deadline_exceeded(client, gates):
+    blocker = infer(client, "deadline")
+    await wait_started_async(gates / "deadline")
     err = await failure(infer(client, "deadline", client_timeout=0.1))  # the gRPC deadline, seconds
     assert err.status() == "StatusCode.DEADLINE_EXCEEDED"
+    release(gates / "deadline")
     await blocker
     s = await stats(client, "deadline")
-    assert s.execution_count == 1 and s.inference_count == BLOCKER_ROWS  # the late request never ran
+    assert s.execution_count == 1 and s.inference_count == 1  # the late request never ran
 
 
-async def test_two_instances_run_two_batches_at_once(client):
-    first = infer(client, "pair", BLOCKER_ROWS)
-    await dispatched(client, "pair", 1)
-    sent = time.monotonic()
-    # With one instance this would wait for `first` and be rejected by the 100 ms
-    # queue timeout; the second instance takes it at once.
-    second = infer(client, "pair", BLOCKER_ROWS)
-    await dispatched(client, "pair", 2)
+async def test_two_instances_run_two_batches_at_once(client, gates):
+    first = infer(client, "pair", value=1)
+    await wait_started_async(gates / "pair")
+    # With one instance this would wait for `first` and be rejected by the 100 ms queue
+    # timeout; the second instance takes it while the first still executes (held).
+    second = infer(client, "pair", value=2)
+    await wait_started_async(gates / "pair", 2)
+    assert not first.done()
     # Both instances are busy now: a third request times out in the queue.
     err = await failure(infer(client, "pair"))
     assert err.status() == "StatusCode.UNAVAILABLE" and "timed out in the queue" in err.message()
-    await first
-    first_done = time.monotonic()
-    await second
-    assert first_done - sent > 0.1  # `first` was still executing when `second` was taken
+    release(gates / "pair")
+    await asyncio.gather(first, second)
+    assert executions(gates / "pair") == [[1], [2]]
     s = await stats(client, "pair")
-    assert s.execution_count == 2 and s.inference_count == 2 * BLOCKER_ROWS
+    assert s.execution_count == 2 and s.inference_count == 2

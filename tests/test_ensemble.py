@@ -1,13 +1,12 @@
 """Issue #4: ensembles, end to end through tritonclient against a real ``inferd serve``,
 plus unit tests of :class:`EnsembleScheduler` with fake composing models.
 
-Scenarios that need a busy composing model send a "blocker" straight to it: a
-big request to an MLP large enough that one execution takes a few hundred
-milliseconds; a test knows it is executing when the model's statistics count it
-as dispatched (``inference_stats.queue.count``). Timing claims are never
-absolute: concurrency is shown with the server's own durations (an ensemble
-whose branches overlap takes less than the sum of its steps; a chain takes at
-least the sum).
+Scenarios that need a busy composing model hold it with a gated Python model
+(tests/gated_model.py): an execution starts (the gate's ``started.<n>``) and
+waits until the test releases it. So nothing depends on how long anything
+takes: branches overlap when both started before either was released, a
+request is queued when the model's pending count (/metrics) says so, and
+orders are read from the executions the gate recorded.
 """
 
 from __future__ import annotations
@@ -25,6 +24,8 @@ from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
 from conftest import ServerProcess, running
+from gated_model import (add_gated_model, executions, release, reset, started_count, wait_pending_async,
+                         wait_started_async)
 from inferd.clock import FakeClock
 from inferd.config import ensemble_config as plain_wiring
 from inferd.config import model_spec, parse_config_text
@@ -36,11 +37,8 @@ from inferd.types import InferenceRequest
 from repo_builder import add_model
 
 D = 256
-BIG_HIDDEN = 16384
-BLOCKER_ROWS = 512  # one execution of the big MLP: ~0.1 s or more
-LONG_ROWS = 2048  # a blocker that outlasts a 100 ms queue timeout with room to spare
-PRIO_ROWS = 128
-THREAD = 'parameters { key: "inferd.execution" value { string_value: "thread" } }\n'
+GATED = ("slow_a", "slow_b", "busy", "prio", "head")  # held by the test: tests/gated_model.py
+DEADLINE_S = 5  # the client's deadline for a request whose first step the test holds past it
 
 
 def io(inputs=(("INPUT0", "TYPE_FP32", [D]),), outputs=(("OUTPUT0", "TYPE_FP32", [D]),)) -> str:  # type: ignore[no-untyped-def]
@@ -100,10 +98,14 @@ def picky_model():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def gates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ensemble_gates")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory, gates: Path) -> Path:
     repo = tmp_path_factory.mktemp("ensemble_repo")
     small = om.serialize(om.mlp(D, 1024, D))
-    big = om.serialize(om.mlp(D, BIG_HIDDEN, D))
     plain = {
         # the scale -> mlp -> relu chain and its fused counterpart
         "scale": (om.scale(D, 2.0), onnx_config("scale", 64, "dynamic_batching { }\n")),
@@ -113,20 +115,10 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "add": (om.add_sub(np.float32, D), onnx_config(
             "add", 512, "dynamic_batching { }\n", inputs=(("INPUT0", "TYPE_FP32", [D]), ("INPUT1", "TYPE_FP32", [D])),
             outputs=(("OUTPUT0", "TYPE_FP32", [D]), ("OUTPUT1", "TYPE_FP32", [D])))),
-        # two slow branches, each on its own instance thread
-        "slow_a": (big, onnx_config("slow_a", BLOCKER_ROWS, "dynamic_batching { }\n" + THREAD)),
-        "slow_b": (big, onnx_config("slow_b", BLOCKER_ROWS, "dynamic_batching { }\n" + THREAD)),
         # batches only in pairs (or after 5 s): shows ensemble and direct traffic sharing one execution
         "pairs": (small, onnx_config("pairs", 2, "dynamic_batching { max_queue_delay_microseconds: 5000000 }\n")),
         "mixed": (small, onnx_config("mixed", 32, "dynamic_batching { max_queue_delay_microseconds: 20000 }\n")),
-        # queue policies the ensemble request's priority and timeout must reach
-        "busy": (big, onnx_config("busy", LONG_ROWS, THREAD + "dynamic_batching { default_queue_policy { "
-                                  "timeout_action: REJECT default_timeout_microseconds: 30000000 "
-                                  "allow_timeout_override: true } }\n")),
-        "prio": (big, onnx_config("prio", PRIO_ROWS, THREAD + "dynamic_batching { priority_levels: 2 "
-                                  "default_priority_level: 2 }\n")),
-        "head": (big, onnx_config("head", LONG_ROWS, THREAD + "dynamic_batching { }\n")),
-        "tail": (om.relu(D), onnx_config("tail", LONG_ROWS, "dynamic_batching { }\n")),
+        "tail": (om.relu(D), onnx_config("tail", 8, "dynamic_batching { }\n")),
         # a step that fails at run time for inputs of the wrong length
         "flat_scale": (om.scale(-1, 2.0, batch=False), onnx_config(
             "flat_scale", 0, inputs=(("INPUT0", "TYPE_FP32", [-1]),), outputs=(("OUTPUT0", "TYPE_FP32", [-1]),))),
@@ -138,6 +130,18 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }
     for name, (model, text) in plain.items():
         add_model(repo, name, model, text)
+    gated = {
+        # two branches (and a chain of the same two), each held by its own gate
+        "slow_a": (8, "dynamic_batching { }"),
+        "slow_b": (8, "dynamic_batching { }"),
+        # queue policies the ensemble request's priority and timeout must reach
+        "busy": (8, "dynamic_batching { default_queue_policy { timeout_action: REJECT "
+                    "default_timeout_microseconds: 30000000 allow_timeout_override: true } }"),
+        "prio": (1, "dynamic_batching { priority_levels: 2 default_priority_level: 2 }"),  # one request a run
+        "head": (8, "dynamic_batching { }"),
+    }
+    for name, (max_batch_size, batching) in gated.items():
+        add_gated_model(repo, name, gates / name, max_batch_size=max_batch_size, dims=(D,), extra=batching + "\n")
     ensembles = {
         "chain": ensemble_config("chain", 64, chain("scale", "mlp", "relu")),
         "nested": ensemble_config("nested", 64, [("chain", {"INPUT0": "INPUT0"}, {"OUTPUT0": "c"}),
@@ -145,15 +149,15 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "nested2": ensemble_config("nested2", 64, [("nested", {"INPUT0": "INPUT0"}, {"OUTPUT0": "n"}),
                                                    ("chain", {"INPUT0": "INPUT0"}, {"OUTPUT0": "c"}),
                                                    ("add", {"INPUT0": "n", "INPUT1": "c"}, {"OUTPUT0": "OUTPUT0"})]),
-        "fork": ensemble_config("fork", BLOCKER_ROWS, [("slow_a", {"INPUT0": "INPUT0"}, {"OUTPUT0": "a"}),
+        "fork": ensemble_config("fork", 8, [("slow_a", {"INPUT0": "INPUT0"}, {"OUTPUT0": "a"}),
                                                        ("slow_b", {"INPUT0": "INPUT0"}, {"OUTPUT0": "b"}),
                                                        ("add", {"INPUT0": "a", "INPUT1": "b"}, {"OUTPUT0": "OUTPUT0"})]),
-        "line": ensemble_config("line", BLOCKER_ROWS, chain("slow_a", "slow_b")),
+        "line": ensemble_config("line", 8, chain("slow_a", "slow_b")),
         "pairs_ens": ensemble_config("pairs_ens", 2, chain("pairs")),
         "mixed_ens": ensemble_config("mixed_ens", 32, chain("scale", "mixed")),
         "busy_ens": ensemble_config("busy_ens", 8, chain("relu", "busy")),
-        "prio_ens": ensemble_config("prio_ens", PRIO_ROWS, chain("prio")),
-        "deadline_ens": ensemble_config("deadline_ens", LONG_ROWS, chain("head", "tail")),
+        "prio_ens": ensemble_config("prio_ens", 1, chain("prio")),
+        "deadline_ens": ensemble_config("deadline_ens", 8, chain("head", "tail")),
         "failing": ensemble_config("failing", 0, chain("flat_scale", "picky"), inputs=(("INPUT0", "TYPE_FP32", [-1]),),
                                    outputs=(("OUTPUT0", "TYPE_FP32", [4]),)),
         # refused at load, each with its reason in RepositoryIndex
@@ -208,11 +212,12 @@ async def stats(client, model: str):  # type: ignore[no-untyped-def]
     return (await client.get_inference_statistics(model)).model_stats[0]
 
 
-async def dispatched(client, model: str, n: int) -> None:  # type: ignore[no-untyped-def]
+async def until(what: str, ok) -> None:  # type: ignore[no-untyped-def]
+    """Until the coroutine function ``ok`` answers true (a bound on a hang, not a timing claim)."""
     deadline = time.monotonic() + 60
-    while (await stats(client, model)).inference_stats.queue.count < n:
-        assert time.monotonic() < deadline, f"{model}: {n} requests never dispatched"
-        await asyncio.sleep(0.005)
+    while not await ok():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
 
 
 async def failure(call) -> InferenceServerException:  # type: ignore[no-untyped-def]
@@ -271,25 +276,27 @@ async def test_metadata_config_and_statistics(client):
 # -- concurrency and batching ---------------------------------------------------------------
 
 
-async def test_parallel_branches_run_concurrently(client):
-    """Server-side durations: with overlapping branches the ensemble takes less than its
-    two slow steps added up; the same two steps as a chain take at least that."""
-    x = rows(BLOCKER_ROWS, 0.5)
-
-    async def run(ensemble: str) -> tuple[int, int]:
-        before = {m: (await stats(client, m)).inference_stats.success.ns for m in (ensemble, "slow_a", "slow_b")}
-        await infer(client, ensemble, x)
-        after = {m: (await stats(client, m)).inference_stats.success.ns for m in (ensemble, "slow_a", "slow_b")}
-        return after[ensemble] - before[ensemble], sum(after[m] - before[m] for m in ("slow_a", "slow_b"))
-
-    await infer(client, "fork", x)  # warm both instances
-    fork_ns, fork_steps_ns = await run("fork")
-    line_ns, line_steps_ns = await run("line")
-    assert line_ns >= 0.95 * line_steps_ns, (line_ns, line_steps_ns)  # the control: a chain adds up
-    assert fork_ns < 0.8 * fork_steps_ns, (fork_ns, fork_steps_ns)  # the branches overlapped
-    result = (await infer(client, "fork", rows(2))).as_numpy("OUTPUT0")
-    a = (await infer(client, "slow_a", rows(2))).as_numpy("OUTPUT0")
-    np.testing.assert_allclose(result, 2 * a, rtol=1e-5, atol=1e-5)
+async def test_parallel_branches_run_concurrently(client, gates):
+    """Both branches of the fork start before either is released: they are in flight at once.
+    The control: the same two steps as a chain start one after the other."""
+    a, b = gates / "slow_a", gates / "slow_b"
+    fork = infer(client, "fork", rows(2, 0.5))
+    await wait_started_async(a)
+    await wait_started_async(b)  # neither gate is released yet: both executions are under way
+    assert not fork.done()
+    release(a)
+    release(b)
+    np.testing.assert_allclose((await fork).as_numpy("OUTPUT0"), np.full((2, D), 1.0))  # a + b
+    reset(a)
+    reset(b)
+    line = infer(client, "line", rows(2, 0.5))
+    await wait_started_async(a)
+    assert started_count(b) == 0  # slow_b needs slow_a's output: it cannot have started
+    release(a)
+    await wait_started_async(b)
+    release(b)
+    np.testing.assert_allclose((await line).as_numpy("OUTPUT0"), np.full((2, D), 0.5))
+    assert executions(a) == [[0.5]] and executions(b) == [[0.5]]
 
 
 async def test_ensemble_steps_share_batches_with_direct_traffic(client):
@@ -318,49 +325,54 @@ async def test_mixed_concurrent_traffic_is_batched(client):
 # -- priority, timeout, deadline --------------------------------------------------------------
 
 
-async def test_timeout_reaches_the_step_queue_policy(client):
-    blocker = infer(client, "busy", rows(LONG_ROWS, 0.1))
-    await dispatched(client, "busy", 1)
+async def test_timeout_reaches_the_step_queue_policy(client, gates):
+    blocker = infer(client, "busy", rows(1, 0.1))
+    await wait_started_async(gates / "busy")  # the one instance is held: the step's request queues
     err = await failure(infer(client, "busy_ens", rows(1), timeout=100_000))  # microseconds
     assert err.status() == "StatusCode.UNAVAILABLE"
     assert err.message().startswith("ensemble 'busy_ens' step 1 (model 'busy'): ")
     assert "timed out in the queue" in err.message() and "100000 us" in err.message()
     assert not blocker.done()  # the step's own 30 s default did not apply
+    release(gates / "busy")
     await blocker
     ok = await infer(client, "busy_ens", rows(1), timeout=10_000_000)
     assert ok.as_numpy("OUTPUT0").shape == (1, D)
 
 
-async def test_priority_reaches_the_step_queue(client):
-    order: list[str] = []
-
-    def track(name: str, call: asyncio.Future) -> asyncio.Future:
-        call.add_done_callback(lambda _: order.append(name))
-        return call
-
-    lows = [track(f"low{i}", infer(client, "prio", rows(PRIO_ROWS, 0.1))) for i in range(8)]
-    await dispatched(client, "prio", 1)  # one low executes, seven queue at the default level 2
-    high = track("high", infer(client, "prio_ens", rows(PRIO_ROWS, 0.1), priority=1))
+async def test_priority_reaches_the_step_queue(client, server, gates):
+    """Seven direct requests queue at the default level 2 behind one the gate holds; the ensemble's
+    request at priority 1 queues after them. Released, its step runs before all seven."""
+    lows = [infer(client, "prio", rows(1, 0))]
+    await wait_started_async(gates / "prio")
+    lows += [infer(client, "prio", rows(1, i)) for i in range(1, 8)]
+    await wait_pending_async(server.metrics_url, "prio", 7)
+    high = infer(client, "prio_ens", rows(1, 100), priority=1)
+    await wait_pending_async(server.metrics_url, "prio", 8)  # the step's request is in prio's queue
+    release(gates / "prio")
     await asyncio.gather(high, *lows)
-    assert order.index("high") <= 2, order
-    assert len(order[order.index("high") + 1:]) >= 5
+    assert executions(gates / "prio") == [[0], [100], *([i] for i in range(1, 8))]
 
 
-async def test_a_passed_deadline_stops_the_next_step(client):
+async def test_a_passed_deadline_stops_the_next_step(client, gates):
     before_tail = await stats(client, "tail")
     before_head = await stats(client, "head")
-    err = await failure(infer(client, "deadline_ens", rows(LONG_ROWS, 0.1), client_timeout=0.05))
+    before_ens = await stats(client, "deadline_ens")
+    call = infer(client, "deadline_ens", rows(1, 0.1), client_timeout=DEADLINE_S)
+    await wait_started_async(gates / "head")  # the head step executes, held past the deadline
+    err = await failure(call)
     assert err.status() == "StatusCode.DEADLINE_EXCEEDED"
-    # The head step was executing when the deadline passed; wait until it is done.
-    deadline = time.monotonic() + 60
-    while (await stats(client, "head")).inference_count == before_head.inference_count:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.02)
-    await asyncio.sleep(0.2)
+    release(gates / "head")
+
+    async def head_done() -> bool:
+        return (await stats(client, "head")).inference_count > before_head.inference_count
+
+    async def ensemble_failed() -> bool:
+        return (await stats(client, "deadline_ens")).inference_stats.fail.count > before_ens.inference_stats.fail.count
+
+    await until("the head step never finished", head_done)
+    await until("the ensemble request never ended", ensemble_failed)  # it is over: no step is left to start
     after_tail = await stats(client, "tail")
     assert after_tail.inference_count == before_tail.inference_count  # the tail step never ran
-    ens = await stats(client, "deadline_ens")
-    assert ens.inference_stats.fail.count >= 1
 
 
 # -- failures ---------------------------------------------------------------------------------
