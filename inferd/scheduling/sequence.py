@@ -330,9 +330,13 @@ class SequenceQueue:
         out = SeqStep()
         self._reap(now, out)
         decide = self._direct if self.policy.strategy == "direct" else self._oldest
+        if self.policy.strategy == "direct" and any(self._held) and self._direct_delay_met():
+            # Counted across every instance before any takes a batch: all are let go together,
+            # as Triton's batcher threads each see the counts the others reported while waiting.
+            self._held = [False] * len(self._held)
         for instance in free:
             if self._held[instance]:
-                if not self._delay_met(instance):
+                if self.policy.strategy == "direct" or len(self._ready(instance)) < self._delay.count:
                     continue
                 self._held[instance] = False
             rows = decide(instance, now, out)
@@ -360,13 +364,11 @@ class SequenceQueue:
             self._release(seq, now)
             out.released.append(seq)
 
-    def _delay_met(self, instance: int) -> bool:
-        """Triton's TRITONSERVER_DELAY_SCHEDULER / _BACKLOG_DELAY_SCHEDULER: ``direct`` holds an
-        instance until the sequences in slots (on every instance) have ``count`` requests queued and
-        the backlog ``backlog`` (when set); ``oldest`` until the instance has ``count`` sequences
-        with a request ready (its dynamic batcher's queue)."""
-        if self.policy.strategy != "direct":
-            return len(self._ready(instance)) >= self._delay.count
+    def _direct_delay_met(self) -> bool:
+        """Triton's TRITONSERVER_DELAY_SCHEDULER / _BACKLOG_DELAY_SCHEDULER: ``direct`` holds its
+        instances until the sequences in slots (on every instance) have ``count`` requests queued and
+        the backlog ``backlog`` (when set); ``oldest`` holds each instance until it has ``count``
+        sequences with a request ready (its own dynamic batcher's queue), checked in :meth:`step`."""
         backlog = sum(len(s.queue) for s in self._backlog if not s.released and s.slot is None)
         return self._queued - backlog >= self._delay.count and backlog >= self._delay.backlog
 
