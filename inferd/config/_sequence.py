@@ -62,10 +62,6 @@ class StateSpec:
     dims: tuple[int, ...]
     initial: np.ndarray  # the state at the start of a sequence (``dims``, concrete)
 
-    @property
-    def variable(self) -> bool:
-        return -1 in self.dims
-
 
 @dataclass(frozen=True, slots=True)
 class SequencePolicy:

@@ -129,7 +129,6 @@ def _env_count(env: Mapping[str, str], name: str) -> int:
         return 0
 
 
-
 class SeqItem:
     """One request of a sequence, waiting or dispatched."""
 
@@ -584,7 +583,8 @@ class SequenceScheduler(PumpedScheduler):
             self._controls.fill(row, item.key, start=item.start, end=item.end,
                                 state=None if item.start else seq.state)
             inputs.append(row)
-            template = template or row
+            if template is None:
+                template = row
         assert template is not None
         filled = [self._filler(template) if row is None else row for row in inputs]
         batch = _Batch(rows, instance)
@@ -593,8 +593,8 @@ class SequenceScheduler(PumpedScheduler):
     def _filler(self, template: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """A direct-strategy row for a slot with nothing to run: zeros (empty strings) shaped as the
         batch's first real row, its implicit state included, READY false."""
-        row = {name: np.full(np.shape(a), b"", dtype=np.object_) if np.asarray(a).dtype.kind == "O"
-               else np.zeros(np.shape(a), dtype=np.asarray(a).dtype) for name, a in template.items()}
+        row = {name: np.full(a.shape, b"", dtype=np.object_) if a.dtype.kind == "O" else np.zeros(a.shape, a.dtype)
+               for name, a in template.items()}
         self._controls.fill(row, 0, start=False, end=False, ready=False, state=row)
         return row
 
