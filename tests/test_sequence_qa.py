@@ -47,6 +47,9 @@ def repo(tmp_path_factory) -> Path:
     qa.add_torch_controls(repo, "libtorch_controls")
     qa.add_torch_implicit(repo, "libtorch_implicit_int32", "TYPE_INT32", 8)
     qa.add_torch_implicit(repo, "libtorch_nobatch_implicit_fp32", "TYPE_FP32", 0, initial="zero")
+    qa.add_torch_sequence(repo, "libtorch_unindexed_control", "TYPE_INT32", 8)  # START__1 renamed below
+    unindexed = repo / "libtorch_unindexed_control" / "config.pbtxt"
+    unindexed.write_text(unindexed.read_text().replace('"START__1"', '"START"'))
     # 2. variable-size state
     qa.add_onnx_growing(repo, "onnx_growing_fp32", "TYPE_FP32", 8)
     qa.add_onnx_growing(repo, "onnx_nobatch_growing_int32", "TYPE_INT32", 0, initial="zero")
@@ -140,6 +143,13 @@ def test_torchscript_implicit_state(client, model, datatype, batch):
     assert [float(g[0]) for g in got] == [1, 3, 6, 10]
     again = _run(client, model, [5, 5], 21, datatype=datatype, batch=batch, name="INPUT__0", output="OUTPUT__0")
     assert [float(g[0]) for g in again] == [5, 10]  # START resets the state
+
+
+def test_a_control_that_names_no_forward_argument_is_refused_at_load(client):
+    entry = {m.name: m for m in client.get_model_repository_index().models}["libtorch_unindexed_control"]
+    assert entry.state == "UNAVAILABLE"
+    for words in ("control input 'START'", "neither an argument of forward()", "<name>__<index>"):
+        assert words in entry.reason, entry.reason
 
 
 # -- 2. variable-size implicit state ----------------------------------------------------------------------
