@@ -145,10 +145,11 @@ def group_members(pgid: int) -> list[int]:
 
 @contextmanager
 def running(repository: Path, *, exit_zero: bool = True, no_traceback: bool = True,
-            extra_args: list[str] | None = None) -> Iterator[ServerProcess]:
-    """A server for a fixture's lifetime. At the end it is stopped and, as asked, must
-    have exited with status 0 and logged no traceback (no unexpected internal error)."""
-    server = ServerProcess(repository, extra_args)
+            extra_args: list[str] | None = None, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+    """A server for a fixture's lifetime (``env``: added to its environment). At the end it is
+    stopped and, as asked, must have exited with status 0 and logged no traceback (no unexpected
+    internal error)."""
+    server = ServerProcess(repository, extra_args, env=env)
     try:
         yield server
     finally:  # stopped also when the fixture's body failed: nothing is left running

@@ -123,8 +123,6 @@ def repo(tmp_path_factory) -> Path:
         + STATE)))
     add_model(repo, "bad_oldest", acc, config("bad_oldest", *ACC_IO, 4, extra=_sequence_batching(
         "oldest { max_candidate_sequences: 4 preferred_batch_size: [ 9 ] }" + STATE)))
-    add_model(repo, "bad_ordering", acc, config("bad_ordering", *ACC_IO, 4, extra=_sequence_batching(
-        "oldest { max_candidate_sequences: 4 preserve_ordering: true }" + STATE)))
     return repo
 
 
@@ -334,7 +332,6 @@ def test_served_config_shows_tritons_defaults(client):
     ("bad_state_name", ["bad_state_name", "state input 'NOPE'", "not in the model file"]),
     ("bad_control", ["bad_control", "CONTROL_SEQUENCE_CORRID", "TYPE_FP32"]),
     ("bad_oldest", ["bad_oldest", "preferred_batch_size 9", "max_batch_size"]),
-    ("bad_ordering", ["bad_ordering", "oldest.preserve_ordering is not supported"]),
 ])
 def test_bad_sequence_configs_are_refused_at_load(client, model, words):
     index = {m.name: m for m in client.get_model_repository_index().models}

@@ -78,6 +78,7 @@ from inferd.backends.base import (
 from inferd.backends.batching import join, split
 from inferd.backends.torch_device import TorchStager
 from inferd.config import ModelConfig, ModelSignature, ModelSpec, TensorSpec
+from inferd.dtypes import DataType
 from inferd.errors import ConfigError, InferdError, InvalidArgument, ModelExecutionError
 from inferd.gpu.inventory import default_inventory
 
@@ -197,6 +198,7 @@ class TorchScriptInstance(ModelInstance):
         self._map_outputs()
         every_input = {**spec.inputs, **spec.filled_inputs}  # with batch_input targets
         self._input_dtypes: dict[str, Any] = {n: t.datatype.numpy for n, t in every_input.items()}
+        self._input_dtypes.update({n: d.numpy for n, d in _supplied_inputs(spec).items()})
         # Tensors whose first dimension is not the batch: ragged concatenations, batch inputs,
         # scattered batch outputs (Triton's ragged batching).
         varlen = spec.varlen
@@ -254,37 +256,33 @@ class TorchScriptInstance(ModelInstance):
         args = list(schema.arguments)[1:]  # without self
         arg_names = [a.name for a in args]
         config_inputs = list(self.model.inputs) + list(self.model.filled_inputs)  # with batch_input targets
+        # The sequence batcher's control and state inputs are forward() arguments too (Triton's
+        # libtorch backend counts them); they follow the <name>__<index> rule, or match by name.
+        supplied = _supplied_inputs(self.model)
         if all(n in arg_names for n in config_inputs):
             positions = {n: arg_names.index(n) for n in config_inputs}
         else:
             positions = {}
             for n in config_inputs:
-                index = convention_index(n)
-                if index is None:
-                    raise ConfigError(
-                        f"model '{model}': input '{n}' is neither an argument of forward() ({arg_names}) nor "
-                        "named by the <name>__<index> convention (e.g. INPUT__0)"
-                    )
-                if index >= len(args):
-                    raise ConfigError(
-                        f"model '{model}': input '{n}' names argument {index} of forward(), which takes "
-                        f"{len(args)} argument(s) {arg_names}"
-                    )
-                other = next((o for o, p in positions.items() if p == index), None)
-                if other is not None:
-                    raise ConfigError(f"model '{model}': inputs '{other}' and '{n}' both name forward() argument {index}")
-                positions[n] = index
+                self._place_by_index(positions, n, "input", args)
+        for n in supplied:
+            if n in arg_names and arg_names.index(n) not in positions.values():
+                positions[n] = arg_names.index(n)
+            else:
+                self._place_by_index(positions, n, _supplied_kind(self.model, n), args)
         for i, a in enumerate(args):
             if i not in positions.values() and not a.has_default_value():
                 raise ConfigError(
                     f"model '{model}': forward() argument '{a.name}' (position {i}) has no default and no "
                     f"config input supplies it; the config's inputs are {config_inputs}"
+                    + (f" and the sequence batcher supplies {list(supplied)}" if supplied else "")
                 )
+        datatypes = {**{n: t.datatype for n, t in self.model.inputs.items()}, **supplied}
         for n, i in positions.items():
             kind = args[i].type
             if isinstance(kind, torch._C.OptionalType):
                 kind = kind.getElementType()
-            string = self.model.inputs[n].datatype.name == "BYTES"
+            string = n in datatypes and datatypes[n].name == "BYTES"
             if string and not _is_string_list(torch, kind):
                 raise ConfigError(
                     f"model '{model}': input '{n}' is TYPE_STRING, so forward() argument '{args[i].name}' must be "
@@ -300,10 +298,30 @@ class TorchScriptInstance(ModelInstance):
         order = sorted(positions, key=positions.__getitem__)
         self._positional = order if [positions[n] for n in order] == list(range(len(args))) else None
         self._arg_of = {n: arg_names[i] for n, i in positions.items()}
-        self._string_inputs = tuple(n for n, t in self.model.inputs.items() if t.datatype.name == "BYTES")
+        self._string_inputs = tuple(n for n, d in datatypes.items() if d.name == "BYTES")
         # forward returning one List[str] returns a list: it is one output, not a list of results.
         returns = list(schema.returns)
         self._returns_one_list = len(returns) == 1 and _is_string_list(torch, returns[0].type)
+
+    def _place_by_index(self, positions: dict[str, int], name: str, what: str, args: list[Any]) -> None:
+        """Map ``name`` to forward()'s argument by its ``<name>__<index>`` suffix."""
+        model = self.model.name
+        arg_names = [a.name for a in args]
+        index = convention_index(name)
+        if index is None:
+            raise ConfigError(
+                f"model '{model}': {what} '{name}' is neither an argument of forward() ({arg_names}) nor "
+                "named by the <name>__<index> convention (e.g. INPUT__0)"
+            )
+        if index >= len(args):
+            raise ConfigError(
+                f"model '{model}': {what} '{name}' names argument {index} of forward(), which takes "
+                f"{len(args)} argument(s) {arg_names}"
+            )
+        other = next((o for o, p in positions.items() if p == index), None)
+        if other is not None:
+            raise ConfigError(f"model '{model}': '{other}' and '{name}' both name forward() argument {index}")
+        positions[name] = index
 
     def _map_outputs(self) -> None:
         names = list(self.model.outputs)
@@ -319,9 +337,26 @@ class TorchScriptInstance(ModelInstance):
                 seen[i] = n
         else:
             mapping = {n: i for i, n in enumerate(names)}  # Triton: the config's order
+        # An implicit state's output is always named by its index (Triton's rule for state).
+        states = self.model.sequence.states if self.model.sequence is not None else ()
+        for s in states:
+            index = convention_index(s.output)
+            if index is None:
+                raise ConfigError(
+                    f"model '{self.model.name}': state output '{s.output}' does not follow the <name>__<index> "
+                    "convention; a TorchScript model's state outputs are named by the index of forward()'s "
+                    "result they are (e.g. OUTPUT_STATE__1)")
+            other = next((n for n, i in mapping.items() if i == index), None)
+            if other is not None:
+                raise ConfigError(
+                    f"model '{self.model.name}': '{other}' and state output '{s.output}' both name forward() "
+                    f"result {index}")
+            mapping[s.output] = index
         self._output_index: dict[str, int] = mapping  # type: ignore[assignment]
+        self._output_types = {**{n: t.datatype for n, t in self.model.outputs.items()},
+                              **{s.output: s.datatype for s in states}}
         dtypes = torch_dtypes()
-        self._output_dtypes = {n: dtypes.get(t.datatype.name) for n, t in self.model.outputs.items()}
+        self._output_dtypes = {n: dtypes.get(d.name) for n, d in self._output_types.items()}
 
     # -- execution ---------------------------------------------------------------
 
@@ -441,7 +476,7 @@ class TorchScriptInstance(ModelInstance):
                     f"{len(results)} result(s)"
                 )
             tensor = results[index]
-            if self.model.outputs[name].datatype.name == "BYTES":
+            if self._output_types[name].name == "BYTES":
                 out[name] = self._string_output(name, index, tensor, rows)
                 continue
             if not isinstance(tensor, torch.Tensor):
@@ -452,7 +487,7 @@ class TorchScriptInstance(ModelInstance):
             if tensor.dtype != want:
                 raise ModelExecutionError(
                     f"model '{model}': output '{name}' is {tensor.dtype} but the config declares "
-                    f"{self.model.outputs[name].datatype.config} ({want})"
+                    f"{self._output_types[name].config} ({want})"
                 )
             if rows is not None and name not in self._scattered and (tensor.dim() == 0 or tensor.shape[0] != rows):
                 raise ModelExecutionError(
@@ -482,6 +517,22 @@ class TorchScriptInstance(ModelInstance):
         del self.module
         if self._cuda:
             self._torch.cuda.empty_cache()
+
+
+def _supplied_inputs(spec: ModelSpec) -> dict[str, DataType]:
+    """The inputs the sequence batcher adds to each row (controls, then implicit states)."""
+    policy = spec.sequence
+    if policy is None:
+        return {}
+    out = {c.input: c.datatype for c in policy.controls}
+    out.update({s.input: s.datatype for s in policy.states})
+    return out
+
+
+def _supplied_kind(spec: ModelSpec, name: str) -> str:
+    policy = spec.sequence
+    assert policy is not None
+    return "control input" if any(c.input == name for c in policy.controls) else "state input"
 
 
 def _check_string_shape(spec: ModelSpec, kind: str, t: TensorSpec) -> None:

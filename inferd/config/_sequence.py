@@ -20,9 +20,9 @@ import numpy as np
 
 from inferd._proto import model_config_pb2 as mc
 from inferd.config._iterative import check_iterative
-from inferd.dtypes import BY_CONFIG, DataType
+from inferd.dtypes import BY_CONFIG, DataType, decode_bytes
 from inferd.config._paths import check_inside
-from inferd.errors import ConfigError
+from inferd.errors import ConfigError, InferdError
 
 IDLE_DEFAULT_US = 1_000_000  # Triton's SEQUENCE_IDLE_DEFAULT_MICROSECONDS
 
@@ -49,7 +49,12 @@ class Control:
 
 @dataclass(frozen=True, slots=True)
 class StateSpec:
-    """One implicit state: fed to ``input`` and read back from ``output``."""
+    """One implicit state: fed to ``input`` and read back from ``output``.
+
+    ``initial`` is the state a sequence starts with: ``initial_state`` (zeros or its
+    data file), else zeros (empty strings for TYPE_STRING), each variable dimension
+    1, as Triton starts it; after each request the state is what the model returned
+    for ``output``, whose variable dimensions may differ from the last."""
 
     input: str
     output: str
@@ -126,11 +131,9 @@ def sequence_policy(config: mc.ModelConfig, model_dir: Path | None = None) -> Se
         kwargs.update(max_queue_delay_us=int(d.max_queue_delay_microseconds), minimum_slot_utilization=util)
     else:
         o = sb.oldest
-        if o.preserve_ordering:
-            raise ConfigError(
-                f"{where}.oldest.preserve_ordering is not supported by inferd (requests of one sequence always "
-                "run and answer in order; responses of different sequences are sent as they complete)"
-            )
+        # preserve_ordering needs nothing more here: an instance runs one batch at a time and
+        # answers its rows together, so each instance answers in the order it took requests,
+        # which is what Triton's per-instance dynamic batcher promises.
         if o.max_candidate_sequences < 1:
             raise ConfigError(
                 f"{where}.oldest.max_candidate_sequences must be >= 1 (the sequences each instance batches "
@@ -234,8 +237,6 @@ def _state(config: mc.ModelConfig, where: str, i: int, s: mc.ModelSequenceBatchi
     dtype = BY_CONFIG.get(dtype_name)
     if dtype is None or dtype.numpy is None:
         raise ConfigError(f"{at}: data_type {dtype_name} is not supported")
-    if dtype.name == "BYTES":
-        raise ConfigError(f"{at}: implicit state of TYPE_STRING is not supported by inferd")
     if s.use_same_buffer_for_input_output or s.use_growable_memory:
         raise ConfigError(
             f"{at}: use_same_buffer_for_input_output and use_growable_memory are GPU buffer options "
@@ -249,10 +250,9 @@ def _state(config: mc.ModelConfig, where: str, i: int, s: mc.ModelSequenceBatchi
     if len(s.initial_state) > 1:
         raise ConfigError(f"{at}: initial_state may be given once, got {len(s.initial_state)}")
     if not s.initial_state:
-        if -1 in dims:
-            raise ConfigError(
-                f"{at}: dims {list(dims)} are variable, so the state needs an initial_state with concrete dims")
-        return StateSpec(s.input_name, s.output_name, dtype, dims, _readonly(np.zeros(dims, dtype=dtype.numpy)))
+        # Triton's start: zeros, each variable dimension 1.
+        start = tuple(1 if d == -1 else d for d in dims)
+        return StateSpec(s.input_name, s.output_name, dtype, dims, _readonly(_zeros(start, dtype)))
     init = s.initial_state[0]
     iat = f"{at}: initial_state"
     if init.data_type != s.data_type:
@@ -265,25 +265,42 @@ def _state(config: mc.ModelConfig, where: str, i: int, s: mc.ModelSequenceBatchi
         raise ConfigError(f"{iat} dims {list(idims)} do not fit the state's dims {list(dims)}")
     choice = init.WhichOneof("state_data")
     if choice == "zero_data" and init.zero_data:
-        return StateSpec(s.input_name, s.output_name, dtype, dims, _readonly(np.zeros(idims, dtype=dtype.numpy)))
+        return StateSpec(s.input_name, s.output_name, dtype, dims, _readonly(_zeros(idims, dtype)))
     if choice == "data_file":
         check_inside(init.data_file, f"{iat}: data_file")
         if model_dir is None:  # checked without the model's folder (unit tests): zeros stand in
-            return StateSpec(s.input_name, s.output_name, dtype, dims,
-                             _readonly(np.zeros(idims, dtype=dtype.numpy)))
+            return StateSpec(s.input_name, s.output_name, dtype, dims, _readonly(_zeros(idims, dtype)))
         path = model_dir / "initial_state" / init.data_file
         try:
             raw = path.read_bytes()
         except OSError:
             raise ConfigError(f"{iat}: data_file '{init.data_file}' not found (looked for {path})") from None
-        expected = math.prod(idims) * dtype.itemsize
-        if len(raw) != expected:
-            raise ConfigError(
-                f"{iat}: data_file {path} holds {len(raw)} bytes; dims {list(idims)} of {dtype_name} "
-                f"need {expected}")
-        return StateSpec(s.input_name, s.output_name, dtype, dims,
-                         _readonly(np.frombuffer(raw, dtype=dtype.numpy).reshape(idims).copy()))
+        return StateSpec(s.input_name, s.output_name, dtype, dims, _readonly(_from_file(iat, path, raw, idims, dtype)))
     raise ConfigError(f"{iat} must set zero_data: true or data_file")
+
+
+def _zeros(shape: tuple[int, ...], dtype: DataType) -> np.ndarray:
+    """Zeros of ``dtype``; for TYPE_STRING empty strings (Triton zeroes the length prefixes)."""
+    if dtype.name == "BYTES":
+        return np.full(shape, b"", dtype=np.object_)
+    return np.zeros(shape, dtype=dtype.numpy)
+
+
+def _from_file(where: str, path: Path, raw: bytes, shape: tuple[int, ...], dtype: DataType) -> np.ndarray:
+    """An initial state's data file, as Triton reads it: raw little-endian elements (extra bytes
+    are ignored), or for TYPE_STRING the wire's length-prefixed strings."""
+    count = math.prod(shape)
+    if dtype.name == "BYTES":
+        try:
+            return decode_bytes(raw, count, f"{where}: data_file {path}").reshape(shape)
+        except InferdError as exc:
+            raise ConfigError(str(exc)) from None
+    expected = count * dtype.itemsize
+    if len(raw) < expected:
+        raise ConfigError(
+            f"{where}: data_file {path} holds {len(raw)} bytes; dims {list(shape)} of {dtype.config} "
+            f"need {expected}")
+    return np.frombuffer(raw[:expected], dtype=dtype.numpy).reshape(shape).copy()
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:

@@ -40,9 +40,10 @@ import heapq
 import itertools
 import logging
 import math
+import os
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterable, Sequence as Seq
+from typing import Any, Hashable, Iterable, Mapping, Sequence as Seq
 
 import numpy as np
 
@@ -96,6 +97,38 @@ def _flag(model: str, parameters: dict[str, Any], name: str) -> bool:
 # -- the pure decision --------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class DelayHooks:
+    """Triton's test hooks (read once, at load, from the environment): hold each instance's
+    first batch until ``count`` requests are queued (TRITONSERVER_DELAY_SCHEDULER) and, for
+    ``direct``, ``backlog`` in the backlog (TRITONSERVER_BACKLOG_DELAY_SCHEDULER), so that a test
+    decides which requests share a batch instead of racing the batcher."""
+
+    count: int = 0
+    backlog: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.count > 0  # as Triton: the backlog hook acts only with the delay hook
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> DelayHooks:
+        return cls(_env_count(env, DELAY_ENV), _env_count(env, BACKLOG_DELAY_ENV))
+
+
+DELAY_ENV = "TRITONSERVER_DELAY_SCHEDULER"
+BACKLOG_DELAY_ENV = "TRITONSERVER_BACKLOG_DELAY_SCHEDULER"
+
+
+def _env_count(env: Mapping[str, str], name: str) -> int:
+    raw = env.get(name, "").strip()
+    try:
+        return max(0, int(raw)) if raw else 0
+    except ValueError:
+        log.warning("%s=%r is not a count; the hook stays off", name, raw)
+        return 0
+
+
 class SeqItem:
     """One request of a sequence, waiting or dispatched."""
 
@@ -119,9 +152,10 @@ class SeqItem:
 class Sequence:
     """One live sequence: its slot (or a place in the backlog) and its requests."""
 
-    __slots__ = ("key", "serial", "instance", "slot", "queue", "running", "closed", "released", "last", "state")
+    __slots__ = ("key", "serial", "instance", "slot", "queue", "running", "closed", "released", "last", "state",
+                 "state_key")
 
-    def __init__(self, key: SequenceId, serial: int) -> None:
+    def __init__(self, key: SequenceId, serial: int, state_key: Hashable = None) -> None:
         self.key = key
         self.serial = serial
         self.instance: int | None = None
@@ -132,6 +166,9 @@ class Sequence:
         self.released = False  # it gave its slot back (or left the backlog) for good
         self.last = 0.0  # last activity: an arrival or a completion
         self.state: Any = None  # the driver's: implicit state tensors
+        # The shapes of its implicit state now (the driver's, after each request): a variable-size
+        # state follows the model's outputs, and rows whose states differ cannot share a batch.
+        self.state_key = state_key
 
     def head(self) -> SeqItem | None:
         q = self.queue
@@ -156,11 +193,16 @@ class SeqStep:
 class SequenceQueue:
     """Slots, backlog and idle release of one model's sequences, and what runs next."""
 
-    def __init__(self, policy: SequencePolicy, instances: int, model: str = "") -> None:
+    def __init__(self, policy: SequencePolicy, instances: int, model: str = "", *,
+                 initial_state_key: Hashable = None, delay: DelayHooks | None = None) -> None:
         if instances < 1:
             raise ValueError("a sequence queue needs at least one instance")
         self.policy = policy
         self.model = model
+        self._initial_state_key = initial_state_key  # the state shapes a START runs with
+        self._delay = delay or DelayHooks()
+        # Triton's test hooks hold each instance until enough requests are queued, once.
+        self._held = [self._delay.active] * instances
         n = policy.slots_per_instance
         self.slots: list[list[Sequence | None]] = [[None] * n for _ in range(instances)]
         self._free = [n] * instances
@@ -197,7 +239,7 @@ class SequenceQueue:
         if seq is None:
             if not item.start:
                 raise self._missing_start(item.key)
-            seq = Sequence(item.key, next(self._serial))
+            seq = Sequence(item.key, next(self._serial), self._initial_state_key)
             self._sequences[item.key] = seq
             self._released.pop(item.key, None)
             self._place(seq, now)
@@ -287,7 +329,15 @@ class SequenceQueue:
         out = SeqStep()
         self._reap(now, out)
         decide = self._direct if self.policy.strategy == "direct" else self._oldest
+        if self.policy.strategy == "direct" and any(self._held) and self._direct_delay_met():
+            # Counted across every instance before any takes a batch: all are let go together,
+            # as Triton's batcher threads each see the counts the others reported while waiting.
+            self._held = [False] * len(self._held)
         for instance in free:
+            if self._held[instance]:
+                if self.policy.strategy == "direct" or len(self._ready(instance)) < self._delay.count:
+                    continue
+                self._held[instance] = False
             rows = decide(instance, now, out)
             if rows:
                 self._take(rows, now)
@@ -313,6 +363,14 @@ class SequenceQueue:
             self._release(seq, now)
             out.released.append(seq)
 
+    def _direct_delay_met(self) -> bool:
+        """Triton's TRITONSERVER_DELAY_SCHEDULER / _BACKLOG_DELAY_SCHEDULER: ``direct`` holds its
+        instances until the sequences in slots (on every instance) have ``count`` requests queued and
+        the backlog ``backlog`` (when set); ``oldest`` holds each instance until it has ``count``
+        sequences with a request ready (its own dynamic batcher's queue), checked in :meth:`step`."""
+        backlog = sum(len(s.queue) for s in self._backlog if not s.released and s.slot is None)
+        return self._queued - backlog >= self._delay.count and backlog >= self._delay.backlog
+
     def _ready(self, instance: int) -> list[tuple[int, Sequence, SeqItem]]:
         ready = []
         for slot, seq in enumerate(self.slots[instance]):
@@ -322,6 +380,10 @@ class SequenceQueue:
                     ready.append((slot, seq, head))
         return ready
 
+    def _row_key(self, seq: Sequence, item: SeqItem) -> Hashable:
+        """Rows share a batch only when their input and state shapes agree."""
+        return item.shape_key, self._initial_state_key if item.start else seq.state_key
+
     def _later(self, out: SeqStep, when: float) -> None:
         out.wake_at = when if out.wake_at is None else min(out.wake_at, when)
 
@@ -330,7 +392,8 @@ class SequenceQueue:
         if not ready:
             return None
         oldest = min(ready, key=lambda r: (r[2].arrival, r[1].serial))
-        chosen = [r for r in ready if r[2].shape_key == oldest[2].shape_key]
+        key = self._row_key(oldest[1], oldest[2])
+        chosen = [r for r in ready if self._row_key(r[1], r[2]) == key]
         if len(chosen) < self._need and now < oldest[2].arrival + self._delay_s:
             self._later(out, oldest[2].arrival + self._delay_s)
             return None
@@ -345,8 +408,9 @@ class SequenceQueue:
             return None
         ready.sort(key=lambda r: (r[2].arrival, r[1].serial))
         first = ready[0][2]
+        key = self._row_key(ready[0][1], first)
         max_rows = self.policy.max_rows
-        chosen = [(seq, head) for _, seq, head in ready if head.shape_key == first.shape_key][:max_rows]
+        chosen = [(seq, head) for _, seq, head in ready if self._row_key(seq, head) == key][:max_rows]
         if len(chosen) >= max_rows or now >= first.arrival + self._delay_s:
             return list(chosen)
         preferred = [p for p in self.policy.preferred_batch_sizes if p <= len(chosen)]
@@ -407,19 +471,27 @@ class SequenceScheduler(PumpedScheduler):
         output_names: list[str],
         stats: ModelStats,
         clock: Clock | None = None,
+        delay: DelayHooks | None = None,
     ) -> None:
+        """``delay``: Triton's test hooks; None reads them from the environment."""
         if not workers:
             raise ValueError(f"model '{model}': a scheduler needs at least one instance")
         self.model = model
         self.policy = policy
         self.workers = workers
         self._busy = [False] * len(workers)
-        self._queue = SequenceQueue(policy, len(workers), model)
+        if delay is None:
+            delay = DelayHooks.from_env(os.environ)
+        if delay.active:
+            log.info("model '%s': %s=%d, %s=%d: each instance waits for that many queued requests first",
+                     model, DELAY_ENV, delay.count, BACKLOG_DELAY_ENV, delay.backlog)
+        self._controls = SequenceControls(policy)
+        self._queue = SequenceQueue(policy, len(workers), model, delay=delay,
+                                    initial_state_key=_state_key(self._controls.initial.values()))
         self._state_outputs = {s.output for s in policy.states}
         self._outputs = list(output_names) + [s.output for s in policy.states if s.output not in output_names]
         self._stats = stats
         self._clock = clock or MonotonicClock()
-        self._controls = SequenceControls(policy)
         self._alarm = Alarm(self._clock, self._pump)
         self._pump_scheduled = False
         self._pumping = False
@@ -499,11 +571,11 @@ class SequenceScheduler(PumpedScheduler):
         worker = self.workers[instance]
         self._busy[instance] = True
         wants_requests = getattr(worker.instance, "wants_requests", False)
-        template = next(item.payload.request.inputs for _, item in rows if item is not None)
-        inputs: list[dict[str, np.ndarray]] = []
+        inputs: list[dict[str, np.ndarray] | None] = []
+        template: dict[str, np.ndarray] | None = None
         for seq, item in rows:
             if seq is None or item is None:
-                inputs.append(self._filler(template))
+                inputs.append(None)
                 continue
             job = item.payload
             self._stats.record_queue(int((now - job.enqueued) * 1e9))
@@ -511,14 +583,19 @@ class SequenceScheduler(PumpedScheduler):
             self._controls.fill(row, item.key, start=item.start, end=item.end,
                                 state=None if item.start else seq.state)
             inputs.append(row)
+            if template is None:
+                template = row
+        assert template is not None
+        filled = [self._filler(template) if row is None else row for row in inputs]
         batch = _Batch(rows, instance)
-        worker.run(inputs, self._outputs, lambda w, result: self._done(batch, result), loop)
+        worker.run(filled, self._outputs, lambda w, result: self._done(batch, result), loop)
 
     def _filler(self, template: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """A direct-strategy row for a slot with nothing to run: zeros, READY false."""
-        row = {name: np.full(a.shape, b"", dtype=np.object_) if a.dtype.kind == "O" else np.zeros_like(a)
+        """A direct-strategy row for a slot with nothing to run: zeros (empty strings) shaped as the
+        batch's first real row, its implicit state included, READY false."""
+        row = {name: np.full(a.shape, b"", dtype=np.object_) if a.dtype.kind == "O" else np.zeros(a.shape, a.dtype)
                for name, a in template.items()}
-        self._controls.fill(row, 0, start=False, end=False, ready=False)
+        self._controls.fill(row, 0, start=False, end=False, ready=False, state=row)
         return row
 
     def _done(self, batch: _Batch, result: BatchResult | BaseException) -> None:
@@ -557,6 +634,7 @@ class SequenceScheduler(PumpedScheduler):
             return ModelExecutionError(
                 f"model '{self.model}' did not produce state output(s) {missing} for sequence {seq.key}")
         seq.state = {s.input: np.array(out[s.output], copy=True) for s in self.policy.states}
+        seq.state_key = _state_key(seq.state.values())
         return {k: v for k, v in out.items() if k not in self._state_outputs}
 
 
@@ -612,6 +690,11 @@ def _corrid_array(key: SequenceId, dtype: np.dtype, lead: tuple[int, ...]) -> np
         return out
     # uint64 ids wrap into the control's integer type, as Triton's casts do.
     return np.full(shape, int(key) % _UINT64, dtype=np.uint64).astype(dtype)
+
+
+def _state_key(states: Iterable[np.ndarray]) -> tuple:
+    """The shapes of a row's implicit state tensors (as fed: with the row's batch dimension)."""
+    return tuple(np.shape(a) for a in states)
 
 
 def _shape_key(inputs: dict[str, np.ndarray]) -> tuple:

@@ -156,33 +156,46 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, request_iterator, context):  # type: ignore[no-untyped-def]
         """The bidirectional stream. Each request runs as soon as it arrives,
         concurrently with the others (in arrival order into its model's queue);
-        responses are written as they complete, a decoupled model's as it sends
-        them. A failed request answers with ``error_message`` and the stream
-        carries on, as Triton's does.
+        a decoupled model's responses are written as it sends them, the others'
+        in the order their requests arrived on the stream (Triton's stream handler
+        keeps that order for models that are not decoupled). A failed request
+        answers with ``error_message`` and the stream carries on, as Triton's does.
 
-        At most ``STREAM_WINDOW`` responses wait to be written: a request's task
-        takes its next response from the data plane only once there is room, and
-        room comes back as gRPC takes each write (its flow control: a client that
-        reads slowly slows the model, never fills the server). The client going
-        away cancels every request of the stream, down to the model. Writes are
-        awaited here (``context.write``), not yielded, so that a write the client's
-        departure fails ends the stream quietly instead of being logged by grpc."""
+        At most ``STREAM_WINDOW`` of a decoupled model's responses wait to be
+        written: its request's task takes the next response from the data plane
+        only once there is room, and room comes back as gRPC takes each write (its
+        flow control: a client that reads slowly slows the model, never fills the
+        server). The others' single answers are bounded by the requests in flight.
+        The client going away cancels every request of the stream, down to the
+        model. Writes are awaited here (``context.write``), not yielded, so that a
+        write the client's departure fails ends the stream quietly instead of being
+        logged by grpc."""
         out: asyncio.Queue = asyncio.Queue()
         room = asyncio.Semaphore(STREAM_WINDOW)
         tasks: set[asyncio.Task] = set()
         finished = object()  # one per request, and one for the reader
         pending = 1
+        order = StreamOrder()
+        decoupled = _DecoupledModels(self.dp)
 
-        async def run(msg):  # type: ignore[no-untyped-def]
+        async def run(msg, ticket):  # type: ignore[no-untyped-def]
+            answers: list[Any] = []
+            put = out.put_nowait if ticket is None else answers.append
             try:
                 async for message in self._stream_one(msg):
-                    await room.acquire()
-                    out.put_nowait((message, True))
+                    if ticket is None:
+                        await room.acquire()
+                        out.put_nowait((message, True))
+                    else:
+                        answers.append((message, False))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                out.put_nowait((_stream_error(msg, exc), False))
+                put((_stream_error(msg, exc), False))
             finally:
+                if ticket is not None:
+                    for message in order.done(ticket, answers):
+                        out.put_nowait(message)
                 out.put_nowait(finished)
 
         async def read() -> None:
@@ -190,7 +203,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 async for msg in request_iterator:
                     pending += 1
-                    task = asyncio.ensure_future(run(msg))
+                    ticket = None if await decoupled.check(msg) else order.ticket()
+                    task = asyncio.ensure_future(run(msg, ticket))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
             finally:
@@ -338,6 +352,59 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             else:
                 out.string_param = value
         return response
+
+
+class StreamOrder:
+    """One stream's answers to requests for models that are not decoupled, in arrival order:
+    each such request takes a ticket when it arrives; its answers wait until every earlier
+    ticket's were released. Called on the event loop only."""
+
+    __slots__ = ("_issued", "_next", "_held")
+
+    def __init__(self) -> None:
+        self._issued = 0
+        self._next = 0  # the ticket whose answers go out next
+        self._held: dict[int, list[Any]] = {}
+
+    def ticket(self) -> int:
+        self._issued += 1
+        return self._issued - 1
+
+    def done(self, ticket: int, answers: list[Any]) -> list[Any]:
+        """``ticket``'s request ended with ``answers``: the answers that can be written now, in order."""
+        self._held[ticket] = answers
+        ready: list[Any] = []
+        while self._next in self._held:
+            ready.extend(self._held.pop(self._next))
+            self._next += 1
+        return ready
+
+
+class _DecoupledModels:
+    """Whether a stream request's model is decoupled (model_transaction_policy), asked of the data
+    plane once per (model, version) per stream, as Triton's handler asks per request."""
+
+    __slots__ = ("_dp", "_known")
+
+    def __init__(self, dataplane: DataPlaneAPI) -> None:
+        self._dp = dataplane
+        self._known: dict[tuple[str, str], bool] = {}
+
+    async def check(self, msg: Any) -> bool:
+        if isinstance(msg, Undecodable):
+            return False
+        key = (msg.model_name, msg.model_version)
+        known = self._known.get(key)
+        if known is None:
+            try:
+                version = codec.parse_version(msg.model_name, msg.model_version)
+                config = await self._dp.model_config(msg.model_name, version)
+                known = bool(config.model_transaction_policy.decoupled)
+            except Exception:  # not found, not ready: the request fails in order, as Triton's does
+                return False
+            # Kept for the stream's life: a model reloaded as decoupled mid-stream is the one case missed.
+            self._known[key] = known
+        return known
 
 
 class _Closing:

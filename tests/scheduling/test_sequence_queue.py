@@ -354,3 +354,71 @@ def test_direct_filler_rows_are_plain_none_pairs():
     rows = only_batch(q.step(0.2, [0]))
     assert rows[:2] == [(None, None), (None, None)] and rows[2][1] is not None
     assert np.array_equal([r[0] is None for r in rows], [True, True, False])
+
+
+# -- Triton's delay hooks (TRITONSERVER_DELAY_SCHEDULER, _BACKLOG_DELAY_SCHEDULER) -------------------
+
+
+def test_delay_hooks_are_read_as_triton_reads_them():
+    from inferd.scheduling.sequence import DelayHooks
+
+    assert DelayHooks.from_env({}) == DelayHooks(0, 0) and not DelayHooks().active
+    env = {"TRITONSERVER_DELAY_SCHEDULER": "12", "TRITONSERVER_BACKLOG_DELAY_SCHEDULER": " 2 "}
+    assert DelayHooks.from_env(env) == DelayHooks(12, 2)
+    assert DelayHooks.from_env({"TRITONSERVER_DELAY_SCHEDULER": "x"}) == DelayHooks(0, 0)
+    assert not DelayHooks(0, 5).active  # the backlog hook acts only with the delay hook
+
+
+def test_direct_delay_holds_every_instance_until_the_count_then_lets_all_go():
+    from inferd.scheduling.sequence import DelayHooks
+
+    q = SequenceQueue(policy(max_batch_size=2), 2, delay=DelayHooks(4))
+    for n, key in enumerate([1, 2, 3]):
+        q.admit(item(key, start=True), float(n))
+        assert q.step(float(n), [0, 1]).batches == []
+    q.admit(item(1), 3.0)  # the 4th queued request (sequences 1 and 3 on instance 0, 2 on 1)
+    step = q.step(3.0, [0, 1])
+    assert sorted((i, keys(rows)) for i, rows in step.batches) == [(0, [1, 3]), (1, [2])]
+    q.complete(dict(step.batches)[1], 3.5)
+    q.admit(item(2), 4.0)  # once let go, an instance never waits again
+    assert [keys(rows) for _, rows in q.step(4.0, [1]).batches] == [[2]]
+
+
+def test_backlog_delay_also_waits_for_the_backlog():
+    from inferd.scheduling.sequence import DelayHooks
+
+    q = SequenceQueue(policy(max_batch_size=2), 1, delay=DelayHooks(1, 2))
+    q.admit(item(1, start=True), 0.0)
+    q.admit(item(2, start=True), 0.0)
+    q.admit(item(3, start=True), 0.0)  # no free slot: the backlog
+    assert q.step(0.0, [0]).batches == [] and q.backlog() == 1
+    q.admit(item(3, end=True), 1.0)
+    assert keys(only_batch(q.step(1.0, [0]))) == [1, 2]
+
+
+def test_oldest_delay_counts_each_instances_ready_sequences():
+    from inferd.scheduling.sequence import DelayHooks
+
+    q = SequenceQueue(policy("oldest", max_candidate_sequences=2), 2, delay=DelayHooks(2))
+    for key in (1, 2, 3):  # 1 and 3 on instance 0, 2 on instance 1
+        q.admit(item(key, start=True), 0.0)
+    step = q.step(0.0, [0, 1])
+    assert [(i, sorted(keys(rows))) for i, rows in step.batches] == [(0, [1, 3])]
+
+
+# -- variable-size implicit state ----------------------------------------------------------------------
+
+
+def test_rows_whose_states_differ_in_shape_never_share_a_batch():
+    q = SequenceQueue(policy(), 1, initial_state_key=((1, 1),))
+    for key in (1, 2, 3):
+        q.admit(item(key, start=True), 0.0)
+    first = only_batch(q.step(0.0, [0]))
+    assert keys(first) == [1, 2, 3]  # every START runs with the initial state's shape
+    first[0][0].state_key = ((1, 3),)
+    first[1][0].state_key = ((1, 2),)
+    first[2][0].state_key = ((1, 3),)
+    q.complete(first, 1.0)
+    for key in (1, 2, 3):
+        q.admit(item(key), 2.0)
+    assert keys(only_batch(q.step(2.0, [0]))) == [1, None, 3]  # sequence 2 waits for its own batch
