@@ -13,6 +13,7 @@ bytes.
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -92,12 +93,13 @@ async def run_line(lookup: ModelLookup, clock: Clock, model_name: str, version: 
 async def _joined(model: Model, request: Any, clock: Clock) -> dict[str, np.ndarray]:
     """A decoupled model's responses to one request, each output's tensors joined along axis 0."""
     parts: dict[str, list[np.ndarray]] = {}
-    async for item in stream_model(model, request, clock):
-        if item.error is not None:
-            raise item.error
-        if item.response is not None:
-            for name, array in item.response.outputs.items():
-                parts.setdefault(name, []).append(array)
+    async with aclosing(stream_model(model, request, clock)) as items:
+        async for item in items:
+            if item.error is not None:
+                raise item.error
+            if item.response is not None:
+                for name, array in item.response.outputs.items():
+                    parts.setdefault(name, []).append(array)
     try:
         return {name: np.concatenate(arrays) if len(arrays) > 1 else arrays[0] for name, arrays in parts.items()}
     except ValueError as exc:

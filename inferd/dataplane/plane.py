@@ -11,6 +11,7 @@ its lifecycle (:meth:`DataPlane.load_models`, :meth:`DataPlane.drain`,
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from functools import partial
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping
@@ -310,8 +311,9 @@ class DataPlane:
             yield StreamResponse(error=exc, final=True)
             return
         try:
-            async for item in model_infer_stream(self.manager.get, request, self.clock, self.stream_limits):
-                yield item
+            async with aclosing(model_infer_stream(self.manager.get, request, self.clock, self.stream_limits)) as items:
+                async for item in items:
+                    yield item
         finally:
             self.admission.release(nbytes)
 

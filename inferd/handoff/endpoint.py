@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import pickle
+from contextlib import aclosing
 from functools import partial
 from typing import Any, Callable
 
@@ -163,19 +164,20 @@ class CoreEndpoint:
         ended = False
         credit = self.credits[rid] = Credit(wire.STREAM_WINDOW)
         try:
-            async for item in self.dp.infer_stream(request):
-                if not item.final:
-                    await credit.take()  # the frontend's client is behind: the model waits
-                if item.error is not None:
-                    self._send([wire.ERROR, rid, item.final, *error_kind(item.error)])
-                elif item.response is not None:
-                    self._send(response_message(rid, item.final, item.response, request.requested_outputs,
-                                                self.outputs))
-                elif item.final:
-                    self._send([wire.FINAL, rid])
-                if item.final:
-                    ended = True
-                    break
+            async with aclosing(self.dp.infer_stream(request)) as items:
+                async for item in items:
+                    if not item.final:
+                        await credit.take()  # the frontend's client is behind: the model waits
+                    if item.error is not None:
+                        self._send([wire.ERROR, rid, item.final, *error_kind(item.error)])
+                    elif item.response is not None:
+                        self._send(response_message(rid, item.final, item.response, request.requested_outputs,
+                                                    self.outputs))
+                    elif item.final:
+                        self._send([wire.FINAL, rid])
+                    if item.final:
+                        ended = True
+                        break
         except asyncio.CancelledError:
             request.cancelled = True
         except Exception as exc:

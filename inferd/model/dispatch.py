@@ -14,6 +14,7 @@ backend reaches other models without importing anything above it.
 from __future__ import annotations
 
 import asyncio
+from contextlib import aclosing
 from typing import AsyncIterator, Callable
 
 from inferd.clock import Clock, MonotonicClock
@@ -65,8 +66,11 @@ async def infer_stream(lookup: ModelLookup, request: InferenceRequest, clock: Cl
     except InferdError as exc:
         yield StreamResponse(error=exc, final=True)
         return
-    async for item in stream_model(model, request, clock, limits):
-        yield item
+    # aclosing: a consumer that stops early closes stream_model now (which cancels the request),
+    # not whenever the collector finalizes the suspended generator.
+    async with aclosing(stream_model(model, request, clock, limits)) as items:
+        async for item in items:
+            yield item
 
 
 class ModelDispatcher:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from contextlib import aclosing
 from typing import Any
 
 import grpc
@@ -182,12 +183,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             answers: list[Any] = []
             put = out.put_nowait if ticket is None else answers.append
             try:
-                async for message in self._stream_one(msg):
-                    if ticket is None:
-                        await room.acquire()
-                        out.put_nowait((message, True))
-                    else:
-                        answers.append((message, False))
+                # aclosing: a cancelled task closes the request's generators now, down to the model.
+                async with aclosing(self._stream_one(msg)) as messages:
+                    async for message in messages:
+                        if ticket is None:
+                            await room.acquire()
+                            out.put_nowait((message, True))
+                        else:
+                            answers.append((message, False))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -241,21 +244,22 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         # Triton's flag: mark each response final or not, and send an empty final
         # response when a decoupled model ends without one.
         flagged = req.parameters.pop(EMPTY_FINAL, False) is True
-        async for item in self.dp.infer_stream(req):
-            if item.error is not None:
-                message = _stream_error(msg, item.error)
-            elif item.response is not None:
-                message = pb.ModelStreamInferResponse()
-                message.infer_response.CopyFrom(codec.encode_infer_response(item.response, req.requested_outputs))
-            elif flagged:
-                message = pb.ModelStreamInferResponse()
-                r = message.infer_response
-                r.model_name, r.model_version, r.id = msg.model_name, msg.model_version, msg.id
-            else:
-                continue
-            if flagged:
-                message.infer_response.parameters[FINAL_RESPONSE].bool_param = item.final
-            yield message
+        async with aclosing(self.dp.infer_stream(req)) as items:
+            async for item in items:
+                if item.error is not None:
+                    message = _stream_error(msg, item.error)
+                elif item.response is not None:
+                    message = pb.ModelStreamInferResponse()
+                    message.infer_response.CopyFrom(codec.encode_infer_response(item.response, req.requested_outputs))
+                elif flagged:
+                    message = pb.ModelStreamInferResponse()
+                    r = message.infer_response
+                    r.model_name, r.model_version, r.id = msg.model_name, msg.model_version, msg.id
+                else:
+                    continue
+                if flagged:
+                    message.infer_response.parameters[FINAL_RESPONSE].bool_param = item.final
+                yield message
 
     async def RepositoryModelLoad(self, request, context):  # type: ignore[no-untyped-def]
         try:

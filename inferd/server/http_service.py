@@ -17,12 +17,14 @@ before it is all read; restricted groups (``--http-restricted-api``,
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import gzip
 import logging
 import time
 import zlib
+from contextlib import aclosing
 from typing import Any, Awaitable, Callable
 
 from starlette.applications import Starlette
@@ -458,11 +460,12 @@ class HttpFrontend:
     async def generate(self, request: Request) -> Response:
         """One JSON object; a model that answers with other than exactly one response is an error."""
         responses = []
-        async for item in await self._generate_responses(request):
-            if item.error is not None:
-                raise item.error
-            if item.response is not None:
-                responses.append(item.response)
+        async with aclosing(await self._generate_responses(request)) as items:
+            async for item in items:
+                if item.error is not None:
+                    raise item.error
+                if item.response is not None:
+                    responses.append(item.response)
         if len(responses) != 1:
             raise ModelExecutionError(f"{generate.ONE_RESPONSE} (model '{request.path_params['model']}' sent "
                                       f"{len(responses)})")
@@ -494,6 +497,10 @@ class HttpFrontend:
                 async for item in items:
                     if (chunk := event(item)) is not None:
                         yield chunk
+                    # One loop turn per event: once the client has gone, uvicorn's send returns at once
+                    # and a model that keeps the stream full lets this loop run without ever suspending,
+                    # so the disconnect that would cancel it (Starlette's listener) could never be seen.
+                    await asyncio.sleep(0)
             finally:
                 close = getattr(items, "aclose", None)
                 if close is not None:
