@@ -324,6 +324,9 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"inferd: {exc}", file=sys.stderr)
         return 2
     workers = default_frontend_workers() if args.frontend_workers is None else args.frontend_workers
+    from inferd.observability import memtrace
+
+    memtrace.install("core" if workers else "server")  # INFERD_TRACEMALLOC: a leak hunt's snapshots
     if workers < 0:
         print(f"inferd: --frontend-workers must be >= 0, got {workers}", file=sys.stderr)
         return 2

@@ -116,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     from inferd.handoff.lifeline import die_with_parent
 
     die_with_parent(args.parent)
+    from inferd.observability import memtrace
+
+    memtrace.install(f"frontend{args.index}")  # INFERD_TRACEMALLOC: a leak hunt's snapshots
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s %(levelname)s frontend {args.index} %(name)s: %(message)s")
     return asyncio.run(serve(args.index, args.channel_fd))
