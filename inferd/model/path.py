@@ -72,6 +72,7 @@ class ModelRun:
             self.set_exception(exc)
             return
         self.finished = True
+        self._cancel = None  # the scheduler's relay: nothing to cancel any more
         self.outputs = outputs
         if self.hit_ns < 0:
             model.stats.record_success(time.perf_counter_ns() - self.start, self.clock.now())
@@ -88,6 +89,7 @@ class ModelRun:
         if self.finished:
             return
         self.finished = True
+        self._cancel = None
         describe = self.describe
         error = describe(exception) if describe is not None and isinstance(exception, Exception) else exception
         _record_failure(self.model, self.request, self.clock, self.start, exception, error)
@@ -107,8 +109,9 @@ class ModelRun:
             return
         self.finished = True
         self.request.cancelled = True
-        if self._cancel is not None:
-            self._cancel()
+        cancel, self._cancel = self._cancel, None
+        if cancel is not None:
+            cancel()
         cancelled = asyncio.CancelledError()
         _record_failure(self.model, self.request, self.clock, self.start, cancelled, cancelled)
         self.error = cancelled
@@ -128,7 +131,10 @@ def submit_model(model: Model, request: InferenceRequest, clock: Clock, on_done:
         else:
             run._cancel = asyncio.get_running_loop().create_task(_run_cached(run, rows)).cancel
     except BaseException as exc:
-        run.set_exception(exc)
+        # Its traceback holds this frame and the schedulers' (each holding the run, which now
+        # holds the error): a reference cycle per refused request, left to the oldest
+        # generation's rare collections. Nothing reads it: the caller answers kind and message.
+        run.set_exception(exc.with_traceback(None))
     return run
 
 

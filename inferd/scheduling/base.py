@@ -31,12 +31,18 @@ class Relay:
     """A completion between a scheduler and the completion its caller handed it: on the
     first of the outcome and :meth:`cancel`, :meth:`settle` runs, once; then the outcome goes
     on to ``completion``, or the cancel to :meth:`drop` (by default ``cancel_inner``: the
-    cancel of the scheduler this one handed the request to, when it did)."""
+    cancel of the scheduler this one handed the request to, when it did).
+
+    Once closed it lets go of both (:meth:`forget`): the caller keeps this relay's ``cancel``
+    and the inner scheduler keeps this relay as its completion, so each link back is a
+    reference cycle per request. Left in place, the cycles of the requests that were in flight
+    when a young collection ran reach the oldest generation, whose collections a server's heap
+    (a runtime's modules) makes rare: the soak's RSS rose ~40 bytes per request with them."""
 
     __slots__ = ("completion", "cancel_inner", "open")
 
     def __init__(self, completion: Completion) -> None:
-        self.completion = completion
+        self.completion: Completion | None = completion
         self.cancel_inner: Callable[[], None] | None = None
         self.open = True
 
@@ -47,19 +53,26 @@ class Relay:
         if self.open:
             self.open = False
             self.settle()
-            self.completion.set_result(result)
+            completion = self.completion
+            self.forget()
+            assert completion is not None  # open until now
+            completion.set_result(result)
 
     def set_exception(self, exception: BaseException) -> None:
         if self.open:
             self.open = False
             self.settle()
-            self.completion.set_exception(exception)
+            completion = self.completion
+            self.forget()
+            assert completion is not None
+            completion.set_exception(exception)
 
     def cancel(self) -> None:
         if self.open:
             self.open = False
             self.settle()
             self.drop()
+            self.forget()
 
     def settle(self) -> None:
         """The request has ended here (answered or cancelled): whatever this scheduler counts."""
@@ -67,6 +80,11 @@ class Relay:
     def drop(self) -> None:
         if self.cancel_inner is not None:
             self.cancel_inner()
+
+    def forget(self) -> None:
+        """The relay has closed: it holds nothing of the request any more (see the class)."""
+        self.completion = None
+        self.cancel_inner = None
 
 
 class Scheduler(abc.ABC):

@@ -76,6 +76,10 @@ class _Call(Relay):
         if self.item is not None:
             self.owner._queue.cancel(self.item)
 
+    def forget(self) -> None:
+        super().forget()
+        self.item = None  # the queued item's job holds this call: a cycle otherwise
+
 
 class _Batch:
     __slots__ = ("items", "rows", "result", "traced", "instance", "dispatched")
@@ -145,7 +149,9 @@ class BatchScheduler(Scheduler):
         call = _Call(self, completion)
         self._inflight.enter()
         try:
-            call.item = self._enqueue(request, rows, call, more)
+            item = self._enqueue(request, rows, call, more)
+            if call.open:  # an inline model may have answered it already (then it holds nothing)
+                call.item = item
         except BaseException:
             call.cancel()  # leaves the count; nothing was queued
             raise
