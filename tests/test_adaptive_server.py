@@ -149,7 +149,8 @@ def test_a_lone_client_waits_for_company_only_under_fixed(client, server):
         count = "inferd_inference_queue_duration_seconds_bucket"
         return int(get(metrics, count, f"wait_{mode}", le="+Inf") - get(metrics, count, f"wait_{mode}", le="0.5"))
 
-    assert int(_stats(client, "wait_fixed")["inference_stats"]["queue"]["ns"]) >= 3 * WAIT_US * 1000
+    # (Not the queue statistic's sum: the wait counts from each request's received stamp, the
+    # statistic from the core's enqueue, which comes later by however long the hand-off took.)
     assert waited("fixed") == 3  # each request waited the whole delay
     assert waited("adaptive") == 1  # the first request, a probe; the other five ran at once
 
