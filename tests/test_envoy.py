@@ -160,7 +160,7 @@ def test_perf_analyzer_through_envoy(fleet: Fleet, perf_analyzer: str) -> None:
         # -x 1: its per-window ModelStatistics come from whichever replica Envoy picks; with no
         # version named, two answers from different replicas fail the window.
         [perf_analyzer, "-m", "simple", "-x", "1", "-u", fleet.grpc_url, "-i", "grpc", "-p", "1000",
-         "--concurrency-range", "4", "--max-trials", "4", "--stability-percentage", "200"],
+         "--concurrency-range", "4", "--max-trials", "10", "--stability-percentage", "200"],
         capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "Throughput:" in run.stdout and "Concurrency: 4" in run.stdout, run.stdout

@@ -118,6 +118,7 @@ async def _slope(server, model: str, warmup: int, measured: int) -> float:  # ty
 async def test_rss_stays_flat_over_50000_requests(repo):
     with running(repo) as server:
         slope = await _slope(server, "identity", warmup=10_000, measured=40_000)
+    print(f"identity: {slope:.1f} bytes per request")
     assert slope < BOUND, f"the server's RSS grew {slope:.0f} bytes per request (bound {BOUND})"
 
 
