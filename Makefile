@@ -9,6 +9,9 @@ REPO ?= model_repository
 GRPC_PORT ?= 8001
 HTTP_PORT ?= 8000
 METRICS_PORT ?= 8002
+# Triton's perf_analyzer (PyPI perf-analyzer), for `make bench` and the tests that use it (skipped without it).
+PERF_ANALYZER ?= perf_analyzer
+export PERF_ANALYZER
 
 .PHONY: install serve test models proto bench check clean gpu-wheels
 
@@ -71,7 +74,7 @@ gpu-wheels:
 	  --platform manylinux_2_17_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 \
 	  --platform manylinux_2_31_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_38_x86_64 \
 	  -d $(GPU_WHEELS) -r perf/gpu_wheels.txt
-	-../shared/tools/perf_analyzer --version >/dev/null 2>&1
+	-$(PERF_ANALYZER) --version >/dev/null 2>&1
 	if [ -d $(PA_LIBS) ]; then mkdir -p $(GPU_WHEELS)/palibs && cp -L $(PA_LIBS)/ld-linux-x86-64.so.2 \
 	  $(PA_LIBS)/libc.so.6 $(PA_LIBS)/libm.so.6 $(PA_LIBS)/libstdc++.so.6 $(PA_LIBS)/libgcc_s.so.1 \
 	  $(PA_LIBS)/libssl.so.3 $(PA_LIBS)/libcrypto.so.3 $(PA_LIBS)/libz.so.1 $(GPU_WHEELS)/palibs/; fi

@@ -32,19 +32,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOL = Path("shared") / "tools" / "perf_analyzer"
-
-
 def find_perf_analyzer() -> Path:
-    """$INFERD_PERF_ANALYZER (another perf_analyzer: the GPU machine runs the one of its PyPI
-    wheel), else shared/tools/perf_analyzer in the nearest folder above the checkout that has
-    one (a worktree may sit deeper than the main checkout)."""
-    if os.environ.get("INFERD_PERF_ANALYZER"):
-        return Path(os.environ["INFERD_PERF_ANALYZER"])
-    for folder in ROOT.parents:
-        if (folder / TOOL).exists():
-            return folder / TOOL
-    return ROOT.parent / TOOL
+    """Triton's perf_analyzer: $PERF_ANALYZER (or $INFERD_PERF_ANALYZER, which the GPU machine's
+    script sets to its wheel's), else ``perf_analyzer`` on PATH (PyPI's perf-analyzer installs it)."""
+    for var in ("PERF_ANALYZER", "INFERD_PERF_ANALYZER"):
+        if os.environ.get(var):
+            return Path(os.environ[var])
+    return Path(shutil.which("perf_analyzer") or "perf_analyzer")
 
 
 PERF_ANALYZER = find_perf_analyzer()

@@ -195,8 +195,7 @@ def stub(server: ServerProcess) -> Iterator:
 @pytest.fixture(scope="session")
 def perf_analyzer() -> str:
     """The path of a working Triton perf_analyzer; the test is skipped where none can run."""
-    candidates = [os.environ.get("PERF_ANALYZER", ""), str(ROOT.parent / "shared" / "tools" / "perf_analyzer"),
-                  shutil.which("perf_analyzer") or ""]
+    candidates = [os.environ.get("PERF_ANALYZER", ""), shutil.which("perf_analyzer") or ""]
     for path in candidates:
         if path and Path(path).is_file() and os.access(path, os.X_OK):
             try:

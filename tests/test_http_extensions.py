@@ -22,7 +22,6 @@ from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from conftest import ServerProcess
 
-PERF_ANALYZER = Path("/work/shared/tools/perf_analyzer")
 TRACE_ID = "5bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "10f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
@@ -398,10 +397,9 @@ def test_decoupled_model_is_refused_with_tritons_words(client):
 # -- perf_analyzer -----------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not PERF_ANALYZER.exists(), reason="perf_analyzer is not installed here")
-def test_perf_analyzer_http_with_system_shared_memory(server, client):
+def test_perf_analyzer_http_with_system_shared_memory(server, client, perf_analyzer):
     result = subprocess.run(
-        [str(PERF_ANALYZER), "-m", "mlp", "-u", server.http_url, "-i", "http", "--shared-memory", "system",
+        [perf_analyzer, "-m", "mlp", "-u", server.http_url, "-i", "http", "--shared-memory", "system",
          "--concurrency-range", "2", "--measurement-mode", "count_windows", "--measurement-request-count", "100",
          # This checks that it works, not how fast: a busy machine must not fail it for instability.
          "--stability-percentage", "1000", "--max-trials", "3"],

@@ -21,7 +21,6 @@ from inferd.errors import AlreadyExists, InvalidArgument, NotFound
 from inferd.dataplane.shared_memory import SharedMemoryManager
 from inferd.server.codec import shm_ref
 
-PERF_ANALYZER = Path("/work/shared/tools/perf_analyzer")
 
 
 @pytest.fixture(scope="module")
@@ -373,10 +372,9 @@ def test_manager_refusals(tmp_path):
 # -- perf_analyzer ------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not PERF_ANALYZER.exists(), reason="perf_analyzer is not installed here")
-def test_perf_analyzer_with_system_shared_memory(server, client):
+def test_perf_analyzer_with_system_shared_memory(server, client, perf_analyzer):
     result = subprocess.run(
-        [str(PERF_ANALYZER), "-m", "mlp", "-u", server.url, "-i", "grpc", "--shared-memory", "system",
+        [perf_analyzer, "-m", "mlp", "-u", server.url, "-i", "grpc", "--shared-memory", "system",
          "--concurrency-range", "2", "--measurement-mode", "count_windows", "--measurement-request-count", "100",
          # This checks that it works, not how fast: a busy machine must not fail it for instability.
          "--stability-percentage", "1000", "--max-trials", "3"],

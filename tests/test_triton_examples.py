@@ -23,7 +23,7 @@ import pytest
 from conftest import running
 from inferd.examples import triton_examples
 
-MIRROR = Path(os.environ.get("TRITON_CLIENT_REPO", "/work/.mirror/triton-inference-server+client/repo"))
+MIRROR = Path(os.environ.get("TRITON_CLIENT_REPO", "triton-client-repo-not-set"))  # a checkout of Triton's client repo
 EXAMPLES = "src/python/examples"
 IMAGE = "{image}"
 
