@@ -50,8 +50,10 @@ class ResponseStat:
     cancel: Duration = field(default_factory=Duration)
 
     def copy(self) -> "ResponseStat":
-        return ResponseStat(*(Duration(d.count, d.ns) for d in (
-            self.compute_infer, self.compute_output, self.success, self.fail, self.empty_response, self.cancel)))
+        return ResponseStat(*(Duration(d.count, d.ns) for d in (getattr(self, f) for f in RESPONSE_FIELDS)))
+
+
+RESPONSE_FIELDS = ("compute_infer", "compute_output", "success", "fail", "empty_response", "cancel")  # ResponseStat's
 
 
 @dataclass(frozen=True, slots=True)

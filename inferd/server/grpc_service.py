@@ -20,6 +20,7 @@ from inferd._proto import grpc_service_pb2_grpc as pb_grpc
 from inferd.clock import Clock, MonotonicClock
 from inferd.dataplane import DataPlaneAPI
 from inferd.errors import InferdError, InvalidArgument, Unimplemented
+from inferd.observability.stats import RESPONSE_FIELDS
 from inferd.server import codec
 from inferd.server.status import grpc_status
 
@@ -421,7 +422,6 @@ class _Closing:
 
 
 STREAM_WINDOW = 64  # responses of one ModelStreamInfer stream waiting for gRPC to take them
-RESPONSE_FIELDS = ("compute_infer", "compute_output", "success", "fail", "empty_response", "cancel")
 
 
 def _metadata(context) -> dict[str, str]:  # type: ignore[no-untyped-def]

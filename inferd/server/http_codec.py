@@ -27,7 +27,7 @@ import numpy as np
 
 from inferd.dtypes import BY_NAME, DataType, datatype_problem, element_count, encode_bytes, from_numpy
 from inferd.errors import InvalidArgument
-from inferd.observability.stats import ModelStatistics
+from inferd.observability.stats import RESPONSE_FIELDS, ModelStatistics
 from inferd.server.codec import array_from_raw, int_param, parse_version, shm_ref
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput, SharedTensor
 
@@ -329,9 +329,6 @@ def json_values(array: np.ndarray, wire: str, name: str, model: str) -> list[Any
 # -- other JSON answers ----------------------------------------------------
 
 
-_RESPONSE_FIELDS = ("compute_infer", "compute_output", "success", "fail", "empty_response", "cancel")
-
-
 def _duration(d: Any) -> dict[str, int]:
     return {"count": d.count, "ns": d.ns}
 
@@ -366,7 +363,7 @@ def statistics_json(models: list[ModelStatistics]) -> dict[str, Any]:
                 for b in s.batch_stats
             ],
             "response_stats": {
-                key: {field: _duration(getattr(r, field)) for field in _RESPONSE_FIELDS}
+                key: {field: _duration(getattr(r, field)) for field in RESPONSE_FIELDS}
                 for key, r in s.response_stats.items()
             },
         })
