@@ -62,18 +62,18 @@ proto: $(TEST_STAMP)
 	$(PY) -m inferd._proto.generate
 
 bench: $(TEST_STAMP) models
-	$(PY) -m perf.bench
+	$(PY) -m bench
 
-# The wheels perf/gpu_check.sh installs on the GPU machine (Python 3.12, x86-64, no network),
+# The wheels bench/gpu_check.sh installs on the GPU machine (Python 3.12, x86-64, no network),
 # and perf_analyzer's libraries for a host older than its glibc 2.38, when the shared tool fetched them.
-GPU_WHEELS := perf/gpu_wheels
+GPU_WHEELS := bench/gpu_wheels
 PA_LIBS := $(or $(PERF_ANALYZER_HOME),$(HOME)/.cache/perf_analyzer)/libs/usr/lib/x86_64-linux-gnu
 gpu-wheels:
 	mkdir -p $(GPU_WHEELS)
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_17_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 \
 	  --platform manylinux_2_31_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_38_x86_64 \
-	  -d $(GPU_WHEELS) -r perf/gpu_wheels.txt
+	  -d $(GPU_WHEELS) -r bench/gpu_wheels.txt
 	-$(PERF_ANALYZER) --version >/dev/null 2>&1
 	if [ -d $(PA_LIBS) ]; then mkdir -p $(GPU_WHEELS)/palibs && cp -L $(PA_LIBS)/ld-linux-x86-64.so.2 \
 	  $(PA_LIBS)/libc.so.6 $(PA_LIBS)/libm.so.6 $(PA_LIBS)/libstdc++.so.6 $(PA_LIBS)/libgcc_s.so.1 \

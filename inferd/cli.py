@@ -191,7 +191,7 @@ def _security_options(args: argparse.Namespace) -> dict[str, Any]:
     return out
 def default_frontend_workers(cores: int | None = None) -> int:
     """Half the cores, at least two, at most 16. A worker spends most of a request's CPU (the
-    grpc.aio transport: 2-3x the core's share, perf/RESULTS.md), so the wire gets cores of its own;
+    grpc.aio transport: 2-3x the core's share, bench/RESULTS.md), so the wire gets cores of its own;
     the other half is left to the core and the models' runtime threads. At least two so that the
     ports keep a listener while a dead worker restarts."""
     import os
@@ -299,7 +299,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.gil_switch_interval_us < 1:
         print(f"inferd: --gil-switch-interval-us must be >= 1, got {args.gil_switch_interval_us}", file=sys.stderr)
         return 2
-    # Measured on the 2048->8192->2048 MLP at concurrency 128 (perf/RESULTS.md): joining a
+    # Measured on the 2048->8192->2048 MLP at concurrency 128 (bench/RESULTS.md): joining a
     # batch's inputs on the worker thread waited ~19 ms per batch for the GIL at Python's
     # default 5 ms; ~4 ms at 100 us.
     sys.setswitchinterval(args.gil_switch_interval_us / 1e6)

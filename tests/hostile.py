@@ -1,8 +1,8 @@
 """Hostile inference requests, generated with hypothesis, for both protocols (issue 16, item 4).
 
 Shared by tests/test_hostile_input.py (10,000 of each through the decoders and the data plane in
-one process, and a sample over the wire) and perf/scenarios/hostile_input.py (10,000 of each over the
-wire, recorded in perf/RESULTS.md). What they try: wrong byte sizes, shapes whose element count
+one process, and a sample over the wire) and bench/scenarios/hostile_input.py (10,000 of each over the
+wire, recorded in bench/RESULTS.md). What they try: wrong byte sizes, shapes whose element count
 overflows 64 bits, negative and huge dimensions, duplicate tensor names, BYTES framing that lies,
 deep or malformed JSON, huge parameter maps, shared-memory offsets and sizes past a region, names
 with path separators and NULs, unknown data types, typed contents out of range, lying

@@ -1,5 +1,5 @@
 """The GPU paths on a real GPU (pytest -m gpu; every test here is skipped on a host without
-CUDA, and perf/gpu_check.sh runs them on the GPU machine): KIND_GPU placement, TorchScript on
+CUDA, and bench/gpu_check.sh runs them on the GPU machine): KIND_GPU placement, TorchScript on
 cuda:0 against the same model on the CPU, pinned staging and streams, CUDA shared memory
 through tritonclient's own utilities, an ensemble of GPU steps, NVML metrics."""
 

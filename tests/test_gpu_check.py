@@ -1,4 +1,4 @@
-"""perf/gpu_check.sh and perf/scenarios/gpu.py on a host without a GPU: the arguments, the
+"""bench/gpu_check.sh and bench/scenarios/gpu.py on a host without a GPU: the arguments, the
 refusal, the dry run (models built, loadable as CPU twins, their GPU configs refused only
 for want of a GPU) and RESULTS.md rendered from a sample result."""
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from perf import bench
-from perf.scenarios import gpu
+from bench import bench
+from bench.scenarios import gpu
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "perf" / "gpu_check.sh"
+SCRIPT = ROOT / "bench" / "gpu_check.sh"
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a GPU")
 
 
@@ -29,7 +29,7 @@ def sh(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
 
 def test_the_script_explains_itself_and_refuses_unknown_arguments():
     r = sh("--help")
-    assert r.returncode == 0 and "--dry-run" in r.stdout and "perf/gpu_wheels" in r.stdout
+    assert r.returncode == 0 and "--dry-run" in r.stdout and "bench/gpu_wheels" in r.stdout
     r = sh("--frobnicate")
     assert r.returncode == 2 and "unknown argument '--frobnicate'" in r.stderr
     r = sh("--budget", "soon")
@@ -110,7 +110,7 @@ def test_results_md_renders_the_gpu_result(tmp_path, monkeypatch):
     result["ratios"] = gpu.ratios(result)
     result["notes"] = gpu.notes(result)
     data = {"scenario": "gpu", "doc": gpu.__doc__.strip(), "result": result, "when": "2026-01-01 00:00 UTC",
-            "machine": "16 cores", "command": "perf/gpu_check.sh"}
+            "machine": "16 cores", "command": "bench/gpu_check.sh"}
     (tmp_path / "gpu.json").write_text(json.dumps(data))
     monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
     text = bench.render()

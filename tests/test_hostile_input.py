@@ -9,7 +9,7 @@ UNKNOWN or INTERNAL, always a message; the server's memory stays flat.
 - Over the wire, a sample of each (``INFERD_FUZZ_WIRE_EXAMPLES``, 150 by default) against a real
   server, checking status codes and messages and the server's RSS before and after. The full
   10,000-over-the-wire run: ``INFERD_FUZZ_WIRE_EXAMPLES=10000 pytest tests/test_hostile_input.py -k wire``
-  (or ``python -m perf.bench --scenario hostile_input``, which records it in perf/RESULTS.md).
+  (or ``python -m bench --scenario hostile_input``, which records it in bench/RESULTS.md).
 """
 
 from __future__ import annotations

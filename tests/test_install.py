@@ -56,7 +56,7 @@ def _wheel(source: Path, out: Path) -> zipfile.ZipFile:
     """``pip wheel`` of a copy of ``source`` (no network: no deps, no build isolation)."""
     src = out / "src"
     shutil.copytree(source, src, ignore=shutil.ignore_patterns(
-        ".venv", "model_repository", "__pycache__", "*.egg-info", "build", ".git", "perf"))
+        ".venv", "model_repository", "__pycache__", "*.egg-info", "build", ".git", "bench"))
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                            "--no-index", "-q", "-w", str(out), str(src)],
                           capture_output=True, text=True, timeout=300)

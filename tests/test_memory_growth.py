@@ -10,7 +10,7 @@ the collector's timing (a flat server measures tens of bytes per request or less
 the test does not flake, and well below what it exists to catch: the control in this file
 runs the same measurement on a model that keeps 1 KiB per request and must exceed it. A
 slower leak (the soak's ~40 bytes per request) is the soak's to find over a million
-requests (perf/soak.py, perf/RESULTS.md)."""
+requests (bench/soak.py, bench/RESULTS.md)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from tritonclient.grpc import InferInput
 
 from conftest import running
 from inferd.examples.build import triton_config
-from perf.proc_cpu import all_stats, server_tree
+from bench.proc_cpu import all_stats, server_tree
 
 BOUND = 200  # bytes per request
 CONCURRENCY = 16

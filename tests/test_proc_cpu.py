@@ -1,4 +1,4 @@
-"""perf/proc_cpu.py: /proc parsing, the process tree, per-window reports, and a live process tree."""
+"""bench/proc_cpu.py: /proc parsing, the process tree, per-window reports, and a live process tree."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from perf import proc_cpu
-from perf.proc_cpu import CpuMeter, Snapshot, Stat, parse_stat, report, server_tree
+from bench import proc_cpu
+from bench.proc_cpu import CpuMeter, Snapshot, Stat, parse_stat, report, server_tree
 
 
 def _stat_line(pid: int, comm: str, ppid: int, pgrp: int, utime: int, stime: int, start: int) -> str:

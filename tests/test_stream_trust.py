@@ -74,7 +74,7 @@ class TritonPythonModel:
 
 
 def flood_source(floats: int) -> str:
-    """The flood model, each response ``floats`` FP32 values (perf/scenarios/flood.py uses it too)."""
+    """The flood model, each response ``floats`` FP32 values (bench/scenarios/flood.py uses it too)."""
     return FLOOD_TEMPLATE.replace("FLOATS", str(floats))
 
 # Three responses, then the final flag alone (an empty final response).

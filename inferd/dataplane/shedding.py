@@ -47,7 +47,7 @@ from inferd.errors import Unavailable
 # Defaults. mlp at 16 in flight, unloaded, answers with p99 25-56 ms here (2 cores shared with the
 # client and other engineers' tests), its requests waiting a few ms each for the batch ahead of them but
 # now and then tens of ms when the machine is busy: a 20 ms target made that normal load shed after an
-# overload (perf/RESULTS.md, shedding: throughput after 0.51x before), so the target is 50 ms, twice
+# overload (bench/RESULTS.md, shedding: throughput after 0.51x before), so the target is 50 ms, twice
 # that p99, and bounds the queueing the stamp sees well within 10x the unloaded p99 (what waits before
 # the stamp, in gRPC core's and the kernel's queues or the client, it cannot see: measured so). 100 ms is
 # CoDel's own interval: a burst that drains within it is never shed. The memory of a past overload is

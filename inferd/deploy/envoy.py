@@ -117,7 +117,7 @@ def _route(cluster: str, retry: dict[str, Any], options: EnvoyOptions, grpc: boo
             # A replica whose port just closed fails fast, so it has the fewest active requests
             # and least-request's two choices pick it 3 times in 4 with two replicas; five
             # re-picks still sent ~0.5% of the requests of a 1 s drain window back to it
-            # (perf/RESULTS.md, replicas), ten sent none in the runs here.
+            # (bench/RESULTS.md, replicas), ten sent none in the runs here.
             "host_selection_retry_max_attempts": 10,
         },
     }

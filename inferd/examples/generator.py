@@ -7,7 +7,7 @@ builds the same bytes) and renders its ``config.pbtxt`` for each way it can be
 batched: ``continuous`` (``iterative_sequence``: rows join and leave between
 steps), ``request`` (dynamic batching: a batch runs until its longest request
 ends) and ``none`` (one request at a time). The repository holds the first;
-the benchmark (perf/scenarios/generative.py) builds the others.
+the benchmark (bench/scenarios/generative.py) builds the others.
 """
 
 from __future__ import annotations

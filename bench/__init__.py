@@ -1,0 +1,1 @@
+"""Benchmark scripts (run with ``make bench``); results in bench/RESULTS.md."""

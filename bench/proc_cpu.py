@@ -1,0 +1,255 @@
+"""CPU per inference for each process of a running server, from /proc and the server's counts.
+
+    python -m bench.proc_cpu --pid PID --url 127.0.0.1:8001 [--seconds 10] [--windows 1] [--json]
+
+The server's processes are the one named by ``--pid`` (the core) and every process
+below it (frontend workers, found through /proc's parent links), plus the members of
+its process group when it leads one. Each process's CPU is utime + stime from
+``/proc/<pid>/stat`` (all its threads, in clock ticks); the inferences are the
+server's own count, the sum of ``inference_count`` over ModelStatistics (rows, as
+Triton and perf_analyzer count them), both taken at the start and the end of a
+window. A process that starts inside the window (a restarted frontend) counts from
+zero; one that exits inside it is reported as gone, its last CPU unknown.
+
+From a benchmark::
+
+    meter = CpuMeter(server_pid, statistics_count(url))
+    before = meter.sample()
+    ...                                   # drive load
+    report = meter.since(before)          # CpuReport: per process and in total
+    report.per_inference_us("core")
+
+Linux only (/proc). The clock tick is usually 10 ms, so windows of a few seconds
+under load are needed for a figure to the microsecond per inference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+PROC = Path("/proc")
+TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+CORE = "core"
+WORKER_MODULE = "inferd.handoff.worker"  # a frontend worker's command line names this module
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    """The fields of /proc/<pid>/stat this tool reads."""
+
+    pid: int
+    ppid: int
+    pgrp: int
+    ticks: int  # utime + stime: every thread of the process, since it started
+    start: int  # start time in ticks after boot: with the pid, names one process even if the pid is reused
+
+
+def read_stat(pid: int, proc: Path = PROC) -> Stat | None:
+    """The process's stat, or None when it is gone (or not readable)."""
+    try:
+        text = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return parse_stat(text)
+
+
+def parse_stat(text: str) -> Stat:
+    # The command name (field 2) is in parentheses and may itself hold spaces or ')'.
+    pid = int(text[:text.index(" ")])
+    fields = text[text.rindex(")") + 2:].split()
+    # fields[0] is field 3 (state): ppid is field 4, pgrp 5, utime 14, stime 15, starttime 22.
+    return Stat(pid=pid, ppid=int(fields[1]), pgrp=int(fields[2]),
+                ticks=int(fields[11]) + int(fields[12]), start=int(fields[19]))
+
+
+def all_stats(proc: Path = PROC) -> list[Stat]:
+    out = []
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            stat = read_stat(int(entry.name), proc)
+            if stat is not None:
+                out.append(stat)
+    return out
+
+
+def server_tree(root: int, stats: Iterable[Stat]) -> list[Stat]:
+    """``root``, every process below it, and its process group's members when it leads one."""
+    stats = list(stats)
+    children: dict[int, list[Stat]] = {}
+    by_pid = {}
+    for s in stats:
+        children.setdefault(s.ppid, []).append(s)
+        by_pid[s.pid] = s
+    if root not in by_pid:
+        return []
+    found = {root: by_pid[root]}
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child.pid not in found:
+                found[child.pid] = child
+                todo.append(child.pid)
+    if by_pid[root].pgrp == root:
+        for s in stats:
+            if s.pgrp == root:
+                found.setdefault(s.pid, s)
+    return sorted(found.values(), key=lambda s: s.pid)
+
+
+def role(pid: int, root: int, proc: Path = PROC) -> str:
+    """``core`` for the root, ``frontend K`` for a frontend worker, else the process's command name."""
+    if pid == root:
+        return CORE
+    try:
+        argv = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "gone"
+    words = [a.decode(errors="replace") for a in argv if a]
+    if WORKER_MODULE in words:
+        index = words[words.index("--index") + 1] if "--index" in words[:-1] else "?"
+        return f"frontend {index}"
+    try:
+        return (proc / str(pid) / "comm").read_text().strip()
+    except OSError:
+        return "gone"
+
+
+# -- windows --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    when: float  # monotonic seconds
+    inferences: int
+    processes: dict[tuple[int, int], tuple[str, int]]  # (pid, start) -> (role, ticks)
+
+
+@dataclass(slots=True)
+class ProcessCpu:
+    pid: int
+    role: str
+    cpu_s: float
+    per_inference_us: float
+    note: str = ""
+
+
+@dataclass(slots=True)
+class CpuReport:
+    seconds: float
+    inferences: int
+    processes: list[ProcessCpu] = field(default_factory=list)
+
+    @property
+    def total_cpu_s(self) -> float:
+        return sum(p.cpu_s for p in self.processes)
+
+    def per_inference_us(self, role_prefix: str = "") -> float:
+        """CPU us per inference summed over the processes whose role starts with ``role_prefix``
+        ("core", "frontend"; "" for the whole server)."""
+        cpu = sum(p.cpu_s for p in self.processes if p.role.startswith(role_prefix))
+        return cpu / self.inferences * 1e6 if self.inferences else 0.0
+
+    def as_dict(self) -> dict:
+        return {"seconds": round(self.seconds, 3), "inferences": self.inferences,
+                "total_cpu_s": round(self.total_cpu_s, 3),
+                "per_inference_us": round(self.per_inference_us(), 1),
+                "processes": [{"pid": p.pid, "role": p.role, "cpu_s": round(p.cpu_s, 3),
+                               "per_inference_us": round(p.per_inference_us, 1), "note": p.note}
+                              for p in self.processes]}
+
+    def table(self) -> str:
+        lines = [f"{self.inferences} inferences in {self.seconds:.1f} s "
+                 f"({self.inferences / self.seconds if self.seconds else 0:,.0f}/s)",
+                 f"{'process':<14} {'pid':>8} {'cpu s':>8} {'us/inference':>13}"]
+        for p in self.processes:
+            lines.append(f"{p.role:<14} {p.pid:>8} {p.cpu_s:>8.2f} {p.per_inference_us:>13.1f} {p.note}".rstrip())
+        lines.append(f"{'all':<14} {'':>8} {self.total_cpu_s:>8.2f} {self.per_inference_us():>13.1f}")
+        return "\n".join(lines)
+
+
+class CpuMeter:
+    """Samples a server's processes and inference count; :meth:`since` makes the report."""
+
+    def __init__(self, root_pid: int, count: Callable[[], int], proc: Path = PROC,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.root = root_pid
+        self.count = count
+        self.proc = proc
+        self.clock = clock
+
+    def sample(self) -> Snapshot:
+        inferences = self.count()
+        stats = server_tree(self.root, all_stats(self.proc))
+        processes = {(s.pid, s.start): (role(s.pid, self.root, self.proc), s.ticks) for s in stats}
+        return Snapshot(self.clock(), inferences, processes)
+
+    def since(self, before: Snapshot, after: Snapshot | None = None) -> CpuReport:
+        after = after or self.sample()
+        return report(before, after)
+
+
+def report(before: Snapshot, after: Snapshot) -> CpuReport:
+    """Per process, the CPU it used between the two snapshots, over the inferences done meanwhile."""
+    n = after.inferences - before.inferences
+    out = CpuReport(seconds=after.when - before.when, inferences=n)
+    for key, (name, ticks) in after.processes.items():
+        start_ticks = before.processes.get(key, (name, 0))[1]
+        cpu = (ticks - start_ticks) / TICK
+        note = "" if key in before.processes else "started in the window"
+        out.processes.append(ProcessCpu(key[0], name, cpu, cpu / n * 1e6 if n else 0.0, note))
+    for key, (name, _) in before.processes.items():
+        if key not in after.processes:
+            out.processes.append(ProcessCpu(key[0], name, 0.0, 0.0, "gone: exited in the window"))
+    out.processes.sort(key=lambda p: (p.role != CORE, p.role, p.pid))
+    return out
+
+
+def statistics_count(url: str, timeout: float = 10.0) -> Callable[[], int]:
+    """The server's inference count (sum of ModelStatistics inference_count) over gRPC."""
+    import grpc
+
+    from inferd._proto import grpc_service_pb2 as pb
+    from inferd._proto import grpc_service_pb2_grpc as pb_grpc
+
+    channel = grpc.insecure_channel(url)
+    stub = pb_grpc.GRPCInferenceServiceStub(channel)
+
+    def count() -> int:
+        reply = stub.ModelStatistics(pb.ModelStatisticsRequest(), timeout=timeout)
+        return sum(m.inference_count for m in reply.model_stats)
+
+    return count
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.proc_cpu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pid", type=int, required=True, help="the server's (core's) process id")
+    parser.add_argument("--url", required=True, help="its gRPC address, for ModelStatistics (host:port)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="window length (default 10)")
+    parser.add_argument("--windows", type=int, default=1, help="consecutive windows to report (default 1)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per window")
+    args = parser.parse_args(argv)
+    if read_stat(args.pid) is None:
+        print(f"proc_cpu: no process {args.pid}", file=sys.stderr)
+        return 1
+    meter = CpuMeter(args.pid, statistics_count(args.url))
+    before = meter.sample()
+    for _ in range(max(args.windows, 1)):
+        time.sleep(args.seconds)
+        after = meter.sample()
+        result = report(before, after)
+        print(json.dumps(result.as_dict()) if args.json else result.table(), flush=True)
+        before = after
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,1 +1,0 @@
-"""Benchmark scripts (run with ``make bench``); results in perf/RESULTS.md."""
