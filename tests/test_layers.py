@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from inferd import errors
-from inferd.dataplane import DataPlaneAPI
+from inferd.facade import DataPlaneAPI
 from inferd.server.status import STATUS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,8 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # (layer, module prefixes); the longest matching prefix decides a module's layer.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("proto", ("inferd._proto",)),
+    # inferd.facade: the data plane's façade and the plain data it speaks, importing only the core types,
+    # so that a frontend worker process (which loads it) loads nothing of the models.
     ("core", ("inferd.types", "inferd.errors", "inferd.clock", "inferd.dtypes", "inferd.streaming",
-              "inferd.observability", "inferd.suggest", "inferd.gpu", "inferd.host")),
+              "inferd.observability", "inferd.suggest", "inferd.gpu", "inferd.host", "inferd.facade")),
     ("config", ("inferd.config",)),
     ("backends", ("inferd.backends", "triton_python_backend_utils")),
     ("scheduling", ("inferd.scheduling",)),
@@ -44,7 +46,7 @@ WIRE_MODULES = ("grpc", "grpc_health", "grpc_reflection", "google.protobuf", "in
 # The frontend modules that serve clients: the data plane's façade is all they may use of it.
 FACADE_USERS = ("inferd.server.grpc_service", "inferd.server.http_service", "inferd.server.health")
 BELOW_THE_FACADE = ("inferd.repository", "inferd.model", "inferd.scheduling", "inferd.ensemble", "inferd.backends",
-                    "inferd.dataplane.plane", "inferd.dataplane.shared_memory")
+                    "inferd.batchjobs", "inferd.dataplane")  # the façade is inferd.facade, not inferd.dataplane
 
 
 def layer_of(module: str) -> str | None:

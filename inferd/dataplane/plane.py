@@ -18,18 +18,20 @@ from typing import Any, AsyncIterator, Callable, Mapping
 
 from inferd.clock import Clock, MonotonicClock
 from inferd.dataplane.admission import Admission, request_bytes
-from inferd.dataplane.api import ModelMetadata, ServerMetadata, TensorMetadata, TraceCarrier
 from inferd.dataplane.batches import BatchService
-from inferd.dataplane.cuda_shared_memory import CudaRegionStatus
-from inferd.dataplane.shared_memory import RegionStatus, SharedMemoryManager
+from inferd.dataplane.shared_memory import SharedMemoryManager
 from inferd.dataplane.shedding import QueueDelay
 from inferd.errors import InferdError, InvalidArgument, Unavailable, Unimplemented
-from inferd.model import DECOUPLED_UNARY, Model, ModelRun, find, response, run_model, submit_model
+from inferd.facade import (
+    DECOUPLED_UNARY, DRAINING, CudaRegionStatus, IndexEntry, ModelMetadata, RegionStatus, ServerMetadata, TensorMetadata,
+    TraceCarrier,
+)
+from inferd.model import Model, ModelRun, find, response, run_model, submit_model
 from inferd.model import infer_stream as model_infer_stream
 from inferd.observability.log_settings import LogSettings
 from inferd.observability.stats import ModelStatistics
 from inferd.observability.tracing import Tracing
-from inferd.repository import IndexEntry, ModelManager, control
+from inferd.repository import ModelManager, control
 from inferd.streaming import StreamLimits, StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse
 
@@ -41,11 +43,10 @@ EXTENSIONS = [
     "classification", "sequence", "model_repository", "schedule_policy", "model_configuration", "statistics",
     "binary_tensor_data", "parameters", "model_repository(unload_dependents)", "system_shared_memory", "trace", "logging",
 ]
-DRAINING = "inferd is shutting down and takes no new inference requests"
 
 
 class DataPlane:
-    """Implements :class:`~inferd.dataplane.api.DataPlaneAPI` over a :class:`ModelManager`."""
+    """Implements :class:`~inferd.facade.DataPlaneAPI` over a :class:`ModelManager`."""
 
     def __init__(self, manager: ModelManager, clock: Clock | None = None, *, tracing: Tracing | None = None,
                  logs: LogSettings | None = None, server_name: str = SERVER_NAME,

@@ -24,11 +24,11 @@ from functools import partial
 from typing import Any, Callable
 
 from inferd.errors import InferdError
+from inferd.facade import DECOUPLED_HTTP, DECOUPLED_UNARY
 from inferd.handoff import wire
 from inferd.handoff.core_codec import request_from, response_message, run_message
 from inferd.handoff.supervisor import Link
-from inferd.model import DECOUPLED_UNARY, ModelRun
-from inferd.server.http_service import DECOUPLED_HTTP
+from inferd.model import ModelRun
 
 log = logging.getLogger(__name__)
 CANCELLED = "the request was cancelled"  # the final answer to a CANCEL: the worker's client has gone

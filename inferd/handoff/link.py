@@ -15,8 +15,8 @@ import pickle
 import socket
 from typing import Any
 
-from inferd.dataplane.plane import DRAINING
 from inferd.errors import Unavailable
+from inferd.facade import DRAINING
 from inferd.handoff import wire
 from inferd.handoff.arena import Arena, ArenaWriter
 from inferd.handoff.channel import Channel

@@ -18,18 +18,16 @@ from typing import Any, AsyncIterator, Mapping
 
 import numpy as np
 
-from inferd.dataplane.api import ModelMetadata, ServerMetadata, TraceCarrier
-from inferd.dataplane.cuda_shared_memory import CudaRegionStatus
-from inferd.dataplane.shared_memory import RegionStatus
 from inferd.dtypes import BY_NAME, decode_bytes, encode_bytes
 from inferd.errors import InferdError
+from inferd.facade import (
+    DECOUPLED_UNARY, CudaRegionStatus, IndexEntry, ModelMetadata, RegionStatus, ServerMetadata, TraceCarrier,
+)
 from inferd.handoff import wire
 from inferd.handoff.core_codec import datatype_of
 from inferd.handoff.link import WorkerLink
 from inferd.handoff.pending import error_from
-from inferd.model import DECOUPLED_UNARY
 from inferd.observability.stats import ModelStatistics
-from inferd.repository import IndexEntry
 from inferd.streaming import StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse, SharedTensor
 

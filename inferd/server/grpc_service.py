@@ -18,8 +18,8 @@ import grpc
 from inferd._proto import grpc_service_pb2 as pb
 from inferd._proto import grpc_service_pb2_grpc as pb_grpc
 from inferd.clock import Clock, MonotonicClock
-from inferd.dataplane import DataPlaneAPI
 from inferd.errors import InferdError, InvalidArgument, Unimplemented
+from inferd.facade import DataPlaneAPI
 from inferd.observability.stats import RESPONSE_FIELDS
 from inferd.server import codec
 from inferd.server.status import grpc_status

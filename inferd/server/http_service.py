@@ -34,15 +34,12 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from inferd.config import message_to_dict
-from inferd.dataplane import DataPlaneAPI
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, TooLarge, Unimplemented
+from inferd.facade import DECOUPLED_HTTP, DataPlaneAPI
 from inferd.server import generate, http_codec
 from inferd.server.codec import parse_version
 from inferd.server.restrictions import Restrictions
 from inferd.server.status import http_status
-
-# Triton's words for an HTTP inference request to a decoupled model (clients match on them).
-DECOUPLED_HTTP = "HTTP end point doesn't support models with decoupled transaction policy"
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 
-from inferd.dataplane import DataPlaneAPI
+from inferd.facade import DataPlaneAPI
 from inferd.dataplane.plane import DataPlane
 from inferd.handoff.proxy import CALLS, RemoteDataPlane
 

@@ -2,7 +2,14 @@
 
 Both frontends (gRPC, HTTP) and the gRPC health service call only these
 methods; :class:`~inferd.dataplane.plane.DataPlane` implements them in the
-process that holds the models. Every method is ``async`` and takes and returns
+process that holds the models, and a frontend worker's
+:class:`~inferd.handoff.worker.proxy.RemoteDataPlane` over the hand-off. This
+module imports only the core types (it is in the core layer), so a frontend
+worker process that loads it, the wire protocol and the frontends loads
+nothing of the models: no config pipeline of its own, scheduler, backend,
+repository or batch-job engine. The values the layers below produce for the
+façade (:class:`IndexEntry`, the region statuses) and the words every side
+shares (``DECOUPLED_*``, ``DRAINING``) are defined here for that reason. Every method is ``async`` and takes and returns
 plain, picklable data (dataclasses, dicts, lists, numpy arrays, the domain
 errors), so that a frontend in another process can hold a proxy with this
 same interface that forwards each call over IPC, and the frontends cannot
@@ -27,18 +34,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping, NamedTuple, Protocol
 
-from inferd.dataplane.cuda_shared_memory import CudaRegionStatus
-from inferd.dataplane.shared_memory import RegionStatus
-from inferd.model import DECOUPLED_UNARY
 from inferd.observability.stats import BatchStatistics, ModelStatistics
-from inferd.repository import IndexEntry
 from inferd.streaming import StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse
 
 __all__ = [
-    "BatchStatistics", "DataPlaneAPI", "IndexEntry", "ModelMetadata", "ModelStatistics", "RegionStatus",
-    "ServerMetadata", "TensorMetadata", "TraceCarrier",
+    "DECOUPLED_HTTP", "DECOUPLED_UNARY", "DRAINING", "BatchStatistics", "CudaRegionStatus", "DataPlaneAPI",
+    "IndexEntry", "ModelMetadata", "ModelStatistics", "RegionStatus", "ServerMetadata", "TensorMetadata",
+    "TraceCarrier",
 ]
+
+# Triton's words for a one-response call to a decoupled model (clients match on them): gRPC ModelInfer's
+# (and a Python model's BLS call's), and HTTP's.
+DECOUPLED_UNARY = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+DECOUPLED_HTTP = "HTTP end point doesn't support models with decoupled transaction policy"
+# Why inference is refused while the server drains (UNAVAILABLE), in the core and in a draining worker alike.
+DRAINING = "inferd is shutting down and takes no new inference requests"
 
 # The request's headers / gRPC metadata, for the W3C trace context; called only when the request is traced.
 TraceCarrier = Callable[[], Mapping[str, str]]
@@ -48,6 +59,35 @@ class ServerMetadata(NamedTuple):
     name: str
     version: str
     extensions: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """One row of RepositoryIndex: a model version (``version`` "" for a model with none loaded)."""
+
+    name: str
+    version: str
+    state: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RegionStatus:
+    """A registered system shared memory region."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class CudaRegionStatus:
+    """A registered CUDA shared memory region."""
+
+    name: str
+    device_id: int
+    byte_size: int
 
 
 @dataclass(frozen=True, slots=True)
