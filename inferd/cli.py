@@ -375,7 +375,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         if workers:
-            from inferd.handoff.server import MultiProcessServer
+            from inferd.handoff.core.multiprocess import MultiProcessServer
 
             server: InferenceServer = MultiProcessServer(options, workers)
         else:

@@ -32,7 +32,7 @@ Errors are :mod:`inferd.errors` types; the frontends map them to statuses.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Mapping, NamedTuple, Protocol
+from typing import Any, AsyncIterator, Callable, Mapping, NamedTuple, Protocol, runtime_checkable
 
 from inferd.observability.stats import BatchStatistics, ModelStatistics
 from inferd.streaming import StreamResponse
@@ -40,7 +40,7 @@ from inferd.types import InferenceRequest, InferenceResponse
 
 __all__ = [
     "DECOUPLED_HTTP", "DECOUPLED_UNARY", "DRAINING", "BatchStatistics", "CudaRegionStatus", "DataPlaneAPI",
-    "IndexEntry", "ModelMetadata", "ModelStatistics", "RegionStatus", "ServerMetadata", "TensorMetadata",
+    "GrpcFastPath", "IndexEntry", "ModelMetadata", "ModelStatistics", "RegionStatus", "ServerMetadata", "TensorMetadata",
     "TraceCarrier",
 ]
 
@@ -216,4 +216,21 @@ class DataPlaneAPI(Protocol):
         """Run one request of a stream and yield its responses as they come: one, or a
         decoupled model's many, then the final flag. Errors are yielded (a drain's
         refusal too); only cancellation raises."""
+        ...
+
+
+@runtime_checkable
+class GrpcFastPath(Protocol):
+    """What a data plane may offer gRPC ModelInfer besides :class:`DataPlaneAPI`: the whole call on
+    the wire's own messages. A frontend worker's data plane offers it (its core decodes the
+    tensors in place in the hand-off's arena, so the worker builds no numpy array); the
+    in-process :class:`~inferd.dataplane.plane.DataPlane` does not (its servicer decodes).
+    The servicer asks once, when it is built (``isinstance``)."""
+
+    async def grpc_infer(self, message: Any, deadline: float | None, trace_carrier: TraceCarrier | None,
+                         received_ns: int) -> Any:
+        """A ``ModelInferRequest`` in, its ``ModelInferResponse`` out (both opaque here, as
+        :meth:`DataPlaneAPI.model_config`'s message is); refusals and failures raise the domain
+        errors, as :meth:`DataPlaneAPI.infer` does. ``deadline``: absolute monotonic seconds, or
+        None; ``received_ns``: when the frontend received the call (CLOCK_MONOTONIC ns)."""
         ...
