@@ -222,9 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     _check_parser(sub)
     from inferd.perf.options import add_parser as _perf_parser
     from inferd.batch_cli import add_parser as _batch_parser
+    from inferd.examples.command import add_parser as _examples_parser
 
     _perf_parser(sub)
     _batch_parser(sub)
+    _examples_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
@@ -238,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         from inferd.perf import run as _perf
 
         return _perf(args)
+    if args.command == "examples":
+        from inferd.examples.command import run as _examples
+
+        return _examples(args, parser)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -76,7 +76,9 @@ def test_the_server_wheel_builds_offline_with_torch_as_an_extra(tmp_path: Path) 
     names = set(wheel.namelist())
     assert {"inferd/cli.py", "inferd/py.typed", "inferd/_proto/grpc_service_pb2.py",
             "triton_python_backend_utils/__init__.py"} <= names
-    assert not any(n.startswith(("tests/", "clients/", "inferd_client/")) for n in names)
+    assert not any(n.startswith(("tests/", "clients/", "inferd_client/", "bench/")) for n in names)
+    # Test and benchmark harnesses stay out (bench/replicas.py); the example repository, a user command, ships.
+    assert "inferd/deploy/replicas.py" not in names and "inferd/examples/command.py" in names
     requires = [line for line in _metadata(wheel) if line.startswith("Requires-Dist:")]
     torch = [line for line in requires if line.startswith("Requires-Dist: torch")]
     assert torch and all('extra == "torch"' in line for line in torch), requires

@@ -20,7 +20,7 @@ import numpy as np
 
 from inferd.backends.batching import Joined, join, request_rows, split
 from inferd.backends.pool import BufferPool
-from inferd.config import ModelConfig, ModelSignature, ModelSpec
+from inferd.config import BackendCapabilities, ModelConfig, ModelSignature, ModelSpec
 from inferd.errors import ConfigError, InferdError, ModelExecutionError
 from inferd.types import InferenceRequest, InferenceResponse
 
@@ -214,19 +214,19 @@ def split_batch(inputs: Sequence[dict[str, Any]], out: dict[str, Any]) -> list[d
     return list(split("", Joined({}, request_rows(inputs)), out))
 
 
-class Backend(abc.ABC):
-    """A runtime family: reads model files and creates instances."""
+class Backend(BackendCapabilities, abc.ABC):
+    """A runtime family: reads model files and creates instances.
 
-    name: str = ""
-    platform: str = ""
-    default_filename: str = ""
+    What it can do (its names, model file, decoupled, undeclared inputs, joined
+    batches, GPUs, how an iterative sequence ends) are class attributes, declared
+    with their defaults in :class:`~inferd.config.BackendCapabilities`, which the
+    config pipeline reads; a subclass overrides those it answers differently.
+    A backend class is registered with :func:`inferd.backends.register` or through
+    the ``inferd.backends`` entry point group, and is created with no arguments."""
 
     def signature(self, model_file: Path, model_name: str) -> ModelSignature | None:
         """The model file's own tensors, for auto-complete and validation."""
         return None
-
-    def gpu_available(self) -> bool:
-        return False
 
     def complete_config(self, config: ModelConfig, model_file: Path) -> None:
         """Complete or check ``config`` in place before validation (the Python

@@ -47,6 +47,8 @@ class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     platform = "onnxruntime_onnx"
     default_filename = "model.onnx"
+    file_suffixes = (".onnx",)
+    gpu_requirement = "this onnxruntime has no CUDAExecutionProvider; install onnxruntime-gpu"
 
     def signature(self, model_file: Path, model_name: str) -> ModelSignature:
         ort = _ort()

@@ -143,6 +143,15 @@ class PythonBackend(Backend):
     name = "python"
     platform = ""  # Triton's python models name a backend, not a platform
     default_filename = "model.py"
+    file_suffixes = (".py",)
+    # The model's own code answers each request (decoupled: as many responses as it sends),
+    # reads whatever inputs a request sends, sees each request's own tensors (no joined batch),
+    # and ends an iterative sequence by releasing its request without RESCHEDULE.
+    decoupled = True
+    undeclared_inputs = True
+    joins_batches = False
+    ends_sequences_by_release = True
+    gpu_requirement = "this torch has no CUDA"
 
     def __init__(self) -> None:
         self._gpu: bool | None = None

@@ -13,6 +13,7 @@ through without reading it (and the backends' config hooks, which complete it).
 
 from inferd._proto.model_config_pb2 import ModelConfig
 from inferd.config._autocomplete import ModelSignature, SignatureTensor, autocomplete
+from inferd.config._capabilities import TENSOR_BACKEND, BackendCapabilities
 from inferd.config._batching import DELAY, REJECT, DynamicBatching, QueuePolicy, dynamic_batching
 from inferd.config._ensemble import (
     EnsembleConfig, StepConfig, check_ensemble_config, ensemble_config, is_ensemble, prepare_ensemble_config,
@@ -40,7 +41,7 @@ from inferd.config._varlen import (
 __all__ = [
     "CORRID", "DELAY", "END", "KIND_AUTO", "KIND_CPU", "KIND_GPU", "LENGTHS", "MASK", "READY", "REJECT", "START",
     "BatchInput", "BatchOutput", "FilledInput", "PaddedInput", "Unpad", "VarlenSpec", "varlen_spec",
-    "BackendResolver", "ConfigCompleter", "Control", "DynamicBatching", "EnsembleConfig", "InferdParameters",
+    "TENSOR_BACKEND", "BackendCapabilities", "BackendResolver", "ConfigCompleter", "Control", "DynamicBatching", "EnsembleConfig", "InferdParameters",
     "InstanceGroup", "ModelConfig", "ModelSignature", "ModelSpec", "PreparedConfig", "QueuePolicy",
     "RateLimitResource", "SequencePolicy", "SignatureTensor", "StateSpec", "StepConfig", "TensorSpec", "WarmupInput",
     "WarmupSample", "autocomplete", "check_declared", "check_ensemble_config", "check_name", "config_from_dict",

@@ -155,14 +155,17 @@ def _warmup(config: mc.ModelConfig) -> tuple[WarmupSample, ...]:
 
 
 def model_spec(config: mc.ModelConfig, labels: dict[str, tuple[str, ...]] | None = None, *,
-               model_dir: Path | None = None, sequence: SequencePolicy | None = None) -> ModelSpec:
-    """The plain view of a checked ``config``; ``sequence``: its sequence policy when the
-    caller has it already (else it is read, with ``model_dir`` for initial-state files)."""
+               model_dir: Path | None = None, sequence: SequencePolicy | None = None,
+               varlen: VarlenSpec | None = None) -> ModelSpec:
+    """The plain view of a checked ``config``; ``sequence`` and ``varlen``: its sequence policy
+    and variable-length batching when the caller has them already (checked against its backend:
+    :func:`~inferd.config.validate`; else they are read, with ``model_dir`` for initial-state files)."""
     labels = labels or {}
     if sequence is None:
         sequence = sequence_policy(config, model_dir)
     params = InferdParameters.from_config(config)
-    varlen = varlen_spec(config, params)
+    if varlen is None:
+        varlen = varlen_spec(config, params)
     filled_inputs = {}
     for b in varlen.batch_inputs if varlen is not None else ():
         dtype = BY_CONFIG["TYPE_INT32" if b.dtype == "int32" else "TYPE_FP32"]

