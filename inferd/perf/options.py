@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
 
 
@@ -268,30 +267,9 @@ class PerfOptions:
         )
 
 
-def run(args: argparse.Namespace) -> int:
-    """Entry point of ``inferd perf``: 0 on success, 1 on an error (one line on stderr), 130 on Ctrl-C."""
-    try:
-        options = PerfOptions.from_args(args)
-        if options.plot:
-            try:
-                import matplotlib  # noqa: F401  (checked before any load is sent)
-            except ImportError:
-                # The requirement itself: 'inferd[perf]' would fetch some other "inferd" from the index
-                # (or nothing) where inferd was installed from a checkout.
-                raise PerfError(f"--plot needs matplotlib, which is not installed: pip install '{PLOT_REQUIREMENT}' "
-                                "(in an inferd checkout: pip install -e '.[perf]')") from None
-        if options.protocol == "http":
-            try:
-                import aiohttp  # noqa: F401  (checked before any load is sent)
-            except ImportError:
-                raise PerfError(f"-i http needs aiohttp, which is not installed: pip install '{HTTP_REQUIREMENT}'") \
-                    from None
-        from .runner import perf_main
-
-        return perf_main(options)
-    except PerfError as exc:
-        print(f"inferd perf: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("inferd perf: interrupted", file=sys.stderr)
-        return 130
+def parse_options(argv: list[str]) -> PerfOptions:
+    """``inferd perf``'s arguments (without the word ``perf``) -> validated options, for callers
+    that measure from code (``inferd tune``, the benchmark suite); argparse exits on bad syntax."""
+    parser = argparse.ArgumentParser(prog="inferd")
+    add_parser(parser.add_subparsers(dest="command"))
+    return PerfOptions.from_args(parser.parse_args(["perf", *argv]))

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TextIO
 
 from .measure import PERCENTILES
-from .runner import LevelResult, RunResult
+from .results import LevelResult, RunResult
 
 # perf_analyzer 2.60's `-f` header, checked against the real tool (time-windows, server stats on,
 # response cache off). The first column is "Request Rate" in the open-loop mode; --verbose-csv

@@ -1,19 +1,19 @@
 """Drive the load: spawn the workers, step through the load levels, measure each level in
-windows until stable (or over a fixed request count), and hand the results to ``report``."""
+windows until stable (or over a fixed request count). :func:`measure` is the API: options in,
+a :class:`~.results.RunResult` out; it prints progress only (the report is ``report``'s)."""
 
 from __future__ import annotations
 
 import multiprocessing
-import os
 import resource
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .measure import ClientStats, Records, is_stable, server_delta
+from .measure import STABILITY_WINDOWS, ClientStats, Records, is_stable, server_delta
 from .model import ModelInfo, ServerClient, build_inputs, serialize_requests
 from .options import PerfError, PerfOptions
+from .results import LevelResult, RunResult
 from .worker import WorkerConfig, cpu_seconds, worker_main
 
 if TYPE_CHECKING:
@@ -22,53 +22,6 @@ if TYPE_CHECKING:
 # Open loop: the rate counts as kept when the sends over the measurement are at least this share
 # of what the schedule asked for (a client falling ever further behind fails it; jitter does not).
 MIN_SENT_FRACTION = 0.95
-STABILITY_WINDOWS = 3
-
-
-@dataclass
-class LevelResult:
-    mode: str  # "concurrency" | "request_rate"
-    level: float
-    batch_size: int
-    client: ClientStats
-    server: dict[str, float]
-    stable: bool | None  # None: --request-count (no stability check)
-    windows: int  # windows measured; the last min(3, windows) are reported
-    window_history: list[dict[str, float]] = field(default_factory=list)
-    send_rate: float | None = None  # open loop: achieved sends/second
-    delayed_pct: float | None = None  # open loop: sends later than scheduled by > 2 ms
-    sent_fraction: float | None = None  # open loop: sends / sends due by the schedule
-    rate_kept: bool | None = None
-    client_cpu_s: float = 0.0
-    wall_s: float = 0.0
-    error_samples: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def throughput(self) -> float:
-        """Inferences per second (requests x batch size), as perf_analyzer counts them."""
-        return self.client.throughput_rps * self.batch_size
-
-    @property
-    def network_us(self) -> float:
-        """perf_analyzer's "Network+Server Send/Recv": client latency minus server queue+compute."""
-        s = self.server
-        server_us = s["queue_avg_us"] + s["compute_input_avg_us"] + s["compute_infer_avg_us"] + s["compute_output_avg_us"]
-        return max(0.0, self.client.latency_us.get("avg", 0.0) - server_us)
-
-
-@dataclass
-class RunResult:
-    options: PerfOptions
-    model: ModelInfo
-    levels: list[LevelResult]
-    wall_s: float
-    client_cpu_user_s: float
-    client_cpu_sys_s: float
-    payload_bytes: list[int]
-
-    @property
-    def client_cpu_s(self) -> float:
-        return self.client_cpu_user_s + self.client_cpu_sys_s
 
 
 # --------------------------------------------------------------------------- workers
@@ -423,20 +376,3 @@ def measure(options: PerfOptions) -> RunResult:
         )
     finally:
         client.close()
-
-
-def perf_main(options: PerfOptions) -> int:
-    from . import report
-
-    result = measure(options)
-    report.print_table(result)
-    if options.csv:
-        report.write_csv(result, options.csv)
-    if options.json:
-        report.write_json(result, options.json)
-    if options.plot:
-        report.write_plot(result, options.plot)
-    for path in (options.csv, options.json, options.plot):
-        if path:
-            print(f"wrote {os.fspath(path)}", file=sys.stderr)
-    return 0
