@@ -112,7 +112,8 @@ def write_json(result: RunResult, path: str | Path) -> None:
     Path(path).write_text(json.dumps(to_dict(result), indent=2) + "\n")
 
 
-def print_table(result: RunResult, out: TextIO = sys.stdout) -> None:
+def print_table(result: RunResult, out: TextIO | None = None) -> None:
+    out = out or sys.stdout  # looked up now: a default bound at import would keep a replaced stream
     o = result.options
     first = "Concurrency" if o.mode == "concurrency" else "Rate/s"
     how = (f"{o.request_count} requests per level" if o.request_count
