@@ -238,3 +238,55 @@ def server_metadata(msg: pb.ServerMetadataResponse) -> ServerMetadata:
 
 def region_statuses(msg: pb.SystemSharedMemoryStatusResponse) -> dict[str, RegionStatus]:
     return {name: RegionStatus(r.name, r.key, int(r.offset), int(r.byte_size)) for name, r in msg.regions.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class StatDuration:
+    """A statistic's count and its total time in nanoseconds."""
+
+    count: int
+    ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStatistics:
+    batch_size: int
+    compute_input: StatDuration
+    compute_infer: StatDuration
+    compute_output: StatDuration
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatistics:
+    """One model version's statistics (Triton's ModelStatistics). ``inference`` maps success,
+    fail, queue, compute_input, compute_infer, compute_output, cache_hit, cache_miss to their
+    :class:`StatDuration`."""
+
+    name: str
+    version: str
+    last_inference: int  # ms since the epoch
+    inference_count: int
+    execution_count: int
+    inference: dict[str, StatDuration]
+    batches: tuple[BatchStatistics, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RepositoryModel:
+    """An entry of the repository index: a model (version) and its state (READY, UNAVAILABLE, ...)."""
+
+    name: str
+    version: str
+    state: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CudaRegionStatus:
+    name: str
+    device_id: int
+    byte_size: int
+
+
+INFERENCE_STATS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
+                   "cache_hit", "cache_miss")
