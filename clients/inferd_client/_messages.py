@@ -17,13 +17,15 @@ ParameterValue = Union[bool, int, float, str]
 
 
 class InferError(Exception):
-    """A request the server refused or could not run. ``code`` is the gRPC status
-    (None for an error inside a stream, which carries only a message)."""
+    """A request the server refused or could not run. ``code`` is the gRPC status (over HTTP
+    the one of the same meaning, the HTTP status itself in ``http_status``; None for an
+    error inside a stream, which carries only a message)."""
 
-    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+    def __init__(self, message: str, code: grpc.StatusCode | None = None, http_status: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.http_status = http_status
 
     def __str__(self) -> str:
         return f"[{self.code.name}] {self.message}" if self.code is not None else self.message
