@@ -164,3 +164,13 @@ def test_mutual_tls_over_grpc_and_https(mtls_server, capsys, tmp_path) -> None: 
     code, _, err = _perf(capsys, "-m", "mlp", "-u", server.http_url, "-i", "http", "--request-count", "2",
                          "--ssl-https-ca-certificates-file", str(certs.ca), "--connect-timeout", "5", "-q")
     assert code == 1 and "Traceback" not in err
+
+
+def test_streaming_a_decoupled_model_counts_each_request_once(example_server, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """repeat_decoupled answers each request with REPEAT=3 responses on the stream: the later
+    ones must not settle other requests (30 requests, 30 completions, no errors)."""
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps({"data": [{"IN": [5], "REPEAT": [3]}]}))
+    level = _level(capsys, tmp_path, "-m", "repeat_decoupled", "-u", example_server.url, "--streaming",
+                   "--concurrency-range", "2", "--request-count", "30", "--input-data", str(data))
+    assert level["completed"] == 30 and level["errors"] == {} and level["server"]["success_count"] == 30

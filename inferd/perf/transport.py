@@ -166,7 +166,9 @@ class _Stream:
                 msg = pb.ModelStreamInferResponse.FromString(raw)
                 request_id = msg.infer_response.id
                 if request_id not in self.pending:
-                    if not self.order:
+                    # an answer naming no request (a server that drops ids on errors) settles the
+                    # oldest; a later response to a request already settled (decoupled) is skipped
+                    if request_id or not self.order:
                         continue
                     request_id = self.order[0]
                 future = self.pending.pop(request_id)
