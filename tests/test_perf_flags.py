@@ -50,9 +50,11 @@ def test_a_sequence_model_gets_sequence_ids_and_every_request_succeeds(example_s
 
 
 def test_streaming_open_loop_with_headers(example_server, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    level = _level(capsys, tmp_path, "-m", "mlp", "-u", example_server.url, "--streaming", "-H", "x-tenant: a",
+    level = _level(capsys, tmp_path, "-m", "mlp", "-u", example_server.url, "--streaming", "-H", "x-token: s3cret",
                    "--request-rate-range", "200", "--request-count", "50")
     assert level["completed"] == 50 and level["errors"] == {} and level["server"]["success_count"] == 50
+    written = (tmp_path / "out.json").read_text()
+    assert "x-token" in written and "s3cret" not in written  # a header's value may be a credential
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

@@ -88,6 +88,7 @@ def to_dict(result: RunResult) -> dict:
         })
     options = dataclasses.asdict(o)
     options["shapes"] = {k: list(v) for k, v in o.shapes.items()}
+    options["headers"] = [[name, "(set)"] for name, _ in o.headers]  # values may be credentials
     return {
         "tool": "inferd perf",
         "model": {
