@@ -93,9 +93,11 @@ def test_the_client_wheel_builds_offline_and_carries_its_stubs(tmp_path: Path) -
     assert {"inferd_client/__init__.py", "inferd_client/py.typed", "inferd_client/_proto/_pool.py",
             "inferd_client/_proto/grpc_service_pb2_grpc.py", "inferd_client/_proto/grpc_service_pb2.pyi"} <= names
     assert not any(n.startswith("examples/") for n in names)
-    requires = {line.split(":", 1)[1].strip().split(">")[0].split("<")[0]
-                for line in _metadata(wheel) if line.startswith("Requires-Dist:")}
+    lines = [line.split(":", 1)[1].strip() for line in _metadata(wheel) if line.startswith("Requires-Dist:")]
+    requires = {line.split(">")[0].split("<")[0] for line in lines if "extra ==" not in line}
     assert requires == {"grpcio", "protobuf", "numpy"}
+    # AsyncHttpClient's aiohttp only with the aio-http extra
+    assert {line.split(">")[0] for line in lines if "extra ==" in line} == {"aiohttp"}
 
 
 def test_perf_plot_without_matplotlib_names_the_requirement_of_the_perf_extra(tmp_path: Path) -> None:
