@@ -333,6 +333,9 @@ def _serve(args: argparse.Namespace) -> int:
     from inferd.observability import memtrace
 
     memtrace.install("core" if workers else "server")  # INFERD_TRACEMALLOC: a leak hunt's snapshots
+    from inferd.observability import heap
+
+    heap.start()  # freed heap memory back to the system every 30 s (INFERD_MALLOC_TRIM_INTERVAL)
     if workers < 0:
         print(f"inferd: --frontend-workers must be >= 0, got {workers}", file=sys.stderr)
         return 2

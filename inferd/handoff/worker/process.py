@@ -151,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
     memtrace.install(f"frontend{args.index}")  # INFERD_TRACEMALLOC: a leak hunt's snapshots
+    from inferd.observability import heap
+
+    heap.start()  # freed heap memory back to the system (INFERD_MALLOC_TRIM_INTERVAL)
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s %(levelname)s frontend {args.index} %(name)s: %(message)s")
     return asyncio.run(serve(args.index, args.channel_fd))
