@@ -137,3 +137,23 @@ def test_both_packages_take_their_version_from_the_one_version_file() -> None:
     expected = (ROOT / "VERSION").read_text().strip()
     assert (ROOT / "clients" / "VERSION").resolve() == (ROOT / "VERSION").resolve()
     assert version("inferd") == version("inferd-client") == expected
+
+
+def test_an_onnx_model_without_onnx_runtime_fails_to_load_naming_both_extras(
+        example_repository: Path, tmp_path: Path) -> None:
+    shutil.copytree(example_repository / "simple", tmp_path / "simple")
+    proc = _without("onnxruntime", "inferd.cli", "check", str(tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("simple")]
+    assert "model 'simple'" in line and "pip install 'inferd[onnx]'" in line and "'inferd[onnx-gpu]'" in line
+
+
+def test_onnxruntime_and_onnxruntime_gpu_together_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferd.backends import onnxruntime as backend
+    from inferd.errors import ConfigError
+
+    monkeypatch.setattr(backend, "_installed_ort", lambda: ["onnxruntime 1.32.0", "onnxruntime-gpu 1.31.1"])
+    with pytest.raises(ConfigError, match=r"model 'm': both onnxruntime 1\.32\.0 and onnxruntime-gpu 1\.31\.1"):
+        backend._ort("m")
+    monkeypatch.setattr(backend, "_installed_ort", lambda: ["onnxruntime 1.32.0"])
+    assert backend._ort("m").InferenceSession  # one of the two: the module itself
