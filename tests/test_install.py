@@ -3,6 +3,7 @@ PyTorch as an extra (``inferd[torch]``) whose absence is a clear load error."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -103,8 +104,60 @@ def test_the_client_wheel_builds_offline_and_carries_its_stubs(tmp_path: Path) -
 def test_perf_plot_without_matplotlib_names_the_requirement_of_the_perf_extra(tmp_path: Path) -> None:
     import tomllib
 
-    (requirement,) = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["perf"]
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["perf"]
+    (requirement,) = [r for r in extra if r.startswith("matplotlib")]
     proc = _without("matplotlib", "inferd.cli", "perf", "-m", "simple", "-u", "127.0.0.1:1",
                     "--plot", str(tmp_path / "plot.png"))
     assert proc.returncode == 1
     assert f"--plot needs matplotlib, which is not installed: pip install '{requirement}'" in proc.stderr
+
+
+# What ties a file to this machine's layout: the shared tools folder beside the checkout, the
+# workplace's absolute paths, its local package index, or comments about what lies on its disk.
+# (Written so that this file's own source does not match.)
+_MACHINE_PATHS = re.compile(r"\.\./shared\b|(?<![\w.])/(?:work|root)/|/opt/py[p]i|/home/(?!inferd\b)\w+"
+                            r"|lies on local dis[k]")
+
+
+def test_no_tracked_file_depends_on_this_machines_layout() -> None:
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: no list of tracked files")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60)
+    found = []
+    for name in listed.stdout.decode().split("\0"):
+        path = ROOT / name
+        if not name or path.is_symlink() or not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:  # models, images: not text a path could hide in
+            continue
+        found += [f"{name}:{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1)
+                  if _MACHINE_PATHS.search(line)]
+    assert not found, "\n".join(found)
+
+
+def test_both_packages_take_their_version_from_the_one_version_file() -> None:
+    expected = (ROOT / "VERSION").read_text().strip()
+    assert (ROOT / "clients" / "VERSION").resolve() == (ROOT / "VERSION").resolve()
+    assert version("inferd") == version("inferd-client") == expected
+
+
+def test_an_onnx_model_without_onnx_runtime_fails_to_load_naming_both_extras(
+        example_repository: Path, tmp_path: Path) -> None:
+    shutil.copytree(example_repository / "simple", tmp_path / "simple")
+    proc = _without("onnxruntime", "inferd.cli", "check", str(tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("simple")]
+    assert "model 'simple'" in line and "pip install 'inferd[onnx]'" in line and "'inferd[onnx-gpu]'" in line
+
+
+def test_onnxruntime_and_onnxruntime_gpu_together_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferd.backends import onnxruntime as backend
+    from inferd.errors import ConfigError
+
+    monkeypatch.setattr(backend, "_installed_ort", lambda: ["onnxruntime 1.32.0", "onnxruntime-gpu 1.31.1"])
+    with pytest.raises(ConfigError, match=r"model 'm': both onnxruntime 1\.32\.0 and onnxruntime-gpu 1\.31\.1"):
+        backend._ort("m")
+    monkeypatch.setattr(backend, "_installed_ort", lambda: ["onnxruntime 1.32.0"])
+    assert backend._ort("m").InferenceSession  # one of the two: the module itself

@@ -33,9 +33,43 @@ _GRAPH_LEVELS = {
 }
 
 
-def _ort():  # type: ignore[no-untyped-def]
-    import onnxruntime
+# The two PyPI packages that install the ``onnxruntime`` module: inferd[onnx] and inferd[onnx-gpu].
+ORT_DISTRIBUTIONS = ("onnxruntime", "onnxruntime-gpu")
 
+
+def _installed_ort() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for dist in ORT_DISTRIBUTIONS:
+        try:
+            found.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+def _ort(model: str | None = None):  # type: ignore[no-untyped-def]
+    """The ``onnxruntime`` module, or a ConfigError (naming ``model``) saying which extra installs it.
+
+    ONNX Runtime is an extra: inferd[onnx] (CPU) or inferd[onnx-gpu] (CUDA, TensorRT). The two
+    packages write the same module folder, so with both installed the last one wins file by file and
+    the providers a model gets are whichever survived: refused rather than guessed at.
+    """
+    where = f"model '{model}': " if model else ""
+    installed = _installed_ort()
+    if len(installed) > 1:
+        raise ConfigError(
+            f"{where}both {' and '.join(installed)} are installed; they share one 'onnxruntime' module and "
+            "overwrite each other: keep one (pip uninstall -y onnxruntime onnxruntime-gpu, then "
+            "pip install 'inferd[onnx]' for CPU or 'inferd[onnx-gpu]' for NVIDIA GPUs)")
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise ConfigError(
+            f"{where}the ONNX Runtime backend (platform onnxruntime_onnx) needs ONNX Runtime, which is not "
+            f"installed ({exc}); install it with: pip install 'inferd[onnx]' (CPU) or "
+            "pip install 'inferd[onnx-gpu]' (NVIDIA GPUs)") from None
     return onnxruntime
 
 
@@ -51,7 +85,7 @@ class OnnxRuntimeBackend(Backend):
     gpu_requirement = "this onnxruntime has no CUDAExecutionProvider; install onnxruntime-gpu"
 
     def signature(self, model_file: Path, model_name: str) -> ModelSignature:
-        ort = _ort()
+        ort = _ort(model_name)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         options.intra_op_num_threads = 1
@@ -72,11 +106,14 @@ class OnnxRuntimeBackend(Backend):
         return ModelSignature(inputs, tensors(session.get_outputs()))
 
     def gpu_available(self) -> bool:
-        return "CUDAExecutionProvider" in _ort().get_available_providers()
+        try:
+            return "CUDAExecutionProvider" in _ort().get_available_providers()
+        except ConfigError:  # no usable ONNX Runtime: its models fail to load, saying why
+            return False
 
     @staticmethod
     def _session(model_file: Path, model_name: str, options, providers):  # type: ignore[no-untyped-def]
-        ort = _ort()
+        ort = _ort(model_name)
         path = model_file / "model.onnx" if model_file.is_dir() else model_file
         try:
             return ort.InferenceSession(str(path), sess_options=options, providers=providers)
@@ -90,7 +127,7 @@ class OnnxRuntimeBackend(Backend):
 class OnnxInstance(TensorInstance):
     def __init__(self, backend: OnnxRuntimeBackend, spec: ModelSpec, instance: InstanceSpec) -> None:
         super().__init__(spec, instance)
-        ort = _ort()
+        ort = _ort(spec.name)
         params = spec.parameters
         options = ort.SessionOptions()
         options.intra_op_num_threads = int_parameter(spec.name, params, "intra_op_thread_count", instance.threads)

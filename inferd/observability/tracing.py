@@ -198,7 +198,7 @@ class Tracing:
             except ImportError:
                 raise ValueError(
                     f"--trace-config mode=opentelemetry exports with OTLP/HTTP, which needs the "
-                    f"'{OTLP_PACKAGE}' package: pip install {OTLP_PACKAGE} (or use "
+                    f"'{OTLP_PACKAGE}' package: pip install 'inferd[otlp]' (or use "
                     "--trace-config triton,file=PATH)"
                 ) from None
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
