@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping, NamedTuple, Protocol
 
+from inferd.config import OpenAIModel
 from inferd.dataplane.cuda_shared_memory import CudaRegionStatus
 from inferd.dataplane.shared_memory import RegionStatus
 from inferd.model import DECOUPLED_UNARY
@@ -95,6 +96,12 @@ class DataPlaneAPI(Protocol):
     # -- model repository ----------------------------------------------------------
 
     async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]: ...
+
+    async def openai_models(self, name: str = "", assets: bool = False) -> list[OpenAIModel]:
+        """The ready models served under ``/v1`` (``inferd.openai``), the latest version of each, or of
+        ``name`` only (an unknown or unready ``name``: its error). ``assets``: with the tokenizer and the
+        chat template (else without: a frontend keeps them while the spec's ``digest`` holds)."""
+        ...
 
     async def load_model(self, name: str, parameters: Mapping[str, object] | None = None,
                          repository: str = "") -> None:

@@ -27,6 +27,7 @@ from inferd.handoff import wire
 from inferd.handoff.core_codec import datatype_of
 from inferd.handoff.link import WorkerLink
 from inferd.handoff.pending import error_from
+from inferd.config import OpenAIModel
 from inferd.model import DECOUPLED_UNARY
 from inferd.observability.stats import ModelStatistics
 from inferd.repository import IndexEntry
@@ -36,7 +37,7 @@ from inferd.types import InferenceRequest, InferenceResponse, SharedTensor
 # The façade's control-plane methods, answered by the core's DataPlane (its CALL whitelist).
 CALLS = frozenset({
     "server_live", "server_ready", "model_ready", "server_metadata", "model_metadata", "model_config",
-    "model_statistics", "repository_index", "load_model", "unload_model", "shm_register", "shm_status",
+    "model_statistics", "repository_index", "openai_models", "load_model", "unload_model", "shm_register", "shm_status",
     "shm_unregister", "cuda_shm_register", "cuda_shm_status", "cuda_shm_unregister", "trace_settings",
     "log_settings", "batch_submit", "batch_list", "batch_status", "batch_cancel", "batch_results",
 })
@@ -75,6 +76,9 @@ class RemoteDataPlane:
 
     async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
         return await self.link.call("repository_index", ready_only)
+
+    async def openai_models(self, name: str = "", assets: bool = False) -> list[OpenAIModel]:
+        return await self.link.call("openai_models", name, assets)
 
     async def load_model(self, name: str, parameters: Mapping[str, object] | None = None,
                          repository: str = "") -> None:

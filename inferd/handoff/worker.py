@@ -46,6 +46,7 @@ async def serve(index: int, channel_fd: int) -> int:
     from inferd.handoff.proxy import RemoteDataPlane
     from inferd.server.asgi import AsgiServer
     from inferd.server.http_service import DEFAULT_MAX_INPUT_BYTES, HttpFrontend
+    from inferd.server.openai import OpenAIOptions
     from inferd.server.restrictions import Restrictions
     from inferd.server.tls import TlsFiles
 
@@ -67,7 +68,8 @@ async def serve(index: int, channel_fd: int) -> int:
     if config["http"]:
         h = config["http"]
         app = HttpFrontend(RemoteDataPlane(link), Restrictions.from_plain(h.get("restrictions")),  # type: ignore[arg-type]
-                           h.get("max_input_bytes", DEFAULT_MAX_INPUT_BYTES)).app()
+                           h.get("max_input_bytes", DEFAULT_MAX_INPUT_BYTES),
+                           OpenAIOptions.from_plain(h.get("openai"))).app()
         http = AsgiServer(app, h["address"], h["port"], "HTTP", sock=ports.listen(h["address"], h["port"], "HTTP"),
                           tls=TlsFiles.from_plain(h.get("tls")))
         await http.start()
