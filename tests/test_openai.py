@@ -119,6 +119,13 @@ def test_chat_completion_is_the_models_own_text(server, client):
     assert reply.usage.prompt_tokens == len(prompt.encode())
     assert reply.usage.completion_tokens == 12
     assert reply.usage.total_tokens == len(prompt.encode()) + 12
+    # Time to first token and per output token, in the core's /metrics whichever frontend took the call.
+    with urllib.request.urlopen(server.metrics_url, timeout=30) as response:
+        metrics = response.read().decode()
+    counts = {name: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+              for name in ("first", "inter")
+              if line.startswith(f'inferd_stream_{name}_response_duration_seconds_count{{model="generator"')}
+    assert counts["first"] >= 1 and counts["inter"] >= 11, counts
 
 
 async def test_streamed_chat_async_equals_unstreamed(server, client):
