@@ -49,8 +49,8 @@ class Timings:
         self.ttft: list[float] = []
         self.gaps: list[float] = []
 
-    def stream(self, t0: float, stamps: list[float]) -> None:
-        self.tokens += len(stamps)
+    def stream(self, t0: float, stamps: list[float], tokens: int | None = None) -> None:
+        self.tokens += len(stamps) if tokens is None else tokens
         if stamps:
             self.ttft.append(stamps[0] - t0)
             self.gaps.extend(np.diff(stamps).tolist())
@@ -68,11 +68,15 @@ async def drive_openai(http: str, plan: list[int], streams: int) -> tuple[Timing
             n = work.pop()
             t0 = time.perf_counter()
             stamps: list[float] = []
-            stream = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=n, stream=True)
+            stream = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=n, stream=True,
+                                                          stream_options={"include_usage": True})
+            tokens = 0
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
                     stamps.append(time.perf_counter())
-            timings.stream(t0, stamps)
+                if chunk.usage is not None:  # the completion's tokens (a chunk may hold a held-back piece or none)
+                    tokens = chunk.usage.completion_tokens
+            timings.stream(t0, stamps, tokens)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one() for _ in range(streams)))
