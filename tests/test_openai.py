@@ -235,6 +235,9 @@ def test_bad_requests_answer_openais_error_shape(server, client):
     status, body = _post(server, "/v1/completions", {"model": "generator", "prompt": "x", "n": 2, "unknown": {}},
                          {"Authorization": f"Bearer {KEY}"})
     assert status == 200 and len(body["choices"]) == 2  # unknown fields are ignored, as OpenAI does
+    status, body = _post(server, "/v1/completions", {"model": "generator", "prompt": "x"},
+                         {"Authorization": f"Bearer {KEY}", "inferd-priority": "high"})
+    assert status == 400 and "inferd-priority" in body["error"]["message"], body
 
 
 def test_api_key_is_required(server):
