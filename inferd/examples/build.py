@@ -505,8 +505,8 @@ def build_repository(
             if exc.name not in ("torch", "tokenizers"):
                 raise
             if log is not None:  # PyTorch and the tokenizers library are extras: the other models still build
-                extra = "torch" if exc.name == "torch" else "openai"
-                log(f"{spec.name}: skipped, building it needs {exc.name}: pip install 'inferd[{extra}]'")
+                what, extra = ("PyTorch", "torch") if exc.name == "torch" else ("the tokenizers library", "openai")
+                log(f"{spec.name}: skipped, building it needs {what}: pip install 'inferd[{extra}]'")
             continue
         result[spec.name] = written
         if log is not None:
