@@ -238,6 +238,9 @@ def test_bad_requests_answer_openais_error_shape(server, client):
     status, body = _post(server, "/v1/completions", {"model": "generator", "prompt": "x"},
                          {"Authorization": f"Bearer {KEY}", "inferd-priority": "high"})
     assert status == 400 and "inferd-priority" in body["error"]["message"], body
+    status, body = _post(server, "/v1/completions", {"model": "generator", "prompt": ["a"] * 20, "n": 16},
+                         {"Authorization": f"Bearer {KEY}"})
+    assert status == 400 and body["error"]["param"] == "n" and "320 choices" in body["error"]["message"], body
 
 
 def test_api_key_is_required(server):

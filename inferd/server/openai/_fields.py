@@ -14,6 +14,8 @@ from inferd.server.openai._errors import RequestError
 
 MAX_N = 16  # choices per request: each is a sequence of its own
 MAX_STOP = 4  # OpenAI's limit
+MAX_CHOICES = 128  # prompts x n in one request: each choice is a sequence, started at once
+MAX_INPUTS = 2048  # an embedding request's inputs (OpenAI's limit)
 
 
 def _show(value: Any) -> str:

@@ -28,7 +28,7 @@ from starlette.routing import Route
 from inferd.dataplane import DataPlaneAPI
 from inferd.errors import NotFound
 from inferd.server.openai._errors import AuthenticationFailed, RequestError, error_body
-from inferd.server.openai._fields import MAX_N, Body, messages, texts_or_ids
+from inferd.server.openai._fields import MAX_CHOICES, MAX_INPUTS, MAX_N, Body, messages, texts_or_ids
 from inferd.server.openai._generate import Piece, Sampling, run_choice
 from inferd.server.openai._text import ModelText
 from inferd.server.restrictions import Restrictions
@@ -263,6 +263,9 @@ class OpenAIFrontend:
     async def _complete(self, request: Request, body: Body, text: ModelText, name: str, prompts: list[str],
                         counts: list[int], sampling: Sampling, chat: bool, echo: bool = False) -> Response:
         n = body.integer("n", 1, MAX_N) or 1
+        if len(prompts) * n > MAX_CHOICES:
+            raise RequestError(f"{body.what}: {len(prompts)} prompt(s) x n={n} make {len(prompts) * n} choices; "
+                               f"one request may ask for at most {MAX_CHOICES}", "n")
         stream = body.boolean("stream")
         include_usage = body.include_usage(stream)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -364,6 +367,8 @@ class OpenAIFrontend:
             raise RequestError(f"model '{name}' is a {spec.kind} model, not an embedding model: use "
                                "/v1/chat/completions or /v1/completions", "model")
         inputs = texts_or_ids(body.doc.get("input"), "input", body.what)
+        if len(inputs) > MAX_INPUTS:
+            raise RequestError(f"{body.what}: 'input' has {len(inputs)} items; at most {MAX_INPUTS}", "input")
         fmt = body.string("encoding_format") or "float"
         if fmt not in ("float", "base64"):
             raise RequestError(f"{body.what}: 'encoding_format' must be float or base64, got {fmt!r}",
