@@ -172,6 +172,11 @@ def _security_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-restricted-api", action="append", default=[], metavar="GROUPS:KEY=VALUE",
                    help="refuse requests to these endpoint groups (comma-separated) with 403 unless they carry "
                         "the header KEY: VALUE (repeatable); the groups as --grpc-restricted-protocol")
+    p.add_argument("--openai-api-key", action="append", default=[], metavar="KEY",
+                   help="/v1 (the OpenAI-compatible routes) answers only requests carrying 'Authorization: "
+                        "Bearer KEY' (repeatable: any of them); 401 otherwise")
+    p.add_argument("--openai-api-key-file", type=Path, default=None, metavar="FILE",
+                   help="as --openai-api-key, the keys read from FILE, one a line (kept out of the process list)")
 
 
 def _security_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -188,7 +193,24 @@ def _security_options(args: argparse.Namespace) -> dict[str, Any]:
     out["grpc_restrictions"] = Restrictions.parse(args.grpc_restricted_protocol, "--grpc-restricted-protocol",
                                                   GRPC_HEADER_PREFIX, protocol="protocol")
     out["http_restrictions"] = Restrictions.parse(args.http_restricted_api, "--http-restricted-api")
+    out["openai"] = _openai_options(args.openai_api_key, args.openai_api_key_file)
     return out
+
+
+def _openai_options(keys: list[str], key_file: Path | None) -> Any:
+    from inferd.server.openai import OpenAIOptions
+
+    keys = [k.strip() for k in keys]
+    if key_file is not None:
+        try:
+            keys += [line.strip() for line in key_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except OSError as exc:
+            raise ValueError(f"--openai-api-key-file: cannot read '{key_file}': {exc}") from None
+        if not keys:
+            raise ValueError(f"--openai-api-key-file: '{key_file}' holds no key")
+    if any(not k or any(c.isspace() for c in k) for k in keys):
+        raise ValueError("--openai-api-key: a key must be non-empty and hold no spaces")
+    return OpenAIOptions(tuple(keys))
 def default_frontend_workers(cores: int | None = None) -> int:
     """Half the cores, at least two, at most 16. A worker spends most of a request's CPU (the
     grpc.aio transport: 2-3x the core's share, bench/RESULTS.md), so the wire gets cores of its own;

@@ -31,7 +31,7 @@ Errors are :mod:`inferd.errors` types; the frontends map them to statuses.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Callable, Mapping, NamedTuple, Protocol, runtime_checkable
 
 from inferd.observability.stats import BatchStatistics, ModelStatistics
@@ -53,6 +53,41 @@ DRAINING = "inferd is shutting down and takes no new inference requests"
 
 # The request's headers / gRPC metadata, for the W3C trace context; called only when the request is traced.
 TraceCarrier = Callable[[], Mapping[str, str]]
+
+
+# /v1 (inferd.server.openai): a model's OpenAI settings, read at load by config/_openai.py and handed to
+# every frontend process through openai_models().
+@dataclass(frozen=True, slots=True)
+class OpenAISpec:
+    kind: str
+    tokenizer: str  # tokenizer.json's text ("" in a spec sent without its assets)
+    chat_template: str = ""
+    bos_token: str = ""
+    eos_token: str = ""
+    max_context: int = 0
+    text_input: str = ""
+    text_output: str = ""
+    ids_input: str = ""
+    embedding_output: str = ""
+    pooling: str = "none"
+    normalize: bool = False
+    dimensions: tuple[int, ...] = ()
+    full_dimension: int = 0  # the embedding's size (embedding models)
+    batched: bool = False  # max_batch_size > 0: a request's tensors have the batch dimension first
+    text_shape: tuple[int, ...] = ()  # the prompt tensor's shape (batch dimension included)
+    ids_dtype: str = ""  # "int64" or "int32": the token ids' numpy type (embedding models)
+    digest: str = ""  # of everything above: a frontend keeps the assets while it is unchanged
+
+    def without_assets(self) -> "OpenAISpec":
+        return replace(self, tokenizer="", chat_template="")
+
+
+class OpenAIModel(NamedTuple):
+    """A ready model served under ``/v1`` (what ``DataPlaneAPI.openai_models`` answers)."""
+
+    name: str
+    version: int
+    spec: OpenAISpec
 
 
 class ServerMetadata(NamedTuple):
@@ -135,6 +170,12 @@ class DataPlaneAPI(Protocol):
     # -- model repository ----------------------------------------------------------
 
     async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]: ...
+
+    async def openai_models(self, name: str = "", assets: bool = False) -> list[OpenAIModel]:
+        """The ready models served under ``/v1`` (``inferd.openai``), the latest version of each, or of
+        ``name`` only (an unknown or unready ``name``: its error). ``assets``: with the tokenizer and the
+        chat template (else without: a frontend keeps them while the spec's ``digest`` holds)."""
+        ...
 
     async def load_model(self, name: str, parameters: Mapping[str, object] | None = None,
                          repository: str = "") -> None:

@@ -19,6 +19,7 @@ from inferd.config._ensemble import (
     EnsembleConfig, StepConfig, check_ensemble_config, ensemble_config, is_ensemble, prepare_ensemble_config,
     read_ensemble_config,
 )
+from inferd.config._openai import OpenAIModel, OpenAISpec
 from inferd.config._parameters import InferdParameters
 from inferd.config._parse import (
     config_from_dict, config_from_json, config_to_json, config_to_text, message_to_dict, parse_config_file,
@@ -42,7 +43,7 @@ __all__ = [
     "CORRID", "DELAY", "END", "KIND_AUTO", "KIND_CPU", "KIND_GPU", "LENGTHS", "MASK", "READY", "REJECT", "START",
     "BatchInput", "BatchOutput", "FilledInput", "PaddedInput", "Unpad", "VarlenSpec", "varlen_spec",
     "TENSOR_BACKEND", "BackendCapabilities", "BackendResolver", "ConfigCompleter", "Control", "DynamicBatching", "EnsembleConfig", "InferdParameters",
-    "InstanceGroup", "ModelConfig", "ModelSignature", "ModelSpec", "PreparedConfig", "QueuePolicy",
+    "InstanceGroup", "ModelConfig", "OpenAIModel", "OpenAISpec", "ModelSignature", "ModelSpec", "PreparedConfig", "QueuePolicy",
     "RateLimitResource", "SequencePolicy", "SignatureTensor", "StateSpec", "StepConfig", "TensorSpec", "WarmupInput",
     "WarmupSample", "autocomplete", "check_declared", "check_ensemble_config", "check_name", "config_from_dict",
     "config_from_json", "config_to_json", "config_to_text",

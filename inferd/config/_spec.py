@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from inferd._proto import model_config_pb2 as mc
+from inferd.config._openai import OpenAISpec, openai_spec
 from inferd.config._batching import DynamicBatching, dynamic_batching
 from inferd.config._parameters import InferdParameters
 from inferd.config._parse import message_to_dict
@@ -104,6 +105,7 @@ class ModelSpec:
     # is in ``inputs``, optional: inferd fills it when a request leaves it out.
     filled_inputs: dict[str, TensorSpec] = field(default_factory=dict)
     response_cache: bool = False  # response_cache.enable: used when the server has a cache
+    openai: OpenAISpec | None = None  # served under /v1 (config/_openai.py)
 
     @property
     def batching(self) -> bool:
@@ -190,4 +192,5 @@ def model_spec(config: mc.ModelConfig, labels: dict[str, tuple[str, ...]] | None
         varlen=varlen,
         filled_inputs=filled_inputs,
         response_cache=bool(config.response_cache.enable),
+        openai=openai_spec(config, model_dir),
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping
 
 from inferd.clock import Clock, MonotonicClock
+from inferd.facade import OpenAIModel
 from inferd.dataplane.admission import Admission, request_bytes
 from inferd.dataplane.batches import BatchService
 from inferd.dataplane.shared_memory import SharedMemoryManager
@@ -158,6 +159,19 @@ class DataPlane:
 
     async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
         return self.manager.index(ready_only=ready_only)
+
+    async def openai_models(self, name: str = "", assets: bool = False) -> list[OpenAIModel]:
+        if name:
+            models = [self.manager.get(name)]
+        else:
+            names = sorted({m.name for m in self.manager.models() if m.spec.openai is not None})
+            models = [self.manager.get(n) for n in names if self.manager.is_ready(n)]
+        out = []
+        for model in models:
+            spec = model.spec.openai
+            if spec is not None:
+                out.append(OpenAIModel(model.name, model.version, spec if assets else spec.without_assets()))
+        return out
 
     async def load_model(self, name: str, parameters: Mapping[str, object] | None = None,
                          repository: str = "") -> None:

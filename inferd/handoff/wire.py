@@ -93,7 +93,7 @@ HTTP = 2  # from the HTTP frontend (refusals of decoupled models use its words)
 # infer and infer_stream), answered by the core's DataPlane; the core refuses any other name.
 CALLS = frozenset({
     "server_live", "server_ready", "model_ready", "server_metadata", "model_metadata", "model_config",
-    "model_statistics", "repository_index", "load_model", "unload_model", "shm_register", "shm_status",
+    "model_statistics", "repository_index", "openai_models", "load_model", "unload_model", "shm_register", "shm_status",
     "shm_unregister", "cuda_shm_register", "cuda_shm_status", "cuda_shm_unregister", "trace_settings",
     "log_settings", "batch_submit", "batch_list", "batch_status", "batch_cancel", "batch_results",
 })

@@ -93,13 +93,17 @@ class Histogram:
 class ModelHistograms:
     """The ModelStats observer of one model version."""
 
-    __slots__ = ("request", "queue", "compute", "batch")
+    __slots__ = ("request", "queue", "compute", "batch", "first", "inter")
 
     def __init__(self) -> None:
         self.request = Histogram(LATENCY_BUCKETS)
         self.queue = Histogram(LATENCY_BUCKETS)
         self.compute = Histogram(LATENCY_BUCKETS)
         self.batch = Histogram(BATCH_BUCKETS)
+        # A stream's responses (decoupled models): its first, and each later one from the one before. For a
+        # model served under /v1 (one response per token) these are time to first token and per output token.
+        self.first = Histogram(LATENCY_BUCKETS)
+        self.inter = Histogram(LATENCY_BUCKETS)
 
     def __call__(self, event: str, stats: ModelStats, data: dict) -> None:
         if event == "success":
@@ -110,6 +114,8 @@ class ModelHistograms:
             # Each request of the batch is charged the batch's compute time, as in ModelStatistics.
             self.compute.observe((data["input_ns"] + data["infer_ns"] + data["output_ns"]) * 1e-9, data["requests"])
             self.batch.observe(data["rows"])
+        elif event == "response":
+            (self.inter if data["index"] else self.first).observe(data["ns"] * 1e-9)
 
 
 def histograms_of(stats: ModelStats) -> ModelHistograms | None:
@@ -149,6 +155,12 @@ class InferdCollector:
         compute_h = h("inferd_inference_compute_duration_seconds",
                       "Compute time (input + infer + output) of the execution that ran a request", labels=L)
         batch_h = h("inferd_inference_batch_size", "Rows per model execution", labels=L)
+        first_h = h("inferd_stream_first_response_duration_seconds",
+                    "Decoupled models: from a request reaching the model to its first response (time to first "
+                    "token for a /v1 model)", labels=L)
+        inter_h = h("inferd_stream_inter_response_duration_seconds",
+                    "Decoupled models: from one response of a stream to the next (time per output token for a /v1 "
+                    "model; the count is the responses after the first)", labels=L)
 
         for model in self.dp.manager.models():
             s = model.stats
@@ -168,7 +180,7 @@ class InferdCollector:
             hist = histograms_of(s)
             if hist is not None:
                 for family, one in ((request_h, hist.request), (queue_h, hist.queue), (compute_h, hist.compute),
-                                    (batch_h, hist.batch)):
+                                    (batch_h, hist.batch), (first_h, hist.first), (inter_h, hist.inter)):
                     family.add_metric(lv, one.buckets(), one.total)
 
         state = GaugeMetricFamily("inferd_model_load_state",
@@ -190,7 +202,8 @@ class InferdCollector:
                                        "--max-queued-bytes already")
         rejected.add_metric([], admission.refused)
 
-        yield from (failure, real, padded, waste, inflight, request_h, queue_h, compute_h, batch_h, state, ready,
+        yield from (failure, real, padded, waste, inflight, request_h, queue_h, compute_h, batch_h, first_h, inter_h,
+                    state, ready,
                     queued, queued_bytes, rejected, memory)
 
 

@@ -170,6 +170,8 @@ class ModelStats:
         model's time on it, ``output_ns`` the server's after the model sent it."""
         stat = self._response(index)
         total = infer_ns + output_ns
+        if self.observers and kind == "success":
+            self._notify("response", {"index": index, "ns": total})
         if kind == "empty":
             stat.empty_response.add(total)
         elif kind == "cancel":

@@ -75,7 +75,8 @@ class MultiProcessServer(InferenceServer):
                      "restrictions": o.grpc_restrictions.to_plain()} if o.allow_grpc else None,
             "http": {"address": self.http_address, "port": self.http_port, "max_input_bytes": o.http_max_input_bytes,
                      "tls": o.http_tls.to_plain() if o.http_tls else None,
-                     "restrictions": o.http_restrictions.to_plain()} if o.allow_http else None,
+                     "restrictions": o.http_restrictions.to_plain(),
+                     "openai": o.openai.to_plain()} if o.allow_http else None,
             "state": {"tracing": self._tracing_sent},
             # What waits in a worker counts in the server-wide request cap: each takes its share.
             "max_pending": -(-o.max_queued_requests // self.workers) if o.max_queued_requests else 0,

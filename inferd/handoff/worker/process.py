@@ -40,6 +40,7 @@ from inferd.server.grpc_server import GrpcPort, GrpcPortOptions
 from inferd.server.grpc_service import InferenceServicer
 from inferd.server.health import Health
 from inferd.server.http_service import DEFAULT_MAX_INPUT_BYTES, HttpFrontend
+from inferd.server.openai import OpenAIOptions
 from inferd.server.restrictions import Restrictions
 from inferd.server.tls import TlsFiles
 
@@ -103,7 +104,8 @@ async def serve(index: int, channel_fd: int) -> int:
     if config["http"]:
         h = config["http"]
         app = HttpFrontend(dataplane, Restrictions.from_plain(h.get("restrictions")),  # type: ignore[arg-type]
-                           h.get("max_input_bytes", DEFAULT_MAX_INPUT_BYTES)).app()
+                           h.get("max_input_bytes", DEFAULT_MAX_INPUT_BYTES),
+                           OpenAIOptions.from_plain(h.get("openai"))).app()
         http = AsgiServer(app, h["address"], h["port"], "HTTP", sock=listen(h["address"], h["port"], "HTTP"),
                           tls=TlsFiles.from_plain(h.get("tls")))
         await http.start()

@@ -34,6 +34,7 @@ from inferd.facade import (
 from inferd.handoff import wire
 from inferd.handoff.worker.core_link import CoreLink, error_from
 from inferd.handoff.worker.grpc_codec import fill_response, infer_message
+from inferd.facade import OpenAIModel
 from inferd.observability.stats import ModelStatistics
 from inferd.streaming import StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse, SharedTensor
@@ -73,6 +74,9 @@ class RemoteDataPlane:
 
     async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
         return await self.link.call("repository_index", ready_only)
+
+    async def openai_models(self, name: str = "", assets: bool = False) -> list[OpenAIModel]:
+        return await self.link.call("openai_models", name, assets)
 
     async def load_model(self, name: str, parameters: Mapping[str, object] | None = None,
                          repository: str = "") -> None:
