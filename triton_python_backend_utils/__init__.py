@@ -38,6 +38,7 @@ __all__ = [
     "TritonModelException", "deserialize_bytes_tensor", "get_input_config_by_name", "get_input_tensor_by_name",
     "get_output_config_by_name", "get_output_tensor_by_name", "numpy_to_triton_type", "serialize_byte_tensor",
     "triton_string_to_numpy", "triton_to_numpy_type", "using_decoupled_model_transaction_policy",
+    "MetricFamily", "Metric", "ResponseIterator", "get_model_dir",
 ]
 
 TRITON_STRING_TO_NUMPY: dict[str, Any] = {
@@ -378,7 +379,8 @@ class InferenceRequest:
         self._correlation_id = correlation_id
         self._inputs = list(inputs or [])
         self._requested = list(requested_output_names or [])
-        self.model_name = model_name
+        # Triton's binding takes a std::string, so a BYTES element (bytes) is a name too.
+        self.model_name = model_name.decode() if isinstance(model_name, bytes) else model_name
         self.model_version = model_version
         self._flags = flags
         self._timeout = timeout
@@ -458,23 +460,24 @@ class InferenceRequest:
             )
         return self._sender
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """Run this request on the named model and wait for its response (BLS)."""
-        if decoupled:
-            raise TritonModelException(
-                "exec(decoupled=True): BLS calls to decoupled models are not supported by inferd")
-        from inferd.backends.python import bls_exec
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on the named model and wait for its response (BLS); with
+        ``decoupled=True``, a :class:`ResponseIterator` over all its responses (the last
+        one final, maybe empty), for a decoupled callee or any other."""
+        from inferd.backends.python import bls_exec, bls_stream
 
+        if decoupled:
+            return bls_stream(self, sys._getframe(1).f_globals)
         return bls_exec(self, sys._getframe(1).f_globals)
 
     def async_exec(self, decoupled: bool = False) -> Any:
-        """Start this request on the named model; returns an awaitable for its
-        response. Use from ``async def execute``."""
-        if decoupled:
-            raise TritonModelException(
-                "async_exec(decoupled=True): BLS calls to decoupled models are not supported by inferd")
-        from inferd.backends.python import bls_async_exec
+        """Start this request on the named model; returns an awaitable for its response
+        (``decoupled=True``: for a :class:`ResponseIterator`, once its first response is
+        there). Use from ``async def execute``."""
+        from inferd.backends.python import bls_async_exec, bls_async_stream
 
+        if decoupled:
+            return bls_async_stream(self, sys._getframe(1).f_globals)
         return bls_async_exec(self, sys._getframe(1).f_globals)
 
 
@@ -628,8 +631,23 @@ _log = logging.getLogger("inferd.python_model")
 _context = threading.local()  # the model running on this thread, set by inferd
 
 
-def _set_current_model(name: str | None) -> None:
+def _set_current_model(name: str | None, model_dir: str | None = None) -> None:
     _context.model = name
+    _context.model_dir = model_dir
+
+
+def get_model_dir() -> str:
+    """The folder of the running model's ``model.py`` (its version folder), as Triton's stub
+    gives it; from a thread the model started, the folder of the calling code's file."""
+    found = getattr(_context, "model_dir", None)
+    if found:
+        return found
+    caller = sys._getframe(1).f_globals.get("__file__")
+    if caller:
+        import os
+
+        return os.path.dirname(os.path.abspath(caller))
+    raise TritonModelException("get_model_dir() is only available to a model's own code")
 
 
 class LogLevel:
@@ -668,16 +686,5 @@ class Logger:
         Logger.log(message, LogLevel.VERBOSE)
 
 
-class _Unsupported:
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise TritonModelException(f"{type(self).__name__}: custom metrics are not supported by inferd")
-
-
-class MetricFamily(_Unsupported):
-    COUNTER = 0
-    GAUGE = 1
-    HISTOGRAM = 2
-
-
-class Metric(_Unsupported):
-    pass
+from triton_python_backend_utils._metrics import Metric, MetricFamily  # noqa: E402  (they raise TritonModelException)
+from triton_python_backend_utils._responses import ResponseIterator  # noqa: E402

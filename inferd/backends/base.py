@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, AsyncIterator, Protocol, Sequence
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from inferd.backends.batching import Joined, join, request_rows, split
 from inferd.backends.pool import BufferPool
 from inferd.config import ModelConfig, ModelSignature, ModelSpec
 from inferd.errors import ConfigError, InferdError, ModelExecutionError
+from inferd.streaming import StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse
 
 
@@ -90,6 +91,12 @@ class InferenceDispatcher(Protocol):
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """The request's response, or the domain error a client would see; on ``loop`` only."""
+        ...
+
+    def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
+        """Every response to ``request`` as it comes (a decoupled model's many, another's one),
+        the last one ``final``; errors are yielded. On ``loop`` only; closing it early cancels
+        the request."""
         ...
 
 

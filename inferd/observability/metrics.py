@@ -34,7 +34,7 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Proce
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from inferd.observability import gpu_metrics
+from inferd.observability import custom_metrics, gpu_metrics
 from inferd.observability.text_format import escape, family
 from inferd.observability import stats as stats_module
 from inferd.observability.stats import ModelStats
@@ -288,10 +288,12 @@ class ServerMetrics:
             self.gpu.close()
 
     def exposition(self) -> bytes:
-        """One scrape: Triton's families, then inferd's and the process collector's."""
+        """One scrape: Triton's families, the models' custom metrics (pb_utils.MetricFamily),
+        then inferd's and the process collector's."""
         text = triton_exposition(self._dataplane.manager.models())
         if self.gpu is not None:
             text += self.gpu.triton_text()
+        text += custom_metrics.REGISTRY.exposition()
         return text.encode() + generate_latest(self.registry)
 
     def asgi_app(self) -> Any:
