@@ -18,7 +18,7 @@ import threading
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from inferd.observability.text_format import escape, number
+from inferd.observability.text_format import escape, number as _number
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -157,6 +157,13 @@ class CustomMetrics:
     def exposition(self) -> str:
         with self.lock:
             return "".join(f.text() for f in self._families.values() if f.series)
+
+
+def number(value: float) -> str:
+    """As Triton (prometheus-cpp) writes a double: 2, not 2.0."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return _number(value)
 
 
 def _labels(family: str, labels: dict[str, str] | None) -> tuple[tuple[str, str], ...]:
