@@ -245,6 +245,12 @@ class Backend(abc.ABC):
     def create_instance(self, spec: ModelSpec, instance: InstanceSpec) -> ModelInstance:
         """Load the model onto ``instance.device``; blocking, called off the loop."""
 
+    def ignored_optimizations(self, spec: ModelSpec, kinds: set[str]) -> list[tuple[str, str]]:
+        """Which of ``spec.optimization``'s settings this backend does not honour for instances
+        of ``kinds`` ("cpu", "cuda"), each with why: said in one warning line at load. By
+        default every one (a backend that maps some overrides this)."""
+        return [(field, f"the {self.name} backend has no such setting") for field in spec.optimization.requested()]
+
 
 def int_parameter(model: str, params: dict[str, str], key: str, default: int) -> int:
     """A config ``parameters`` value that must be an integer >= 0 (thread counts, ...)."""

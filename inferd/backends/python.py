@@ -187,6 +187,10 @@ class PythonBackend(Backend):
     def create_instance(self, spec: ModelSpec, instance: InstanceSpec) -> ModelInstance:
         return PythonInstance(self, spec, instance)
 
+    def ignored_optimizations(self, spec: ModelSpec, kinds: set[str]) -> list[tuple[str, str]]:
+        why = "a Python model runs its own code, which may read the setting from args['model_config']"
+        return [(field, why) for field in spec.optimization.requested()]
+
 
 class PythonInstance(ModelInstance):
     wants_requests = True

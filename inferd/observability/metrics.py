@@ -91,17 +91,32 @@ class Histogram:
 
 
 class ModelHistograms:
-    """The ModelStats observer of one model version."""
+    """The ModelStats observer of one model version. Attached when the stats are created,
+    before the builder sets the config's bucket overrides (``model_metrics``), which are
+    taken at the first event or scrape (:meth:`settle`), before anything was observed."""
 
-    __slots__ = ("request", "queue", "compute", "batch")
+    __slots__ = ("request", "queue", "compute", "batch", "settled")
 
     def __init__(self) -> None:
         self.request = Histogram(LATENCY_BUCKETS)
         self.queue = Histogram(LATENCY_BUCKETS)
         self.compute = Histogram(LATENCY_BUCKETS)
         self.batch = Histogram(BATCH_BUCKETS)
+        self.settled = False
+
+    def settle(self, stats: ModelStats) -> None:
+        self.settled = True
+        custom = stats.histogram_buckets
+        for family, attr in (("inferd_inference_request_duration_seconds", "request"),
+                             ("inferd_inference_queue_duration_seconds", "queue"),
+                             ("inferd_inference_compute_duration_seconds", "compute"),
+                             ("inferd_inference_batch_size", "batch")):
+            if family in custom:
+                setattr(self, attr, Histogram(custom[family]))
 
     def __call__(self, event: str, stats: ModelStats, data: dict) -> None:
+        if not self.settled:
+            self.settle(stats)
         if event == "success":
             self.request.observe(data["ns"] * 1e-9)
         elif event == "queue":
@@ -167,6 +182,8 @@ class InferdCollector:
             inflight.add_metric(lv, s.pending)
             hist = histograms_of(s)
             if hist is not None:
+                if not hist.settled:
+                    hist.settle(s)
                 for family, one in ((request_h, hist.request), (queue_h, hist.queue), (compute_h, hist.compute),
                                     (batch_h, hist.batch)):
                     family.add_metric(lv, one.buckets(), one.total)
@@ -230,6 +247,12 @@ CACHE_FAMILIES: tuple[tuple[str, str, str, _Read], ...] = (
 )
 
 
+def _tags(model: Any) -> str:
+    """A model's metric_tags as extra labels on its Triton series (checked as label names at load)."""
+    tags = getattr(model.stats, "metric_tags", ())
+    return "".join(f',{k}="{escape(v)}"' for k, v in tags)
+
+
 def _queue_depth(model: Any) -> float:
     depth = getattr(model.scheduler, "queue_depth", None)
     return depth() if depth is not None else model.stats.pending
@@ -239,7 +262,7 @@ def triton_exposition(models: Iterable[Any]) -> str:
     """Triton's families in the Prometheus text format, exactly as Triton writes them
     (counter names without ``_total``)."""
     models = list(models)
-    labels = [(m, f'model="{escape(m.name)}",version="{m.version}"') for m in models]
+    labels = [(m, f'model="{escape(m.name)}",version="{m.version}"' + _tags(m)) for m in models]
     lines: list[str] = []
     for name, kind, help_text, read in TRITON_FAMILIES[:1]:
         family(lines, name, kind, help_text, ((lv, read(m)) for m, lv in labels))
