@@ -89,6 +89,19 @@ class TritonPythonModel:
             elif mode == 1:
                 it = await call(n).async_exec(decoupled=True)
                 seen = report([r async for r in it])
+            elif mode == 3:  # BLS into a sequence model: START, then END, correlation id 77
+                seen = []
+                for flags in (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+                              pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END):
+                    r = pb_utils.InferenceRequest(model_name="stateful", correlation_id=77, flags=0,
+                                                  requested_output_names=["OUT"],
+                                                  inputs=[pb_utils.Tensor("IN", np.array([[n]], np.int32))])
+                    r.set_flags(flags)
+                    response = r.exec()
+                    if response.has_error():
+                        seen.append(response.error().message())
+                    else:
+                        seen.append(pb_utils.get_output_tensor_by_name(response, "OUT").as_numpy().reshape(-1).tolist())
             else:
                 it = call(n).exec(decoupled=True)
                 first = [next(it), next(it)]
@@ -97,6 +110,18 @@ class TritonPythonModel:
             text = json.dumps({"seen": seen, "dir": pb_utils.get_model_dir()})
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([text.encode()], np.object_))]))
         return out
+'''
+
+# Answers each request with its own correlation id and flags (a sequence model).
+STATEFUL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([int(r.correlation_id()), r.flags()],
+                                                                              np.int64))]) for r in requests]
 '''
 
 METRICS = '''
@@ -164,6 +189,13 @@ def server(tmp_path_factory):
         input [ { name: "IN" data_type: TYPE_INT32 dims: [ 2 ] } ]
         output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
     ''')
+    _model(repo, "stateful", STATEFUL, '''
+        backend: "python"
+        max_batch_size: 4
+        sequence_batching { }
+        input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "OUT" data_type: TYPE_INT64 dims: [ 2 ] } ]
+    ''')
     _model(repo, "metrics", METRICS, '''
         backend: "python"
         input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
@@ -201,6 +233,11 @@ def test_cancel_on_the_iterator_reaches_the_callee(server):
     assert len(seen) < 1000
     last = seen[-1]
     assert isinstance(last, dict) and last["code"] == 7, seen  # TritonError.CANCELLED
+
+
+def test_bls_into_a_sequence_model_carries_correlation_id_and_flags(server):
+    seen = _ask(server, "caller", np.array([3, 1], np.int32))["seen"]
+    assert seen == [[77, 1], [77, 2]], seen  # START, then END, of sequence 77
 
 
 def test_get_model_dir_is_the_version_folder(server):

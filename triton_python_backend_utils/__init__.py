@@ -74,6 +74,18 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+TRITONSERVER_MEMORY_CPU = 0
+TRITONSERVER_MEMORY_CPU_PINNED = 1
+TRITONSERVER_MEMORY_GPU = 2
+
+
+class PreferredMemory:
+    """Where a BLS call would like its outputs (``InferenceRequest(preferred_memory=...)``).
+    A preference, as in Triton: inferd's BLS outputs are always numpy arrays in CPU memory."""
+
+    def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
 
 
 def triton_string_to_numpy(triton_type_string: str) -> Any:
@@ -426,6 +438,10 @@ class InferenceRequest:
 
     def flags(self) -> int:
         return self._flags
+
+    def set_flags(self, flags: int) -> None:
+        """A BLS request's sequence flags (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END)."""
+        self._flags = int(flags)
 
     def timeout(self) -> int:
         return self._timeout

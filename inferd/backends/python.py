@@ -535,6 +535,14 @@ def _internal_request(request: pb_utils.InferenceRequest) -> InferenceRequest:
     version = request.model_version
     requested = request.requested_output_names()
     parameters = dict(request._parameters)
+    # A stateful callee (BLS with sequences): correlation id and flags travel as a client's
+    # sequence parameters do, which the sequence batcher reads.
+    if request.correlation_id():
+        parameters.setdefault("sequence_id", request.correlation_id())
+    if request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+        parameters.setdefault("sequence_start", True)
+    if request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+        parameters.setdefault("sequence_end", True)
     return InferenceRequest(
         model_name=request.model_name,
         inputs=inputs,
