@@ -10,9 +10,10 @@ pb_utils`` and keep working unchanged: this module provides the same names
 inferd runs a model in the server process, on its instance's worker thread,
 so tensors are plain numpy arrays (always in CPU memory). A decoupled model
 (``model_transaction_policy { decoupled: true }``) answers through
-``request.get_response_sender()`` (:class:`InferenceResponseSender`). What
-inferd does not provide (custom metrics, BLS calls to decoupled models)
-raises :class:`TritonModelException` saying so.
+``request.get_response_sender()`` (:class:`InferenceResponseSender`). A BLS
+call with ``decoupled=True`` returns a :class:`ResponseIterator`; custom
+metrics are :class:`MetricFamily` / :class:`Metric`. docs/PYTHON_BACKEND.md
+lists the whole API and where inferd stands on each entry.
 """
 
 from __future__ import annotations
