@@ -7,7 +7,9 @@ given as bytes. One server for the module; each test one or two requests."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
+import time
 import urllib.request
 from pathlib import Path
 
@@ -28,6 +30,11 @@ import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        family = pb_utils.MetricFamily("api_counter_cancelled", "Requests the counter found cancelled",
+                                       pb_utils.MetricFamily.COUNTER)
+        self.cancelled = family.Metric(labels={"model": "counter"})
+
     def execute(self, requests):
         for request in requests:
             threading.Thread(target=self.run, args=(request,)).start()
@@ -37,6 +44,7 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         for i in range(n):
             if request.is_cancelled() or sender.is_cancelled():
+                self.cancelled.increment(1)
                 sender.send(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError("stopped", pb_utils.TritonError.CANCELLED)),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -47,9 +55,10 @@ class TritonPythonModel:
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def wait_cancel(self, request):
-        # A long request: it waits (bounded) for the caller's cancel() before its next response.
+        # A long request: it waits (bounded, 60 s) for the caller's cancel before its next response,
+        # so a cancellation seen within the test's 30 s came from the caller, not from a stall.
         import time
-        for _ in range(2000):
+        for _ in range(12000):
             if request.is_cancelled():
                 return
             time.sleep(0.005)
@@ -102,6 +111,12 @@ class TritonPythonModel:
                         seen.append(response.error().message())
                     else:
                         seen.append(pb_utils.get_output_tensor_by_name(response, "OUT").as_numpy().reshape(-1).tolist())
+            elif mode == 4:  # read two, then drop the iterator unread: the call is cancelled
+                it = call(n).exec(decoupled=True)
+                seen = report([next(it), next(it)])
+                del it
+                import gc
+                gc.collect()
             else:
                 it = call(n).exec(decoupled=True)
                 first = [next(it), next(it)]
@@ -238,6 +253,20 @@ def test_cancel_on_the_iterator_reaches_the_callee(server):
 def test_bls_into_a_sequence_model_carries_correlation_id_and_flags(server):
     seen = _ask(server, "caller", np.array([3, 1], np.int32))["seen"]
     assert seen == [[77, 1], [77, 2]], seen  # START, then END, of sequence 77
+
+
+def _cancelled_count(server) -> int:
+    found = re.search(r'^api_counter_cancelled\{model="counter"\} (\d+)', _metrics(server), re.M)
+    return int(found.group(1)) if found else 0
+
+
+def test_an_iterator_dropped_unread_cancels_its_call(server):
+    before = _cancelled_count(server)
+    assert _ask(server, "caller", np.array([4, 1000], np.int32))["seen"] == [0, 1]
+    deadline = time.monotonic() + 30  # bounded: the callee notices within its 5 ms checks
+    while _cancelled_count(server) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _cancelled_count(server) == before + 1
 
 
 def test_get_model_dir_is_the_version_folder(server):

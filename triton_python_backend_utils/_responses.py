@@ -7,77 +7,88 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import weakref
 from collections import deque
 from typing import Any, Callable
 
 _END = object()
 
 
-class ResponseIterator:
-    """Iterate it (``for response in it``, also ``async for``); ``cancel()`` cancels the
-    request in the callee. Responses are put by the server's event loop (:meth:`_put`),
-    read by the model's thread; each one read gives the producer credit for one more, so
-    at most a window of them waits here (the callee's own stream limit holds the rest)."""
+class _Feed:
+    """The responses on their way to one iterator: put by the server's event loop, taken by
+    the model's thread. The server holds only this, never the iterator, so a model that drops
+    its iterator unread lets it be collected, which cancels the call (:class:`ResponseIterator`)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Condition()
-        self._items: deque[Any] = deque()
-        self._waiter: concurrent.futures.Future | None = None  # an ``async for`` waiting
-        self._first = concurrent.futures.Future()  # set when the first response (or the end) arrives
-        self._done = False
-        # Set by the server when it starts the request: cancel it, and give back one credit.
-        self._cancel: Callable[[], None] | None = None
-        self._credit: Callable[[], None] | None = None
+        self.lock = threading.Condition()
+        self.items: deque[Any] = deque()
+        self.waiter: concurrent.futures.Future | None = None  # an ``async for`` waiting
+        self.first: concurrent.futures.Future = concurrent.futures.Future()  # the first item arrived
+        self.credit: Callable[[], None] | None = None  # one more response may come (set by the server)
 
-    # -- the server's side -----------------------------------------------------------
-
-    def _put(self, item: Any) -> None:
-        with self._lock:
-            self._items.append(item)
-            self._lock.notify()
-            waiter, self._waiter = self._waiter, None
-        if not self._first.done():
-            self._first.set_result(self)
+    def put(self, item: Any) -> None:
+        with self.lock:
+            self.items.append(item)
+            self.lock.notify()
+            waiter, self.waiter = self.waiter, None
+        if not self.first.done():
+            self.first.set_result(None)
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _end(self) -> None:
-        self._put(_END)
+    def end(self) -> None:
+        self.put(_END)
 
-    # -- the model's side ------------------------------------------------------------
+    def take(self) -> Any:
+        """The next item (the lock held); StopIteration at the end, which stays."""
+        item = self.items[0]
+        if item is _END:
+            raise StopIteration
+        self.items.popleft()
+        if self.credit is not None:
+            self.credit()
+        return item
+
+
+class ResponseIterator:
+    """Iterate it (``for response in it``, also ``async for``); ``cancel()`` cancels the
+    request in the callee. Each response read gives the server credit for one more, so at
+    most a window of them waits here (the callee's own stream limit holds the rest)."""
+
+    def __init__(self) -> None:
+        self._feed = _Feed()
+        self._cancel: Callable[[], None] | None = None
+
+    def _on_cancel(self, cancel: Callable[[], None]) -> None:
+        """Set by the server when the call started: how to cancel it, also when this iterator
+        is collected unread (``cancel`` must not refer to the iterator)."""
+        self._cancel = cancel
+        weakref.finalize(self, cancel)
 
     def __iter__(self) -> "ResponseIterator":
         return self
 
     def __next__(self) -> Any:
-        with self._lock:
-            while not self._items:
-                self._lock.wait()
-            return self._take()
+        feed = self._feed
+        with feed.lock:
+            while not feed.items:
+                feed.lock.wait()
+            return feed.take()
 
     def __aiter__(self) -> "ResponseIterator":
         return self
 
     async def __anext__(self) -> Any:
+        feed = self._feed
         while True:
-            with self._lock:
-                if self._items:
+            with feed.lock:
+                if feed.items:
                     try:
-                        return self._take()
+                        return feed.take()
                     except StopIteration:
                         raise StopAsyncIteration from None
-                waiter = self._waiter = concurrent.futures.Future()
+                waiter = feed.waiter = concurrent.futures.Future()
             await asyncio.wrap_future(waiter)
-
-    def _take(self) -> Any:
-        """The next item (the lock held); StopIteration at the end, which stays."""
-        item = self._items[0]
-        if item is _END:
-            raise StopIteration
-        self._items.popleft()
-        if self._credit is not None:
-            self._credit()
-        return item
 
     def cancel(self) -> None:
         """Cancel the request: the callee sees ``is_cancelled()``; what it sent before still

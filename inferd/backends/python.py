@@ -650,19 +650,19 @@ def _stream_item(item: Any) -> pb_utils.InferenceResponse:
     return pb_utils.InferenceResponse(output_tensors=tensors, parameters=item.response.parameters)
 
 
-async def _bls_stream(server: InferenceDispatcher, request: InferenceRequest,
-                      it: pb_utils.ResponseIterator) -> None:
-    """Feed ``it`` from the callee's stream, on the server's loop; ends it on every path."""
+async def _bls_stream(server: InferenceDispatcher, request: InferenceRequest, feed: Any) -> None:
+    """Feed an iterator (its ``_Feed``) from the callee's stream, on the server's loop; ends it
+    on every path. Holds the feed only: an iterator the model drops is collected and cancels this."""
     loop = asyncio.get_running_loop()
     credit = asyncio.Semaphore(BLS_STREAM_WINDOW)
-    it._credit = lambda: loop.call_soon_threadsafe(credit.release)
+    feed.credit = lambda: loop.call_soon_threadsafe(credit.release)
     final = False
     try:
         stream = server.infer_stream(request)
         try:
             async for item in stream:
                 await credit.acquire()
-                it._put(_stream_item(item))
+                feed.put(_stream_item(item))
                 if item.final:
                     final = True
                     break
@@ -670,41 +670,48 @@ async def _bls_stream(server: InferenceDispatcher, request: InferenceRequest,
             await stream.aclose()  # type: ignore[attr-defined]
     except asyncio.CancelledError:
         if not final:
-            it._put(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+            feed.put(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                 f"BLS request to model '{request.model_name}' was cancelled", pb_utils.TritonError.CANCELLED)))
             final = True
     except Exception as exc:  # a bug below: the caller still gets an answer
         log.exception("BLS stream to model '%s' failed", request.model_name)
-        it._put(pb_utils.InferenceResponse(error=_triton_error(exc)))
+        feed.put(pb_utils.InferenceResponse(error=_triton_error(exc)))
         final = True
     finally:
         if not final:
-            it._put(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+            feed.put(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                 f"BLS request to model '{request.model_name}' ended without a final response",
                 pb_utils.TritonError.INTERNAL)))
-        it._end()
+        feed.end()
 
 
 def _start_stream(request: pb_utils.InferenceRequest, caller_globals: dict[str, Any]) -> pb_utils.ResponseIterator:
     it = pb_utils.ResponseIterator()
+    feed = it._feed
     server, prepared = _prepare(request, _dispatcher(caller_globals))
     if isinstance(prepared, pb_utils.InferenceResponse):
-        it._put(prepared)
-        it._end()
+        feed.put(prepared)
+        feed.end()
         return it
     try:
-        future = asyncio.run_coroutine_threadsafe(_bls_stream(server, prepared, it), server.loop)
+        future = asyncio.run_coroutine_threadsafe(_bls_stream(server, prepared, feed), server.loop)
     except RuntimeError as exc:  # the loop is closed: the server stopped
-        it._put(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+        feed.put(pb_utils.InferenceResponse(error=pb_utils.TritonError(
             f"BLS request to model '{request.model_name}': the server is stopping ({exc})",
             pb_utils.TritonError.UNAVAILABLE)))
-        it._end()
+        feed.end()
         return it
     loop = server.loop
-    it._cancel = lambda: loop.call_soon_threadsafe(future.cancel)
+
+    def cancel() -> None:
+        if not future.done():
+            try:
+                loop.call_soon_threadsafe(future.cancel)
+            except RuntimeError:  # the server's loop is closed: nothing left to cancel
+                pass
+
+    it._on_cancel(cancel)
     return it
-
-
 def bls_stream(request: pb_utils.InferenceRequest, caller_globals: dict[str, Any]) -> pb_utils.ResponseIterator:
     """``InferenceRequest.exec(decoupled=True)``: the callee's responses, read on this thread."""
     server = _dispatcher(caller_globals)
@@ -725,4 +732,9 @@ def bls_async_stream(request: pb_utils.InferenceRequest, caller_globals: dict[st
             "InferenceRequest.async_exec() must be awaited inside 'async def execute'; use exec() in a plain execute"
         ) from None
     it = _start_stream(request, caller_globals)
-    return asyncio.wrap_future(it._first, loop=loop)
+
+    async def ready() -> pb_utils.ResponseIterator:
+        await asyncio.wrap_future(it._feed.first, loop=loop)
+        return it
+
+    return loop.create_task(ready())
