@@ -20,6 +20,7 @@ from inferd.config._ensemble import (
     read_ensemble_config,
 )
 from inferd.config._openai import OpenAIModel, OpenAISpec
+from inferd.config._optimization import Accelerator, CudaOptions, Optimization, ignored_line
 from inferd.config._parameters import InferdParameters
 from inferd.config._parse import (
     config_from_dict, config_from_json, config_to_json, config_to_text, message_to_dict, parse_config_file,
@@ -50,4 +51,5 @@ __all__ = [
     "dynamic_batching", "ensemble_config", "is_ensemble", "message_to_dict", "model_spec", "parse_config_file",
     "parse_config_text", "placements", "prepare_config", "prepare_ensemble_config", "read_ensemble_config",
     "read_model_config", "select_versions", "settle_groups", "validate",
+    "Accelerator", "CudaOptions", "Optimization", "ignored_line",
 ]

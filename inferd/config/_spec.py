@@ -18,6 +18,7 @@ from inferd._proto import model_config_pb2 as mc
 from inferd.config._openai import OpenAISpec, openai_spec
 from inferd.config._batching import DynamicBatching, dynamic_batching
 from inferd.config._parameters import InferdParameters
+from inferd.config._optimization import Optimization, histogram_buckets, metric_tags, optimization
 from inferd.config._parse import message_to_dict
 from inferd.config._sequence import SequencePolicy, sequence_policy
 from inferd.config._varlen import VarlenSpec, varlen_spec
@@ -106,6 +107,11 @@ class ModelSpec:
     filled_inputs: dict[str, TensorSpec] = field(default_factory=dict)
     response_cache: bool = False  # response_cache.enable: used when the server has a cache
     openai: OpenAISpec | None = None  # served under /v1 (config/_openai.py)
+    # optimization.execution_accelerators / cuda / ...: what the backend may map onto its runtime.
+    optimization: Optimization = Optimization()
+    histogram_buckets: dict[str, tuple[float, ...]] = field(default_factory=dict)  # model_metrics, by family
+    metric_tags: tuple[tuple[str, str], ...] = ()  # extra labels on this model's /metrics series
+    load_warnings: tuple[str, ...] = ()  # said once when the model loads (model_metrics families ignored)
 
     @property
     def batching(self) -> bool:
@@ -173,6 +179,7 @@ def model_spec(config: mc.ModelConfig, labels: dict[str, tuple[str, ...]] | None
         dtype = BY_CONFIG["TYPE_INT32" if b.dtype == "int32" else "TYPE_FP32"]
         for target in b.targets:
             filled_inputs[target] = TensorSpec(target, dtype, (-1,), (-1,))
+    buckets, bucket_warnings = histogram_buckets(config)
     return ModelSpec(
         name=config.name,
         platform=config.platform,
@@ -193,4 +200,8 @@ def model_spec(config: mc.ModelConfig, labels: dict[str, tuple[str, ...]] | None
         filled_inputs=filled_inputs,
         response_cache=bool(config.response_cache.enable),
         openai=openai_spec(config, model_dir),
+        optimization=optimization(config),
+        histogram_buckets=buckets,
+        metric_tags=metric_tags(config),
+        load_warnings=tuple(bucket_warnings),
     )

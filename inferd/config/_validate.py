@@ -15,6 +15,7 @@ from inferd._proto import model_config_pb2 as mc
 from inferd.config._autocomplete import ModelSignature, SignatureTensor
 from inferd.config._batching import check_dynamic_batching
 from inferd.config._capabilities import TENSOR_BACKEND, BackendCapabilities
+from inferd.config._optimization import check_accelerators, histogram_buckets, metric_tags
 from inferd.config._sequence import (
     check_sequence_signature, decoupled_problem, normalize_sequence_batching, sequence_policy, sequence_tensor_names,
 )
@@ -27,19 +28,20 @@ _HONOURED = {
     "name", "platform", "backend", "version_policy", "max_batch_size", "input", "output",
     "instance_group", "default_model_filename", "parameters", "dynamic_batching", "optimization",
     "runtime", "model_warmup", "sequence_batching", "model_transaction_policy", "batch_input", "batch_output",
-    "response_cache",
+    "response_cache", "model_metrics", "metric_tags",
 }
 _REFUSED = {
     "ensemble_scheduling": "ensemble_scheduling is only valid with platform: \"ensemble\"",
     "model_repository_agents": "repository agents are not supported by inferd",
     "cc_model_filenames": "cc_model_filenames (per-GPU-architecture files) is not supported by inferd",
-    "metric_tags": "metric_tags is not supported by inferd",
     "model_operations": "model_operations is not supported by inferd",
-    "model_metrics": "model_metrics (custom metric buckets) is not supported by inferd",
 }
 # Optimization settings: graph.level maps onto the runtime's optimization level;
-# pinned-memory hints have no effect on CPU instances and are accepted as hints.
-_OPTIMIZATION_HONOURED = {"graph", "input_pinned_memory", "output_pinned_memory", "priority"}
+# pinned-memory hints have no effect on CPU instances and are accepted as hints; accelerators and
+# the CUDA settings go to the backend, which maps what its runtime can and warns about the rest
+# (config/_optimization.py): none of them changes an answer.
+_OPTIMIZATION_HONOURED = {"graph", "input_pinned_memory", "output_pinned_memory", "priority", "cuda",
+                          "execution_accelerators", "gather_kernel_buffer_threshold", "eager_batching"}
 
 
 def check_declared(config: mc.ModelConfig, *, model_dir: Path | None = None,
@@ -153,8 +155,11 @@ def _check_optimization(config: mc.ModelConfig) -> None:
         if field.name not in _OPTIMIZATION_HONOURED:
             raise ConfigError(
                 f"model '{config.name}': optimization.{field.name} is not supported by inferd "
-                "(supported: graph.level, input_pinned_memory, output_pinned_memory, priority)"
+                f"(supported: {', '.join(sorted(_OPTIMIZATION_HONOURED))})"
             )
+    check_accelerators(config)
+    histogram_buckets(config)  # refused here, before any model file is read, as Triton does
+    metric_tags(config)
     level = config.optimization.graph.level
     if level not in (-1, 0, 1, 2):
         raise ConfigError(f"model '{config.name}': optimization.graph.level must be -1, 0, 1 or 2, got {level}")

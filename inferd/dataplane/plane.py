@@ -296,7 +296,7 @@ class DataPlane:
             if request.shared_memory:
                 self.shared_memory.resolve(request)
             if self.tracing.enabled and request.trace is None:
-                request.trace = self.tracing.start(request.model_name, request.id, trace_carrier)
+                request.trace = self.tracing.start(request.model_name, request.id, trace_carrier, request.model_version)
             model = find(self.manager.get, request, decoupled_error)
             try:
                 self._shed(model, request)

@@ -91,3 +91,8 @@ class ModelDispatcher:
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """Run ``request``; on :attr:`loop` only."""
         return await infer(self._lookup, request, self._clock)
+
+    def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
+        """Every response to ``request`` (a BLS call with ``decoupled=True``); on :attr:`loop` only.
+        Bounded by the default :class:`StreamLimits`: a caller that stops reading stalls the model."""
+        return infer_stream(self._lookup, request, self._clock)

@@ -104,7 +104,7 @@ class ModelStats:
         "name", "version", "success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
         "inference_count", "execution_count", "last_inference_ms", "batch_stats", "fail_reasons",
         "observers", "pending", "cache_hit", "cache_miss", "memory_growth", "real_elements", "pad_elements",
-        "responses", "single_response",
+        "responses", "single_response", "histogram_buckets", "metric_tags",
     )
 
     def __init__(self, name: str, version: int) -> None:
@@ -139,6 +139,10 @@ class ModelStats:
         # each response itself (record_response).
         self.responses: dict[int, ResponseStat] = {}
         self.single_response = False
+        # /metrics: the config's model_metrics buckets by histogram family, and its metric_tags
+        # (extra labels), set by the builder right after it creates the stats.
+        self.histogram_buckets: dict[str, tuple[float, ...]] = {}
+        self.metric_tags: tuple[tuple[str, str], ...] = ()
         for hook in on_create:
             hook(self)
 
