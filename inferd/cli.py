@@ -223,8 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     from inferd.perf.options import add_parser as _perf_parser
     from inferd.batch_cli import add_parser as _batch_parser
 
+    from inferd.tune import add_parser as _tune_parser
+
     _perf_parser(sub)
     _batch_parser(sub)
+    _tune_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
@@ -238,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
         from inferd.perf import run as _perf
 
         return _perf(args)
+    if args.command == "tune":
+        from inferd.tune import run as _tune
+
+        return _tune(args)
     parser.error(f"unknown command {args.command}")
     return 2
 
