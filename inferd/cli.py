@@ -246,9 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     from inferd.batch_cli import add_parser as _batch_parser
     from inferd.examples.command import add_parser as _examples_parser
 
+    from inferd.tune import add_parser as _tune_parser
+
     _perf_parser(sub)
     _batch_parser(sub)
     _examples_parser(sub)
+    _tune_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
@@ -266,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         from inferd.examples.command import run as _examples
 
         return _examples(args, parser)
+    if args.command == "tune":
+        from inferd.tune import run as _tune
+
+        return _tune(args)
     parser.error(f"unknown command {args.command}")
     return 2
 
