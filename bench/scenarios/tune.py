@@ -22,6 +22,9 @@ from inferd.tune.space import Candidate, current
 from bench.bench import OUT
 
 MODELS = ("mlp", "text_encoder")
+# The text encoder takes token ids of any length: 16 of them, zeros (valid ids), as inferd perf is told.
+PERF_ARGS = {"mlp": (), "text_encoder": ("--shape", "INPUT_IDS:16", "--shape", "ATTENTION_MASK:16",
+                                         "--input-data", "zero")}
 LEVELS = (1, 4, 16)
 NEEDS_PERF_ANALYZER = False  # the load is inferd perf's (inferd.perf.measure), as tune's own
 BUDGET_US = 20_000
@@ -36,7 +39,7 @@ def _repository(root: Path) -> Path:
 def _tune(repo: Path, model: str, budget: str, out: Path) -> dict:
     subprocess.run([sys.executable, "-m", "inferd.cli", "tune", "-m", model, "--model-repository", str(repo),
                     "--time-budget", budget, "-p", "1000", "--concurrency-range", "1:16:15",
-                    "--out", str(out)], capture_output=True, text=True, timeout=3600)
+                    "--out", str(out), *PERF_ARGS[model]], capture_output=True, text=True, timeout=3600)
     return json.loads((out / "tune.json").read_text())
 
 
@@ -61,7 +64,7 @@ def run(quick: bool) -> dict:
         rows = [("repository's config", current(base)), ("Triton's default (no batching)", Candidate(batching=False)),
                 ("inferd tune's choice" if doc["recommended"] else "inferd tune's best (not recommended)",
                  Candidate.from_dict(chosen) if chosen else current(base))]
-        server = Server(ServerSettings(repo, model, measurement_interval_ms=1000))
+        server = Server(ServerSettings(repo, model, measurement_interval_ms=1000, perf_args=PERF_ARGS[model]))
         try:
             measure = Measurer(server, base, server.settings)
             results = [(label, c, _best_within_budget(measure, c)) for label, c in rows]

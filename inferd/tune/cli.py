@@ -58,6 +58,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="own server only: frontend worker counts to try (default: the server's own choice)")
     p.add_argument("-p", "--measurement-interval", type=int, default=2000, metavar="MS",
                    help="the load client's window (default 2000)")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME:DIMS",
+                   help="an input's shape for a model with variable dimensions, as inferd perf takes it (repeatable)")
+    p.add_argument("--input-data", metavar="PATH|random|zero",
+                   help="the requests' data, as inferd perf takes it (default: random)")
     p.add_argument("--out", type=Path, default=Path("tune-out"),
                    help="folder for tune.json, tune.png and the config diff (default tune-out)")
     p.add_argument("--write", action="store_true",
@@ -105,8 +109,11 @@ def run(args: argparse.Namespace) -> int:
     settings = SearchSettings(levels=levels, objective=args.objective, latency_budget_us=args.latency_budget * 1e6,
                               time_budget_s=args.time_budget, seed=args.seed,
                               estimate_s=max(1.0, 3 * args.measurement_interval / 1000))
+    perf_args = [a for shape in args.shape for a in ("--shape", shape)]
+    if args.input_data:
+        perf_args += ["--input-data", args.input_data]
     server = Server(ServerSettings(args.model_repository, args.model, args.url, args.protocol,
-                                   args.measurement_interval, mode=mode))
+                                   args.measurement_interval, mode=mode, perf_args=tuple(perf_args)))
     print(f"inferd tune: {args.model}: {len(candidates)} candidates, levels {', '.join(f'{v:g}' for v in levels)} "
           f"({mode}), objective {args.objective}, p99 budget {args.latency_budget * 1e3:g} ms, "
           f"time budget {args.time_budget:g} s", file=sys.stderr)

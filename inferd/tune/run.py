@@ -77,7 +77,8 @@ class ServerSettings:
     stability_percentage: float = 10.0
     max_trials: int = 6
     mode: str = "concurrency"  # or "request_rate"
-    extra_args: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = ()  # more `inferd serve` options for a server started here
+    perf_args: tuple[str, ...] = ()  # more `inferd perf` options (--shape, --input-data, ...)
 
 
 class Server:
@@ -178,9 +179,9 @@ class Measurer:
         before = self.server.usage()
         t0 = time.monotonic()
         try:
-            result = measure(parse_options(argv))
-        except PerfError as exc:
-            return Measurement(candidate, level, 0.0, 0.0, 0.0, 0.0, error=str(exc))
+            result = measure(parse_options([*argv, *self.settings.perf_args]))
+        except PerfError as exc:  # the load itself is wrong (a shape to give, ...): every candidate would fail
+            raise TuneError(f"the load client cannot measure model '{self.settings.model}': {exc}") from None
         wall = time.monotonic() - t0
         after = self.server.usage()
         lv = result.levels[-1]
