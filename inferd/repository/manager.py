@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import gc
 import logging
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ from inferd.gpu.inventory import GpuInventory, default_inventory
 from inferd.model import ModelDispatcher
 from inferd.model.cache import ResponseCache
 from inferd.repository import ensembles as ensemble_loader
+from inferd.repository.demand import OnDemand
+from inferd.repository.footprint import Measure
 from inferd.repository.overrides import OverrideFolders
 from inferd.repository.layout import available_versions, fingerprint, scan
 from inferd.repository.model import Model, build_model
@@ -45,7 +48,7 @@ log = logging.getLogger(__name__)
 
 READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
 NOT_LOADED = ""  # explicit mode: in the repository, never asked for
-MODES = ("none", "poll", "explicit")
+MODES = ("none", "poll", "explicit", "on_demand")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +116,8 @@ class ModelManager:
     def __init__(self, repositories: list[Path], clock: Clock | None = None, *, mode: str = "none",
                  startup_models: list[str] | None = None, auto_complete: bool = True,
                  gpus: GpuInventory | None = None, cache: ResponseCache | None = None,
-                 limiter: RateLimiter | None = None) -> None:
+                 limiter: RateLimiter | None = None, memory_budget: int | None = None,
+                 demand_warmup: bool = True, measure_footprints: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"model control mode must be one of {MODES}, got '{mode}'")
         self.repositories = repositories
@@ -129,6 +133,12 @@ class ModelManager:
         self.dispatcher = ModelDispatcher(self.get, clock)
         # The GPUs instance groups are placed on (torch's view; a fake one in tests).
         self.gpus = gpus or default_inventory()
+        # on_demand (inferd/repository/demand.py): loads on first request, evicts under memory_budget.
+        self.demand = OnDemand(self, memory_budget, clock, demand_warmup) if mode == "on_demand" else None
+        # Each version's footprint (RSS delta around its build, ModelStatistics' memory_usage) is
+        # measured where loads do not overlap: on_demand loads one at a time, ``inferd check`` too.
+        self.measure_footprints = measure_footprints or mode == "on_demand"
+        self._skip_warmup = self.demand is not None and not demand_warmup
 
     # -- lookup (hot path) ---------------------------------------------------
 
@@ -200,6 +210,9 @@ class ModelManager:
         found = scan(self.repositories)
         for name, path in found.items():
             self._entries.setdefault(name, _Entry(name, path))
+        if self.demand is not None:
+            await self.demand.start(self.startup_models)
+            return
         if self.mode == "explicit":
             found = self._startup_selection(found)
         # Ensembles after the models they compose (nested ones in dependency order).
@@ -263,6 +276,8 @@ class ModelManager:
         path = entry.path
         entry.fingerprint = folder = fingerprint(path)  # first: a change during the load is seen next poll
         prepared = prepare(entry.name, path, config, self.auto_complete, [g.index for g in self.gpus.gpus()])
+        if self._skip_warmup and prepared.spec.warmup:  # --model-warmup-on-demand false
+            prepared = Prepared(dataclasses.replace(prepared.spec, warmup=()), prepared.backend, prepared.files)
         config_bytes = prepared.spec.config_bytes()
         shared = tuple(f for f in folder if not f[0].split("/", 1)[0].isdigit())
         old, old_sources = entry.versions, entry.sources
@@ -275,8 +290,12 @@ class ModelManager:
                 if version in old and old_sources.get(version) == source:
                     models[version] = old[version]
                 else:
-                    models[version] = build_model(prepared.spec, prepared.backend, path, version, file, self.clock,
-                                                  self.dispatcher, cache=self.cache, limiter=self.limiter)
+                    with Measure() as measured:
+                        models[version] = build_model(prepared.spec, prepared.backend, path, version, file,
+                                                      self.clock, self.dispatcher, cache=self.cache,
+                                                      limiter=self.limiter)
+                    if self.measure_footprints:
+                        models[version].stats.memory_usage = measured.footprint.usage()
         except BaseException:
             for version, model in models.items():
                 if model is not old.get(version):
