@@ -73,10 +73,19 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     from inferd.observability import log_settings, tracing
 
     log_settings.add_arguments(p)
-    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none",
+    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit", "on_demand"], default="none",
                    help="none: load every model at start-up; explicit: load the --load-model ones, then as "
                         "RepositoryModelLoad/Unload ask; poll: load every model and rescan the repositories "
-                        "every --repository-poll-secs (default none)")
+                        "every --repository-poll-secs; on_demand: list every model, load one on its first "
+                        "request and unload the least recently used idle ones to stay under "
+                        "--model-memory-budget (RepositoryModelLoad and --load-model pin) (default none)")
+    p.add_argument("--model-memory-budget", default=None, metavar="SIZE",
+                   help="on_demand: host memory the loaded models may hold, by their footprints measured at load "
+                        "(512MiB, 2G, bytes); a load past it evicts idle models first, or is refused "
+                        "RESOURCE_EXHAUSTED (default: no limit)")
+    p.add_argument("--model-warmup-on-demand", type=_flag, default=True, metavar="true|false",
+                   help="on_demand: run a model's model_warmup on a demand load before the requests waiting for "
+                        "it (default true; false answers them sooner, the first executions slower)")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME", dest="load_models",
                    help="explicit mode: a model to load at start-up (repeatable; '*' loads all)")
     p.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECONDS",
@@ -285,7 +294,14 @@ def _serve(args: argparse.Namespace) -> int:
     logs = LogSettings(verbose=args.log_verbose, info=args.log_info, warning=args.log_warning,
                        error=args.log_error, format=args.log_format)
     logs.apply()
-    problem = check_arguments(args.model_control_mode, args.load_models, args.repository_poll_secs)
+    from inferd.repository.residency import parse_size
+
+    try:
+        budget = None if args.model_memory_budget is None else parse_size(args.model_memory_budget)
+    except ValueError as exc:
+        print(f"inferd: {exc}", file=sys.stderr)
+        return 2
+    problem = check_arguments(args.model_control_mode, args.load_models, args.repository_poll_secs, budget)
     if problem is None:
         problem = _repository_problem(args.model_repository)
     if problem:
@@ -364,6 +380,8 @@ def _serve(args: argparse.Namespace) -> int:
         model_control_mode=args.model_control_mode,
         load_models=args.load_models,
         repository_poll_secs=args.repository_poll_secs,
+        model_memory_budget=budget,
+        model_warmup_on_demand=args.model_warmup_on_demand,
         tracing=tracer,
         log_settings=logs,
         cache_bytes=cache_bytes,

@@ -14,8 +14,9 @@ Before a load that would pass ``--model-memory-budget``, the pure decision
 unload, least recently used first; when no room can be made the request is
 refused at once (RESOURCE_EXHAUSTED, naming the budget, the footprint and what
 holds the memory). Loads happen one at a time, so the footprint each measures
-(:mod:`inferd.repository.footprint`) is its own; a model's footprint is the
-largest any of its loads measured, and never less than its files.
+(:mod:`inferd.repository.footprint`) is its own; a model's footprint is what
+its last load measured, and never less than its files (the estimate before
+its first load).
 RepositoryModelLoad pins a model (and makes room for it the same way);
 RepositoryModelUnload unpins and unloads it.
 
@@ -109,11 +110,10 @@ class OnDemand:
                     return False
         return True
 
-    async def wait(self, request: InferenceRequest) -> None:
-        """Wait for the model ``request`` names to be loaded (loading it if no one is); raises the
-        load's error, RESOURCE_EXHAUSTED when the budget cannot hold it, or the request's own
-        deadline or queue timeout passing first. Cancelling the caller leaves the load going."""
-        name = request.model_name
+    async def wait(self, name: str, request: InferenceRequest | None = None) -> None:
+        """Wait for model ``name`` to be loaded (loading it if no one is); raises the load's error,
+        RESOURCE_EXHAUSTED when the budget cannot hold it, or ``request``'s own deadline or queue
+        timeout passing first. Cancelling the caller leaves the load going for the others."""
         counters = self._counters(name)
         counters.misses += 1
         task = self._loads.get(name)
@@ -124,7 +124,7 @@ class OnDemand:
         self._waiting[name] = self._waiting.get(name, 0) + 1
         start = time.perf_counter_ns()
         try:
-            bound = _wait_bound(request, self.clock.now())
+            bound = _wait_bound(request, self.clock.now()) if request is not None else None
             if bound is None:
                 await asyncio.shield(task)
             else:
@@ -197,8 +197,7 @@ class OnDemand:
             entry.state, entry.reason = "UNAVAILABLE", f"failed to load on demand: {error.message}"
             raise type(error)(f"model '{name}' failed to load on demand: {error.message}")
         counters.loads += 1
-        measured = sum(n for m in entry.versions.values() for kind, _, n in m.stats.memory_usage if kind == "CPU")
-        self.footprints[name] = max(self.footprints.get(name, 0), measured, self._files(name))
+        self._record_footprint(name)
         log.info("loaded model '%s' on demand in %.0f ms: footprint %s; %s", name,
                  (time.perf_counter_ns() - start) / 1e6, format_size(self.footprints[name]), self._usage_line())
         if self.budget is not None:  # it measured more than expected: back within the budget
@@ -253,6 +252,15 @@ class OnDemand:
         """Bytes the loaded models hold, by their footprints."""
         return sum(r.footprint for r in self.residents())
 
+    def _record_footprint(self, name: str) -> None:
+        """The footprint of ``name`` as its last load measured it (the sum over its versions), never
+        less than its files: a load that reused memory an evicted model left mapped measures less
+        than it holds, and the first load of a runtime also pays its one-time set-up, which the
+        next load of the model no longer counts."""
+        entry = self.manager._entries[name]
+        measured = sum(n for m in entry.versions.values() for kind, _, n in m.stats.memory_usage if kind == "CPU")
+        self.footprints[name] = max(measured, self._files(name))
+
     def _files(self, name: str) -> int:
         entry = self.manager._entries.get(name)
         return file_bytes(entry.path) if entry is not None else 0
@@ -301,9 +309,7 @@ class OnDemand:
                 await self.manager.load_model(name, config, files)  # type: ignore[arg-type]
             finally:
                 self._protected = set()
-            entry = self.manager._entries[name]
-            measured = sum(n for m in entry.versions.values() for kind, _, n in m.stats.memory_usage if kind == "CPU")
-            self.footprints[name] = max(self.footprints.get(name, 0), measured, self._files(name))
+            self._record_footprint(name)
             self._counters(name).loads += 1
             self.pinned.add(name)
             self.last_use[name] = self.clock.now()

@@ -55,10 +55,9 @@ class Footprint:
         """As ModelStatistics' memory_usage: (type, id, byte_size) entries."""
         return (("CPU", 0, self.cpu),) + tuple(("GPU", i, n) for i, n in sorted(self.gpus.items()) if n)
 
-    def at_least(self, other: "Footprint") -> "Footprint":
-        """The larger of two measurements, per device."""
-        gpus = {i: max(self.gpus.get(i, 0), other.gpus.get(i, 0)) for i in {*self.gpus, *other.gpus}}
-        return Footprint(max(self.cpu, other.cpu), gpus)
+    def plus(self, other: "Footprint") -> "Footprint":
+        gpus = {i: self.gpus.get(i, 0) + other.gpus.get(i, 0) for i in {*self.gpus, *other.gpus}}
+        return Footprint(self.cpu + other.cpu, gpus)
 
 
 class Measure:

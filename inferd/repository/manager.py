@@ -275,7 +275,8 @@ class ModelManager:
         it was built from is kept as it is. Blocking (runs on a worker thread)."""
         path = entry.path
         entry.fingerprint = folder = fingerprint(path)  # first: a change during the load is seen next poll
-        prepared = prepare(entry.name, path, config, self.auto_complete, [g.index for g in self.gpus.gpus()])
+        with Measure() as reading:  # parsing the model files: part of what the first version holds
+            prepared = prepare(entry.name, path, config, self.auto_complete, [g.index for g in self.gpus.gpus()])
         if self._skip_warmup and prepared.spec.warmup:  # --model-warmup-on-demand false
             prepared = Prepared(dataclasses.replace(prepared.spec, warmup=()), prepared.backend, prepared.files)
         config_bytes = prepared.spec.config_bytes()
@@ -295,7 +296,10 @@ class ModelManager:
                                                       self.clock, self.dispatcher, cache=self.cache,
                                                       limiter=self.limiter)
                     if self.measure_footprints:
-                        models[version].stats.memory_usage = measured.footprint.usage()
+                        footprint = measured.footprint
+                        if not any(m.stats.memory_usage for m in models.values() if m is not old.get(version)):
+                            footprint = footprint.plus(reading.footprint)
+                        models[version].stats.memory_usage = footprint.usage()
         except BaseException:
             for version, model in models.items():
                 if model is not old.get(version):
