@@ -11,6 +11,7 @@ its lifecycle (:meth:`DataPlane.load_models`, :meth:`DataPlane.drain`,
 
 from __future__ import annotations
 
+import time
 from contextlib import aclosing
 from functools import partial
 from pathlib import Path
@@ -263,10 +264,12 @@ class DataPlane:
             raise Unavailable(DRAINING)
         nbytes = request_bytes(request.inputs)
         self.admission.admit(nbytes, request.model_name)
+        start = time.monotonic_ns()
         try:
             await self.manager.demand.wait(request.model_name, request)  # type: ignore[union-attr]
         finally:
             self.admission.release(nbytes)
+            request.load_wait_ns = time.monotonic_ns() - start
 
     async def _loaded(self, name: str) -> None:
         """on_demand: metadata and config of a model that is not loaded load it, as a request would."""
@@ -296,7 +299,7 @@ class DataPlane:
             infer = model.stats.compute_infer
             if infer.count:
                 delay.follow(infer.ns / infer.count * 1e-9)
-            received = request.received_ns * 1e-9 if request.received_ns else request.dispatched
+            received = (request.received_ns + request.load_wait_ns) * 1e-9 if request.received_ns else request.dispatched
             delay.observe(request.dispatched - received, self.clock.now())
 
     def _shed(self, model: Model, request: InferenceRequest) -> None:
@@ -306,7 +309,7 @@ class DataPlane:
         if delay is None or not delay.dropping:
             return
         now = self.clock.now()
-        received = min(request.received_ns * 1e-9, now) if request.received_ns else now
+        received = min((request.received_ns + request.load_wait_ns) * 1e-9, now) if request.received_ns else now
         refused = delay.refusal(request.model_name, now - received, now)
         if refused is not None:
             raise refused
@@ -357,8 +360,10 @@ class DataPlane:
             return
         demand = self.manager.demand
         if demand is not None and demand.cold(request.model_name):
+            start = time.monotonic_ns()
             try:
                 await demand.wait(request.model_name, request)
+                request.load_wait_ns = time.monotonic_ns() - start
             except InferdError as exc:
                 self.admission.release(nbytes)
                 yield StreamResponse(error=exc, final=True)

@@ -220,7 +220,7 @@ class OnDemand:
     async def _evict(self, name: str) -> None:
         log.info("evicting model '%s' (%s, idle since %.1f s) to make room under the model memory budget", name,
                  format_size(self.footprints.get(name, 0)), self.clock.now() - self.last_use.get(name, 0.0))
-        await self.manager._unload(name)
+        await self.manager._unload(name, collect=False)
         entry = self.manager._entries.get(name)
         if entry is not None and entry.latest is None:
             entry.reason = EVICTED

@@ -388,7 +388,9 @@ class ModelManager:
                 await self._unload(dependent)
         await self._unload(name)
 
-    async def _unload(self, name: str) -> None:
+    async def _unload(self, name: str, collect: bool = True) -> None:
+        """``collect``: run a full collection after (25 ms here, on the loop); an eviction
+        (on_demand) leaves it out: the model goes by reference count, glibc's trim runs off the loop."""
         entry = self._entries[name]
         async with entry.lock:
             entry.wanted = False
@@ -403,7 +405,10 @@ class ModelManager:
         if old:
             log.info("unloaded model '%s' versions %s", name, sorted(old))
             del old
-            _release_memory()
+            if collect:
+                _release_memory()
+            else:
+                await asyncio.get_running_loop().run_in_executor(None, _trim)
 
     async def forget(self, name: str) -> None:
         """Poll mode: the model's folder is gone; unload it and drop it from the index."""
@@ -491,6 +496,11 @@ def _release_memory() -> None:
     reference cycles hold, then ask glibc to return freed heap pages (a
     runtime's arenas otherwise stay mapped, and RSS only grows)."""
     gc.collect()
+    _trim()
+
+
+def _trim() -> None:
+    """Ask glibc to return freed heap pages to the system (ctypes drops the GIL meanwhile)."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
