@@ -438,6 +438,7 @@ def _check(repositories: list[Path]) -> int:
     """Load every model as ``serve`` would (ModelManager.load_all: ensembles after their
     composing models, checked against them), print one line per model, release them."""
     from inferd.repository.manager import READY, ModelManager
+    from inferd.repository.residency import format_size
 
     problem = _repository_problem(repositories)
     if problem:
@@ -447,7 +448,8 @@ def _check(repositories: list[Path]) -> int:
     logging.getLogger("inferd").setLevel(logging.CRITICAL)
 
     async def run() -> tuple[list[str], int]:
-        manager = ModelManager(list(repositories))
+        # One load at a time (as on_demand loads), so each model's footprint is its own.
+        manager = ModelManager(list(repositories), measure_footprints=True)
         try:
             await manager.load_all()
             states: dict[str, tuple[str, str, list[int]]] = {}
@@ -463,8 +465,11 @@ def _check(repositories: list[Path]) -> int:
                     lines.append(f"{name}: UNAVAILABLE: {reason or state.lower()}")
                     continue
                 spec = manager.get(name).spec
+                held = [n for m in manager.models() if m.name == name for kind, _, n in m.stats.memory_usage
+                        if kind == "CPU"]
+                memory = f"; memory {format_size(sum(held))}" if held else ""
                 lines.append(f"{name}: READY (versions {', '.join(map(str, sorted(versions)))}; "
-                             f"{spec.platform or spec.backend}; max_batch_size {spec.max_batch_size})")
+                             f"{spec.platform or spec.backend}; max_batch_size {spec.max_batch_size}{memory})")
             return lines, broken
         finally:
             await manager.stop()
@@ -473,6 +478,9 @@ def _check(repositories: list[Path]) -> int:
     for line in lines:
         print(line)
     print(f"{len(lines) - broken} of {len(lines)} models ready")
+    if any("; memory " in line for line in lines):
+        print("memory: resident-set growth around each model's load, one load at a time; the first model of each "
+              "runtime also holds that runtime's one-time set-up")
     return 1 if broken else 0
 
 

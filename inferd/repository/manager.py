@@ -217,7 +217,12 @@ class ModelManager:
             found = self._startup_selection(found)
         # Ensembles after the models they compose (nested ones in dependency order).
         graphs = {name: g for name in found if (g := self._ensemble_graph(name)) is not None}
-        await asyncio.gather(*(self._load_locked(name) for name in found if name not in graphs))
+        plain = [name for name in found if name not in graphs]
+        if self.measure_footprints:  # one at a time: each footprint is its own load's
+            for name in plain:
+                await self._load_locked(name)
+        else:
+            await asyncio.gather(*(self._load_locked(name) for name in plain))
         for name in load_order(graphs):
             await self._load_locked(name)
 
