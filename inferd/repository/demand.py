@@ -139,6 +139,7 @@ class OnDemand:
             self._waiting[name] -= 1
             if not self._waiting[name]:
                 del self._waiting[name]
+            self.last_use[name] = self.clock.now()  # its use: the freshest, not the coldest
             counters.cold_start_ns += time.perf_counter_ns() - start
 
     def _loaded(self, name: str, task: asyncio.Task) -> None:
@@ -198,6 +199,7 @@ class OnDemand:
             entry.state, entry.reason = "UNAVAILABLE", f"failed to load on demand: {error.message}"
             raise type(error)(f"model '{name}' failed to load on demand: {error.message}")
         counters.loads += 1
+        self.last_use[name] = self.clock.now()
         self._record_footprint(name)
         log.info("loaded model '%s' on demand in %.0f ms: footprint %s; %s", name,
                  (time.perf_counter_ns() - start) / 1e6, format_size(self.footprints[name]), self._usage_line())

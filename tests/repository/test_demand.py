@@ -113,3 +113,29 @@ async def test_cold_waits_do_not_feed_the_queue_delay_controller(tmp_path: Path)
         assert dp.manager.demand.counters["t"].hits == 1
     finally:
         await dp.close()
+
+
+async def test_a_model_just_loaded_for_a_request_is_the_freshest_not_the_coldest(tmp_path: Path) -> None:
+    from inferd.repository.footprint import file_bytes
+
+    for i in range(3):
+        add_table_model(tmp_path, f"t{i}", i, 100_000)
+    per_model = file_bytes(tmp_path / "t0")
+    dp = DataPlane(ModelManager([tmp_path], mode="on_demand", memory_budget=4 * per_model))
+    await dp.load_models()
+    demand = dp.manager.demand
+    evicted: list[str] = []
+    evict = demand._evict
+
+    async def recording(name: str) -> None:
+        evicted.append(name)
+        await evict(name)
+
+    demand._evict = recording  # type: ignore[method-assign]
+    try:
+        # t0 is used twice, then t1 loads (its use the latest): t2's load must evict t0 first, not t1.
+        for name in ("t0", "t0", "t1", "t2"):
+            await dp.infer(table_request(name))
+        assert evicted[:1] == ["t0"], (evicted, demand.footprints)  # the least recently used went first
+    finally:
+        await dp.close()
