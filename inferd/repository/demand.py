@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from inferd.clock import Clock, MonotonicClock
 from inferd.config import parse_config_file
-from inferd.errors import DeadlineExceeded, InferdError, ResourceExhausted, Unavailable
+from inferd.errors import ConfigError, DeadlineExceeded, InferdError, ResourceExhausted, Unavailable
 from inferd.repository.footprint import file_bytes
 from inferd.repository.residency import Resident, format_size, over_budget, plan_load
 from inferd.types import InferenceRequest
@@ -292,7 +292,11 @@ class OnDemand:
         for entry in manager._entries.values():
             if entry.latest is None and not entry.lock.locked():
                 entry.state, entry.reason, entry.wanted = "UNAVAILABLE", NOT_LOADED, False
-        names = list(manager._entries) if "*" in startup else list(startup)
+        names = list(manager._entries) if "*" in startup else list(dict.fromkeys(startup))
+        unknown = [n for n in names if n not in manager._entries]
+        if unknown:  # as explicit mode: a name that is no model stops the start-up
+            raise ConfigError(f"--load-model {', '.join(unknown)}: no such model in the model repositories "
+                              f"(found: {', '.join(sorted(manager._entries)) or 'none'})")
         for name, entry in sorted(manager._entries.items()):
             if name not in names and _pinned_in_config(name, entry.path):
                 names.append(name)
