@@ -82,7 +82,6 @@ class OnDemand:
         self._loads: dict[str, asyncio.Task] = {}
         self._waiting: dict[str, int] = {}  # requests waiting for a model's load (busy: never evicted)
         self._protected: set[str] = set()  # the models an ensemble being loaded needs
-        self._runtimes: set[str] = set()  # platforms/backends loaded once already (their set-up is paid)
         self._lock = asyncio.Lock()  # one load or eviction at a time: footprints are measured alone
 
     # -- the request path --------------------------------------------------------
@@ -258,14 +257,9 @@ class OnDemand:
     def _record_footprint(self, name: str) -> None:
         """The footprint of ``name`` as its last load measured it (the sum over its versions), never
         less than its files: a load that reused memory an evicted model left mapped measures less
-        than it holds; the first load of each runtime (platform or backend) also pays the runtime's
-        one-time set-up, so that one is taken as its files."""
+        than it holds."""
         entry = self.manager._entries[name]
         measured = sum(n for m in entry.versions.values() for kind, _, n in m.stats.memory_usage if kind == "CPU")
-        runtime = entry.latest.spec.platform or entry.latest.spec.backend if entry.latest is not None else ""
-        if runtime not in self._runtimes:  # its one-time set-up (ONNX Runtime: ~40 MiB) is not the model's
-            self._runtimes.add(runtime)
-            measured = 0
         self.footprints[name] = max(measured, self._files(name))
 
     def _files(self, name: str) -> int:

@@ -1,9 +1,13 @@
 """What a model holds in memory: measured around its load.
 
 A model's footprint is what the process gained while its instances were
-created: the resident set (``/proc/self/statm``, which counts what ONNX
-Runtime's and torch's CPU allocators map, since neither exposes an allocator
-figure for host memory to Python) and, per GPU, what torch's caching
+created: on the host, the larger of the bytes malloc handed out and did not
+get back (glibc's ``mallinfo2``, every arena: ONNX Runtime's and torch's CPU
+allocators and numpy allocate there, and neither runtime exposes an allocator
+figure for host memory to Python) and the resident set's growth
+(``/proc/self/statm``: what the process really gained, fragmentation
+included, but nothing when the load reused pages a freed model left mapped);
+per GPU, what torch's caching
 allocator holds (``torch.cuda.memory_allocated``, when torch is already
 imported and CUDA is initialised; ONNX Runtime's CUDA arena is not visible
 from Python, so a GPU ONNX model is counted by its host side only). The
@@ -13,10 +17,12 @@ driver (:mod:`inferd.repository.demand`) loads one model at a time.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -28,6 +34,33 @@ def rss_bytes(pid: int | str = "self") -> int:
             return int(f.read().split()[1]) * _PAGE
     except (OSError, IndexError, ValueError):
         return 0
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2  # glibc >= 2.33
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    return fn  # type: ignore[no-any-return]
+
+
+_MALLINFO = _mallinfo2()
+
+
+def heap_bytes() -> int | None:
+    """Bytes malloc has handed out and not had back, over every arena (glibc's mallinfo2: in-use
+    chunks plus mmapped ones); None where it is not glibc. Unlike the resident set it counts a load
+    that reuses pages a freed model left mapped."""
+    if _MALLINFO is None:
+        return None
+    info = _MALLINFO()
+    return int(info.uordblks + info.hblkhd)
 
 
 def gpu_bytes() -> dict[int, int]:
@@ -65,16 +98,24 @@ class Measure:
 
     def __init__(self) -> None:
         self.footprint = Footprint()
+        self.allocated = Footprint()
 
     def __enter__(self) -> "Measure":
+        self._heap = heap_bytes()
         self._rss = rss_bytes()
         self._gpus = gpu_bytes()
         return self
 
     def __exit__(self, *exc: object) -> None:
         gpus = gpu_bytes()
-        self.footprint = Footprint(max(0, rss_bytes() - self._rss),
-                                   {i: max(0, n - self._gpus.get(i, 0)) for i, n in gpus.items()})
+        heap = heap_bytes()
+        rss = rss_bytes() - self._rss
+        heap = heap - self._heap if heap is not None and self._heap is not None else None
+        gpu = {i: max(0, n - self._gpus.get(i, 0)) for i, n in gpus.items()}
+        self.footprint = Footprint(max(0, rss, heap or 0), gpu)
+        # Without the resident set: for the first load of a runtime, whose one-time set-up (thread pools,
+        # libraries paged in: ~35 MiB for ONNX Runtime here) grows the resident set but is not the model's.
+        self.allocated = Footprint(max(0, heap if heap is not None else rss), gpu)
 
 
 def file_bytes(model_dir: Path) -> int:

@@ -135,10 +135,11 @@ class ModelManager:
         self.gpus = gpus or default_inventory()
         # on_demand (inferd/repository/demand.py): loads on first request, evicts under memory_budget.
         self.demand = OnDemand(self, memory_budget, clock, demand_warmup) if mode == "on_demand" else None
-        # Each version's footprint (RSS delta around its build, ModelStatistics' memory_usage) is
+        # Each version's footprint (malloc / RSS delta around its build, ModelStatistics' memory_usage) is
         # measured where loads do not overlap: on_demand loads one at a time, ``inferd check`` too.
         self.measure_footprints = measure_footprints or mode == "on_demand"
         self._skip_warmup = self.demand is not None and not demand_warmup
+        self._runtimes_loaded: set[str] = set()  # platforms/backends loaded once (their set-up is paid)
 
     # -- lookup (hot path) ---------------------------------------------------
 
@@ -301,9 +302,12 @@ class ModelManager:
                                                       self.clock, self.dispatcher, cache=self.cache,
                                                       limiter=self.limiter)
                     if self.measure_footprints:
-                        footprint = measured.footprint
+                        runtime = prepared.spec.platform or prepared.spec.backend
+                        first = runtime not in self._runtimes_loaded  # its set-up grew the resident set too
+                        self._runtimes_loaded.add(runtime)
+                        footprint = measured.allocated if first else measured.footprint
                         if not any(m.stats.memory_usage for m in models.values() if m is not old.get(version)):
-                            footprint = footprint.plus(reading.footprint)
+                            footprint = footprint.plus(reading.allocated if first else reading.footprint)
                         models[version].stats.memory_usage = footprint.usage()
         except BaseException:
             for version, model in models.items():
