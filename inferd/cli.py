@@ -87,7 +87,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="on_demand: run a model's model_warmup on a demand load before the requests waiting for "
                         "it (default true; false answers them sooner, the first executions slower)")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME", dest="load_models",
-                   help="explicit mode: a model to load at start-up (repeatable; '*' loads all)")
+                   help="explicit mode: a model to load at start-up (repeatable; '*' loads all); on_demand: a model "
+                        "loaded at start-up and pinned (never evicted)")
     p.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECONDS",
                    help="poll mode: seconds between rescans (default 15)")
     tracing.add_arguments(p)
