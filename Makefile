@@ -12,6 +12,7 @@ METRICS_PORT ?= 8002
 # Triton's perf_analyzer (PyPI perf-analyzer), for `make bench` and the tests that use it (skipped without it).
 PERF_ANALYZER ?= perf_analyzer
 export PERF_ANALYZER
+TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: install serve test models proto bench check clean gpu-wheels
 
@@ -19,13 +20,14 @@ export PERF_ANALYZER
 # README's examples import: every README example runs against `make serve` as written.
 $(STAMP): pyproject.toml clients/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	# torch first, pinned: this exact CPU build lies on local disk; any other spec pulls a multi-GB CUDA build.
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[torch,examples]' -e ./clients
+	# torch first, pinned to the CPU build: unpinned, PyPI's Linux default is the multi-GB CUDA build
+	# (README "Install" says how to choose; TORCH_SPEC overrides, e.g. TORCH_SPEC='torch==2.13.0+cpu').
+	$(PIP) install -q $(TORCH_SPEC)
+	$(PIP) install -q -e '.[onnx,torch,examples]' -e ./clients
 	touch $@
 
 $(TEST_STAMP): $(STAMP)
-	$(PIP) install -q -e '.[torch,examples,test]' -e ./clients
+	$(PIP) install -q -e '.[onnx,torch,examples,test]' -e ./clients
 	touch $@
 
 install: $(STAMP)

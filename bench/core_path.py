@@ -3,7 +3,7 @@
     python -m bench.core_path [--per-turn 1 8] [--requests 4000] [--rounds 12]
 
 A real DataPlane (identity_fp32 from the benchmark repository, dynamic_batching {}) behind a
-CoreEndpoint whose channel only records what it sends; the input and output arenas are real
+DataPlaneEndpoint whose channel only records what it sends; the input and output arenas are real
 (4 GiB sparse memfds, as a server's). Each round hands the endpoint INFER messages,
 ``--per-turn`` of them in one loop turn (as one socket read would bring them), waits for every
 RESPONSE and sends their blocks back in a FREE. Reported: process CPU per request, the best
@@ -26,7 +26,7 @@ import numpy as np
 from inferd.dataplane import DataPlane
 from inferd.handoff import wire
 from inferd.handoff.arena import Arena, ArenaWriter
-from inferd.handoff.endpoint import CoreEndpoint
+from inferd.handoff.core.endpoint import DataPlaneEndpoint
 from inferd.repository import ModelManager
 
 ARENA_BYTES = 1 << 32
@@ -42,7 +42,7 @@ class _Recorder:
         self.sent.append(message)
 
 
-class _Link:
+class _Worker:
     index = 0
 
     def __init__(self) -> None:
@@ -61,9 +61,9 @@ async def measure(per_turn: int, requests: int, rounds: int) -> float:
 
     dp = DataPlane(ModelManager([bench_repository(big=False)]))
     await dp.load_models()
-    link = _Link()
+    link = _Worker()
     link.inputs.write(0, np.zeros(16, np.float32).tobytes())
-    endpoint = CoreEndpoint(link, dp, lambda *args: None)  # type: ignore[arg-type]
+    endpoint = DataPlaneEndpoint(link, dp, lambda *args: None)  # type: ignore[arg-type]
     sent = link.channel.sent
     best = float("inf")
     try:

@@ -152,7 +152,10 @@ async def drive(url: str, metrics_url: str, pid: int, total: int, rate: float, w
 
     rng = random.Random(seed)
     base = requests_by_kind()
-    channels = [grpc.aio.insecure_channel(url) for _ in range(4)]
+    # Four TCP connections: grpc shares one subchannel (one connection) among channels with the same
+    # target and options unless each keeps its own pool, and the kernel spreads connections, not
+    # requests, over the frontend workers (SO_REUSEPORT): with one connection one worker got all.
+    channels = [grpc.aio.insecure_channel(url, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(4)]
     stubs = [pbg.GRPCInferenceServiceStub(c) for c in channels]
     names = [n for n, _ in MIX]
     weights = [w for _, w in MIX]

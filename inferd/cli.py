@@ -182,6 +182,11 @@ def _security_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-restricted-api", action="append", default=[], metavar="GROUPS:KEY=VALUE",
                    help="refuse requests to these endpoint groups (comma-separated) with 403 unless they carry "
                         "the header KEY: VALUE (repeatable); the groups as --grpc-restricted-protocol")
+    p.add_argument("--openai-api-key", action="append", default=[], metavar="KEY",
+                   help="/v1 (the OpenAI-compatible routes) answers only requests carrying 'Authorization: "
+                        "Bearer KEY' (repeatable: any of them); 401 otherwise")
+    p.add_argument("--openai-api-key-file", type=Path, default=None, metavar="FILE",
+                   help="as --openai-api-key, the keys read from FILE, one a line (kept out of the process list)")
 
 
 def _security_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -198,7 +203,24 @@ def _security_options(args: argparse.Namespace) -> dict[str, Any]:
     out["grpc_restrictions"] = Restrictions.parse(args.grpc_restricted_protocol, "--grpc-restricted-protocol",
                                                   GRPC_HEADER_PREFIX, protocol="protocol")
     out["http_restrictions"] = Restrictions.parse(args.http_restricted_api, "--http-restricted-api")
+    out["openai"] = _openai_options(args.openai_api_key, args.openai_api_key_file)
     return out
+
+
+def _openai_options(keys: list[str], key_file: Path | None) -> Any:
+    from inferd.server.openai import OpenAIOptions
+
+    keys = [k.strip() for k in keys]
+    if key_file is not None:
+        try:
+            keys += [line.strip() for line in key_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except OSError as exc:
+            raise ValueError(f"--openai-api-key-file: cannot read '{key_file}': {exc}") from None
+        if not keys:
+            raise ValueError(f"--openai-api-key-file: '{key_file}' holds no key")
+    if any(not k or any(c.isspace() for c in k) for k in keys):
+        raise ValueError("--openai-api-key: a key must be non-empty and hold no spaces")
+    return OpenAIOptions(tuple(keys))
 def default_frontend_workers(cores: int | None = None) -> int:
     """Half the cores, at least two, at most 16. A worker spends most of a request's CPU (the
     grpc.aio transport: 2-3x the core's share, bench/RESULTS.md), so the wire gets cores of its own;
@@ -232,9 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     _check_parser(sub)
     from inferd.perf.options import add_parser as _perf_parser
     from inferd.batch_cli import add_parser as _batch_parser
+    from inferd.examples.command import add_parser as _examples_parser
 
     _perf_parser(sub)
     _batch_parser(sub)
+    _examples_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
@@ -248,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         from inferd.perf import run as _perf
 
         return _perf(args)
+    if args.command == "examples":
+        from inferd.examples.command import run as _examples
+
+        return _examples(args, parser)
     parser.error(f"unknown command {args.command}")
     return 2
 
@@ -344,6 +372,9 @@ def _serve(args: argparse.Namespace) -> int:
     from inferd.observability import memtrace
 
     memtrace.install("core" if workers else "server")  # INFERD_TRACEMALLOC: a leak hunt's snapshots
+    from inferd.observability import heap
+
+    heap.start()  # freed heap memory back to the system every 30 s (INFERD_MALLOC_TRIM_INTERVAL)
     if workers < 0:
         print(f"inferd: --frontend-workers must be >= 0, got {workers}", file=sys.stderr)
         return 2
@@ -394,7 +425,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         if workers:
-            from inferd.handoff.server import MultiProcessServer
+            from inferd.handoff.core.multiprocess import MultiProcessServer
 
             server: InferenceServer = MultiProcessServer(options, workers)
         else:

@@ -3,6 +3,8 @@ every runnable example in clients/examples/ works against a real server."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -112,3 +114,151 @@ async def test_async_client_streams_a_decoupled_model(example_server) -> None:
     data = [i for i in items if "OUT" in i]  # type: ignore[operator]
     assert sorted(int(i["IDX"][0]) for i in data) == [0, 1]  # type: ignore[index]
     assert [i.final for i in items if "OUT" not in i] == [True]  # type: ignore[union-attr,operator]
+
+
+# -- the whole client, over mutual TLS, by gRPC and HTTP, blocking and asyncio ----------------------------
+
+SCALE_IO = ([("INPUT0", "TYPE_FP32", [4])], [("OUTPUT0", "TYPE_FP32", [4])])
+SCALE_CONFIG = {"platform": "onnxruntime_onnx", "max_batch_size": 2,
+                "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+                "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}]}
+
+
+@pytest.fixture(scope="module")
+def control_server(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """Explicit model control and mutual TLS on both frontends: every client call is tried
+    through the certificates, and loads/unloads touch only this server."""
+    from certs import make_certs
+    from conftest import running
+    from repo_builder import add_model, config
+
+    from inferd.examples import onnx_models as om
+
+    repo = tmp_path_factory.mktemp("client_repo")
+    add_model(repo, "scaler", om.scale(4, factor=2.0), config("scaler", *SCALE_IO, 2))
+    add_model(repo, "idle", om.scale(4, factor=3.0), config("idle", *SCALE_IO, 2))
+    certs = make_certs(tmp_path_factory.mktemp("client_certs"))
+    tls = []
+    for proto in ("grpc", "http"):
+        tls += [f"--{proto}-use-ssl-mutual", "true", f"--{proto}-server-cert", str(certs.server_cert),
+                f"--{proto}-server-key", str(certs.server_key), f"--{proto}-root-cert", str(certs.ca)]
+    with running(repo, extra_args=["--model-control-mode", "explicit", "--load-model", "scaler", *tls]) as server:
+        yield server, certs
+
+
+def _client(kind: str, server, certs, **kw):  # type: ignore[no-untyped-def]
+    from inferd_client import AsyncHttpClient, HttpClient
+
+    tls = dict(root_certificates=str(certs.ca), private_key=str(certs.client_key),
+               certificate_chain=str(certs.client_cert), **kw)
+    host = server.url if kind in ("grpc", "grpc-aio") else server.http_url
+    host = host.replace("127.0.0.1", "localhost")  # the name the server certificate carries
+    return {"grpc": Client, "grpc-aio": AsyncClient, "http": HttpClient, "http-aio": AsyncHttpClient}[kind](
+        host, **tls)
+
+
+async def _maybe(value):  # type: ignore[no-untyped-def]
+    import inspect
+
+    return await value if inspect.isawaitable(value) else value
+
+
+KINDS = ["grpc", "grpc-aio", "http", "http-aio"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_every_call_of_the_client(kind: str, control_server) -> None:  # type: ignore[no-untyped-def]
+    server, certs = control_server
+    c = _client(kind, server, certs, headers={"x-tenant": "t1"})
+    call = _maybe
+    try:
+        assert await call(c.is_live()) and await call(c.is_ready())
+        assert (await call(c.server_metadata())).name
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        result = await call(c.infer("scaler", {"INPUT0": x}, request_id="r1"))
+        assert result["OUTPUT0"].tolist() == [[0.0, 2.0, 4.0, 6.0]] and result.id == "r1"
+        meta = await call(c.model_metadata("scaler"))
+        assert [t.name for t in meta.inputs] == ["INPUT0"] and meta.inputs[0].shape == (-1, 4)
+        cfg = await call(c.model_config("scaler"))
+        assert (cfg["max_batch_size"] if isinstance(cfg, dict) else cfg.max_batch_size) == 2
+        (stats,) = await call(c.model_statistics("scaler"))
+        assert stats.name == "scaler" and stats.inference["success"].count >= 1 and stats.inference_count >= 1
+        index = {m.name: m for m in await call(c.repository_index())}
+        assert index["scaler"].state == "READY" and index["idle"].state != "READY"
+        assert [m.name for m in await call(c.repository_index(ready=True))] == ["scaler"]
+
+        # a load with a config override (and files), then an unload
+        name = f"made_{kind.replace('-', '_')}"
+        await call(c.load_model(name, config=SCALE_CONFIG,
+                                files={"1/model.onnx": om_scale(5.0)}))
+        assert (await call(c.infer(name, {"INPUT0": x})))["OUTPUT0"].tolist() == [[0.0, 5.0, 10.0, 15.0]]
+        override = dict(SCALE_CONFIG, instance_group=[{"count": 2, "kind": "KIND_CPU"}])
+        await call(c.load_model(name, config=json.dumps(override), files={"1/model.onnx": om_scale(5.0)}))
+        cfg = await call(c.model_config(name))
+        groups = cfg["instance_group"] if isinstance(cfg, dict) else [{"count": g.count} for g in cfg.instance_group]
+        assert groups[0]["count"] == 2
+        await call(c.unload_model(name))
+        assert not await call(c.is_model_ready(name))
+        with pytest.raises(InferError) as info:
+            await call(c.infer(name, {"INPUT0": x}))
+        assert name in info.value.message and info.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
+
+        # trace and log settings: change, read back, restore
+        before = await call(c.get_trace_settings("scaler"))
+        assert "trace_rate" in before
+        after = await call(c.update_trace_settings({"trace_rate": "7"}, model="scaler"))
+        assert str(after["trace_rate"]) == "7" and str((await call(c.get_trace_settings("scaler")))["trace_rate"]) == "7"
+        await call(c.update_trace_settings({"trace_rate": None}, model="scaler"))
+        assert str((await call(c.get_trace_settings("scaler")))["trace_rate"]) == str(before["trace_rate"])
+        logs = await call(c.update_log_settings({"log_verbose_level": 1}))
+        assert logs["log_verbose_level"] == 1
+        assert (await call(c.update_log_settings({"log_verbose_level": 0})))["log_verbose_level"] == 0
+
+        # shared memory, system and CUDA status
+        from inferd_client import ShmInput, SystemSharedMemoryRegion
+
+        key = f"inferd_client_test_{kind}_{os.getpid()}"
+        with SystemSharedMemoryRegion.create(key, 64) as region:
+            size = region.write(x)
+            await call(c.register_system_shared_memory("in", key, 64))
+            status = await call(c.system_shared_memory_status())
+            assert status["in"].byte_size == 64 and status["in"].key == key
+            got = await call(c.infer("scaler", {"INPUT0": ShmInput("in", "FP32", (1, 4), size)}))
+            assert got["OUTPUT0"].tolist() == [[0.0, 2.0, 4.0, 6.0]]
+            await call(c.unregister_system_shared_memory("in"))
+            assert await call(c.system_shared_memory_status()) == {}
+        assert await call(c.cuda_shared_memory_status()) == {}
+        with pytest.raises(InferError) as info:
+            await call(c.register_cuda_shared_memory("gpu", b"\0" * 64, 0, 64))
+        assert "gpu" in info.value.message or "CUDA" in info.value.message
+    finally:
+        await call(c.close())
+
+
+def om_scale(factor: float) -> bytes:
+    from inferd.examples import onnx_models as om
+
+    return om.serialize(om.scale(4, factor=factor))
+
+
+@pytest.mark.parametrize("kind", ["grpc", "http"])
+def test_mutual_tls_refuses_a_client_without_a_certificate(kind: str, control_server) -> None:  # type: ignore[no-untyped-def]
+    from inferd_client import HttpClient
+
+    server, certs = control_server
+    if kind == "grpc":
+        client = Client(server.url.replace("127.0.0.1", "localhost"), root_certificates=str(certs.ca))
+    else:
+        client = HttpClient(server.http_url.replace("127.0.0.1", "localhost"), root_certificates=str(certs.ca))
+    with client, pytest.raises((InferError, OSError)):
+        client.infer("scaler", {"INPUT0": np.zeros((1, 4), np.float32)}, **({"deadline_s": 10} if kind == "grpc" else {}))
+    with pytest.raises(ValueError, match="mutual TLS needs both"):
+        Client("localhost:1", private_key=str(certs.client_key))
+
+
+def test_http_errors_carry_both_statuses() -> None:
+    from inferd_client._http_codec import Reply, error_of
+
+    error = error_of(Reply(503, {}, b'{"error": "model \'m\' is draining"}'))
+    assert error.code == grpc.StatusCode.UNAVAILABLE and error.http_status == 503
+    assert error.message == "model 'm' is draining"

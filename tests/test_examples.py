@@ -304,3 +304,31 @@ def test_triton_example_repository_computes_what_tritons_does(tmp_path):
     assert scores.shape == (1, 1000, 1, 1) and abs(float(scores.sum()) - 1.0) < 1e-4
     labels = (tmp_path / "densenet_onnx" / "densenet_labels.txt").read_text().splitlines()
     assert len(labels) == 1000
+
+
+# -- inferd examples (the user command; the example repository ships in the wheel) -------------
+
+
+def test_inferd_examples_writes_the_chosen_models_and_lists_them(tmp_path, capsys):
+    from inferd import cli
+
+    assert cli.main(["examples", "--list"]) == 0
+    listed = capsys.readouterr().out.split()
+    assert listed == [spec.name for spec in build.MODELS] and "simple" in listed
+    assert cli.main(["examples", "--output", str(tmp_path), "--model", "simple"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["simple"]
+    assert (tmp_path / "simple" / "1" / "model.onnx").is_file() and (tmp_path / "simple" / "config.pbtxt").is_file()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["examples"], "--output DIR is required"),
+    (["examples", "-o", "x", "--model", "no_such_model"], "no_such_model"),
+    (["examples", "-o", "x", "--triton", "--model", "simple"], "--triton writes Triton's whole example repository"),
+    (["examples", "-o", "x", "--with-repeat"], "--with-repeat applies to --triton"),
+])
+def test_inferd_examples_refuses_what_it_cannot_do_saying_why(argv, words, capsys):
+    from inferd import cli
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2 and words in capsys.readouterr().err

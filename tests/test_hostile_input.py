@@ -94,8 +94,8 @@ def test_grpc_requests_in_process(plane, data: bytes) -> None:  # type: ignore[n
 @FUZZ
 @given(case=hostile.http_bodies())
 def test_http_bodies_in_process(plane, case: tuple[str, bytes, dict[str, str]]) -> None:  # type: ignore[no-untyped-def]
+    from inferd.facade import DECOUPLED_HTTP
     from inferd.server import http_codec
-    from inferd.server.http_service import DECOUPLED_HTTP
 
     loop, dp = plane
     name, body, headers = case

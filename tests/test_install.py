@@ -3,6 +3,7 @@ PyTorch as an extra (``inferd[torch]``) whose absence is a clear load error."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -76,7 +77,9 @@ def test_the_server_wheel_builds_offline_with_torch_as_an_extra(tmp_path: Path) 
     names = set(wheel.namelist())
     assert {"inferd/cli.py", "inferd/py.typed", "inferd/_proto/grpc_service_pb2.py",
             "triton_python_backend_utils/__init__.py"} <= names
-    assert not any(n.startswith(("tests/", "clients/", "inferd_client/")) for n in names)
+    assert not any(n.startswith(("tests/", "clients/", "inferd_client/", "bench/")) for n in names)
+    # Test and benchmark harnesses stay out (bench/replicas.py); the example repository, a user command, ships.
+    assert "inferd/deploy/replicas.py" not in names and "inferd/examples/command.py" in names
     requires = [line for line in _metadata(wheel) if line.startswith("Requires-Dist:")]
     torch = [line for line in requires if line.startswith("Requires-Dist: torch")]
     assert torch and all('extra == "torch"' in line for line in torch), requires
@@ -91,16 +94,70 @@ def test_the_client_wheel_builds_offline_and_carries_its_stubs(tmp_path: Path) -
     assert {"inferd_client/__init__.py", "inferd_client/py.typed", "inferd_client/_proto/_pool.py",
             "inferd_client/_proto/grpc_service_pb2_grpc.py", "inferd_client/_proto/grpc_service_pb2.pyi"} <= names
     assert not any(n.startswith("examples/") for n in names)
-    requires = {line.split(":", 1)[1].strip().split(">")[0].split("<")[0]
-                for line in _metadata(wheel) if line.startswith("Requires-Dist:")}
+    lines = [line.split(":", 1)[1].strip() for line in _metadata(wheel) if line.startswith("Requires-Dist:")]
+    requires = {line.split(">")[0].split("<")[0] for line in lines if "extra ==" not in line}
     assert requires == {"grpcio", "protobuf", "numpy"}
+    # AsyncHttpClient's aiohttp only with the aio-http extra
+    assert {line.split(">")[0] for line in lines if "extra ==" in line} == {"aiohttp"}
 
 
 def test_perf_plot_without_matplotlib_names_the_requirement_of_the_perf_extra(tmp_path: Path) -> None:
     import tomllib
 
-    (requirement,) = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["perf"]
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["perf"]
+    (requirement,) = [r for r in extra if r.startswith("matplotlib")]
     proc = _without("matplotlib", "inferd.cli", "perf", "-m", "simple", "-u", "127.0.0.1:1",
                     "--plot", str(tmp_path / "plot.png"))
     assert proc.returncode == 1
     assert f"--plot needs matplotlib, which is not installed: pip install '{requirement}'" in proc.stderr
+
+
+# What ties a file to this machine's layout: the shared tools folder beside the checkout, the
+# workplace's absolute paths, its local package index, or comments about what lies on its disk.
+# (Written so that this file's own source does not match.)
+_MACHINE_PATHS = re.compile(r"\.\./shared\b|(?<![\w.])/(?:work|root)/|/opt/py[p]i|/home/(?!inferd\b)\w+"
+                            r"|lies on local dis[k]")
+
+
+def test_no_tracked_file_depends_on_this_machines_layout() -> None:
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: no list of tracked files")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60)
+    found = []
+    for name in listed.stdout.decode().split("\0"):
+        path = ROOT / name
+        if not name or path.is_symlink() or not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:  # models, images: not text a path could hide in
+            continue
+        found += [f"{name}:{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1)
+                  if _MACHINE_PATHS.search(line)]
+    assert not found, "\n".join(found)
+
+
+def test_both_packages_take_their_version_from_the_one_version_file() -> None:
+    expected = (ROOT / "VERSION").read_text().strip()
+    assert (ROOT / "clients" / "VERSION").resolve() == (ROOT / "VERSION").resolve()
+    assert version("inferd") == version("inferd-client") == expected
+
+
+def test_an_onnx_model_without_onnx_runtime_fails_to_load_naming_both_extras(
+        example_repository: Path, tmp_path: Path) -> None:
+    shutil.copytree(example_repository / "simple", tmp_path / "simple")
+    proc = _without("onnxruntime", "inferd.cli", "check", str(tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("simple")]
+    assert "model 'simple'" in line and "pip install 'inferd[onnx]'" in line and "'inferd[onnx-gpu]'" in line
+
+
+def test_onnxruntime_and_onnxruntime_gpu_together_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferd.backends import onnxruntime as backend
+    from inferd.errors import ConfigError
+
+    monkeypatch.setattr(backend, "_installed_ort", lambda: ["onnxruntime 1.32.0", "onnxruntime-gpu 1.31.1"])
+    with pytest.raises(ConfigError, match=r"model 'm': both onnxruntime 1\.32\.0 and onnxruntime-gpu 1\.31\.1"):
+        backend._ort("m")
+    monkeypatch.setattr(backend, "_installed_ort", lambda: ["onnxruntime 1.32.0"])
+    assert backend._ort("m").InferenceSession  # one of the two: the module itself

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from inferd import errors
-from inferd.dataplane import DataPlaneAPI
+from inferd.facade import DataPlaneAPI, GrpcFastPath
 from inferd.server.status import STATUS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,8 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # (layer, module prefixes); the longest matching prefix decides a module's layer.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("proto", ("inferd._proto",)),
+    # inferd.facade: the data plane's façade and the plain data it speaks, importing only the core types,
+    # so that a frontend worker process (which loads it) loads nothing of the models.
     ("core", ("inferd.types", "inferd.errors", "inferd.clock", "inferd.dtypes", "inferd.streaming",
-              "inferd.observability", "inferd.suggest", "inferd.gpu", "inferd.host")),
+              "inferd.observability", "inferd.suggest", "inferd.gpu", "inferd.host", "inferd.facade")),
     ("config", ("inferd.config",)),
     ("backends", ("inferd.backends", "triton_python_backend_utils")),
     ("scheduling", ("inferd.scheduling",)),
@@ -43,8 +45,15 @@ WIRE_MODULES = ("grpc", "grpc_health", "grpc_reflection", "google.protobuf", "in
                 "inferd._proto.grpc_service_pb2", "inferd._proto.grpc_service_pb2_grpc")
 # The frontend modules that serve clients: the data plane's façade is all they may use of it.
 FACADE_USERS = ("inferd.server.grpc_service", "inferd.server.http_service", "inferd.server.health")
+# The hand-off's two process sides: the worker side (a frontend worker process) reaches the core only
+# through the wire protocol; it never imports the core's side, the data plane's implementation or the
+# layers that hold the models (tests/handoff/test_worker_imports.py checks what it loads at run time).
+WORKER_SIDE = "inferd.handoff.worker"
+NOT_IN_A_WORKER = ("inferd.handoff.core", "inferd.dataplane", "inferd.model", "inferd.repository", "inferd.scheduling",
+                   "inferd.ensemble", "inferd.backends", "inferd.batchjobs", "inferd.observability.metrics",
+                   "inferd.server.app")
 BELOW_THE_FACADE = ("inferd.repository", "inferd.model", "inferd.scheduling", "inferd.ensemble", "inferd.backends",
-                    "inferd.dataplane.plane", "inferd.dataplane.shared_memory")
+                    "inferd.batchjobs", "inferd.dataplane")  # the façade is inferd.facade, not inferd.dataplane
 
 
 def layer_of(module: str) -> str | None:
@@ -112,7 +121,9 @@ def test_protobuf_and_grpc_stay_in_config_and_the_frontends():
 
 
 def _facade_methods() -> set[str]:
-    return {n for n, v in vars(DataPlaneAPI).items() if callable(v) and not n.startswith("_")}
+    """DataPlaneAPI's methods, and the gRPC fast path's a data plane may add (GrpcFastPath)."""
+    return {n for cls in (DataPlaneAPI, GrpcFastPath) for n, v in vars(cls).items()
+            if callable(v) and not n.startswith("_")}
 
 
 @pytest.mark.parametrize("module", FACADE_USERS)
@@ -121,13 +132,38 @@ def test_frontends_use_only_the_data_plane_facade(module):
     allowed = _facade_methods()
     used = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        # self.dp.<name>: the frontend's data plane
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "dp"
+        # self.dp.<name> / self.fast_path.<name>: the frontend's data plane
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                and node.value.attr in ("dp", "fast_path")
                 and isinstance(node.value.value, ast.Name) and node.value.value.id == "self"):
             used.add(node.attr)
     assert used and used <= allowed, sorted(used - allowed)
     below = [t for _, t in imports(path) if any(t == b or t.startswith(b + ".") for b in BELOW_THE_FACADE)]
     assert below == []
+
+
+def _worker_side_problems(modules: dict[str, Path]) -> list[str]:
+    bad = []
+    for module, path in modules.items():
+        if module != WORKER_SIDE and not module.startswith(WORKER_SIDE + "."):
+            continue
+        for line, target in imports(path):
+            if any(target == n or target.startswith(n + ".") for n in NOT_IN_A_WORKER):
+                bad.append(f"{module}:{line}: imports {target}")
+    return bad
+
+
+def test_the_worker_side_never_imports_the_core_side_or_the_models():
+    assert [m for m in MODULES if m.startswith(WORKER_SIDE + ".")], "no worker side found"
+    assert _worker_side_problems(MODULES) == []
+
+
+def test_the_worker_rule_sees_a_violation(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from inferd.handoff.core.endpoint import DataPlaneEndpoint\n")
+    assert _worker_side_problems({"inferd.handoff.worker.bad": bad}) == [
+        "inferd.handoff.worker.bad:2: imports inferd.handoff.core.endpoint"]
+    assert _worker_side_problems({"inferd.handoff.core.bad": bad}) == []  # the core side may
 
 
 def test_every_error_kind_has_a_status():

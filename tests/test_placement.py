@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from inferd import backends
 from inferd.config import InstanceGroup, placements, settle_groups
 from inferd.errors import ConfigError
 from inferd.gpu.inventory import FakeGpuInventory
@@ -17,7 +18,7 @@ FOUR = tuple(g.index for g in FakeGpuInventory(4).gpus())
 
 
 def settle(*groups: InstanceGroup, visible=FOUR, backend_gpu=True, backend="pytorch"):
-    return settle_groups("m", groups, visible, backend=backend, backend_gpu=backend_gpu)
+    return settle_groups("m", groups, visible, backend=backends.get(backend), backend_gpu=backend_gpu)
 
 
 def devices(groups) -> list[str]:

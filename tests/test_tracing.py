@@ -4,10 +4,12 @@ over gRPC: TraceSetting, W3C traceparent, the file destination) and LogSettings.
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -272,31 +274,131 @@ def test_trace_config_parsing():
             TraceConfig.parse([spec])
 
 
+_WITHOUT_OTLP = ("import sys; sys.modules['opentelemetry.exporter.otlp.proto.http.trace_exporter'] = None; "
+                 "from inferd.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
 def test_opentelemetry_mode_without_the_otlp_package_is_refused(tmp_path):
-    pytest.importorskip("opentelemetry.sdk")
-    try:
-        import opentelemetry.exporter.otlp.proto.http  # noqa: F401
-
-        pytest.skip("the OTLP exporter is installed here")
-    except ImportError:
-        pass
-    with pytest.raises(ValueError, match="opentelemetry-exporter-otlp-proto-http"):
-        Tracing(TraceConfig.parse(["mode=opentelemetry", "level=TIMESTAMPS"]))
+    """Without inferd[otlp] (its import made to fail, as in a base install) the mode names the extra."""
     result = subprocess.run(
-        [sys.executable, "-m", "inferd.cli", "serve", "--model-repository", str(tmp_path),
+        [sys.executable, "-c", _WITHOUT_OTLP, "serve", "--model-repository", str(tmp_path),
          "--trace-config", "mode=opentelemetry"], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert result.returncode == 2 and "pip install opentelemetry-exporter-otlp-proto-http" in result.stderr
+    assert result.returncode == 2, result.stderr
+    assert "opentelemetry-exporter-otlp-proto-http" in result.stderr
+    assert "pip install 'inferd[otlp]'" in result.stderr
 
 
-def test_file_destination_writes_json_lines(tmp_path):
-    path = tmp_path / "trace.jsonl"
-    tracing = Tracing(TraceConfig(level=("TIMESTAMPS",), rate=1, file=str(path), log_frequency=0))
-    trace = tracing.start("simple", "r1")
-    trace.record("queue", time.time_ns() - 1000, time.time_ns())
+class _Collector(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP trace receiver: keeps every POSTed ExportTraceServiceRequest body."""
+
+    bodies: list[tuple[str, str, bytes]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.bodies.append((self.path, self.headers.get("Content-Type", ""), body))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.server
+def test_opentelemetry_mode_exports_spans_over_otlp_http(tmp_path):
+    """inferd[otlp] installed (the test extra has it): a traced request reaches an OTLP/HTTP collector
+    as protobuf spans naming the model, under the traceparent the client sent."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    collector = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    thread = threading.Thread(target=collector.serve_forever, daemon=True)
+    thread.start()
+    url = f"127.0.0.1:{collector.server_address[1]}/v1/traces"
+    server = ServerProcess(_repo(tmp_path), ["--trace-config", "mode=opentelemetry", "--trace-config",
+                                             f"opentelemetry,url={url}", "--trace-config", "rate=1",
+                                             "--trace-config", "level=TIMESTAMPS"])
+    try:
+        client = grpcclient.InferenceServerClient(server.url)
+        a = np.arange(16, dtype=np.int32).reshape(1, 16)
+        inputs = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+        for i in inputs:
+            i.set_data_from_numpy(a)
+        client.infer("simple", inputs, headers={"traceparent": TRACEPARENT})
+        client.close()
+        spans = []
+        deadline = time.monotonic() + 30  # the batch span processor exports within its 5 s schedule
+        while time.monotonic() < deadline and not any(s.trace_id.hex() == TRACE_ID for s in spans):
+            time.sleep(0.1)
+            spans = []
+            for path, content_type, body in list(_Collector.bodies):
+                assert path == "/v1/traces" and content_type == "application/x-protobuf"
+                export = ExportTraceServiceRequest.FromString(body)
+                spans += [s for rs in export.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    finally:
+        server.stop()
+        collector.shutdown()
+    ours = [s for s in spans if s.trace_id.hex() == TRACE_ID]
+    assert ours, f"no span of trace {TRACE_ID} among {len(spans)} exported"
+    attributes = {kv.key: kv.value.string_value for s in ours for kv in s.attributes}
+    assert "simple" in attributes.values(), attributes
+    assert any(s.parent_span_id.hex() == PARENT_ID for s in ours)
+
+
+def _triton_traces(entries: list[dict]) -> dict[int, dict]:
+    """Read a trace file back as Triton's trace_summary.py does: entries grouped by id."""
+    traces: dict[int, dict] = {}
+    for entry in entries:
+        t = traces.setdefault(entry["id"], {"timestamps": {}, "tensors": []})
+        for key in ("model_name", "model_version", "request_id", "parent_id"):
+            if key in entry:
+                t[key] = entry[key]
+        for ts in entry.get("timestamps", []):
+            t["timestamps"][ts["name"]] = ts["ns"]
+        if "activity" in entry:
+            t["tensors"].append((entry["activity"], entry["tensor"]))
+    return traces
+
+
+def test_file_destination_writes_tritons_trace_format(tmp_path):
+    path = tmp_path / "trace.json"
+    tracing = Tracing(TraceConfig(level=("TIMESTAMPS", "TENSORS"), rate=1, file=str(path), log_frequency=0))
+    trace = tracing.start("ens", "r1", version=2)
+    trace.tensors_attributes("input", {"IN": np.array([[0.5, 1.5]], np.float32)})
+    t0 = time.time_ns()
+    step = ensemble_step(trace, "0 simple", "simple", 1)
+    step.record("queue", t0, t0 + 10)
+    step.record("compute", t0 + 10, t0 + 30, {"batch_size": 1})
+    step.tensors_attributes("output", {"OUT": np.array([[7]], np.int32)})
+    step.end()
     trace.end()
+    assert path.read_text() == ""  # log_frequency 0: written when the server stops
     tracing.shutdown()
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert {line["name"] for line in lines} == {ROOT_SPAN, "queue"}
+    entries = json.loads(path.read_text())  # one JSON array, as Triton writes it
+    traces = _triton_traces(entries)
+    assert len(traces) == 2
+    (root_id, root), (step_id, child) = sorted(traces.items())
+    assert (root["model_name"], root["model_version"], root["request_id"]) == ("ens", 2, "r1")
+    assert "parent_id" not in root
+    assert (child["model_name"], child["model_version"], child["parent_id"]) == ("simple", 1, root_id)
+    assert list(child["timestamps"]) == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END", "REQUEST_END"]
+    ts = child["timestamps"]
+    assert ts["QUEUE_START"] == t0 and ts["COMPUTE_START"] == t0 + 10 and ts["COMPUTE_END"] == t0 + 30
+    assert root["timestamps"]["REQUEST_START"] <= ts["REQUEST_START"] <= ts["REQUEST_END"] <= root["timestamps"]["REQUEST_END"]
+    assert root["tensors"] == [("TENSOR_QUEUE_INPUT", {"name": "IN", "data": "0.5,1.5", "shape": "1,2", "dtype": "FP32"})]
+    assert child["tensors"] == [("TENSOR_BACKEND_OUTPUT", {"name": "OUT", "data": "7", "shape": "1,1", "dtype": "INT32"})]
+
+
+def test_file_destination_with_log_frequency_writes_numbered_files(tmp_path):
+    path = tmp_path / "trace.json"
+    tracing = Tracing(TraceConfig(level=("TIMESTAMPS",), rate=1, file=str(path), log_frequency=2))
+    for i in range(3):
+        tracing.start("simple", f"r{i}").end()
+    tracing.shutdown()
+    first = _triton_traces(json.loads((tmp_path / "trace.json.0").read_text()))
+    second = _triton_traces(json.loads((tmp_path / "trace.json.1").read_text()))
+    assert sorted(t["request_id"] for t in first.values()) == ["r0", "r1"]
+    assert [t["request_id"] for t in second.values()] == ["r2"]
 
 
 # -- over gRPC ---------------------------------------------------------------------------------
@@ -338,23 +440,16 @@ def test_trace_setting_rpc_and_traceparent(traced_server):
         client.update_trace_settings(settings={"trace_file": ["/tmp/elsewhere"]})
     assert exc.value.status() == "StatusCode.INVALID_ARGUMENT"
 
-    # log_frequency 1: written after each trace (the exporter batches in the background).
+    # log_frequency 1: each trace in a file of its own, trace.json.0 first (the exporter batches in
+    # the background). The W3C parent is tested on the spans themselves (test_traceparent_...).
+    first = trace_file.with_name(trace_file.name + ".0")
     deadline = time.monotonic() + 30
-    spans = []
-    while time.monotonic() < deadline:
-        if trace_file.exists():
-            spans = [json.loads(line) for line in trace_file.read_text().splitlines()]
-            if {"InferRequest", "queue", "compute"} <= {s["name"] for s in spans}:
-                break
+    while time.monotonic() < deadline and not (first.exists() and first.read_text().strip()):
         time.sleep(0.2)
-    names = {s["name"]: s for s in spans}
-    assert {"InferRequest", "queue", "compute"} <= set(names), spans
-    root = names["InferRequest"]
-    assert root["context"]["trace_id"] == f"0x{TRACE_ID}" and root["parent_id"] == f"0x{PARENT_ID}"
-    assert root["attributes"]["triton.request_id"] == "traced-1"
-    assert names["compute"]["parent_id"] == root["context"]["span_id"]
-    assert names["compute"]["attributes"]["batch_size"] == 1
-    assert all(s["context"]["trace_id"] == f"0x{TRACE_ID}" for s in spans)  # the untraced request left nothing
+    traces = _triton_traces(json.loads(first.read_text()))
+    assert [(t["model_name"], t["request_id"]) for t in traces.values()] == [("simple", "traced-1")]  # the untraced one left nothing
+    (trace,) = traces.values()
+    assert list(trace["timestamps"]) == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END", "REQUEST_END"]
     client.close()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from inferd import backends
 from inferd.config import ModelSignature, SignatureTensor, parse_config_text, validate
 from inferd.dtypes import BY_CONFIG
 from inferd.errors import ConfigError
@@ -144,7 +145,7 @@ def test_padding_on_a_python_model_is_refused():
     config = parse_config_text('name: "py"\nbackend: "python"\nmax_batch_size: 8\n' + IDS + OUT
                                + 'parameters { key: "inferd.padding" value { string_value: "true" } }', model="py")
     with pytest.raises(ConfigError, match="'py'.*backend 'python'"):
-        validate(config)
+        validate(config, backend=backends.get("python"))
 
 
 def test_the_mask_becomes_optional_and_the_spec_says_how_to_pad():

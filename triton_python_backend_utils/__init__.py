@@ -10,9 +10,10 @@ pb_utils`` and keep working unchanged: this module provides the same names
 inferd runs a model in the server process, on its instance's worker thread,
 so tensors are plain numpy arrays (always in CPU memory). A decoupled model
 (``model_transaction_policy { decoupled: true }``) answers through
-``request.get_response_sender()`` (:class:`InferenceResponseSender`). What
-inferd does not provide (custom metrics, BLS calls to decoupled models)
-raises :class:`TritonModelException` saying so.
+``request.get_response_sender()`` (:class:`InferenceResponseSender`). A BLS
+call with ``decoupled=True`` returns a :class:`ResponseIterator`; custom
+metrics are :class:`MetricFamily` / :class:`Metric`. docs/PYTHON_BACKEND.md
+lists the whole API and where inferd stands on each entry.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "TritonModelException", "deserialize_bytes_tensor", "get_input_config_by_name", "get_input_tensor_by_name",
     "get_output_config_by_name", "get_output_tensor_by_name", "numpy_to_triton_type", "serialize_byte_tensor",
     "triton_string_to_numpy", "triton_to_numpy_type", "using_decoupled_model_transaction_policy",
+    "MetricFamily", "Metric", "ResponseIterator", "get_model_dir",
 ]
 
 TRITON_STRING_TO_NUMPY: dict[str, Any] = {
@@ -73,6 +75,18 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+TRITONSERVER_MEMORY_CPU = 0
+TRITONSERVER_MEMORY_CPU_PINNED = 1
+TRITONSERVER_MEMORY_GPU = 2
+
+
+class PreferredMemory:
+    """Where a BLS call would like its outputs (``InferenceRequest(preferred_memory=...)``).
+    A preference, as in Triton: inferd's BLS outputs are always numpy arrays in CPU memory."""
+
+    def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
 
 
 def triton_string_to_numpy(triton_type_string: str) -> Any:
@@ -378,7 +392,8 @@ class InferenceRequest:
         self._correlation_id = correlation_id
         self._inputs = list(inputs or [])
         self._requested = list(requested_output_names or [])
-        self.model_name = model_name
+        # Triton's binding takes a std::string, so a BYTES element (bytes) is a name too.
+        self.model_name = model_name.decode() if isinstance(model_name, bytes) else model_name
         self.model_version = model_version
         self._flags = flags
         self._timeout = timeout
@@ -425,6 +440,10 @@ class InferenceRequest:
     def flags(self) -> int:
         return self._flags
 
+    def set_flags(self, flags: int) -> None:
+        """A BLS request's sequence flags (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END)."""
+        self._flags = int(flags)
+
     def timeout(self) -> int:
         return self._timeout
 
@@ -458,23 +477,24 @@ class InferenceRequest:
             )
         return self._sender
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """Run this request on the named model and wait for its response (BLS)."""
-        if decoupled:
-            raise TritonModelException(
-                "exec(decoupled=True): BLS calls to decoupled models are not supported by inferd")
-        from inferd.backends.python import bls_exec
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on the named model and wait for its response (BLS); with
+        ``decoupled=True``, a :class:`ResponseIterator` over all its responses (the last
+        one final, maybe empty), for a decoupled callee or any other."""
+        from inferd.backends.python import bls_exec, bls_stream
 
+        if decoupled:
+            return bls_stream(self, sys._getframe(1).f_globals)
         return bls_exec(self, sys._getframe(1).f_globals)
 
     def async_exec(self, decoupled: bool = False) -> Any:
-        """Start this request on the named model; returns an awaitable for its
-        response. Use from ``async def execute``."""
-        if decoupled:
-            raise TritonModelException(
-                "async_exec(decoupled=True): BLS calls to decoupled models are not supported by inferd")
-        from inferd.backends.python import bls_async_exec
+        """Start this request on the named model; returns an awaitable for its response
+        (``decoupled=True``: for a :class:`ResponseIterator`, once its first response is
+        there). Use from ``async def execute``."""
+        from inferd.backends.python import bls_async_exec, bls_async_stream
 
+        if decoupled:
+            return bls_async_stream(self, sys._getframe(1).f_globals)
         return bls_async_exec(self, sys._getframe(1).f_globals)
 
 
@@ -628,8 +648,23 @@ _log = logging.getLogger("inferd.python_model")
 _context = threading.local()  # the model running on this thread, set by inferd
 
 
-def _set_current_model(name: str | None) -> None:
+def _set_current_model(name: str | None, model_dir: str | None = None) -> None:
     _context.model = name
+    _context.model_dir = model_dir
+
+
+def get_model_dir() -> str:
+    """The folder of the running model's ``model.py`` (its version folder), as Triton's stub
+    gives it; from a thread the model started, the folder of the calling code's file."""
+    found = getattr(_context, "model_dir", None)
+    if found:
+        return found
+    caller = sys._getframe(1).f_globals.get("__file__")
+    if caller:
+        import os
+
+        return os.path.dirname(os.path.abspath(caller))
+    raise TritonModelException("get_model_dir() is only available to a model's own code")
 
 
 class LogLevel:
@@ -668,16 +703,5 @@ class Logger:
         Logger.log(message, LogLevel.VERBOSE)
 
 
-class _Unsupported:
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise TritonModelException(f"{type(self).__name__}: custom metrics are not supported by inferd")
-
-
-class MetricFamily(_Unsupported):
-    COUNTER = 0
-    GAUGE = 1
-    HISTOGRAM = 2
-
-
-class Metric(_Unsupported):
-    pass
+from triton_python_backend_utils._metrics import Metric, MetricFamily  # noqa: E402  (they raise TritonModelException)
+from triton_python_backend_utils._responses import ResponseIterator  # noqa: E402

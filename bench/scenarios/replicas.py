@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from inferd.deploy.envoy import EnvoyOptions
-from inferd.deploy.replicas import LOOPBACK, Fleet, Replica
+from bench.replicas import LOOPBACK, Fleet, Replica
 from bench.bench import OUT, Measure, bench_repository, run_pa
 
 CONCURRENCY = 16

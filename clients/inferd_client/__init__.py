@@ -1,11 +1,12 @@
-"""A small typed client for KServe v2 / Triton gRPC servers (inferd, Triton).
+"""A typed client for KServe v2 / Triton servers (inferd, Triton), over gRPC and HTTP.
 
     from inferd_client import Client
     with Client("127.0.0.1:8001") as client:
         result = client.infer("simple", {"INPUT0": a, "INPUT1": b})
         print(result["OUTPUT0"])
 
-:class:`Client` blocks, :class:`AsyncClient` is the same for asyncio. Inputs are numpy
+:class:`Client` blocks, :class:`AsyncClient` is the same for asyncio (both gRPC, on one
+codec); :class:`HttpClient` / :class:`AsyncHttpClient` are the same calls over HTTP/REST. Inputs are numpy
 arrays by name (object arrays of ``bytes``/``str`` travel as BYTES), outputs come back
 as numpy arrays in an :class:`InferResult`. Streams (sequences, decoupled models) are
 ``client.stream()``; system shared memory is :mod:`inferd_client.shared_memory` with
@@ -15,8 +16,10 @@ as numpy arrays in an :class:`InferResult`. Streams (sequences, decoupled models
 from importlib.metadata import PackageNotFoundError, version as _version
 
 from inferd_client._aio import AsyncClient, AsyncStream
+from inferd_client._http import AsyncHttpClient, HttpClient
 from inferd_client._messages import (
-    InferError, InferResult, ModelMetadata, Output, RegionStatus, ServerMetadata, ShmInput, TensorMetadata,
+    BatchStatistics, CudaRegionStatus, InferError, InferResult, ModelMetadata, ModelStatistics, Output, RegionStatus,
+    RepositoryModel, ServerMetadata, ShmInput, StatDuration, TensorMetadata,
 )
 from inferd_client._sync import Client, Stream
 from inferd_client._tensors import datatype_of, numpy_dtype
@@ -29,8 +32,15 @@ except PackageNotFoundError:  # imported from a source tree
 
 __all__ = [
     "AsyncClient",
+    "AsyncHttpClient",
     "AsyncStream",
+    "BatchStatistics",
     "Client",
+    "CudaRegionStatus",
+    "HttpClient",
+    "ModelStatistics",
+    "RepositoryModel",
+    "StatDuration",
     "InferError",
     "InferResult",
     "ModelMetadata",

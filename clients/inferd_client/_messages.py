@@ -17,13 +17,15 @@ ParameterValue = Union[bool, int, float, str]
 
 
 class InferError(Exception):
-    """A request the server refused or could not run. ``code`` is the gRPC status
-    (None for an error inside a stream, which carries only a message)."""
+    """A request the server refused or could not run. ``code`` is the gRPC status (over HTTP
+    the one of the same meaning, the HTTP status itself in ``http_status``; None for an
+    error inside a stream, which carries only a message)."""
 
-    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+    def __init__(self, message: str, code: grpc.StatusCode | None = None, http_status: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.http_status = http_status
 
     def __str__(self) -> str:
         return f"[{self.code.name}] {self.message}" if self.code is not None else self.message
@@ -238,3 +240,55 @@ def server_metadata(msg: pb.ServerMetadataResponse) -> ServerMetadata:
 
 def region_statuses(msg: pb.SystemSharedMemoryStatusResponse) -> dict[str, RegionStatus]:
     return {name: RegionStatus(r.name, r.key, int(r.offset), int(r.byte_size)) for name, r in msg.regions.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class StatDuration:
+    """A statistic's count and its total time in nanoseconds."""
+
+    count: int
+    ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStatistics:
+    batch_size: int
+    compute_input: StatDuration
+    compute_infer: StatDuration
+    compute_output: StatDuration
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatistics:
+    """One model version's statistics (Triton's ModelStatistics). ``inference`` maps success,
+    fail, queue, compute_input, compute_infer, compute_output, cache_hit, cache_miss to their
+    :class:`StatDuration`."""
+
+    name: str
+    version: str
+    last_inference: int  # ms since the epoch
+    inference_count: int
+    execution_count: int
+    inference: dict[str, StatDuration]
+    batches: tuple[BatchStatistics, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RepositoryModel:
+    """An entry of the repository index: a model (version) and its state (READY, UNAVAILABLE, ...)."""
+
+    name: str
+    version: str
+    state: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CudaRegionStatus:
+    name: str
+    device_id: int
+    byte_size: int
+
+
+INFERENCE_STATS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
+                   "cache_hit", "cache_miss")

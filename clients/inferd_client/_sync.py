@@ -6,13 +6,16 @@ import queue
 import threading
 from collections.abc import Iterator, Mapping
 from types import TracebackType
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import grpc
 
+from inferd_client import _calls as calls
+from inferd_client._calls import Call, LogValue, TraceValue
 from inferd_client._messages import (
-    InferError, InferResult, Inputs, ModelMetadata, Outputs, ParameterValue, RegionStatus, ServerMetadata,
-    build_request, decode_response, decode_stream_response, model_metadata, region_statuses, server_metadata,
+    CudaRegionStatus, InferError, InferResult, Inputs, ModelMetadata, ModelStatistics, Outputs, ParameterValue,
+    RegionStatus, RepositoryModel, ServerMetadata, build_request, decode_stream_response,
 )
 from inferd_client._proto import grpc_service_pb2 as pb
 from inferd_client._proto import grpc_service_pb2_grpc as pb_grpc
@@ -21,9 +24,28 @@ from inferd_client._proto import model_config_pb2 as mc
 MAX_MESSAGE_BYTES = 2**31 - 1
 
 
+T = TypeVar("T")
+
+
 def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
     return [("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes)]
+
+
+def make_channel(url: str, aio: bool, options: list, ssl: bool, root_certificates: str | None,
+                 private_key: str | None, certificate_chain: str | None) -> Any:
+    """An insecure channel, or a TLS one when ``ssl`` or any certificate file is given."""
+    module: Any = grpc.aio if aio else grpc
+    if not (ssl or root_certificates or private_key or certificate_chain):
+        return module.insecure_channel(url, options=options)
+    if (private_key is None) != (certificate_chain is None):
+        raise ValueError("mutual TLS needs both private_key and certificate_chain")
+
+    def read(path: str | None) -> bytes | None:
+        return Path(path).read_bytes() if path else None
+
+    credentials = grpc.ssl_channel_credentials(read(root_certificates), read(private_key), read(certificate_chain))
+    return module.secure_channel(url, credentials, options=options)
 
 
 class Client:
@@ -32,12 +54,19 @@ class Client:
     ``deadline_s`` on a call is gRPC's deadline for it (DEADLINE_EXCEEDED when it passes);
     every failure is raised as :class:`InferError` with the server's message and status.
     Thread-safe: one client may serve many threads (gRPC channels are).
+    TLS: ``ssl=True`` (or any of the PEM files) uses a secure channel; ``root_certificates``
+    (the CA to trust; default the system's), ``private_key`` and ``certificate_chain`` (the
+    client's, for mutual TLS) are file paths. ``headers`` go as metadata on every call.
     """
 
-    def __init__(self, url: str = "127.0.0.1:8001", *, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+    def __init__(self, url: str = "127.0.0.1:8001", *, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 ssl: bool = False, root_certificates: str | None = None, private_key: str | None = None,
+                 certificate_chain: str | None = None, headers: Mapping[str, str] | None = None) -> None:
         self.url = url
-        self._channel = grpc.insecure_channel(url, options=channel_options(max_message_bytes))
+        self._channel = make_channel(url, False, channel_options(max_message_bytes), ssl, root_certificates,
+                                     private_key, certificate_chain)
         self._stub = pb_grpc.GRPCInferenceServiceStub(self._channel)
+        self._metadata = tuple((k.lower(), v) for k, v in (headers or {}).items()) or None
 
     def close(self) -> None:
         self._channel.close()
@@ -48,31 +77,36 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, request: Any, deadline_s: float | None = None) -> Any:
+    def _run(self, call: Call[T], deadline_s: float | None = None) -> T:
         try:
-            return getattr(self._stub, method)(request, timeout=deadline_s)
+            response = getattr(self._stub, call.method)(call.request, timeout=deadline_s, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise InferError.from_rpc(exc) from None
+        return call.decode(response)
 
     # -- health and metadata ----------------------------------------------------------
 
     def is_live(self) -> bool:
-        return bool(self._call("ServerLive", pb.ServerLiveRequest()).live)
+        return self._run(calls.server_live())
 
     def is_ready(self) -> bool:
-        return bool(self._call("ServerReady", pb.ServerReadyRequest()).ready)
+        return self._run(calls.server_ready())
 
     def is_model_ready(self, name: str, version: str = "") -> bool:
-        return bool(self._call("ModelReady", pb.ModelReadyRequest(name=name, version=version)).ready)
+        return self._run(calls.model_ready(name, version))
 
     def server_metadata(self) -> ServerMetadata:
-        return server_metadata(self._call("ServerMetadata", pb.ServerMetadataRequest()))
+        return self._run(calls.get_server_metadata())
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
-        return model_metadata(self._call("ModelMetadata", pb.ModelMetadataRequest(name=name, version=version)))
+        return self._run(calls.get_model_metadata(name, version))
 
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
-        return self._call("ModelConfig", pb.ModelConfigRequest(name=name, version=version)).config
+        return self._run(calls.model_config(name, version))
+
+    def model_statistics(self, name: str = "", version: str = "") -> tuple[ModelStatistics, ...]:
+        """Statistics of ``name`` (every model when empty), per version."""
+        return self._run(calls.model_statistics(name, version))
 
     # -- inference --------------------------------------------------------------------
 
@@ -94,30 +128,70 @@ class Client:
     ) -> InferResult:
         """Run ``model`` on ``inputs`` (name -> numpy array, or :class:`ShmInput`).
         ``outputs``: names (or :class:`Output`) to return; default all."""
-        request = build_request(
+        return self._run(calls.infer(
             model, inputs, outputs=outputs, version=version, request_id=request_id, priority=priority,
             timeout_us=timeout_us, sequence_id=sequence_id, sequence_start=sequence_start,
             sequence_end=sequence_end, parameters=parameters,
-        )
-        return decode_response(self._call("ModelInfer", request, deadline_s))
+        ), deadline_s)
 
     def stream(self, *, deadline_s: float | None = None) -> "Stream":
         """A ModelStreamInfer stream (see :class:`Stream`); use it as a context manager."""
-        return Stream(self._stub, deadline_s)
+        return Stream(self._stub, deadline_s, self._metadata)
 
-    # -- system shared memory ---------------------------------------------------------
+    # -- model repository -------------------------------------------------------------
+
+    def repository_index(self, ready: bool = False) -> tuple[RepositoryModel, ...]:
+        """The repository's models and their states (only the ready ones with ``ready``)."""
+        return self._run(calls.repository_index(ready))
+
+    def load_model(self, name: str, config: str | Mapping[str, Any] | None = None,
+                   files: Mapping[str, bytes] | None = None) -> None:
+        """Load (or reload) ``name``; ``config`` (JSON text or a dict) overrides its config.pbtxt,
+        ``files`` (``"1/model.onnx"`` -> bytes) replace its version folders' files."""
+        self._run(calls.load_model(name, config, files))
+
+    def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        self._run(calls.unload_model(name, unload_dependents))
+
+    # -- trace and log settings -------------------------------------------------------
+
+    def get_trace_settings(self, model: str = "") -> dict[str, TraceValue]:
+        return self._run(calls.trace_settings(model, None))
+
+    def update_trace_settings(self, settings: Mapping[str, TraceValue | None], model: str = "") -> dict[str, TraceValue]:
+        """Set trace settings (``trace_level``, ``trace_rate``, ``trace_count``, ``log_frequency``,
+        ``trace_file``, ...), globally or for ``model``; a None value clears that setting."""
+        return self._run(calls.trace_settings(model, settings))
+
+    def get_log_settings(self) -> dict[str, LogValue]:
+        return self._run(calls.log_settings(None))
+
+    def update_log_settings(self, settings: Mapping[str, LogValue]) -> dict[str, LogValue]:
+        """Set log settings (``log_info``, ``log_verbose_level``, ``log_format``, ...)."""
+        return self._run(calls.log_settings(settings))
+
+    # -- shared memory ----------------------------------------------------------------
 
     def register_system_shared_memory(self, name: str, key: str, byte_size: int, offset: int = 0) -> None:
         """Register ``byte_size`` bytes at ``offset`` of the shm object ``key`` as region ``name``."""
-        self._call("SystemSharedMemoryRegister",
-                   pb.SystemSharedMemoryRegisterRequest(name=name, key=key, offset=offset, byte_size=byte_size))
+        self._run(calls.register_system_shm(name, key, byte_size, offset))
 
     def unregister_system_shared_memory(self, name: str = "") -> None:
         """Unregister region ``name``; every region when ``name`` is empty."""
-        self._call("SystemSharedMemoryUnregister", pb.SystemSharedMemoryUnregisterRequest(name=name))
+        self._run(calls.unregister_system_shm(name))
 
     def system_shared_memory_status(self, name: str = "") -> dict[str, RegionStatus]:
-        return region_statuses(self._call("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest(name=name)))
+        return self._run(calls.system_shm_status(name))
+
+    def register_cuda_shared_memory(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """Register CUDA memory by its ``cudaIpcGetMemHandle`` bytes (see :mod:`inferd_client.cuda_shared_memory`)."""
+        self._run(calls.register_cuda_shm(name, raw_handle, device_id, byte_size))
+
+    def unregister_cuda_shared_memory(self, name: str = "") -> None:
+        self._run(calls.unregister_cuda_shm(name))
+
+    def cuda_shared_memory_status(self, name: str = "") -> dict[str, CudaRegionStatus]:
+        return self._run(calls.cuda_shm_status(name))
 
 
 _END = object()
@@ -134,10 +208,11 @@ class Stream:
     when the request set ``triton_enable_empty_final_response``).
     """
 
-    def __init__(self, stub: pb_grpc.GRPCInferenceServiceStub, deadline_s: float | None) -> None:
+    def __init__(self, stub: pb_grpc.GRPCInferenceServiceStub, deadline_s: float | None,
+                 metadata: tuple[tuple[str, str], ...] | None = None) -> None:
         self._requests: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._closed = threading.Event()
-        self._responses = stub.ModelStreamInfer(self._request_iterator(), timeout=deadline_s)
+        self._responses = stub.ModelStreamInfer(self._request_iterator(), timeout=deadline_s, metadata=metadata)
 
     def _request_iterator(self) -> Iterator[pb.ModelInferRequest]:
         while True:

@@ -14,14 +14,15 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, AsyncIterator, Protocol, Sequence
 
 import numpy as np
 
 from inferd.backends.batching import Joined, join, request_rows, split
 from inferd.backends.pool import BufferPool
-from inferd.config import ModelConfig, ModelSignature, ModelSpec
+from inferd.config import BackendCapabilities, ModelConfig, ModelSignature, ModelSpec
 from inferd.errors import ConfigError, InferdError, ModelExecutionError
+from inferd.streaming import StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse
 
 
@@ -90,6 +91,12 @@ class InferenceDispatcher(Protocol):
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """The request's response, or the domain error a client would see; on ``loop`` only."""
+        ...
+
+    def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
+        """Every response to ``request`` as it comes (a decoupled model's many, another's one),
+        the last one ``final``; errors are yielded. On ``loop`` only; closing it early cancels
+        the request."""
         ...
 
 
@@ -214,19 +221,19 @@ def split_batch(inputs: Sequence[dict[str, Any]], out: dict[str, Any]) -> list[d
     return list(split("", Joined({}, request_rows(inputs)), out))
 
 
-class Backend(abc.ABC):
-    """A runtime family: reads model files and creates instances."""
+class Backend(BackendCapabilities, abc.ABC):
+    """A runtime family: reads model files and creates instances.
 
-    name: str = ""
-    platform: str = ""
-    default_filename: str = ""
+    What it can do (its names, model file, decoupled, undeclared inputs, joined
+    batches, GPUs, how an iterative sequence ends) are class attributes, declared
+    with their defaults in :class:`~inferd.config.BackendCapabilities`, which the
+    config pipeline reads; a subclass overrides those it answers differently.
+    A backend class is registered with :func:`inferd.backends.register` or through
+    the ``inferd.backends`` entry point group, and is created with no arguments."""
 
     def signature(self, model_file: Path, model_name: str) -> ModelSignature | None:
         """The model file's own tensors, for auto-complete and validation."""
         return None
-
-    def gpu_available(self) -> bool:
-        return False
 
     def complete_config(self, config: ModelConfig, model_file: Path) -> None:
         """Complete or check ``config`` in place before validation (the Python
@@ -237,6 +244,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def create_instance(self, spec: ModelSpec, instance: InstanceSpec) -> ModelInstance:
         """Load the model onto ``instance.device``; blocking, called off the loop."""
+
+    def ignored_optimizations(self, spec: ModelSpec, kinds: set[str]) -> list[tuple[str, str]]:
+        """Which of ``spec.optimization``'s settings this backend does not honour for instances
+        of ``kinds`` ("cpu", "cuda"), each with why: said in one warning line at load. By
+        default every one (a backend that maps some overrides this)."""
+        return [(field, f"the {self.name} backend has no such setting") for field in spec.optimization.requested()]
 
 
 def int_parameter(model: str, params: dict[str, str], key: str, default: int) -> int:

@@ -33,9 +33,43 @@ _GRAPH_LEVELS = {
 }
 
 
-def _ort():  # type: ignore[no-untyped-def]
-    import onnxruntime
+# The two PyPI packages that install the ``onnxruntime`` module: inferd[onnx] and inferd[onnx-gpu].
+ORT_DISTRIBUTIONS = ("onnxruntime", "onnxruntime-gpu")
 
+
+def _installed_ort() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for dist in ORT_DISTRIBUTIONS:
+        try:
+            found.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+def _ort(model: str | None = None):  # type: ignore[no-untyped-def]
+    """The ``onnxruntime`` module, or a ConfigError (naming ``model``) saying which extra installs it.
+
+    ONNX Runtime is an extra: inferd[onnx] (CPU) or inferd[onnx-gpu] (CUDA, TensorRT). The two
+    packages write the same module folder, so with both installed the last one wins file by file and
+    the providers a model gets are whichever survived: refused rather than guessed at.
+    """
+    where = f"model '{model}': " if model else ""
+    installed = _installed_ort()
+    if len(installed) > 1:
+        raise ConfigError(
+            f"{where}both {' and '.join(installed)} are installed; they share one 'onnxruntime' module and "
+            "overwrite each other: keep one (pip uninstall -y onnxruntime onnxruntime-gpu, then "
+            "pip install 'inferd[onnx]' for CPU or 'inferd[onnx-gpu]' for NVIDIA GPUs)")
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise ConfigError(
+            f"{where}the ONNX Runtime backend (platform onnxruntime_onnx) needs ONNX Runtime, which is not "
+            f"installed ({exc}); install it with: pip install 'inferd[onnx]' (CPU) or "
+            "pip install 'inferd[onnx-gpu]' (NVIDIA GPUs)") from None
     return onnxruntime
 
 
@@ -47,9 +81,11 @@ class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     platform = "onnxruntime_onnx"
     default_filename = "model.onnx"
+    file_suffixes = (".onnx",)
+    gpu_requirement = "this onnxruntime has no CUDAExecutionProvider; install onnxruntime-gpu"
 
     def signature(self, model_file: Path, model_name: str) -> ModelSignature:
-        ort = _ort()
+        ort = _ort(model_name)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         options.intra_op_num_threads = 1
@@ -70,11 +106,14 @@ class OnnxRuntimeBackend(Backend):
         return ModelSignature(inputs, tensors(session.get_outputs()))
 
     def gpu_available(self) -> bool:
-        return "CUDAExecutionProvider" in _ort().get_available_providers()
+        try:
+            return "CUDAExecutionProvider" in _ort().get_available_providers()
+        except ConfigError:  # no usable ONNX Runtime: its models fail to load, saying why
+            return False
 
     @staticmethod
     def _session(model_file: Path, model_name: str, options, providers):  # type: ignore[no-untyped-def]
-        ort = _ort()
+        ort = _ort(model_name)
         path = model_file / "model.onnx" if model_file.is_dir() else model_file
         try:
             return ort.InferenceSession(str(path), sess_options=options, providers=providers)
@@ -84,11 +123,19 @@ class OnnxRuntimeBackend(Backend):
     def create_instance(self, spec: ModelSpec, instance: InstanceSpec) -> ModelInstance:
         return OnnxInstance(self, spec, instance)
 
+    def ignored_optimizations(self, spec: ModelSpec, kinds: set[str]) -> list[tuple[str, str]]:
+        ignored: list[tuple[str, str]] = []
+        for kind in sorted(kinds):
+            for item in providers_for(spec, kind, 0, _ort().get_available_providers())[1]:
+                if item not in ignored:
+                    ignored.append(item)
+        return ignored
+
 
 class OnnxInstance(TensorInstance):
     def __init__(self, backend: OnnxRuntimeBackend, spec: ModelSpec, instance: InstanceSpec) -> None:
         super().__init__(spec, instance)
-        ort = _ort()
+        ort = _ort(spec.name)
         params = spec.parameters
         options = ort.SessionOptions()
         options.intra_op_num_threads = int_parameter(spec.name, params, "intra_op_thread_count", instance.threads)
@@ -114,9 +161,7 @@ class OnnxInstance(TensorInstance):
                     f"model '{spec.name}': instance '{instance.name}' asks for GPU {instance.device.index}, "
                     "but this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu on a CUDA host)"
                 )
-            providers = [("CUDAExecutionProvider", {"device_id": instance.device.index}), "CPUExecutionProvider"]
-        else:
-            providers = ["CPUExecutionProvider"]
+        providers = providers_for(spec, instance.device.kind, instance.device.index, ort.get_available_providers())[0]
         self.session = backend._session(instance.model_file, spec.name, options, providers)
         self._input_types = {a.name: a.type for a in self.session.get_inputs()}
         self._all_outputs = [o.name for o in self.session.get_outputs()]
@@ -226,3 +271,74 @@ def _to_str(model: str, name: str, array: np.ndarray) -> np.ndarray:
                 ) from None
         out[i] = item
     return out.reshape(array.shape)
+
+
+# -- execution accelerators ----------------------------------------------------------------
+
+# Triton's onnxruntime backend's TensorRT parameters -> the TensorRT provider's options.
+_TRT_KEYS = {
+    "max_workspace_size_bytes": "trt_max_workspace_size",
+    "int8_calibration_table_name": "trt_int8_calibration_table_name",
+    "int8_use_native_calibration_table": "trt_int8_use_native_calibration_table",
+    "trt_engine_cache_enable": "trt_engine_cache_enable",
+    "trt_engine_cache_path": "trt_engine_cache_path",
+}
+_PRECISION = {"FP32": {}, "FP16": {"trt_fp16_enable": "True"}, "INT8": {"trt_int8_enable": "True"}}
+
+
+def providers_for(spec: ModelSpec, kind: str, device: int, available: list[str]) -> tuple[list, list[tuple[str, str]]]:
+    """The execution providers for an instance of ``kind`` ("cpu" or "cuda") from the config's
+    accelerators and CUDA settings, and what is left unmapped, each with why (warned at load,
+    never refused: a provider changes where an answer is computed, not the answer)."""
+    opt = spec.optimization
+    providers: list = []
+    ignored: list[tuple[str, str]] = []
+    gpu = kind == "cuda"
+    cuda_options: dict[str, str | int] = {"device_id": device}
+    for a in opt.accelerators:
+        if a.kind == "gpu" and not gpu:
+            ignored.append((a.field, "no instance of this model runs on a GPU here"))
+        elif a.kind == "cpu" and gpu:
+            ignored.append((a.field, "this instance runs on a GPU"))
+        elif a.name == "tensorrt":
+            if "TensorrtExecutionProvider" not in available:
+                ignored.append((a.field, "this onnxruntime has no TensorrtExecutionProvider"))
+                continue
+            options: dict[str, str | int] = {"device_id": device}
+            for key, value in a.parameters:
+                if key == "precision_mode":
+                    if value.upper() not in _PRECISION:
+                        ignored.append((f"{a.field} parameter precision_mode '{value}'",
+                                        f"not one of {list(_PRECISION)}"))
+                        continue
+                    options.update(_PRECISION[value.upper()])
+                elif key in _TRT_KEYS or key.startswith("trt_"):
+                    options[_TRT_KEYS.get(key, key)] = value
+                else:
+                    ignored.append((f"{a.field} parameter '{key}'", "the TensorRT provider has no such option"))
+            providers.append(("TensorrtExecutionProvider", options))
+        elif a.name == "cuda":  # its parameters are the CUDA provider's options
+            cuda_options.update(dict(a.parameters))
+        elif a.name == "openvino":
+            if "OpenVINOExecutionProvider" not in available:
+                ignored.append((a.field, "this onnxruntime has no OpenVINOExecutionProvider"))
+                continue
+            providers.append(("OpenVINOExecutionProvider", dict(a.parameters)))
+        else:
+            ignored.append((a.field, "a TensorFlow accelerator; onnxruntime has none"))
+    if gpu:
+        if opt.cuda.graphs:
+            cuda_options["enable_cuda_graph"] = "1"
+        providers.append(("CUDAExecutionProvider", cuda_options))
+    cuda_fields = opt.cuda.fields()
+    for field in cuda_fields:
+        if not gpu:
+            ignored.append((field, "no instance of this model runs on a GPU here"))
+        elif field != "optimization.cuda.graphs":
+            ignored.append((field, "onnxruntime's CUDA provider has no such setting"))
+    if opt.gather_kernel_buffer_threshold:
+        ignored.append(("optimization.gather_kernel_buffer_threshold", "inferd joins a batch on the host itself"))
+    if opt.eager_batching:
+        ignored.append(("optimization.eager_batching", "inferd's batcher decides when a batch runs"))
+    providers.append("CPUExecutionProvider")
+    return providers, ignored

@@ -143,6 +143,15 @@ class PythonBackend(Backend):
     name = "python"
     platform = ""  # Triton's python models name a backend, not a platform
     default_filename = "model.py"
+    file_suffixes = (".py",)
+    # The model's own code answers each request (decoupled: as many responses as it sends),
+    # reads whatever inputs a request sends, sees each request's own tensors (no joined batch),
+    # and ends an iterative sequence by releasing its request without RESCHEDULE.
+    decoupled = True
+    undeclared_inputs = True
+    joins_batches = False
+    ends_sequences_by_release = True
+    gpu_requirement = "this torch has no CUDA"
 
     def __init__(self) -> None:
         self._gpu: bool | None = None
@@ -164,7 +173,7 @@ class PythonBackend(Backend):
             if complete is None:
                 return
             holder = pb_utils.ModelConfig(message_to_dict(config))
-            _enter(name, None)
+            _enter(name, None, str(model_file.parent))
             try:
                 result = complete(holder)
             except Exception as exc:
@@ -187,6 +196,10 @@ class PythonBackend(Backend):
     def create_instance(self, spec: ModelSpec, instance: InstanceSpec) -> ModelInstance:
         return PythonInstance(self, spec, instance)
 
+    def ignored_optimizations(self, spec: ModelSpec, kinds: set[str]) -> list[tuple[str, str]]:
+        why = "a Python model runs its own code, which may read the setting from args['model_config']"
+        return [(field, why) for field in spec.optimization.requested()]
+
 
 class PythonInstance(ModelInstance):
     wants_requests = True
@@ -202,6 +215,7 @@ class PythonInstance(ModelInstance):
             )
         path = instance.model_file
         self._dispatcher = instance.dispatcher
+        self._model_dir = str(path.parent)  # pb_utils.get_model_dir()
         self._module = _load_module(name, path, f"v{instance.version}_{instance.name}")
         # For BLS calls from threads the model starts itself (its own code's module is known there).
         self._module.__dict__[_DISPATCHER] = self._dispatcher
@@ -221,7 +235,7 @@ class PythonInstance(ModelInstance):
             }
             initialize = getattr(self._model, "initialize", None)
             if initialize is not None:
-                _enter(name, self._dispatcher)
+                _enter(name, self._dispatcher, self._model_dir)
                 try:
                     done = initialize(args)
                     if inspect.isawaitable(done):
@@ -255,7 +269,7 @@ class PythonInstance(ModelInstance):
         requests = [self._request(item) for item in inputs]
         t1 = time.perf_counter_ns()
         rss = resident_bytes()  # the model's own code is measured: what it keeps shows as growth
-        _enter(name, self._dispatcher)
+        _enter(name, self._dispatcher, self._model_dir)
         try:
             responses = self._execute(requests)
             if inspect.isawaitable(responses):
@@ -381,7 +395,7 @@ class PythonInstance(ModelInstance):
             if isinstance(sink, ResponseSink) and not sink.started_ns:
                 sink.started_ns = t1  # its first response's statistics count from here
         if requests:
-            _enter(name, self._dispatcher)
+            _enter(name, self._dispatcher, self._model_dir)
             try:
                 returned = self._execute(requests)
                 if inspect.isawaitable(returned):
@@ -438,7 +452,7 @@ class PythonInstance(ModelInstance):
     def close(self) -> None:
         finalize = getattr(getattr(self, "_model", None), "finalize", None)
         if finalize is not None:
-            _enter(self.model.name, self._dispatcher)
+            _enter(self.model.name, self._dispatcher, self._model_dir)
             try:
                 done = finalize()
                 if inspect.isawaitable(done):
@@ -493,9 +507,10 @@ _DISPATCHER = "__inferd_dispatcher__"  # in each instance's module: its dispatch
 _running = threading.local()  # the dispatcher of the instance whose code runs on this thread
 
 
-def _enter(model: str, dispatcher: InferenceDispatcher | None) -> None:
-    """The instance's user code starts running on this thread (model name for pb_utils.Logger, BLS target)."""
-    pb_utils._set_current_model(model)
+def _enter(model: str, dispatcher: InferenceDispatcher | None, model_dir: str | None = None) -> None:
+    """The instance's user code starts running on this thread (model name for pb_utils.Logger,
+    its folder for pb_utils.get_model_dir, BLS target)."""
+    pb_utils._set_current_model(model, model_dir)
     _running.dispatcher = dispatcher
 
 
@@ -529,6 +544,14 @@ def _internal_request(request: pb_utils.InferenceRequest) -> InferenceRequest:
     version = request.model_version
     requested = request.requested_output_names()
     parameters = dict(request._parameters)
+    # A stateful callee (BLS with sequences): correlation id and flags travel as a client's
+    # sequence parameters do, which the sequence batcher reads.
+    if request.correlation_id():
+        parameters.setdefault("sequence_id", request.correlation_id())
+    if request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+        parameters.setdefault("sequence_start", True)
+    if request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+        parameters.setdefault("sequence_end", True)
     return InferenceRequest(
         model_name=request.model_name,
         inputs=inputs,
@@ -617,3 +640,110 @@ def bls_async_exec(request: pb_utils.InferenceRequest, caller_globals: dict[str,
             pb_utils.TritonError.UNAVAILABLE)))
         return done
     return asyncio.wrap_future(future, loop=loop)
+
+
+# -- BLS into a decoupled model (exec / async_exec with decoupled=True) -------------------
+
+# Responses a BLS caller may leave unread before the callee's stream waits (then its sink's
+# own limit holds the model back): a model that never reads cannot grow the server.
+BLS_STREAM_WINDOW = 16
+
+
+def _stream_item(item: Any) -> pb_utils.InferenceResponse:
+    """One StreamResponse as the caller's pb_utils.InferenceResponse (the final marker alone: empty)."""
+    if item.error is not None:
+        return pb_utils.InferenceResponse(error=_triton_error(item.error))
+    if item.response is None:
+        return pb_utils.InferenceResponse()
+    tensors = [pb_utils.Tensor(name, array) for name, array in item.response.outputs.items()]
+    return pb_utils.InferenceResponse(output_tensors=tensors, parameters=item.response.parameters)
+
+
+async def _bls_stream(server: InferenceDispatcher, request: InferenceRequest, feed: Any) -> None:
+    """Feed an iterator (its ``_Feed``) from the callee's stream, on the server's loop; ends it
+    on every path. Holds the feed only: an iterator the model drops is collected and cancels this."""
+    loop = asyncio.get_running_loop()
+    credit = asyncio.Semaphore(BLS_STREAM_WINDOW)
+    feed.credit = lambda: loop.call_soon_threadsafe(credit.release)
+    final = False
+    try:
+        stream = server.infer_stream(request)
+        try:
+            async for item in stream:
+                await credit.acquire()
+                feed.put(_stream_item(item))
+                if item.final:
+                    final = True
+                    break
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+    except asyncio.CancelledError:
+        if not final:
+            feed.put(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                f"BLS request to model '{request.model_name}' was cancelled", pb_utils.TritonError.CANCELLED)))
+            final = True
+    except Exception as exc:  # a bug below: the caller still gets an answer
+        log.exception("BLS stream to model '%s' failed", request.model_name)
+        feed.put(pb_utils.InferenceResponse(error=_triton_error(exc)))
+        final = True
+    finally:
+        if not final:
+            feed.put(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                f"BLS request to model '{request.model_name}' ended without a final response",
+                pb_utils.TritonError.INTERNAL)))
+        feed.end()
+
+
+def _start_stream(request: pb_utils.InferenceRequest, caller_globals: dict[str, Any]) -> pb_utils.ResponseIterator:
+    it = pb_utils.ResponseIterator()
+    feed = it._feed
+    server, prepared = _prepare(request, _dispatcher(caller_globals))
+    if isinstance(prepared, pb_utils.InferenceResponse):
+        feed.put(prepared)
+        feed.end()
+        return it
+    try:
+        future = asyncio.run_coroutine_threadsafe(_bls_stream(server, prepared, feed), server.loop)
+    except RuntimeError as exc:  # the loop is closed: the server stopped
+        feed.put(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+            f"BLS request to model '{request.model_name}': the server is stopping ({exc})",
+            pb_utils.TritonError.UNAVAILABLE)))
+        feed.end()
+        return it
+    loop = server.loop
+
+    def cancel() -> None:
+        if not future.done():
+            try:
+                loop.call_soon_threadsafe(future.cancel)
+            except RuntimeError:  # the server's loop is closed: nothing left to cancel
+                pass
+
+    it._on_cancel(cancel)
+    return it
+def bls_stream(request: pb_utils.InferenceRequest, caller_globals: dict[str, Any]) -> pb_utils.ResponseIterator:
+    """``InferenceRequest.exec(decoupled=True)``: the callee's responses, read on this thread."""
+    server = _dispatcher(caller_globals)
+    if server is not None and server.loop is not None and _on_server_loop(server.loop):
+        raise pb_utils.TritonModelException(
+            "InferenceRequest.exec(decoupled=True) was called on the server's event loop, where waiting would deadlock"
+        )
+    return _start_stream(request, caller_globals)
+
+
+def bls_async_stream(request: pb_utils.InferenceRequest, caller_globals: dict[str, Any]) -> Any:
+    """``InferenceRequest.async_exec(decoupled=True)``: an awaitable for the iterator, done
+    once its first response (or its end) is there."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        raise pb_utils.TritonModelException(
+            "InferenceRequest.async_exec() must be awaited inside 'async def execute'; use exec() in a plain execute"
+        ) from None
+    it = _start_stream(request, caller_globals)
+
+    async def ready() -> pb_utils.ResponseIterator:
+        await asyncio.wrap_future(it._feed.first, loop=loop)
+        return it
+
+    return loop.create_task(ready())

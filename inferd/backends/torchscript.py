@@ -129,6 +129,8 @@ class TorchScriptBackend(Backend):
     name = "pytorch"
     platform = "pytorch_libtorch"
     default_filename = "model.pt"
+    file_suffixes = (".pt",)
+    gpu_requirement = "this torch has no CUDA"
 
     def __init__(self) -> None:
         self._gpu: bool | None = None

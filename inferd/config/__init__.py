@@ -13,11 +13,14 @@ through without reading it (and the backends' config hooks, which complete it).
 
 from inferd._proto.model_config_pb2 import ModelConfig
 from inferd.config._autocomplete import ModelSignature, SignatureTensor, autocomplete
+from inferd.config._capabilities import TENSOR_BACKEND, BackendCapabilities
 from inferd.config._batching import DELAY, REJECT, DynamicBatching, QueuePolicy, dynamic_batching
 from inferd.config._ensemble import (
     EnsembleConfig, StepConfig, check_ensemble_config, ensemble_config, is_ensemble, prepare_ensemble_config,
     read_ensemble_config,
 )
+from inferd.config._openai import OpenAIModel, OpenAISpec
+from inferd.config._optimization import Accelerator, CudaOptions, Optimization, ignored_line
 from inferd.config._parameters import InferdParameters
 from inferd.config._parse import (
     config_from_dict, config_from_json, config_to_json, config_to_text, message_to_dict, parse_config_file,
@@ -40,12 +43,13 @@ from inferd.config._varlen import (
 __all__ = [
     "CORRID", "DELAY", "END", "KIND_AUTO", "KIND_CPU", "KIND_GPU", "LENGTHS", "MASK", "READY", "REJECT", "START",
     "BatchInput", "BatchOutput", "FilledInput", "PaddedInput", "Unpad", "VarlenSpec", "varlen_spec",
-    "BackendResolver", "ConfigCompleter", "Control", "DynamicBatching", "EnsembleConfig", "InferdParameters",
-    "InstanceGroup", "ModelConfig", "ModelSignature", "ModelSpec", "PreparedConfig", "QueuePolicy",
+    "TENSOR_BACKEND", "BackendCapabilities", "BackendResolver", "ConfigCompleter", "Control", "DynamicBatching", "EnsembleConfig", "InferdParameters",
+    "InstanceGroup", "ModelConfig", "OpenAIModel", "OpenAISpec", "ModelSignature", "ModelSpec", "PreparedConfig", "QueuePolicy",
     "RateLimitResource", "SequencePolicy", "SignatureTensor", "StateSpec", "StepConfig", "TensorSpec", "WarmupInput",
     "WarmupSample", "autocomplete", "check_declared", "check_ensemble_config", "check_name", "config_from_dict",
     "config_from_json", "config_to_json", "config_to_text",
     "dynamic_batching", "ensemble_config", "is_ensemble", "message_to_dict", "model_spec", "parse_config_file",
     "parse_config_text", "placements", "prepare_config", "prepare_ensemble_config", "read_ensemble_config",
     "read_model_config", "select_versions", "settle_groups", "validate",
+    "Accelerator", "CudaOptions", "Optimization", "ignored_line",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from inferd._proto import model_config_pb2 as mc
+from inferd.config._capabilities import TENSOR_BACKEND, BackendCapabilities
 from inferd.errors import ConfigError
 
 END_OUTPUT = "inferd.iterative_end_output"
@@ -26,14 +27,18 @@ def end_output(config: mc.ModelConfig) -> str:
     return param.string_value.strip() if param is not None else ""
 
 
-def check_iterative(config: mc.ModelConfig, where: str) -> None:
+def check_iterative(config: mc.ModelConfig, where: str,
+                    backend: BackendCapabilities | None = TENSOR_BACKEND) -> None:
+    """The end output's checks; ``backend`` None: not settled yet (a config checked before its
+    backend is known), so they wait for validation, which is handed it."""
     name = end_output(config)
-    if not name:
+    if not name or backend is None:
         return
-    if (config.backend or config.platform) == "python":
+    if backend.ends_sequences_by_release:
         raise ConfigError(
-            f"model '{config.name}': parameter '{END_OUTPUT}' is for tensor step models; a Python model ends "
-            "its sequence by releasing the request without TRITONSERVER_REQUEST_RELEASE_RESCHEDULE")
+            f"model '{config.name}': parameter '{END_OUTPUT}' is for tensor step models; a model of "
+            f"backend '{backend.name}' ends its sequence by releasing the request without "
+            "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE")
     found = next((t for t in config.output if t.name == name), None)
     if found is None:
         raise ConfigError(

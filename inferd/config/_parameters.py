@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from inferd._proto import model_config_pb2 as mc
+from inferd.config._openai import is_openai_key
 from inferd.errors import ConfigError
 from inferd.suggest import did_you_mean
 
@@ -69,7 +70,7 @@ class InferdParameters:
         known = {f.name: f for f in fields(cls)}
         values: dict[str, object] = {}
         for key, param in config.parameters.items():
-            if not key.startswith(PREFIX):
+            if not key.startswith(PREFIX) or is_openai_key(key):  # /v1's own: config/_openai.py
                 continue
             name = key[len(PREFIX):]
             if name not in known:

@@ -33,16 +33,18 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from inferd.config._capabilities import BackendCapabilities
 from inferd.config._spec import KIND_AUTO, KIND_CPU, KIND_GPU, InstanceGroup
 from inferd.errors import ConfigError
 from inferd.gpu.inventory import MIN_COMPUTE_CAPABILITY
 
 
-def settle_groups(model: str, groups: Sequence[InstanceGroup], visible: Sequence[int], *, backend: str,
-                  backend_gpu: bool) -> tuple[InstanceGroup, ...]:
+def settle_groups(model: str, groups: Sequence[InstanceGroup], visible: Sequence[int], *,
+                  backend: BackendCapabilities, backend_gpu: bool) -> tuple[InstanceGroup, ...]:
     """``groups`` with names, counts, kinds and GPUs settled; raises ConfigError for a group that
     cannot be placed here. ``visible``: the inventory's GPU indexes; ``backend_gpu``: whether
-    ``backend`` can run on them (torch with CUDA, onnxruntime with its CUDA execution provider)."""
+    ``backend`` can run on them (torch with CUDA, onnxruntime with its CUDA execution provider;
+    the caller asks ``backend.gpu_available()``, a test says it)."""
     chosen = list(groups) or [InstanceGroup("", KIND_AUTO, 0)]
     out = []
     for gi, group in enumerate(chosen):
@@ -74,15 +76,15 @@ def placements(groups: Sequence[InstanceGroup]) -> list[tuple[str, int | None]]:
     return out
 
 
-def _gpus(where: str, group: InstanceGroup, visible: Sequence[int], backend: str,
+def _gpus(where: str, group: InstanceGroup, visible: Sequence[int], backend: BackendCapabilities,
           backend_gpu: bool) -> tuple[int, ...]:
     if not visible:
         raise ConfigError(f"{where} has kind KIND_GPU but no GPUs are available here; use KIND_CPU or KIND_AUTO")
     _check_listed(where, group.gpus, visible)
     if not backend_gpu:
         raise ConfigError(
-            f"{where} has kind KIND_GPU but backend '{backend}' cannot run on a GPU here "
-            f"({_why_not(backend)}); use KIND_CPU or KIND_AUTO"
+            f"{where} has kind KIND_GPU but backend '{backend.name}' cannot run on a GPU here "
+            f"({backend.gpu_requirement}); use KIND_CPU or KIND_AUTO"
         )
     return tuple(group.gpus) or tuple(visible)
 
@@ -97,10 +99,3 @@ def _check_listed(where: str, gpus: Sequence[int], visible: Sequence[int]) -> No
                 f"{MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} decide which)"
             )
 
-
-def _why_not(backend: str) -> str:
-    if backend == "onnxruntime":
-        return "this onnxruntime has no CUDAExecutionProvider; install onnxruntime-gpu"
-    if backend in ("pytorch", "python"):
-        return "this torch has no CUDA"
-    return "it has no GPU support"

@@ -16,6 +16,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from inferd._proto import model_config_pb2 as mc
 from inferd.config._autocomplete import ModelSignature, autocomplete
+from inferd.config._capabilities import BackendCapabilities
 from inferd.config._parse import parse_config_file
 from inferd.config._paths import check_inside
 from inferd.config._placement import settle_groups
@@ -25,7 +26,8 @@ from inferd.errors import ConfigError
 
 
 class ConfigCompleter(Protocol):
-    """What the pipeline asks of a model's backend (``inferd.backends.Backend`` is one)."""
+    """What the pipeline asks of a model's backend (``inferd.backends.Backend`` is one): its
+    :class:`BackendCapabilities` (class attributes) and its config hooks."""
 
     default_filename: str
 
@@ -110,7 +112,7 @@ def prepare_config(name: str, model_dir: Path, available: list[int], resolve: Ba
     # is reported for itself, not for a missing version folder or model file.
     check_declared(config, model_dir=model_dir)
     versions = select_versions(config, available)
-    backend: ConfigCompleter | None = resolve(config, model_dir)
+    backend: BackendCapabilities | None = resolve(config, model_dir)
     if backend is None:
         raise ConfigError(f"model '{name}': an ensemble is checked against its composing models: "
                           "the ModelManager loads it (inferd.repository.ensembles), not prepare()")
@@ -122,25 +124,26 @@ def prepare_config(name: str, model_dir: Path, available: list[int], resolve: Ba
         if not path.exists():
             raise ConfigError(f"model '{name}': version {version} has no model file '{filename}' ({path})")
         files[version] = path
+    hooks: ConfigCompleter = backend  # type: ignore[assignment]  # a Backend is both
     if auto_complete:
-        backend.complete_config(config, files[versions[-1]])
-    signature = backend.signature(files[versions[-1]], name)
+        hooks.complete_config(config, files[versions[-1]])
+    signature = hooks.signature(files[versions[-1]], name)
     if signature is not None and auto_complete:
         autocomplete(config, signature)
-    _settle_instance_groups(config, gpus, bool(gpus) and backend.gpu_available())
-    spec = validate(config, model_dir=model_dir, signature=signature)
+    _settle_instance_groups(config, gpus, backend)
+    spec = validate(config, model_dir=model_dir, signature=signature, backend=backend)
     for version in versions[:-1]:
-        other = backend.signature(files[version], name)
+        other = hooks.signature(files[version], name)
         if other is not None:
-            validate(config, model_dir=model_dir, signature=other)
+            validate(config, model_dir=model_dir, signature=other, backend=backend)
     return PreparedConfig(spec, backend, files)
 
 
-def _settle_instance_groups(config: mc.ModelConfig, gpus: Sequence[int], backend_gpu: bool) -> None:
+def _settle_instance_groups(config: mc.ModelConfig, gpus: Sequence[int], backend: BackendCapabilities) -> None:
     """The groups settled (config/_placement.py) and written back: the config a client reads shows
     the kind, count and GPUs chosen, as Triton's does."""
-    settled = settle_groups(config.name, _instance_groups(config), gpus, backend=config.backend,
-                            backend_gpu=backend_gpu)
+    settled = settle_groups(config.name, _instance_groups(config), gpus, backend=backend,
+                            backend_gpu=bool(gpus) and backend.gpu_available())
     original = [mc.ModelInstanceGroup() for _ in config.instance_group]
     for copy, group in zip(original, config.instance_group):
         copy.CopyFrom(group)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from inferd._proto import model_config_pb2 as mc
+from inferd.config._capabilities import TENSOR_BACKEND, BackendCapabilities
 from inferd.config._iterative import check_iterative
 from inferd.dtypes import BY_CONFIG, DataType, decode_bytes
 from inferd.config._paths import check_inside
@@ -111,15 +112,17 @@ def normalize_sequence_batching(config: mc.ModelConfig) -> None:
         sb.oldest.preferred_batch_size.append(config.max_batch_size)
 
 
-def sequence_policy(config: mc.ModelConfig, model_dir: Path | None = None) -> SequencePolicy | None:
-    """The checked ``sequence_batching`` block (None when the config has none)."""
+def sequence_policy(config: mc.ModelConfig, model_dir: Path | None = None,
+                    backend: BackendCapabilities | None = TENSOR_BACKEND) -> SequencePolicy | None:
+    """The checked ``sequence_batching`` block (None when the config has none); ``backend``:
+    the model's (what it can do decides what an iterative sequence may ask; None: not settled yet)."""
     if not config.HasField("sequence_batching"):
         return None
     name = config.name
     sb = config.sequence_batching
     where = f"model '{name}': sequence_batching"
     if sb.iterative_sequence:
-        check_iterative(config, where)
+        check_iterative(config, where, backend)
     idle = int(sb.max_sequence_idle_microseconds) or IDLE_DEFAULT_US
     strategy = sb.WhichOneof("strategy_choice") or "direct"
     kwargs: dict[str, object] = {}
@@ -366,13 +369,13 @@ def check_sequence_signature(config: mc.ModelConfig, policy: SequencePolicy, sig
                 f"{list(found.shape)}" + (" (max_batch_size > 0 adds a batch dimension)" if batch else ""))
 
 
-def decoupled_problem(config: mc.ModelConfig) -> str | None:
-    """Why ``model_transaction_policy`` cannot be honoured, or None."""
+def decoupled_problem(config: mc.ModelConfig, backend: BackendCapabilities = TENSOR_BACKEND) -> str | None:
+    """Why ``model_transaction_policy`` cannot be honoured by ``backend``, or None."""
     if not config.model_transaction_policy.decoupled:
         return None
-    backend = config.backend or config.platform
-    if backend != "python" and not config.sequence_batching.iterative_sequence:
+    if not backend.decoupled and not config.sequence_batching.iterative_sequence:
+        name = config.backend or config.platform
         return (f"model '{config.name}': model_transaction_policy.decoupled is only supported for Python models "
                 f"(backend: \"python\") and iterative sequence models (each step's outputs are a response); "
-                f"this model's backend is '{backend or 'unknown'}'")
+                f"this model's backend is '{name or 'unknown'}'")
     return None

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from inferd._proto import model_config_pb2 as mc
+from inferd.config._openai import OpenAISpec, openai_spec
 from inferd.config._batching import DynamicBatching, dynamic_batching
 from inferd.config._parameters import InferdParameters
+from inferd.config._optimization import Optimization, histogram_buckets, metric_tags, optimization
 from inferd.config._parse import message_to_dict
 from inferd.config._sequence import SequencePolicy, sequence_policy
 from inferd.config._varlen import VarlenSpec, varlen_spec
@@ -104,6 +106,12 @@ class ModelSpec:
     # is in ``inputs``, optional: inferd fills it when a request leaves it out.
     filled_inputs: dict[str, TensorSpec] = field(default_factory=dict)
     response_cache: bool = False  # response_cache.enable: used when the server has a cache
+    openai: OpenAISpec | None = None  # served under /v1 (config/_openai.py)
+    # optimization.execution_accelerators / cuda / ...: what the backend may map onto its runtime.
+    optimization: Optimization = Optimization()
+    histogram_buckets: dict[str, tuple[float, ...]] = field(default_factory=dict)  # model_metrics, by family
+    metric_tags: tuple[tuple[str, str], ...] = ()  # extra labels on this model's /metrics series
+    load_warnings: tuple[str, ...] = ()  # said once when the model loads (model_metrics families ignored)
 
     @property
     def batching(self) -> bool:
@@ -155,19 +163,23 @@ def _warmup(config: mc.ModelConfig) -> tuple[WarmupSample, ...]:
 
 
 def model_spec(config: mc.ModelConfig, labels: dict[str, tuple[str, ...]] | None = None, *,
-               model_dir: Path | None = None, sequence: SequencePolicy | None = None) -> ModelSpec:
-    """The plain view of a checked ``config``; ``sequence``: its sequence policy when the
-    caller has it already (else it is read, with ``model_dir`` for initial-state files)."""
+               model_dir: Path | None = None, sequence: SequencePolicy | None = None,
+               varlen: VarlenSpec | None = None) -> ModelSpec:
+    """The plain view of a checked ``config``; ``sequence`` and ``varlen``: its sequence policy
+    and variable-length batching when the caller has them already (checked against its backend:
+    :func:`~inferd.config.validate`; else they are read, with ``model_dir`` for initial-state files)."""
     labels = labels or {}
     if sequence is None:
         sequence = sequence_policy(config, model_dir)
     params = InferdParameters.from_config(config)
-    varlen = varlen_spec(config, params)
+    if varlen is None:
+        varlen = varlen_spec(config, params)
     filled_inputs = {}
     for b in varlen.batch_inputs if varlen is not None else ():
         dtype = BY_CONFIG["TYPE_INT32" if b.dtype == "int32" else "TYPE_FP32"]
         for target in b.targets:
             filled_inputs[target] = TensorSpec(target, dtype, (-1,), (-1,))
+    buckets, bucket_warnings = histogram_buckets(config)
     return ModelSpec(
         name=config.name,
         platform=config.platform,
@@ -187,4 +199,9 @@ def model_spec(config: mc.ModelConfig, labels: dict[str, tuple[str, ...]] | None
         varlen=varlen,
         filled_inputs=filled_inputs,
         response_cache=bool(config.response_cache.enable),
+        openai=openai_spec(config, model_dir),
+        optimization=optimization(config),
+        histogram_buckets=buckets,
+        metric_tags=metric_tags(config),
+        load_warnings=tuple(bucket_warnings),
     )

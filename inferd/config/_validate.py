@@ -14,6 +14,8 @@ from pathlib import Path
 from inferd._proto import model_config_pb2 as mc
 from inferd.config._autocomplete import ModelSignature, SignatureTensor
 from inferd.config._batching import check_dynamic_batching
+from inferd.config._capabilities import TENSOR_BACKEND, BackendCapabilities
+from inferd.config._optimization import check_accelerators, histogram_buckets, metric_tags
 from inferd.config._sequence import (
     check_sequence_signature, decoupled_problem, normalize_sequence_batching, sequence_policy, sequence_tensor_names,
 )
@@ -26,23 +28,24 @@ _HONOURED = {
     "name", "platform", "backend", "version_policy", "max_batch_size", "input", "output",
     "instance_group", "default_model_filename", "parameters", "dynamic_batching", "optimization",
     "runtime", "model_warmup", "sequence_batching", "model_transaction_policy", "batch_input", "batch_output",
-    "response_cache",
+    "response_cache", "model_metrics", "metric_tags",
 }
 _REFUSED = {
     "ensemble_scheduling": "ensemble_scheduling is only valid with platform: \"ensemble\"",
     "model_repository_agents": "repository agents are not supported by inferd",
     "cc_model_filenames": "cc_model_filenames (per-GPU-architecture files) is not supported by inferd",
-    "metric_tags": "metric_tags is not supported by inferd",
     "model_operations": "model_operations is not supported by inferd",
-    "model_metrics": "model_metrics (custom metric buckets) is not supported by inferd",
 }
 # Optimization settings: graph.level maps onto the runtime's optimization level;
-# pinned-memory hints have no effect on CPU instances and are accepted as hints.
-_OPTIMIZATION_HONOURED = {"graph", "input_pinned_memory", "output_pinned_memory", "priority"}
+# pinned-memory hints have no effect on CPU instances and are accepted as hints; accelerators and
+# the CUDA settings go to the backend, which maps what its runtime can and warns about the rest
+# (config/_optimization.py): none of them changes an answer.
+_OPTIMIZATION_HONOURED = {"graph", "input_pinned_memory", "output_pinned_memory", "priority", "cuda",
+                          "execution_accelerators", "gather_kernel_buffer_threshold", "eager_batching"}
 
 
 def check_declared(config: mc.ModelConfig, *, model_dir: Path | None = None,
-                   refused: dict[str, str] | None = None) -> None:
+                   refused: dict[str, str] | None = None, backend: BackendCapabilities | None = None) -> None:
     """The checks a config passes on its own, before any model file is read.
 
     Triton runs these when it reads a config, before it looks for version
@@ -51,6 +54,7 @@ def check_declared(config: mc.ModelConfig, *, model_dir: Path | None = None,
     optimization, every listed tensor (dims, reshape), instance groups,
     dynamic_batching's ordering rules and sequence_batching. Auto-complete
     only adds tensors to an empty list, so nothing checked here can change.
+    ``backend``: the model's, once settled (None before: what depends on it waits for :func:`validate`).
     """
     name = config.name
     table = dict(_REFUSED)
@@ -70,7 +74,7 @@ def check_declared(config: mc.ModelConfig, *, model_dir: Path | None = None,
     _check_tensors(name, "output", config.output, config.max_batch_size)
     _check_instance_groups(config)
     check_dynamic_batching(config)
-    sequence_policy(config, model_dir)
+    sequence_policy(config, model_dir, backend)
 
 
 def validate(
@@ -79,16 +83,19 @@ def validate(
     model_dir: Path | None = None,
     signature: ModelSignature | None = None,
     refused: dict[str, str] | None = None,
+    backend: BackendCapabilities = TENSOR_BACKEND,
 ) -> ModelSpec:
     """Check ``config`` (already auto-completed) and return its plain-data spec.
 
     ``signature`` is what the model file says about its tensors, where the
     backend can tell; ``refused`` lets a caller (the ensemble loader, say)
-    override the table of refused fields.
+    override the table of refused fields; ``backend``: the model's, whose
+    capabilities decide what its config may ask (the pipeline hands the settled
+    one; without it the config is checked as a tensor backend's).
     """
     name = config.name
-    check_declared(config, model_dir=model_dir, refused=refused)
-    if not config.input and config.platform != "ensemble" and config.backend != "python":
+    check_declared(config, model_dir=model_dir, refused=refused, backend=backend)
+    if not config.input and config.platform != "ensemble" and not backend.undeclared_inputs:
         raise ConfigError(f"model '{name}': the config lists no input and the model file does not say")
     if not config.output:
         raise ConfigError(f"model '{name}': the config lists no output and the model file does not say")
@@ -96,22 +103,22 @@ def validate(
     for t in config.output:
         if t.label_filename:
             labels[t.name] = _read_labels(name, t, model_dir)
-    varlen = varlen_spec(config)
+    varlen = varlen_spec(config, backend=backend)
     for t in config.input:
         if varlen is not None and any(f.name == t.name for f in varlen.filled):
             t.optional = True  # inferd fills a mask or lengths input the request leaves out
     _check_warmup(config)
-    problem = decoupled_problem(config) or _response_cache_problem(config)
+    problem = decoupled_problem(config, backend) or _response_cache_problem(config)
     if problem:
         raise ConfigError(problem)
     normalize_sequence_batching(config)
-    sequence = sequence_policy(config, model_dir)
+    sequence = sequence_policy(config, model_dir, backend)
     if signature is not None:
         if sequence is not None:
             check_sequence_signature(config, sequence, signature)
         _check_against_signature(config, signature, varlen)
     # An input and an output may share a name (Triton allows it).
-    return model_spec(config, labels, model_dir=model_dir, sequence=sequence)
+    return model_spec(config, labels, model_dir=model_dir, sequence=sequence, varlen=varlen)
 
 
 def _response_cache_problem(config: mc.ModelConfig) -> str | None:
@@ -148,8 +155,11 @@ def _check_optimization(config: mc.ModelConfig) -> None:
         if field.name not in _OPTIMIZATION_HONOURED:
             raise ConfigError(
                 f"model '{config.name}': optimization.{field.name} is not supported by inferd "
-                "(supported: graph.level, input_pinned_memory, output_pinned_memory, priority)"
+                f"(supported: {', '.join(sorted(_OPTIMIZATION_HONOURED))})"
             )
+    check_accelerators(config)
+    histogram_buckets(config)  # refused here, before any model file is read, as Triton does
+    metric_tags(config)
     level = config.optimization.graph.level
     if level not in (-1, 0, 1, 2):
         raise ConfigError(f"model '{config.name}': optimization.graph.level must be -1, 0, 1 or 2, got {level}")

@@ -53,6 +53,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from inferd._proto import model_config_pb2 as mc
+from inferd.config._capabilities import TENSOR_BACKEND, BackendCapabilities
 from inferd.config._parameters import PREFIX, InferdParameters
 from inferd.dtypes import BY_CONFIG
 from inferd.errors import ConfigError
@@ -129,8 +130,10 @@ class VarlenSpec:
         return frozenset(t for b in self.batch_inputs for t in b.targets)
 
 
-def varlen_spec(config: mc.ModelConfig, params: InferdParameters | None = None) -> VarlenSpec | None:
-    """The model's variable-length batching, or None when it has none. Raises ConfigError."""
+def varlen_spec(config: mc.ModelConfig, params: InferdParameters | None = None,
+                backend: BackendCapabilities = TENSOR_BACKEND) -> VarlenSpec | None:
+    """The model's variable-length batching, or None when it has none. Raises ConfigError
+    (also where ``backend``, the model's, does not join batches into tensors)."""
     params = params or InferdParameters.from_config(config)
     ragged = _ragged_inputs(config)
     batch_inputs = _batch_inputs(config)
@@ -138,7 +141,7 @@ def varlen_spec(config: mc.ModelConfig, params: InferdParameters | None = None) 
     padding = _padding(config, params, ragged)
     if padding is None and not (ragged or batch_inputs or batch_outputs):
         return None
-    _check_scheduler(config, "inferd.padding" if padding is not None else "ragged batching")
+    _check_scheduler(config, "inferd.padding" if padding is not None else "ragged batching", backend)
     return VarlenSpec(**(padding or {}), ragged=ragged, batch_inputs=batch_inputs, batch_outputs=batch_outputs)
 
 
@@ -146,14 +149,15 @@ def _param(name: str) -> str:
     return PREFIX + name
 
 
-def _check_scheduler(config: mc.ModelConfig, what: str) -> None:
+def _check_scheduler(config: mc.ModelConfig, what: str, backend: BackendCapabilities) -> None:
     model = config.name
     if config.platform == "ensemble":
         raise ConfigError(f"model '{model}': {what} applies to a model's own tensors; an ensemble has none "
                           "(set it on the composing model)")
-    if config.backend == "python":
-        raise ConfigError(f"model '{model}': {what} is supported for the onnxruntime and pytorch backends, "
-                          "not backend 'python' (a Python model sees each request's own tensors)")
+    if not backend.joins_batches:
+        raise ConfigError(f"model '{model}': {what} is for backends that join a batch into one tensor per input "
+                          f"(onnxruntime, pytorch), not backend '{backend.name}' (its model sees each request's "
+                          "own tensors)")
     if config.HasField("sequence_batching"):
         raise ConfigError(f"model '{model}': {what} works with dynamic_batching or the default scheduler, "
                           "not with sequence_batching")

@@ -7,7 +7,7 @@ joined along the first dimension, one output tensor per name), so it is
 validated, scheduled, counted and traced as any request, and its model's
 :class:`~inferd.scheduling.background.BackgroundLane` lets it run only on
 capacity that interactive requests leave idle. The façade's batch methods
-(:class:`~inferd.dataplane.api.DataPlaneAPI`) answer with plain documents and
+(:class:`~inferd.facade.DataPlaneAPI`) answer with plain documents and
 bytes.
 """
 

@@ -20,7 +20,6 @@ the client may read its region as soon as the response arrives.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -28,15 +27,9 @@ import numpy as np
 from inferd.dataplane._window import check_span, check_tensor_bytes
 from inferd.dtypes import DataType, decode_bytes, element_count
 from inferd.errors import InvalidArgument, Unimplemented
+from inferd.facade import CudaRegionStatus
 from inferd.gpu.cuda_ipc import HANDLE_BYTES, CudaIpc, CudaIpcError, IpcMapping
 from inferd.gpu.tensor import DeviceTensor, torch_dtype
-
-
-@dataclass(frozen=True, slots=True)
-class CudaRegionStatus:
-    name: str
-    device_id: int
-    byte_size: int
 
 
 class CudaRegion:

@@ -18,20 +18,23 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping
 
 from inferd.clock import Clock, MonotonicClock
+from inferd.facade import OpenAIModel
 from inferd.dataplane.admission import Admission, request_bytes
-from inferd.dataplane.api import ModelMetadata, ServerMetadata, TensorMetadata, TraceCarrier
 from inferd.dataplane.batches import BatchService
 from inferd.dataplane.cold import ColdRun
-from inferd.dataplane.cuda_shared_memory import CudaRegionStatus
-from inferd.dataplane.shared_memory import RegionStatus, SharedMemoryManager
+from inferd.dataplane.shared_memory import SharedMemoryManager
 from inferd.dataplane.shedding import QueueDelay
 from inferd.errors import InferdError, InvalidArgument, Unavailable, Unimplemented
-from inferd.model import DECOUPLED_UNARY, Model, ModelRun, find, response, run_model, submit_model
+from inferd.facade import (
+    DECOUPLED_UNARY, DRAINING, CudaRegionStatus, IndexEntry, ModelMetadata, RegionStatus, ServerMetadata, TensorMetadata,
+    TraceCarrier,
+)
+from inferd.model import Model, ModelRun, find, response, run_model, submit_model
 from inferd.model import infer_stream as model_infer_stream
 from inferd.observability.log_settings import LogSettings
 from inferd.observability.stats import ModelStatistics
 from inferd.observability.tracing import Tracing
-from inferd.repository import IndexEntry, ModelManager, control
+from inferd.repository import ModelManager, control
 from inferd.streaming import StreamLimits, StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse
 
@@ -43,11 +46,10 @@ EXTENSIONS = [
     "classification", "sequence", "model_repository", "schedule_policy", "model_configuration", "statistics",
     "binary_tensor_data", "parameters", "model_repository(unload_dependents)", "system_shared_memory", "trace", "logging",
 ]
-DRAINING = "inferd is shutting down and takes no new inference requests"
 
 
 class DataPlane:
-    """Implements :class:`~inferd.dataplane.api.DataPlaneAPI` over a :class:`ModelManager`."""
+    """Implements :class:`~inferd.facade.DataPlaneAPI` over a :class:`ModelManager`."""
 
     def __init__(self, manager: ModelManager, clock: Clock | None = None, *, tracing: Tracing | None = None,
                  logs: LogSettings | None = None, server_name: str = SERVER_NAME,
@@ -161,6 +163,19 @@ class DataPlane:
 
     async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
         return self.manager.index(ready_only=ready_only)
+
+    async def openai_models(self, name: str = "", assets: bool = False) -> list[OpenAIModel]:
+        if name:
+            models = [self.manager.get(name)]
+        else:
+            names = sorted({m.name for m in self.manager.models() if m.spec.openai is not None})
+            models = [self.manager.get(n) for n in names if self.manager.is_ready(n)]
+        out = []
+        for model in models:
+            spec = model.spec.openai
+            if spec is not None:
+                out.append(OpenAIModel(model.name, model.version, spec if assets else spec.without_assets()))
+        return out
 
     async def load_model(self, name: str, parameters: Mapping[str, object] | None = None,
                          repository: str = "") -> None:
@@ -329,7 +344,7 @@ class DataPlane:
             if request.shared_memory:
                 self.shared_memory.resolve(request)
             if self.tracing.enabled and request.trace is None:
-                request.trace = self.tracing.start(request.model_name, request.id, trace_carrier)
+                request.trace = self.tracing.start(request.model_name, request.id, trace_carrier, request.model_version)
             model = find(self.manager.get, request, decoupled_error)
             try:
                 self._shed(model, request)

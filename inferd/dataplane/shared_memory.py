@@ -43,19 +43,12 @@ from inferd.dataplane._window import check_span, check_tensor_bytes
 from inferd.dataplane.cuda_shared_memory import CudaRegion, CudaRegistrar
 from inferd.dtypes import DataType, decode_bytes, element_count
 from inferd.errors import AlreadyExists, InvalidArgument, NotFound
+from inferd.facade import RegionStatus
 from inferd.gpu.inventory import default_inventory
 from inferd.types import InferenceRequest, SharedTensor, ShmRef
 
 SHM_DIR = Path("/dev/shm")
 _KEY = re.compile(r"^/?([A-Za-z0-9_.\-]{1,255})$")
-
-
-@dataclass(frozen=True, slots=True)
-class RegionStatus:
-    name: str
-    key: str
-    offset: int
-    byte_size: int
 
 
 class Region:

@@ -20,7 +20,7 @@ and tensor where there is one.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from inferd.config import EnsembleConfig, ModelSpec, TensorSpec
 from inferd.errors import ConfigError
@@ -124,8 +124,12 @@ def build_graph(config: EnsembleConfig) -> EnsembleGraph:
     for tensor, users in consumers.items():
         if tensor not in producer and tensor not in inputs:
             first = steps[users[0]]
+            # Triton names the ensemble output this leaves unwritten first, where there is one.
+            lost = _outputs_reached(steps, consumers, outputs, users)
+            unwritten = (f"output '{lost[0]}' for ensemble '{name}' is not written: at least one of its depending "
+                         f"tensors, '{tensor}', is not connected; ") if lost else ""
             raise ConfigError(
-                f"{where} {first.label}: input '{_key_for(first.input_map, tensor)}' is mapped to tensor "
+                f"{where} {first.label}: {unwritten}input '{_key_for(first.input_map, tensor)}' is mapped to tensor "
                 f"'{tensor}', which is neither an ensemble input nor produced by any step"
             )
     for tensor in inputs:
@@ -133,7 +137,8 @@ def build_graph(config: EnsembleConfig) -> EnsembleGraph:
             raise ConfigError(f"{where}: ensemble input '{tensor}' is not consumed by any step")
     for tensor in outputs:
         if tensor not in producer:
-            raise ConfigError(f"{where}: ensemble output '{tensor}' is not produced by any step (no output_map names it)")
+            raise ConfigError(f"{where}: ensemble output '{tensor}' for ensemble '{name}' is not used: it is not "
+                              "produced by any step (no output_map names it)")
     for tensor, i in producer.items():
         if tensor not in consumers and tensor not in outputs:
             step = steps[i]
@@ -160,6 +165,24 @@ def build_graph(config: EnsembleConfig) -> EnsembleGraph:
     )
     order, sequential = _check_acyclic(graph)
     return replace(graph, sequence=order) if sequential else graph
+
+
+def _outputs_reached(steps: list[Step], consumers: dict[str, list[int]], outputs: Any,
+                     start: list[int]) -> list[str]:
+    """The ensemble outputs that the steps ``start`` feed, directly or through other steps."""
+    found: list[str] = []
+    seen: set[int] = set()
+    todo = list(start)
+    while todo:
+        i = todo.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        for _, tensor in steps[i].output_map:
+            if tensor in outputs and tensor not in found:
+                found.append(tensor)
+            todo.extend(consumers.get(tensor, ()))
+    return found
 
 
 def _key_for(mapping: tuple[tuple[str, str], ...], tensor: str) -> str:
@@ -200,7 +223,11 @@ def _check_acyclic(graph: EnsembleGraph) -> tuple[tuple[int, ...], bool]:
     parts = []
     for i, tensor in cycle:
         parts.append(f"{graph.steps[graph.producer[tensor]].label} produces '{tensor}' for {graph.steps[i].label}")
-    raise ConfigError(f"ensemble '{graph.name}': the steps form a cycle: " + "; ".join(parts))
+    lost = _outputs_reached(list(graph.steps), {t: list(u) for t, u in graph.consumers.items()}, graph.outputs,
+                            [i for i, _ in cycle])
+    unwritten = (f"output '{lost[0]}' for ensemble '{graph.name}' is not written: the steps that would write it "
+                 "form a cycle: ") if lost else "the steps form a cycle: "
+    raise ConfigError(f"ensemble '{graph.name}': {unwritten}" + "; ".join(parts))
 
 
 # -- against the composing models ----------------------------------------------------
@@ -256,7 +283,10 @@ def check_against_models(
         mapped = {k for k, _ in step.input_map}
         missing = [n for n, t in m.inputs.items() if n not in mapped and not t.optional]
         if missing:
-            raise ConfigError(f"{at}: input_map does not map input(s) {missing} of model '{m.name}'")
+            # Triton's words first (clients and its QA match on them), then inferd's.
+            raise ConfigError(f"{at}: in ensemble {graph.name}, input {missing[0]} in model {m.name} is not mapped "
+                              f"to any ensemble tensors; input_map does not map input(s) {missing} of model "
+                              f"'{m.name}'")
         _check_batching(spec, step, m)
 
     # Every tensor: its producer against each consumer.

@@ -411,9 +411,25 @@ def _encoder_file(kind: str) -> Callable[[], bytes]:
     return build
 
 
+def _text_asset(name: str) -> Callable[[], bytes]:
+    def build() -> bytes:
+        from . import text_assets
+
+        if name == "chat_template":
+            return text_assets.CHAT_TEMPLATE.encode()
+        return text_assets.byte_tokenizer() if name == "byte" else text_assets.encoder_tokenizer()
+
+    return build
+
+
+# The ONNX encoder is served under /v1/embeddings too: its tokenizer gives ids below its vocabulary,
+# its output is already mean-pooled over the real tokens.
+ENCODER_OPENAI = {"inferd.openai": "embedding", "inferd.openai.pooling": "none",
+                  "inferd.openai.max_context": 512, "inferd.openai.dimensions": "16,32"}
+
 MODELS += [
-    ModelSpec("text_encoder", encoder_config("text_encoder", "onnxruntime_onnx", ENCODER_PADDING),
-              {"1/model.onnx": _encoder_file("onnx")}),
+    ModelSpec("text_encoder", encoder_config("text_encoder", "onnxruntime_onnx", ENCODER_PADDING, more=ENCODER_OPENAI),
+              {"1/model.onnx": _encoder_file("onnx"), "tokenizer.json": _text_asset("encoder")}),
     ModelSpec("text_encoder_torch", encoder_config("text_encoder_torch", "pytorch_libtorch", ENCODER_PADDING),
               {"1/model.pt": _encoder_file("torchscript")}),
 ]
@@ -435,13 +451,16 @@ def _generator_weights() -> bytes:
 def _generator_config() -> str:
     from . import generator
 
-    return generator.config()
+    return generator.config(openai=True)
 
 
 MODELS += [
     ModelSpec("generator", _generator_config(), {
         "1/model.py": _python_file("generator"),
         "1/weights.npz": _generator_weights,
+        # Served under /v1 as a chat model (inferd/examples/text_assets.py).
+        "tokenizer.json": _text_asset("byte"),
+        "chat_template.jinja": _text_asset("chat_template"),
     }),
 ]
 
@@ -483,10 +502,11 @@ def build_repository(
         try:
             written = write_model(spec, output)
         except ModuleNotFoundError as exc:
-            if exc.name != "torch":
+            if exc.name not in ("torch", "tokenizers"):
                 raise
-            if log is not None:  # PyTorch is an extra: the other models still build
-                log(f"{spec.name}: skipped, building it needs PyTorch: pip install 'inferd[torch]'")
+            if log is not None:  # PyTorch and the tokenizers library are extras: the other models still build
+                what, extra = ("PyTorch", "torch") if exc.name == "torch" else ("the tokenizers library", "openai")
+                log(f"{spec.name}: skipped, building it needs {what}: pip install 'inferd[{extra}]'")
             continue
         result[spec.name] = written
         if log is not None:

@@ -46,12 +46,17 @@ def weights(hidden: int = HIDDEN, embed: int = EMBED, layers: int = LAYERS, seed
     return buffer.getvalue()
 
 
+# The /v1 settings (inferd/config/_openai.py): a chat model; the GRU has no context limit of its own,
+# the example sets one so that an over-long prompt is refused as a real model's would be.
+OPENAI = {"inferd.openai": "chat", "inferd.openai.bos_token": "<s>", "inferd.openai.eos_token": "</s>",
+          "inferd.openai.max_context": "2048"}
+
 BATCHINGS = ("continuous", "request", "request_compact", "none")
 
 
 def config(name: str = "generator", batching: str = "continuous", max_batch_size: int = MAX_BATCH,
            hidden: int = HIDDEN, layers: int = LAYERS, max_new_tokens: int = MAX_NEW_TOKENS,
-           instances: int = 1) -> str:
+           instances: int = 1, openai: bool = False) -> str:
     """The generator's config.pbtxt, batched ``continuous``ly, per ``request`` (static: a batch
     runs, padded, until its longest request ends; ``request_compact``: finished rows leave
     the computation), or ``none``."""
@@ -69,6 +74,8 @@ model_transaction_policy {{ decoupled: true }}
 instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
 parameters {{ key: "max_new_tokens" value: {{ string_value: "{max_new_tokens}" }} }}
 '''
+    if openai:  # served under /v1 too: its tokenizer.json and chat_template.jinja beside the config
+        text += "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in OPENAI.items())
     if batching.startswith("request"):
         text += "dynamic_batching { }\n"
     if batching == "request_compact":

@@ -57,6 +57,10 @@ place until then, and never after.
 
 from __future__ import annotations
 
+import numpy as np
+
+from inferd.dtypes import BY_NAME, from_numpy
+
 # frontend -> core
 HELLO = 0
 INFER = 1
@@ -84,6 +88,15 @@ CREDIT_EVERY = 16
 # INFER flags
 STREAM = 1  # a stream request: a decoupled model may answer many times
 HTTP = 2  # from the HTTP frontend (refusals of decoupled models use its words)
+
+# The methods a CALL may name: the façade's control-plane methods (inferd.facade.DataPlaneAPI but
+# infer and infer_stream), answered by the core's DataPlane; the core refuses any other name.
+CALLS = frozenset({
+    "server_live", "server_ready", "model_ready", "server_metadata", "model_metadata", "model_config",
+    "model_statistics", "repository_index", "openai_models", "load_model", "unload_model", "shm_register", "shm_status",
+    "shm_unregister", "cuda_shm_register", "cuda_shm_status", "cuda_shm_unregister", "trace_settings",
+    "log_settings", "batch_submit", "batch_list", "batch_status", "batch_cancel", "batch_results",
+})
 
 # positions in an INFER message
 I_RID, I_MODEL, I_VERSION, I_ID, I_PARAMS, I_INPUTS, I_OUTPUTS, I_FLAGS, I_DEADLINE, I_TRACE, I_RECEIVED = range(1, 12)
@@ -114,3 +127,13 @@ def call(cid: int, method: str, args: list) -> list:
 
 def reply(cid: int, ok: bool, value: object) -> list:
     return [REPLY, cid, ok, value]
+
+
+_NUMPY_NAME = {t.numpy: t.name for t in BY_NAME.values() if t.numpy is not None}
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """The datatype a tensor entry names for ``array`` (either side writing tensors into its arena)."""
+    if array.dtype.kind in "OSU":
+        return "BYTES"
+    return _NUMPY_NAME.get(array.dtype) or from_numpy(array.dtype).name

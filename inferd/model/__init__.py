@@ -9,13 +9,13 @@ run a request on a model found through a :data:`ModelLookup` they are handed. No
 data plane or a frontend.
 """
 
-from inferd.model.dispatch import DECOUPLED_UNARY, ModelDispatcher, ModelLookup, find, infer, infer_stream
+from inferd.model.dispatch import ModelDispatcher, ModelLookup, find, infer, infer_stream
 from inferd.model.model import Model
 from inferd.model.path import ModelRun, failure_reason, response, run_model, stream_model, submit_model
 from inferd.model.validation import check_requested_outputs, classify, prepare_inputs, shape_outputs
 
 __all__ = [
-    "DECOUPLED_UNARY", "Model", "ModelDispatcher", "ModelRun", "ModelLookup", "check_requested_outputs", "classify",
+    "Model", "ModelDispatcher", "ModelRun", "ModelLookup", "check_requested_outputs", "classify",
     "failure_reason", "find", "infer", "infer_stream", "prepare_inputs", "response", "run_model", "shape_outputs",
     "stream_model", "submit_model",
 ]

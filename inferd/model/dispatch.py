@@ -19,6 +19,7 @@ from typing import AsyncIterator, Callable
 
 from inferd.clock import Clock, MonotonicClock
 from inferd.errors import InferdError, Unimplemented
+from inferd.facade import DECOUPLED_UNARY
 from inferd.model.model import Model
 from inferd.model.path import response, run_model, stream_model
 from inferd.streaming import StreamLimits, StreamResponse
@@ -26,9 +27,6 @@ from inferd.types import InferenceRequest, InferenceResponse
 
 # (name, version; 0 = as the version policy chooses) -> the loaded model, or the domain error a client sees.
 ModelLookup = Callable[[str, int], Model]
-
-# Triton's words for a one-response call to a decoupled model (clients match on it).
-DECOUPLED_UNARY = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
 
 def find(lookup: ModelLookup, request: InferenceRequest, decoupled_error: str = DECOUPLED_UNARY) -> Model:
@@ -93,3 +91,8 @@ class ModelDispatcher:
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """Run ``request``; on :attr:`loop` only."""
         return await infer(self._lookup, request, self._clock)
+
+    def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
+        """Every response to ``request`` (a BLS call with ``decoupled=True``); on :attr:`loop` only.
+        Bounded by the default :class:`StreamLimits`: a caller that stops reading stalls the model."""
+        return infer_stream(self._lookup, request, self._clock)

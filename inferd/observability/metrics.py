@@ -34,7 +34,7 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Proce
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from inferd.observability import gpu_metrics
+from inferd.observability import custom_metrics, gpu_metrics
 from inferd.observability.text_format import escape, family
 from inferd.observability import stats as stats_module
 from inferd.observability.stats import ModelStats
@@ -91,17 +91,36 @@ class Histogram:
 
 
 class ModelHistograms:
-    """The ModelStats observer of one model version."""
+    """The ModelStats observer of one model version. Attached when the stats are created,
+    before the builder sets the config's bucket overrides (``model_metrics``), which are
+    taken at the first event or scrape (:meth:`settle`), before anything was observed."""
 
-    __slots__ = ("request", "queue", "compute", "batch")
+    __slots__ = ("request", "queue", "compute", "batch", "first", "inter", "settled")
 
     def __init__(self) -> None:
         self.request = Histogram(LATENCY_BUCKETS)
         self.queue = Histogram(LATENCY_BUCKETS)
         self.compute = Histogram(LATENCY_BUCKETS)
         self.batch = Histogram(BATCH_BUCKETS)
+        # A stream's responses (decoupled models): its first, and each later one from the one before. For a
+        # model served under /v1 (one response per token) these are time to first token and per output token.
+        self.first = Histogram(LATENCY_BUCKETS)
+        self.inter = Histogram(LATENCY_BUCKETS)
+        self.settled = False
+
+    def settle(self, stats: ModelStats) -> None:
+        self.settled = True
+        custom = stats.histogram_buckets
+        for family, attr in (("inferd_inference_request_duration_seconds", "request"),
+                             ("inferd_inference_queue_duration_seconds", "queue"),
+                             ("inferd_inference_compute_duration_seconds", "compute"),
+                             ("inferd_inference_batch_size", "batch")):
+            if family in custom:
+                setattr(self, attr, Histogram(custom[family]))
 
     def __call__(self, event: str, stats: ModelStats, data: dict) -> None:
+        if not self.settled:
+            self.settle(stats)
         if event == "success":
             self.request.observe(data["ns"] * 1e-9)
         elif event == "queue":
@@ -110,6 +129,8 @@ class ModelHistograms:
             # Each request of the batch is charged the batch's compute time, as in ModelStatistics.
             self.compute.observe((data["input_ns"] + data["infer_ns"] + data["output_ns"]) * 1e-9, data["requests"])
             self.batch.observe(data["rows"])
+        elif event == "response":
+            (self.inter if data["index"] else self.first).observe(data["ns"] * 1e-9)
 
 
 def histograms_of(stats: ModelStats) -> ModelHistograms | None:
@@ -149,6 +170,12 @@ class InferdCollector:
         compute_h = h("inferd_inference_compute_duration_seconds",
                       "Compute time (input + infer + output) of the execution that ran a request", labels=L)
         batch_h = h("inferd_inference_batch_size", "Rows per model execution", labels=L)
+        first_h = h("inferd_stream_first_response_duration_seconds",
+                    "Decoupled models: from a request reaching the model to its first response (time to first "
+                    "token for a /v1 model)", labels=L)
+        inter_h = h("inferd_stream_inter_response_duration_seconds",
+                    "Decoupled models: from one response of a stream to the next (time per output token for a /v1 "
+                    "model; the count is the responses after the first)", labels=L)
 
         for model in self.dp.manager.models():
             s = model.stats
@@ -167,8 +194,10 @@ class InferdCollector:
             inflight.add_metric(lv, s.pending)
             hist = histograms_of(s)
             if hist is not None:
+                if not hist.settled:
+                    hist.settle(s)
                 for family, one in ((request_h, hist.request), (queue_h, hist.queue), (compute_h, hist.compute),
-                                    (batch_h, hist.batch)):
+                                    (batch_h, hist.batch), (first_h, hist.first), (inter_h, hist.inter)):
                     family.add_metric(lv, one.buckets(), one.total)
 
         state = GaugeMetricFamily("inferd_model_load_state",
@@ -190,7 +219,8 @@ class InferdCollector:
                                        "--max-queued-bytes already")
         rejected.add_metric([], admission.refused)
 
-        yield from (failure, real, padded, waste, inflight, request_h, queue_h, compute_h, batch_h, state, ready,
+        yield from (failure, real, padded, waste, inflight, request_h, queue_h, compute_h, batch_h, first_h, inter_h,
+                    state, ready,
                     queued, queued_bytes, rejected, memory)
         yield from self._residency()
 
@@ -276,6 +306,12 @@ CACHE_FAMILIES: tuple[tuple[str, str, str, _Read], ...] = (
 )
 
 
+def _tags(model: Any) -> str:
+    """A model's metric_tags as extra labels on its Triton series (checked as label names at load)."""
+    tags = getattr(model.stats, "metric_tags", ())
+    return "".join(f',{k}="{escape(v)}"' for k, v in tags)
+
+
 def _queue_depth(model: Any) -> float:
     depth = getattr(model.scheduler, "queue_depth", None)
     return depth() if depth is not None else model.stats.pending
@@ -285,7 +321,7 @@ def triton_exposition(models: Iterable[Any]) -> str:
     """Triton's families in the Prometheus text format, exactly as Triton writes them
     (counter names without ``_total``)."""
     models = list(models)
-    labels = [(m, f'model="{escape(m.name)}",version="{m.version}"') for m in models]
+    labels = [(m, f'model="{escape(m.name)}",version="{m.version}"' + _tags(m)) for m in models]
     lines: list[str] = []
     for name, kind, help_text, read in TRITON_FAMILIES[:1]:
         family(lines, name, kind, help_text, ((lv, read(m)) for m, lv in labels))
@@ -334,10 +370,12 @@ class ServerMetrics:
             self.gpu.close()
 
     def exposition(self) -> bytes:
-        """One scrape: Triton's families, then inferd's and the process collector's."""
+        """One scrape: Triton's families, the models' custom metrics (pb_utils.MetricFamily),
+        then inferd's and the process collector's."""
         text = triton_exposition(self._dataplane.manager.models())
         if self.gpu is not None:
             text += self.gpu.triton_text()
+        text += custom_metrics.REGISTRY.exposition()
         return text.encode() + generate_latest(self.registry)
 
     def asgi_app(self) -> Any:

@@ -106,7 +106,7 @@ class ModelStats:
         "name", "version", "success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
         "inference_count", "execution_count", "last_inference_ms", "batch_stats", "fail_reasons",
         "observers", "pending", "cache_hit", "cache_miss", "memory_growth", "real_elements", "pad_elements",
-        "responses", "single_response", "memory_usage",
+        "responses", "single_response", "memory_usage", "histogram_buckets", "metric_tags",
     )
 
     def __init__(self, name: str, version: int) -> None:
@@ -144,6 +144,10 @@ class ModelStats:
         # What this version holds, measured at its load: (type "CPU"/"GPU", device id, bytes), as
         # ModelStatistics' memory_usage; empty when it was not measured.
         self.memory_usage: tuple[tuple[str, int, int], ...] = ()
+        # /metrics: the config's model_metrics buckets by histogram family, and its metric_tags
+        # (extra labels), set by the builder right after it creates the stats.
+        self.histogram_buckets: dict[str, tuple[float, ...]] = {}
+        self.metric_tags: tuple[tuple[str, str], ...] = ()
         for hook in on_create:
             hook(self)
 
@@ -175,6 +179,8 @@ class ModelStats:
         model's time on it, ``output_ns`` the server's after the model sent it."""
         stat = self._response(index)
         total = infer_ns + output_ns
+        if self.observers and kind == "success":
+            self._notify("response", {"index": index, "ns": total})
         if kind == "empty":
             stat.empty_response.add(total)
         elif kind == "cancel":

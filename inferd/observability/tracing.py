@@ -176,7 +176,7 @@ class Tracing:
         self._lock = threading.Lock()  # a Python model's BLS may start traces from its thread
         self._provider: Any = None
         self._tracer: Any = None
-        self._file_exporter: _JsonLinesExporter | None = None
+        self._file_exporter: TritonTraceFile | None = None
         if processor is None:
             processor = self._destination(config)
         if processor is not None:
@@ -198,7 +198,7 @@ class Tracing:
             except ImportError:
                 raise ValueError(
                     f"--trace-config mode=opentelemetry exports with OTLP/HTTP, which needs the "
-                    f"'{OTLP_PACKAGE}' package: pip install {OTLP_PACKAGE} (or use "
+                    f"'{OTLP_PACKAGE}' package: pip install 'inferd[otlp]' (or use "
                     "--trace-config triton,file=PATH)"
                 ) from None
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -207,7 +207,7 @@ class Tracing:
         if config.file:
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-            self._file_exporter = _JsonLinesExporter(config.file, lambda: self._global.log_frequency)
+            self._file_exporter = TritonTraceFile(config.file, lambda: self._global.log_frequency)
             return BatchSpanProcessor(self._file_exporter)
         return None
 
@@ -235,7 +235,7 @@ class Tracing:
     # -- the request path ----------------------------------------------------------
 
     def start(self, model: str, request_id: str = "",
-              carrier: Callable[[], Mapping[str, str]] | None = None) -> "RequestTrace | None":
+              carrier: Callable[[], Mapping[str, str]] | None = None, version: int = 0) -> "RequestTrace | None":
         """A trace for one request to ``model`` when it is sampled, else None.
         ``carrier()`` gives the request's headers/metadata (read only when sampled)."""
         s = self._models.get(model, self._global) if self._models else self._global
@@ -255,7 +255,8 @@ class Tracing:
             if headers:
                 context = self._propagator.extract(headers)
         span = self._tracer.start_span(ROOT_SPAN, context=context, attributes={
-            "triton.model_name": model, "triton.request_id": request_id})
+            "triton.model_name": model, "triton.request_id": request_id,
+            "triton.model_version": version if version > 0 else -1})
         return RequestTrace(self._tracer, span, "TENSORS" in s.level)
 
     # -- TraceSetting ------------------------------------------------------------------
@@ -353,9 +354,12 @@ class RequestTrace:
         self.span.set_attribute(key, value)
 
     def tensors_attributes(self, kind: str, arrays: Mapping[str, Any]) -> None:
+        """At TENSORS level: each tensor's dtype and shape, and (``triton.tensor.*``, what the
+        triton file writes as Triton's TENSOR_QUEUE_INPUT / TENSOR_BACKEND_OUTPUT) its data."""
         if self.tensors:
             for name, array in arrays.items():
                 self.span.set_attribute(f"triton.{kind}.{name}", f"{array.dtype} {list(array.shape)}")
+                self.span.set_attribute(f"triton.tensor.{kind}.{name}", _tensor_json(array))
 
     def child(self, name: str, attributes: Mapping[str, Any] | None = None) -> "RequestTrace":
         """A live child span (an ensemble step); its own queue/compute spans nest under it."""
@@ -383,42 +387,124 @@ def ensemble_step(trace: RequestTrace | None, step: str, model: str, version: in
     return trace.child(f"ensemble step {step}", {"triton.model_name": model, "triton.model_version": version})
 
 
-# -- the triton-mode file destination ----------------------------------------------------------
+# -- the triton-mode file destination: Triton's JSON trace format ------------------------------
+
+# Span names -> Triton's timestamp names (start, end).
+_TIMESTAMPS = {"queue": ("QUEUE_START", None), "compute": ("COMPUTE_START", "COMPUTE_END")}
+_ACTIVITY = {"input": "TENSOR_QUEUE_INPUT", "output": "TENSOR_BACKEND_OUTPUT"}
+STEP_PREFIX = "ensemble step "
 
 
-class _JsonLinesExporter:
-    """Spans as OpenTelemetry JSON, one per line, written every ``log_frequency``
-    request traces (0: when the server stops)."""
+def _tensor_json(array: Any) -> str:
+    """A tensor as Triton's trace writes it: data comma-joined, shape "1,16", dtype "FP32"."""
+    import json
+
+    import numpy as np
+
+    from inferd.dtypes import from_numpy
+
+    a = np.asarray(array)
+    try:
+        dtype: str = from_numpy(a.dtype).name
+    except Exception:  # an array no wire type names (never from a request): numpy's name
+        dtype = str(a.dtype)
+    values = [v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in a.reshape(-1).tolist()]
+    return json.dumps({"data": ",".join(values), "shape": ",".join(str(d) for d in a.shape),
+                       "dtype": dtype})
+
+
+class TritonTraceFile:
+    """The ``triton`` mode's file, in Triton's trace format (docs/user_guide/trace.md): a JSON
+    array of entries, per traced request (and per ensemble step, with ``parent_id``) one
+    ``{"id", "model_name", "model_version", "request_id"}``, one ``{"id", "timestamps":
+    [{"name", "ns"}]}`` per activity (REQUEST_START, QUEUE_START, COMPUTE_START, COMPUTE_END,
+    REQUEST_END), and at TENSORS level one ``{"id", "activity", "tensor"}`` per tensor.
+
+    The spans of a request are held until its root span ends, then turned into entries.
+    ``log_frequency`` 0: the whole array is written to ``path`` when the server stops; N: every
+    N traces into ``path.0``, ``path.1``, ... (Triton's naming), each a JSON array."""
 
     def __init__(self, path: str, log_frequency: Callable[[], int]) -> None:
+        import itertools
+
         self.path = path
         self._log_frequency = log_frequency
-        self._pending: list[str] = []
+        self._held: dict[int, list[Any]] = {}  # trace id -> its finished spans, until the root
+        self._entries: list[dict] = []
         self._traces = 0
+        self._files = 0
+        self._ids = itertools.count(1)
         open(path, "a").close()  # fail at start-up, not at the first trace
 
     def export(self, spans: Sequence[Any]) -> Any:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
         for span in spans:
-            self._pending.append(span.to_json(indent=None))
+            held = self._held.setdefault(span.context.trace_id, [])
+            held.append(span)
             if span.name == ROOT_SPAN:
+                del self._held[span.context.trace_id]
+                self._entries.extend(self._convert(span, held))
                 self._traces += 1
-        every = self._log_frequency()
-        if every and self._traces >= every:
-            self._write()
+                every = self._log_frequency()
+                if every and self._traces >= every:
+                    self._write(f"{self.path}.{self._files}")
+                    self._files += 1
         return SpanExportResult.SUCCESS
 
-    def _write(self) -> None:
-        if self._pending:
-            with open(self.path, "a") as f:
-                f.write("\n".join(self._pending) + "\n")
-        self._pending.clear()
+    def _convert(self, root: Any, spans: list[Any]) -> list[dict]:
+        """One request's spans as Triton's entries (its ensemble steps as child traces)."""
+        ids: dict[int, int] = {}  # span id -> trace entry id, for the root and each step
+        entries: list[dict] = []
+        ordered = [root] + sorted((s for s in spans if s.name.startswith(STEP_PREFIX)), key=lambda s: s.start_time)
+        for span in ordered:
+            tid = ids[span.context.span_id] = next(self._ids)
+            attrs = span.attributes or {}
+            head: dict[str, Any] = {"id": tid, "model_name": attrs.get("triton.model_name", ""),
+                                    "model_version": int(attrs.get("triton.model_version", -1) or -1)}
+            if span is root:
+                head["request_id"] = attrs.get("triton.request_id", "")
+            else:
+                head["parent_id"] = ids[root.context.span_id]
+            entries.append(head)
+            entries.append({"id": tid, "timestamps": [{"name": "REQUEST_START", "ns": span.start_time}]})
+            for kind in ("input", "output"):
+                for key, value in attrs.items():
+                    prefix = f"triton.tensor.{kind}."
+                    if key.startswith(prefix):
+                        import json
+
+                        entries.append({"id": tid, "activity": _ACTIVITY[kind], "tensor": {
+                            "name": key[len(prefix):], **json.loads(value)}})
+        for span in sorted(spans, key=lambda s: s.start_time):
+            names = _TIMESTAMPS.get(span.name)
+            owner = ids.get(span.parent.span_id) if span.parent is not None else None
+            if names is None or owner is None:
+                continue
+            start, end = names
+            entries.append({"id": owner, "timestamps": [{"name": start, "ns": span.start_time}]})
+            if end is not None:
+                entries.append({"id": owner, "timestamps": [{"name": end, "ns": span.end_time}]})
+        for span in ordered:
+            entries.append({"id": ids[span.context.span_id],
+                            "timestamps": [{"name": "REQUEST_END", "ns": span.end_time}]})
+        return entries
+
+    def _write(self, path: str) -> None:
+        import json
+
+        with open(path, "w") as f:
+            json.dump(self._entries, f, indent=2)
+            f.write("\n")
+        self._entries = []
         self._traces = 0
 
     def shutdown(self) -> None:
-        self._write()
+        if self._log_frequency() == 0:
+            self._write(self.path)
+        elif self._entries:
+            self._write(f"{self.path}.{self._files}")
+            self._files += 1
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        self._write()
         return True

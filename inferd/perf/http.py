@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .model import DURATIONS, STAT_FIELDS, InputInfo, ModelInfo, raw_bytes
-from .options import PerfError, PerfOptions
+from .model import DURATIONS, STAT_FIELDS, InputInfo, ModelInfo, Placement, raw_bytes
+from .options import PerfError, PerfOptions, TlsOptions
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 def model_path(name: str, version: str) -> str:
@@ -29,17 +29,25 @@ def model_path(name: str, version: str) -> str:
 class HttpServerClient:
     """The control calls over HTTP (same surface as model.ServerClient)."""
 
-    def __init__(self, url: str, timeout: float) -> None:
+    def __init__(self, url: str, timeout: float, tls: TlsOptions | None = None,
+                 headers: list[tuple[str, str]] | None = None) -> None:
+        from .transport import http_base, https_context
+
         self.url = url
-        self.base = url if url.startswith(("http://", "https://")) else f"http://{url}"
+        self.base = http_base(url, tls)
         self.timeout = timeout
+        self.context = https_context(tls) if tls is not None else None
+        self.headers = dict(headers or ())
 
     def close(self) -> None:
         """Nothing held: each call opens its own connection."""
 
-    def _get(self, path: str, what: str) -> Any:
+    def _get(self, path: str, what: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.base + path, data=data, headers=self.headers,
+                                         method="GET" if data is None else "POST")
         try:
-            with urllib.request.urlopen(self.base + path, timeout=self.timeout) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout, context=self.context) as response:
                 body = response.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace").strip()
@@ -48,6 +56,26 @@ class HttpServerClient:
             reason = getattr(exc, "reason", exc)
             raise PerfError(f"cannot reach an HTTP inference server at {self.url}: {reason}") from None
         return json.loads(body) if body else {}
+
+    def register_system_region(self, name: str, key: str, byte_size: int) -> None:
+        self._get(f"/v2/systemsharedmemory/region/{urllib.parse.quote(name, safe='')}/register",
+                  f"registering system shared memory region '{name}'", {"key": key, "offset": 0, "byte_size": byte_size})
+
+    def unregister_system_region(self, name: str) -> None:
+        self._get(f"/v2/systemsharedmemory/region/{urllib.parse.quote(name, safe='')}/unregister",
+                  f"unregistering system shared memory region '{name}'", {})
+
+    def register_cuda_region(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        import base64
+
+        self._get(f"/v2/cudasharedmemory/region/{urllib.parse.quote(name, safe='')}/register",
+                  f"registering CUDA shared memory region '{name}'",
+                  {"raw_handle": {"b64": base64.b64encode(raw_handle).decode()}, "device_id": device_id,
+                   "byte_size": byte_size})
+
+    def unregister_cuda_region(self, name: str) -> None:
+        self._get(f"/v2/cudasharedmemory/region/{urllib.parse.quote(name, safe='')}/unregister",
+                  f"unregistering CUDA shared memory region '{name}'", {})
 
     def check_live(self) -> None:
         self._get("/v2/health/live", "GET /v2/health/live")
@@ -69,7 +97,8 @@ class HttpServerClient:
             raise PerfError(f"{where} on {self.url} has no inputs")
         return ModelInfo(name=name, version=version, versions=[str(v) for v in md.get("versions", ())],
                          platform=md.get("platform") or cfg.get("backend", ""), max_batch_size=max_batch,
-                         inputs=inputs, outputs=[t["name"] for t in md.get("outputs", ())])
+                         inputs=inputs, outputs=[t["name"] for t in md.get("outputs", ())],
+                         sequence="sequence_batching" in cfg)
 
     def statistics(self, name: str, version: str) -> dict[str, int]:
         doc = self._get(model_path(name, version) + "/stats", f"statistics of model '{name}'")
@@ -94,13 +123,16 @@ def _error_text(body: str) -> str:
         return body
 
 
-def serialize_requests(model: ModelInfo, steps: list[dict[str, np.ndarray]],
-                       options: PerfOptions) -> list[tuple[bytes, int]]:
+def serialize_requests(model: ModelInfo, steps: list[dict[str, np.ndarray]], options: PerfOptions,
+                       placements: list[Placement] | None = None) -> list[tuple[bytes, int]]:
     """(body, JSON header length) per request, built once: the JSON header, then each input's
     bytes in order (the length goes in the Inference-Header-Content-Length header)."""
     datatype = {i.name: i.datatype for i in model.inputs}
     out = []
-    for step in steps:
+    for n, step in enumerate(steps):
+        if placements is not None:
+            out.append(_shm_request(model, step, options, placements[n]))
+            continue
         raws = [raw_bytes(array, datatype[name]) for name, array in step.items()]
         parameters: dict[str, Any] = {"binary_data_output": True}
         if options.priority is not None:
@@ -115,3 +147,31 @@ def serialize_requests(model: ModelInfo, steps: list[dict[str, np.ndarray]],
         }, separators=(",", ":")).encode()
         out.append((header + b"".join(raws), len(header)))
     return out
+
+
+def _shm_request(model: ModelInfo, step: dict[str, np.ndarray], options: PerfOptions,
+                 placement: Placement) -> tuple[bytes, int]:
+    """A JSON-only request whose tensors are named by shared memory region."""
+    datatype = {i.name: i.datatype for i in model.inputs}
+
+    def where(region: str, size: int, offset: int = 0) -> dict[str, Any]:
+        out: dict[str, Any] = {"shared_memory_region": region, "shared_memory_byte_size": size}
+        if offset:
+            out["shared_memory_offset"] = offset
+        return out
+
+    parameters: dict[str, Any] = {}
+    if options.priority is not None:
+        parameters["priority"] = options.priority
+    if options.timeout_us is not None:
+        parameters["timeout"] = options.timeout_us
+    header = json.dumps({
+        "inputs": [{"name": name, "shape": [int(d) for d in array.shape], "datatype": datatype[name],
+                    "parameters": where(placement.inputs[name][0], placement.inputs[name][2],
+                                        placement.inputs[name][1])}
+                   for name, array in step.items()],
+        "outputs": [{"name": name, "parameters": where(region, size)}
+                    for name, (region, size) in placement.outputs.items()],
+        "parameters": parameters,
+    }, separators=(",", ":")).encode()
+    return header, len(header)

@@ -9,6 +9,7 @@ import grpc
 import numpy as np
 
 PERCENTILES = (50, 90, 95, 99)
+STABILITY_WINDOWS = 3  # perf_analyzer's: the last 3 windows must agree
 _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
 
 

@@ -20,7 +20,7 @@ from inferd import dtypes
 from inferd._proto import grpc_service_pb2 as pb
 from inferd._proto import grpc_service_pb2_grpc as pb_grpc
 
-from .options import PerfError, PerfOptions
+from .options import PerfError, PerfOptions, TlsOptions
 
 SERVICE = "inference.GRPCInferenceService"
 INFER_PATH = f"/{SERVICE}/ModelInfer"
@@ -46,6 +46,7 @@ class ModelInfo:
     max_batch_size: int
     inputs: list[InputInfo]
     outputs: list[str] = field(default_factory=list)
+    sequence: bool = False  # the config has sequence_batching: requests need sequence ids
 
     @property
     def batching(self) -> bool:
@@ -58,18 +59,47 @@ class ModelInfo:
 class ServerClient:
     """A synchronous channel for the control RPCs (metadata, config, statistics)."""
 
-    def __init__(self, url: str, timeout: float) -> None:
+    def __init__(self, url: str, timeout: float, tls: TlsOptions | None = None,
+                 headers: list[tuple[str, str]] | None = None) -> None:
+        from .transport import grpc_channel
+
         self.url = url
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(url, options=CHANNEL_OPTIONS)
+        self.metadata = tuple(headers or ()) or None
+        self.channel = grpc_channel(url, tls, CHANNEL_OPTIONS, aio=False)
         self.stub = pb_grpc.GRPCInferenceServiceStub(self.channel)
+
+    def _call(self, method: str, request, what: str):  # type: ignore[no-untyped-def]
+        try:
+            return getattr(self.stub, method)(request, timeout=self.timeout, metadata=self.metadata)
+        except grpc.RpcError as exc:
+            raise PerfError(f"{what} failed on {self.url}: {_rpc_text(exc)}") from None
+
+    def register_system_region(self, name: str, key: str, byte_size: int) -> None:
+        self._call("SystemSharedMemoryRegister",
+                   pb.SystemSharedMemoryRegisterRequest(name=name, key=key, byte_size=byte_size),
+                   f"registering system shared memory region '{name}'")
+
+    def unregister_system_region(self, name: str) -> None:
+        self._call("SystemSharedMemoryUnregister", pb.SystemSharedMemoryUnregisterRequest(name=name),
+                   f"unregistering system shared memory region '{name}'")
+
+    def register_cuda_region(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        self._call("CudaSharedMemoryRegister",
+                   pb.CudaSharedMemoryRegisterRequest(name=name, raw_handle=raw_handle, device_id=device_id,
+                                                      byte_size=byte_size),
+                   f"registering CUDA shared memory region '{name}'")
+
+    def unregister_cuda_region(self, name: str) -> None:
+        self._call("CudaSharedMemoryUnregister", pb.CudaSharedMemoryUnregisterRequest(name=name),
+                   f"unregistering CUDA shared memory region '{name}'")
 
     def close(self) -> None:
         self.channel.close()
 
     def check_live(self) -> None:
         try:
-            response = self.stub.ServerLive(pb.ServerLiveRequest(), timeout=self.timeout)
+            response = self.stub.ServerLive(pb.ServerLiveRequest(), timeout=self.timeout, metadata=self.metadata)
         except grpc.RpcError as exc:
             raise PerfError(f"cannot reach a gRPC inference server at {self.url}: {_rpc_text(exc)}") from None
         if not response.live:
@@ -78,8 +108,10 @@ class ServerClient:
     def model_info(self, name: str, version: str) -> ModelInfo:
         where = f"model '{name}'" + (f" version {version}" if version else "")
         try:
-            md = self.stub.ModelMetadata(pb.ModelMetadataRequest(name=name, version=version), timeout=self.timeout)
-            cfg = self.stub.ModelConfig(pb.ModelConfigRequest(name=name, version=version), timeout=self.timeout).config
+            md = self.stub.ModelMetadata(pb.ModelMetadataRequest(name=name, version=version), timeout=self.timeout,
+                                         metadata=self.metadata)
+            cfg = self.stub.ModelConfig(pb.ModelConfigRequest(name=name, version=version), timeout=self.timeout,
+                                        metadata=self.metadata).config
         except grpc.RpcError as exc:
             raise PerfError(f"{where} is not available on {self.url}: {_rpc_text(exc)}") from None
         config_dims = {t.name: tuple(int(d) for d in t.dims) for t in cfg.input}
@@ -95,13 +127,14 @@ class ServerClient:
         return ModelInfo(
             name=name, version=version, versions=list(md.versions), platform=md.platform or cfg.backend,
             max_batch_size=int(cfg.max_batch_size), inputs=inputs, outputs=[t.name for t in md.outputs],
+            sequence=cfg.HasField("sequence_batching"),
         )
 
     def statistics(self, name: str, version: str) -> dict[str, int]:
         """Counters of the model (summed over versions when ``version`` is empty)."""
         try:
             response = self.stub.ModelStatistics(
-                pb.ModelStatisticsRequest(name=name, version=version), timeout=self.timeout
+                pb.ModelStatisticsRequest(name=name, version=version), timeout=self.timeout, metadata=self.metadata
             )
         except grpc.RpcError as exc:
             raise PerfError(f"ModelStatistics for model '{name}' failed on {self.url}: {_rpc_text(exc)}") from None
@@ -240,10 +273,17 @@ def _load_file(path: Path, model: ModelInfo) -> list[dict[str, tuple[np.ndarray,
     entries = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(entries, list) or not entries:
         raise PerfError(f"--input-data {path}: expected {{\"data\": [{{\"INPUT\": [...]}}, ...]}} with at least one entry")
+    if all(isinstance(e, list) for e in entries):
+        # perf_analyzer's streams ({"data": [[step, ...], ...]}, for sequence models): the steps
+        # of every stream in order, one after the other
+        entries = [step for stream in entries for step in stream]
+        if not entries:
+            raise PerfError(f"--input-data {path}: its streams have no steps")
     steps = []
     for n, entry in enumerate(entries):
         if not isinstance(entry, dict):
-            raise PerfError(f"--input-data {path}: data[{n}] is not an object (sequence/stream data is not supported)")
+            raise PerfError(f"--input-data {path}: data[{n}] is not an object of input name -> values "
+                            "(give a list of such objects, or a list of lists of them for streams)")
         step = {}
         for key, value in entry.items():
             where = f"--input-data {path} data[{n}]['{key}']"
@@ -331,6 +371,15 @@ def build_inputs(model: ModelInfo, options: PerfOptions) -> list[dict[str, np.nd
     return steps
 
 
+@dataclass
+class Placement:
+    """Where one request's tensors lie with --shared-memory: input name -> (region, offset,
+    byte size), output name -> (region, byte size)."""
+
+    inputs: dict[str, tuple[str, int, int]]
+    outputs: dict[str, tuple[str, int]]
+
+
 def raw_bytes(array: np.ndarray, datatype: str) -> bytes:
     if datatype == "BYTES":
         parts = []
@@ -342,18 +391,32 @@ def raw_bytes(array: np.ndarray, datatype: str) -> bytes:
     return np.ascontiguousarray(array).tobytes()
 
 
-def serialize_requests(model: ModelInfo, steps: list[dict[str, np.ndarray]], options: PerfOptions) -> list[bytes]:
-    """ModelInferRequest bytes, built once; the workers send them as they are."""
+def serialize_requests(model: ModelInfo, steps: list[dict[str, np.ndarray]], options: PerfOptions,
+                       placements: "list[Placement] | None" = None) -> list[bytes]:
+    """ModelInferRequest bytes, built once; the workers send them as they are. With
+    ``placements`` (--shared-memory) the tensors are named by region instead of carried."""
     datatype = {i.name: i.datatype for i in model.inputs}
     out = []
-    for step in steps:
+    for n, step in enumerate(steps):
         request = pb.ModelInferRequest(model_name=model.name, model_version=options.version)
         for name, array in step.items():
             tensor = request.inputs.add()
             tensor.name = name
             tensor.datatype = datatype[name]
             tensor.shape.extend(int(d) for d in array.shape)
-            request.raw_input_contents.append(raw_bytes(array, datatype[name]))
+            if placements is None:
+                request.raw_input_contents.append(raw_bytes(array, datatype[name]))
+                continue
+            region, offset, size = placements[n].inputs[name]
+            tensor.parameters["shared_memory_region"].string_param = region
+            tensor.parameters["shared_memory_byte_size"].int64_param = size
+            if offset:
+                tensor.parameters["shared_memory_offset"].int64_param = offset
+        if placements is not None:
+            for name, (region, size) in placements[n].outputs.items():
+                wanted = request.outputs.add(name=name)
+                wanted.parameters["shared_memory_region"].string_param = region
+                wanted.parameters["shared_memory_byte_size"].int64_param = size
         if options.priority is not None:
             request.parameters["priority"].int64_param = options.priority
         if options.timeout_us is not None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TextIO
 
 from .measure import PERCENTILES
-from .runner import LevelResult, RunResult
+from .results import LevelResult, RunResult
 
 # perf_analyzer 2.60's `-f` header, checked against the real tool (time-windows, server stats on,
 # response cache off). The first column is "Request Rate" in the open-loop mode; --verbose-csv
@@ -88,6 +88,7 @@ def to_dict(result: RunResult) -> dict:
         })
     options = dataclasses.asdict(o)
     options["shapes"] = {k: list(v) for k, v in o.shapes.items()}
+    options["headers"] = [[name, "(set)"] for name, _ in o.headers]  # values may be credentials
     return {
         "tool": "inferd perf",
         "model": {
@@ -112,7 +113,8 @@ def write_json(result: RunResult, path: str | Path) -> None:
     Path(path).write_text(json.dumps(to_dict(result), indent=2) + "\n")
 
 
-def print_table(result: RunResult, out: TextIO = sys.stdout) -> None:
+def print_table(result: RunResult, out: TextIO | None = None) -> None:
+    out = out or sys.stdout  # looked up now: a default bound at import would keep a replaced stream
     o = result.options
     first = "Concurrency" if o.mode == "concurrency" else "Rate/s"
     how = (f"{o.request_count} requests per level" if o.request_count

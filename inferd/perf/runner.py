@@ -1,19 +1,20 @@
 """Drive the load: spawn the workers, step through the load levels, measure each level in
-windows until stable (or over a fixed request count), and hand the results to ``report``."""
+windows until stable (or over a fixed request count). :func:`measure` is the API: options in,
+a :class:`~.results.RunResult` out; it prints progress only (the report is ``report``'s)."""
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
-import os
 import resource
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .measure import ClientStats, Records, is_stable, server_delta
+from .measure import STABILITY_WINDOWS, ClientStats, Records, is_stable, server_delta
 from .model import ModelInfo, ServerClient, build_inputs, serialize_requests
 from .options import PerfError, PerfOptions
+from .results import LevelResult, RunResult
 from .worker import WorkerConfig, cpu_seconds, worker_main
 
 if TYPE_CHECKING:
@@ -22,53 +23,6 @@ if TYPE_CHECKING:
 # Open loop: the rate counts as kept when the sends over the measurement are at least this share
 # of what the schedule asked for (a client falling ever further behind fails it; jitter does not).
 MIN_SENT_FRACTION = 0.95
-STABILITY_WINDOWS = 3
-
-
-@dataclass
-class LevelResult:
-    mode: str  # "concurrency" | "request_rate"
-    level: float
-    batch_size: int
-    client: ClientStats
-    server: dict[str, float]
-    stable: bool | None  # None: --request-count (no stability check)
-    windows: int  # windows measured; the last min(3, windows) are reported
-    window_history: list[dict[str, float]] = field(default_factory=list)
-    send_rate: float | None = None  # open loop: achieved sends/second
-    delayed_pct: float | None = None  # open loop: sends later than scheduled by > 2 ms
-    sent_fraction: float | None = None  # open loop: sends / sends due by the schedule
-    rate_kept: bool | None = None
-    client_cpu_s: float = 0.0
-    wall_s: float = 0.0
-    error_samples: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def throughput(self) -> float:
-        """Inferences per second (requests x batch size), as perf_analyzer counts them."""
-        return self.client.throughput_rps * self.batch_size
-
-    @property
-    def network_us(self) -> float:
-        """perf_analyzer's "Network+Server Send/Recv": client latency minus server queue+compute."""
-        s = self.server
-        server_us = s["queue_avg_us"] + s["compute_input_avg_us"] + s["compute_infer_avg_us"] + s["compute_output_avg_us"]
-        return max(0.0, self.client.latency_us.get("avg", 0.0) - server_us)
-
-
-@dataclass
-class RunResult:
-    options: PerfOptions
-    model: ModelInfo
-    levels: list[LevelResult]
-    wall_s: float
-    client_cpu_user_s: float
-    client_cpu_sys_s: float
-    payload_bytes: list[int]
-
-    @property
-    def client_cpu_s(self) -> float:
-        return self.client_cpu_user_s + self.client_cpu_sys_s
 
 
 # --------------------------------------------------------------------------- workers
@@ -77,8 +31,7 @@ class RunResult:
 class WorkerPool:
     """``n`` spawned worker processes, each with its own grpc.aio channel."""
 
-    def __init__(self, n: int, url: str, payloads: list, connect_timeout: float, protocol: str = "grpc",
-                 infer_path: str = "") -> None:
+    def __init__(self, n: int, config: WorkerConfig) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conns = []
         self.procs = []
@@ -88,15 +41,14 @@ class WorkerPool:
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(
                     target=worker_main, name=f"inferd-perf-worker-{i}", daemon=True,
-                    args=(child, WorkerConfig(url, payloads, index=i, connect_timeout=connect_timeout,
-                                              protocol=protocol, infer_path=infer_path)),
+                    args=(child, dataclasses.replace(config, index=i)),
                 )
                 proc.start()
                 child.close()
                 self.conns.append(parent)
                 self.procs.append(proc)
             for i in range(n):
-                self.recv(i, timeout=connect_timeout + 120)
+                self.recv(i, timeout=config.connect_timeout + 120)
         except BaseException:
             self.close()
             raise
@@ -176,6 +128,23 @@ def send_rates(before: list[tuple], after: list[tuple]) -> tuple[float, float, f
     return rate, 100.0 * delayed / max(sent, 1), (min(1.0, sent / due) if due > 0 else 1.0)
 
 
+def interval_schedules(intervals_us: list[int], workers: int) -> list[tuple[float, list[float]]]:
+    """--request-intervals over ``workers``: send k of the whole schedule (the intervals'
+    running sum, cycled) goes to worker k % workers; per worker, its first send's offset (s)
+    and the gaps (ns) between its sends over one period of the pattern."""
+    pattern = intervals_us * workers  # a period that every worker's share divides
+    times = [0]
+    for gap in pattern:
+        times.append(times[-1] + gap * 1000)
+    period = times[-1]
+    out = []
+    for w in range(workers):
+        mine = times[w:len(pattern):workers]
+        gaps = [b - a for a, b in zip(mine, mine[1:])] + [mine[0] + period - mine[-1]]
+        out.append((mine[0] / 1e9, [float(g) for g in gaps]))
+    return out
+
+
 def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
@@ -209,7 +178,13 @@ class Runner:
                 self.pool.send(i, ("closed", share, count))
         else:
             counts = _split(o.request_count, n) if o.request_count else [None] * n
+            schedules = interval_schedules(o.intervals_us, n) if o.intervals_us else None
             for i in range(n):
+                if schedules is not None:
+                    offset_s, gaps = schedules[i]
+                    self.pool.send(i, ("open", level / n, "intervals", offset_s, counts[i], o.max_inflight,
+                                       o.seed + 1 + i, gaps))
+                    continue
                 offset = i / level if o.distribution == "constant" else 0.0
                 self.pool.send(i, ("open", level / n, o.distribution, offset, counts[i],
                                    o.max_inflight, o.seed + 1 + i))
@@ -390,22 +365,36 @@ def measure(options: PerfOptions) -> RunResult:
         from . import http as http_protocol
 
         client: ServerClient | http_protocol.HttpServerClient = http_protocol.HttpServerClient(
-            options.url, options.connect_timeout)
+            options.url, options.connect_timeout, options.tls, options.headers)
     else:
-        client = ServerClient(options.url, options.connect_timeout)
+        client = ServerClient(options.url, options.connect_timeout, options.tls, options.headers)
+    shm = None
     try:
         client.check_live()
         model = client.model_info(options.model, options.version)
         steps = build_inputs(model, options)
-        payloads: list = (http_protocol.serialize_requests(model, steps, options) if http
-                          else serialize_requests(model, steps, options))
+        placements = None
+        if options.shared_memory != "none":
+            from .shm import SharedMemory
+
+            shm = SharedMemory(options.shared_memory, client, options.output_shm_size)
+            placements = shm.place(model, steps)
+        payloads: list = (http_protocol.serialize_requests(model, steps, options, placements) if http
+                          else serialize_requests(model, steps, options, placements))
         client.statistics(options.model, options.version)  # fail early if statistics are unavailable
         workers = options.workers
         if options.mode == "concurrency":
             workers = min(workers, max(int(v) for v in options.levels))
         progress(f"starting {workers} load worker process{'es' if workers > 1 else ''} against {options.url}")
         infer_path = http_protocol.model_path(options.model, options.version) + "/infer" if http else ""
-        pool = WorkerPool(workers, options.url, payloads, options.connect_timeout, options.protocol, infer_path)
+        base = WorkerConfig(options.url, payloads, connect_timeout=options.connect_timeout, protocol=options.protocol,
+                            infer_path=infer_path, tls=options.tls, headers=options.headers,
+                            streaming=options.streaming, sequence=options.sequence if model.sequence else None,
+                            workers=workers, seed=options.seed)
+        if model.sequence:
+            progress(f"model '{model.name}' has sequence_batching: sequences of {options.sequence.length} "
+                     f"requests (±{options.sequence.variation_pct:g}%), ids from {options.sequence.id_start}")
+        pool = WorkerPool(workers, base)
         levels = []
         try:
             runner = Runner(options, client, model, pool, progress)
@@ -422,21 +411,6 @@ def measure(options: PerfOptions) -> RunResult:
             payload_bytes=[len(p[0]) if http else len(p) for p in payloads],
         )
     finally:
+        if shm is not None:
+            shm.close()
         client.close()
-
-
-def perf_main(options: PerfOptions) -> int:
-    from . import report
-
-    result = measure(options)
-    report.print_table(result)
-    if options.csv:
-        report.write_csv(result, options.csv)
-    if options.json:
-        report.write_json(result, options.json)
-    if options.plot:
-        report.write_plot(result, options.plot)
-    for path in (options.csv, options.json, options.plot):
-        if path:
-            print(f"wrote {os.fspath(path)}", file=sys.stderr)
-    return 0

@@ -3,7 +3,8 @@
 The controlling process starts it with ``multiprocessing`` (spawn) and talks to it over a Pipe:
 
     ("closed", concurrency, count|None)                      -> ("ok",)
-    ("open", rate, distribution, offset_s, count|None, max_inflight, seed) -> ("ok",)
+    ("open", rate, distribution, offset_s, count|None, max_inflight, seed, gaps_ns|None) -> ("ok",)
+                 (distribution "intervals": the gaps between this worker's sends, cycled)
     ("drain",)   -> ("records", batch)   everything completed since the last drain
     ("stop",)    -> ("records", batch)   stop sending, wait for the requests in flight
     ("exit",)    -> ("bye",)
@@ -27,13 +28,14 @@ import asyncio
 import resource
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import grpc.aio
 import numpy as np
 
-from .transport import GrpcTransport, HttpStatusError, HttpTransport
+from .options import SequenceOptions, TlsOptions
+from .transport import GrpcTransport, HttpStatusError, HttpTransport, StreamError
 
 # An open-loop send later than its schedule by more than this counts as delayed.
 DELAY_THRESHOLD_NS = 2_000_000
@@ -49,6 +51,49 @@ class WorkerConfig:
     stop_timeout: float = 60.0
     protocol: str = "grpc"
     infer_path: str = ""  # HTTP: /v2/models/{model}[/versions/{v}]/infer
+    tls: TlsOptions | None = None
+    headers: list = field(default_factory=list)  # (name, value) on every request
+    streaming: bool = False  # gRPC ModelStreamInfer
+    sequence: SequenceOptions | None = None  # the model has sequence_batching
+    workers: int = 1  # how many workers share the sequence ids
+    seed: int = 0
+
+
+class SequenceIds:
+    """The sequence ids of one worker: START + index, + workers, ... (wrapping at END), so that
+    no two workers, and no two sequences of one worker in progress at once, share an id
+    while the range has room for them."""
+
+    def __init__(self, options: SequenceOptions, index: int, workers: int) -> None:
+        self.start, self.end = options.id_start, options.id_end
+        self.index, self.workers, self.k = index, workers, 0
+
+    def next(self) -> int:
+        n = self.index + self.k * self.workers
+        self.k += 1
+        if self.end is None:
+            return self.start + n
+        return self.start + n % (self.end - self.start)
+
+
+class Sequence:
+    """One sequence in progress: its id and the requests left in it."""
+
+    def __init__(self, options: SequenceOptions, ids: SequenceIds, rng: np.random.Generator) -> None:
+        self.options, self.ids, self.rng = options, ids, rng
+        self.id, self.left, self.length = 0, 0, 0
+
+    def flags(self) -> tuple[int, bool, bool]:
+        """(id, start, end) for the next request, beginning a new sequence when one ends."""
+        if self.left == 0:
+            spread = self.options.length * self.options.variation_pct / 100.0
+            self.length = max(1, int(round(self.rng.uniform(self.options.length - spread,
+                                                            self.options.length + spread))))
+            self.left = self.length
+            self.id = self.ids.next()
+        start = self.left == self.length
+        self.left -= 1
+        return self.id, start, self.left == 0
 
 
 def worker_main(conn, config: WorkerConfig) -> None:  # type: ignore[no-untyped-def]
@@ -85,6 +130,8 @@ class _Worker:
         self.tasks: set[asyncio.Task] = set()
         self.inflight = 0
         self.freed: asyncio.Event | None = None
+        self.gaps_ns: list[float] | None = None
+        self.open_sequences: list[Sequence] = []
 
     # ----------------------------------------------------------------- control
 
@@ -104,11 +151,16 @@ class _Worker:
         loop.add_reader(fd, readable)
         self.freed = asyncio.Event()
         cfg = self.config
-        self.transport = HttpTransport(cfg.url, cfg.infer_path) if cfg.protocol == "http" else GrpcTransport(cfg.url)
+        if cfg.protocol == "http":
+            self.transport: GrpcTransport | HttpTransport = HttpTransport(cfg.url, cfg.infer_path, cfg.tls, cfg.headers)
+        else:
+            self.transport = GrpcTransport(cfg.url, cfg.tls, cfg.headers, cfg.streaming, cfg.index)
+        self.sequence_ids = SequenceIds(cfg.sequence, cfg.index, cfg.workers) if cfg.sequence else None
+        self.sequence_rng = np.random.default_rng(cfg.seed + 7919 * (cfg.index + 1))
         try:
             await self.transport.connect(cfg.connect_timeout)
             self._reply(("ready",))
-        except (asyncio.TimeoutError, OSError, HttpStatusError) as exc:
+        except (asyncio.TimeoutError, OSError, HttpStatusError, grpc.aio.AioRpcError) as exc:
             reason = "" if isinstance(exc, asyncio.TimeoutError) else f": {exc}"
             self._reply(("error", f"worker {cfg.index} could not connect to {cfg.url} "
                                   f"within {cfg.connect_timeout:g}s{reason}"))
@@ -194,8 +246,19 @@ class _Worker:
         self.next_payload += 1
         return p
 
+    def _new_sequence(self) -> Sequence | None:
+        if self.sequence_ids is None:
+            return None
+        assert self.config.sequence is not None
+        return Sequence(self.config.sequence, self.sequence_ids, self.sequence_rng)
+
+    def _with_sequence(self, payload, sequence: Sequence | None):  # type: ignore[no-untyped-def]
+        if sequence is None:
+            return payload
+        return self.transport.with_sequence(payload, *sequence.flags())
+
     def _error(self, exc: BaseException) -> int:
-        if isinstance(exc, HttpStatusError):
+        if isinstance(exc, (HttpStatusError, StreamError)):
             code, details = exc.code, exc.details
         elif isinstance(exc, grpc.aio.AioRpcError):
             code = exc.code().value[0]
@@ -235,22 +298,33 @@ class _Worker:
     async def _slot(self, slot: int) -> None:
         request = self._request
         call = self.transport.caller(slot)
+        sequence = self._new_sequence()
         while self.running:
             if self.remaining is not None:
                 if self.remaining <= 0:
                     break
                 self.remaining -= 1
-            await request(self._payload(), call)
+            await request(self._with_sequence(self._payload(), sequence), call)
 
     # ----------------------------------------------------------------- open loop
 
     def _start_open(self, rate: float, distribution: str, offset_s: float, count: int | None,
-                    max_inflight: int, seed: int) -> None:
+                    max_inflight: int, seed: int, gaps_ns: list[float] | None = None) -> None:
         self.running = True
         self.remaining = count
         self.max_inflight = max_inflight
         self.rate = rate
+        self.gaps_ns = gaps_ns
+        self.open_sequences = [s for s in (self._new_sequence() for _ in range(
+            self.config.sequence.count if self.config.sequence else 0)) if s is not None]
         self._track(asyncio.create_task(self._sender(rate, distribution, offset_s, seed)))
+
+    def _open_payload(self):  # type: ignore[no-untyped-def]
+        payload = self._payload()
+        if not self.open_sequences:
+            return payload
+        sequence = self.open_sequences[self.issued % len(self.open_sequences)]
+        return self._with_sequence(payload, sequence)
 
     async def _one(self, payload) -> None:  # type: ignore[no-untyped-def]
         try:
@@ -292,8 +366,11 @@ class _Worker:
                 self.delayed += 1
             self.inflight += 1
             self.issued += 1
-            self._track(asyncio.create_task(self._one(self._payload())))
-            if distribution == "poisson":
+            self._track(asyncio.create_task(self._one(self._open_payload())))
+            if distribution == "intervals":
+                assert self.gaps_ns
+                scheduled += self.gaps_ns[(self.issued - 1) % len(self.gaps_ns)]
+            elif distribution == "poisson":
                 if not gaps:
                     gaps = rng.exponential(gap_ns, size=4096).tolist()
                 scheduled += gaps.pop()

@@ -1,6 +1,6 @@
 """The model repository: layout, version policy and the load/unload lifecycle."""
 
-from inferd.repository.manager import IndexEntry, ModelManager
+from inferd.repository.manager import ModelManager
 from inferd.model import Model
 
-__all__ = ["IndexEntry", "Model", "ModelManager"]
+__all__ = ["Model", "ModelManager"]

@@ -56,6 +56,12 @@ def dependency_problem(graph: EnsembleGraph, entry_of: Callable[[str], Any], _se
     when the repository has no such model. Nested ensembles are checked too.
     """
     seen = _seen | {graph.name}
+    # Every step's model must exist before any is asked whether it loaded (Triton's order and words).
+    missing = list(dict.fromkeys(s.model_name for s in graph.steps if entry_of(s.model_name) is None))
+    if missing:
+        step = next(s for s in graph.steps if s.model_name == missing[0])
+        return (f"ensemble {graph.name} contains models that are not available or ambiguous: {', '.join(missing)} "
+                f"(ensemble '{graph.name}' {step.label}: model '{step.model_name}' is not in the model repository)")
     for step in graph.steps:
         at = f"ensemble '{graph.name}' {step.label}"
         entry = entry_of(step.model_name)

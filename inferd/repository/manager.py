@@ -33,6 +33,7 @@ from inferd.clock import Clock
 from inferd.config import ModelConfig, ModelSpec, ensemble_config, is_ensemble, prepare_config
 from inferd.ensemble.graph import EnsembleGraph, build_graph, dependents, find_cycle, load_order
 from inferd.errors import ConfigError, InferdError, NotFound, Unavailable, unknown_model
+from inferd.facade import IndexEntry
 from inferd.gpu.inventory import GpuInventory, default_inventory
 from inferd.model import ModelDispatcher
 from inferd.model.cache import ResponseCache
@@ -49,14 +50,6 @@ log = logging.getLogger(__name__)
 READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
 NOT_LOADED = ""  # explicit mode: in the repository, never asked for
 MODES = ("none", "poll", "explicit", "on_demand")
-
-
-@dataclass(frozen=True, slots=True)
-class IndexEntry:
-    name: str
-    version: str
-    state: str
-    reason: str
 
 
 @dataclass

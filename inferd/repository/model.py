@@ -11,7 +11,7 @@ import numpy as np
 
 from inferd.backends import Backend, Device, InferenceDispatcher, InstanceSpec, ModelInstance
 from inferd.clock import Clock
-from inferd.config import ModelSpec, placements
+from inferd.config import ModelSpec, ignored_line, placements
 from inferd.errors import ConfigError
 from inferd.host import cpu_budget
 from inferd.model import Model
@@ -71,9 +71,7 @@ def build_model(
     ``cache``: the server's response cache (used when the config enables it);
     ``limiter``: the server's rate limiter (None: ``--rate-limit off``)."""
     params = spec.params
-    policy = batching_policy(spec.max_batch_size, spec.dynamic_batching, aging_us=params.priority_aging_microseconds,
-                             split=params.split_large_requests, varlen=spec.varlen, batch_wait=params.batch_wait,
-                             slo_us=params.max_latency_microseconds)
+    policy = batching_policy(spec)
     sequence = spec.sequence  # None without sequence_batching
     ispecs = instance_specs(spec, backend, model_dir, version, model_file, dispatcher)
     instances = []
@@ -116,7 +114,10 @@ def build_model(
         for worker in workers:
             if worker.mode == "auto":
                 worker.calibrate(sample, list(spec.outputs))
+    _warn_ignored(spec, backend, ispecs)
     stats = ModelStats(spec.name, version)
+    stats.histogram_buckets = spec.histogram_buckets
+    stats.metric_tags = spec.metric_tags
     stats.single_response = not spec.decoupled and not (sequence is not None and sequence.iterative)
     scheduler: Scheduler
     lowest = policy.priority_levels if policy.priority_levels > 1 else 0
@@ -149,3 +150,13 @@ def _ticket(spec: ModelSpec, ispec: InstanceSpec, limiter: RateLimiter | None) -
         return None
     device = ispec.device.index if ispec.device.kind == "cuda" else 0  # CPU instances: device 0, as in Triton
     return limiter.register(spec.name, ispec.name, device, group.resources, group.rate_priority)
+
+
+def _warn_ignored(spec: ModelSpec, backend: Backend, ispecs: list[InstanceSpec]) -> None:
+    """One warning line per model for the GPU settings its config asks and its backend does not
+    honour here (config/_optimization.py), and one per model_metrics family left unused."""
+    line = ignored_line(spec.name, backend.ignored_optimizations(spec, {i.device.kind for i in ispecs}))
+    if line is not None:
+        log.warning("%s", line)
+    for warning in spec.load_warnings:
+        log.warning("%s", warning)

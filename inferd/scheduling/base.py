@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, Sized
 
 import numpy as np
 
+from inferd.clock import Alarm, Clock, MonotonicClock
 from inferd.scheduling.instances import close_workers
 from inferd.types import InferenceRequest
 
 if TYPE_CHECKING:
-    from inferd.clock import Alarm
     from inferd.observability.stats import ModelStats
     from inferd.scheduling.instances import InstanceWorker
 
@@ -140,17 +140,44 @@ def workers_problem(workers: Sequence["InstanceWorker"]) -> str | None:
 
 
 class PumpedScheduler(Scheduler):
-    """A scheduler driven by one ``_pump`` decision at a time (the sequence and iterative
-    schedulers): at most one pump is scheduled per loop turn, and stopping refuses new work,
-    waits for what is in flight, disarms the alarm and closes the instances. Subclasses set
-    ``_stopped``, ``_pump_scheduled``, ``_inflight``, ``_alarm`` and ``workers``, and define ``_pump``."""
+    """A scheduler of a model's instances driven by one ``_pump`` decision at a time (the dynamic
+    batcher, the sequence and the iterative schedulers), and the setup they share: the model's
+    name, its policy, its workers and the outputs they compute, its statistics and in-flight
+    count, the clock and the alarm that wakes ``_pump`` at the decision's deadline. At most one
+    pump is scheduled per loop turn (:meth:`_schedule_pump`); stopping refuses new work, waits
+    for what is in flight, disarms the alarm and closes the instances. A subclass sets
+    ``_queue`` (whose length is the queue depth) and defines ``_pump``."""
 
-    _stopped: bool
-    _pump_scheduled: bool
-    _inflight: "Inflight"
-    _alarm: "Alarm"
-    workers: "list[InstanceWorker]"
-    _pump: Callable[[], None]
+    _queue: Sized
+
+    def __init__(self, model: str, policy: Any, workers: "list[InstanceWorker]", output_names: Sequence[str],
+                 stats: "ModelStats", clock: Clock | None = None) -> None:
+        if not workers:
+            raise ValueError(f"model '{model}': a scheduler needs at least one instance")
+        self.model = model
+        self.policy = policy
+        self.workers = workers
+        self._outputs = list(output_names)
+        self._stats = stats
+        self._clock = clock or MonotonicClock()
+        self._alarm = Alarm(self._clock, self._pump)
+        self._pump_scheduled = False
+        self._pumping = False
+        self._inflight = Inflight(stats)
+        self._stopped = False
+
+    @abc.abstractmethod
+    def _pump(self) -> None:
+        """Step the decision: start what may start now, and arm the alarm for the next deadline."""
+
+    def inflight(self) -> int:
+        return self._inflight.count
+
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    def problem(self) -> str | None:
+        return workers_problem(self.workers)
 
     def _schedule_pump(self, loop: asyncio.AbstractEventLoop) -> None:
         if not self._pump_scheduled:

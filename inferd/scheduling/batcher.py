@@ -23,10 +23,10 @@ from typing import Callable
 import numpy as np
 
 from inferd.backends.base import BatchResult, RequestInputs
-from inferd.clock import Alarm, Clock, MonotonicClock
+from inferd.clock import Clock
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
-from inferd.scheduling.base import Completion, Inflight, Relay, Scheduler, workers_problem
+from inferd.scheduling.base import Completion, PumpedScheduler, Relay
 from inferd.scheduling.instances import InstanceWorker
 from inferd.scheduling.adaptive import ADAPTIVE, Instance
 from inferd.scheduling.policy import BatchingPolicy
@@ -94,7 +94,9 @@ class _Batch:
         self.dispatched = dispatched  # when it was handed to its instance (maybe still executing another)
 
 
-class BatchScheduler(Scheduler):
+class BatchScheduler(PumpedScheduler):
+    policy: BatchingPolicy
+
     def __init__(
         self,
         model: str,
@@ -104,36 +106,15 @@ class BatchScheduler(Scheduler):
         stats: ModelStats,
         clock: Clock | None = None,
     ) -> None:
-        if not workers:
-            raise ValueError(f"model '{model}': a scheduler needs at least one instance")
-        self.model = model
-        self.policy = policy
-        self.workers = workers
+        super().__init__(model, policy, workers, output_names, stats, clock)
         self._free: deque[InstanceWorker] = deque(workers)
         self._queue = BatchQueue(policy, model)
         self._bound_s = policy.max_queue_delay_us / 1e6
-        self._outputs = output_names
-        self._stats = stats
-        self._clock = clock or MonotonicClock()
-        self._alarm = Alarm(self._clock, self._pump)
-        self._pump_scheduled = False
-        self._pumping = False
         self._defer_misses = 0  # deferred steps in a row that found their request alone
         self._defer_probe = 0
-        self._inflight = Inflight(stats)
         self._ordered: deque[_Batch] | None = deque() if policy.preserve_ordering else None
-        self._stopped = False
 
     # -- Scheduler ---------------------------------------------------------
-
-    def inflight(self) -> int:
-        return self._inflight.count
-
-    def queue_depth(self) -> int:
-        return len(self._queue)
-
-    def problem(self) -> str | None:
-        return workers_problem(self.workers)
 
     async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
         if self._must_split(rows):
@@ -327,15 +308,6 @@ class BatchScheduler(Scheduler):
             raise
         return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
 
-    async def stop(self) -> None:
-        self._stopped = True
-        await self._inflight.drained()
-        self._alarm.cancel()
-        await asyncio.get_running_loop().run_in_executor(None, self._close_workers)
-
-    def _close_workers(self) -> None:
-        for worker in self.workers:
-            worker.close()
 
     # -- driving the queue ---------------------------------------------------
 

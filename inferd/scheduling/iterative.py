@@ -40,11 +40,11 @@ from typing import Any
 import numpy as np
 
 from inferd.backends.base import BatchResult, RequestInputs
-from inferd.clock import Alarm, Clock, MonotonicClock
+from inferd.clock import Clock
 from inferd.config._sequence import SequencePolicy
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
-from inferd.scheduling.base import Inflight, PumpedScheduler
+from inferd.scheduling.base import PumpedScheduler
 from inferd.scheduling.instances import InstanceWorker
 from inferd.scheduling.iterative_queue import CANCELLED, ENDED, LEFT, WAITING, IterativeQueue, IterSeq
 from inferd.scheduling.sequence import FLAG_START, SequenceControls, SequenceId, _shape_key, sequence_params
@@ -135,6 +135,8 @@ class _Job:
 
 
 class IterativeScheduler(PumpedScheduler):
+    policy: SequencePolicy
+
     def __init__(
         self,
         model: str,
@@ -149,11 +151,7 @@ class IterativeScheduler(PumpedScheduler):
         priority_levels: int = 0,
         default_priority_level: int = 0,
     ) -> None:
-        if not workers:
-            raise ValueError(f"model '{model}': a scheduler needs at least one instance")
-        self.model = model
-        self.policy = policy
-        self.workers = workers
+        super().__init__(model, policy, workers, output_names, stats, clock)
         self._busy = [False] * len(workers)
         # direct: run once minimum_slot_utilization of the slots are ready; oldest:
         # once full or at a preferred size; both: or once the oldest waited the delay.
@@ -169,24 +167,11 @@ class IterativeScheduler(PumpedScheduler):
         self._default_level = default_priority_level or 1
         self._state_outputs = frozenset(s.output for s in policy.states)
         self._outputs = list(output_names) + [s.output for s in policy.states if s.output not in output_names]
-        self._stats = stats
-        self._clock = clock or MonotonicClock()
         self._controls = SequenceControls(policy)
         self._keys = itertools.count(1)
         self._running: dict[Any, IterSeq] = {}  # sequence id -> its sequence, from admission to leaving
-        self._alarm = Alarm(self._clock, self._pump)
-        self._pump_scheduled = False
-        self._pumping = False
-        self._inflight = Inflight(stats)
-        self._stopped = False
 
     # -- Scheduler -------------------------------------------------------------------
-
-    def inflight(self) -> int:
-        return self._inflight.count
-
-    def queue_depth(self) -> int:
-        return len(self._queue)
 
     def active_sequences(self) -> int:
         return self._queue.active()

@@ -1,16 +1,18 @@
 """Batching and queue policies: plain data for the batch decision.
 
-Built once at load from the model's checked ``dynamic_batching`` block
-(:class:`inferd.config.DynamicBatching`, where every invalid combination was
-refused) and its inferd parameters (aging, splitting).
+Built once at load, in one place (:func:`batching_policy`), from the model's
+checked spec: its ``dynamic_batching`` block (:class:`inferd.config.DynamicBatching`,
+where every invalid combination was refused), its variable-length batching and its
+inferd parameters (aging, splitting, the batch wait, the latency SLO). A new knob is
+a field of ``InferdParameters`` read here, and nowhere between.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inferd.config import DELAY, REJECT, DynamicBatching, QueuePolicy, VarlenSpec
-from inferd.scheduling.adaptive import ADAPTIVE, FIXED, WaitPolicy
+from inferd.config import DELAY, REJECT, ModelSpec, QueuePolicy
+from inferd.scheduling.adaptive import FIXED, WaitPolicy
 from inferd.scheduling.formation import Grouping
 
 __all__ = ["DELAY", "REJECT", "BatchingPolicy", "QueuePolicy", "batching_policy"]
@@ -57,18 +59,15 @@ class BatchingPolicy:
         return max(self.max_batch_size, 1)
 
 
-def batching_policy(max_batch_size: int, dynamic: DynamicBatching | None, *, aging_us: int = 0,
-                    split: bool = False, varlen: VarlenSpec | None = None, batch_wait: str = ADAPTIVE,
-                    slo_us: int = 0) -> BatchingPolicy:
-    """The policy of a model with ``max_batch_size`` and the checked ``dynamic_batching``
-    block ``dynamic`` (None: the plain scheduler); ``varlen``: its variable-length batching;
-    ``batch_wait`` and ``slo_us``: inferd.batch_wait and inferd.max_latency_microseconds."""
-    grouping = Grouping.of(varlen)
+def batching_policy(spec: ModelSpec) -> BatchingPolicy:
+    """The policy of the model ``spec`` describes: without ``dynamic_batching``, the plain scheduler."""
+    params, dynamic = spec.params, spec.dynamic_batching
+    common = dict(max_batch_size=spec.max_batch_size, aging_us=params.priority_aging_microseconds,
+                  split_large_requests=params.split_large_requests, grouping=Grouping.of(spec.varlen),
+                  batch_wait=params.batch_wait, slo_us=params.max_latency_microseconds)
     if dynamic is None:
-        return BatchingPolicy(max_batch_size=max_batch_size, aging_us=aging_us, split_large_requests=split,
-                              grouping=grouping, batch_wait=batch_wait, slo_us=slo_us)
+        return BatchingPolicy(**common)  # type: ignore[arg-type]
     return BatchingPolicy(
-        max_batch_size=max_batch_size,
         batching=True,
         preferred_batch_sizes=dynamic.preferred_batch_sizes,
         max_queue_delay_us=dynamic.max_queue_delay_us,
@@ -77,9 +76,5 @@ def batching_policy(max_batch_size: int, dynamic: DynamicBatching | None, *, agi
         default_priority_level=dynamic.default_priority_level,
         default_queue_policy=dynamic.default_queue_policy,
         priority_queue_policy=dynamic.priority_queue_policy,
-        aging_us=aging_us,
-        split_large_requests=split,
-        grouping=grouping,
-        batch_wait=batch_wait,
-        slo_us=slo_us,
+        **common,  # type: ignore[arg-type]
     )

@@ -48,11 +48,11 @@ from typing import Any, Hashable, Iterable, Mapping, Sequence as Seq
 import numpy as np
 
 from inferd.backends.base import BatchResult, RequestInputs
-from inferd.clock import Alarm, Clock, MonotonicClock
+from inferd.clock import Clock
 from inferd.config import CORRID, END, READY, START, SequencePolicy
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
-from inferd.scheduling.base import Inflight, PumpedScheduler, workers_problem
+from inferd.scheduling.base import PumpedScheduler
 from inferd.scheduling.instances import InstanceWorker
 from inferd.types import InferenceRequest
 
@@ -463,6 +463,8 @@ class _Batch:
 
 
 class SequenceScheduler(PumpedScheduler):
+    policy: SequencePolicy
+
     def __init__(
         self,
         model: str,
@@ -474,11 +476,7 @@ class SequenceScheduler(PumpedScheduler):
         delay: DelayHooks | None = None,
     ) -> None:
         """``delay``: Triton's test hooks; None reads them from the environment."""
-        if not workers:
-            raise ValueError(f"model '{model}': a scheduler needs at least one instance")
-        self.model = model
-        self.policy = policy
-        self.workers = workers
+        super().__init__(model, policy, workers, output_names, stats, clock)
         self._busy = [False] * len(workers)
         if delay is None:
             delay = DelayHooks.from_env(os.environ)
@@ -490,24 +488,8 @@ class SequenceScheduler(PumpedScheduler):
                                     initial_state_key=_state_key(self._controls.initial.values()))
         self._state_outputs = {s.output for s in policy.states}
         self._outputs = list(output_names) + [s.output for s in policy.states if s.output not in output_names]
-        self._stats = stats
-        self._clock = clock or MonotonicClock()
-        self._alarm = Alarm(self._clock, self._pump)
-        self._pump_scheduled = False
-        self._pumping = False
-        self._inflight = Inflight(stats)
-        self._stopped = False
 
     # -- Scheduler ---------------------------------------------------------
-
-    def inflight(self) -> int:
-        return self._inflight.count
-
-    def queue_depth(self) -> int:
-        return len(self._queue)
-
-    def problem(self) -> str | None:
-        return workers_problem(self.workers)
 
     def active_sequences(self) -> int:
         return self._queue.active()

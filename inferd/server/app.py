@@ -43,6 +43,7 @@ from inferd.server.grpc_server import GrpcPort, GrpcPortOptions
 from inferd.server.grpc_service import InferenceServicer
 from inferd.server.health import Health
 from inferd.server.http_service import DEFAULT_MAX_INPUT_BYTES, HttpFrontend
+from inferd.server.openai import OpenAIOptions
 from inferd.server.restrictions import Restrictions
 from inferd.server.tls import TlsFiles
 from inferd.streaming import StreamLimits
@@ -68,6 +69,7 @@ class ServerOptions:
     http_tls: TlsFiles | None = None
     grpc_restrictions: Restrictions = field(default_factory=lambda: Restrictions(protocol="protocol"))
     http_restrictions: Restrictions = field(default_factory=Restrictions)
+    openai: OpenAIOptions = field(default_factory=OpenAIOptions)  # /v1: its API keys
     max_queued_requests: int = DEFAULT_MAX_REQUESTS  # server-wide admission caps (0: none)
     max_queued_bytes: int = DEFAULT_MAX_BYTES
     stream_limits: StreamLimits = field(default_factory=StreamLimits)  # how far a stream's client may lag
@@ -193,7 +195,7 @@ class InferenceServer:
         if o.allow_grpc:
             await self._start_grpc()
         if o.allow_http:
-            app = HttpFrontend(self.dataplane, o.http_restrictions, o.http_max_input_bytes).app()
+            app = HttpFrontend(self.dataplane, o.http_restrictions, o.http_max_input_bytes, o.openai).app()
             self._http = AsgiServer(app, self.http_address, o.http_port, "HTTP", tls=o.http_tls)
             await self._http.start()
             log.info("serving HTTP on %s:%d", self.http_address, self.http_port)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd.dataplane import ModelMetadata
+from inferd.facade import ModelMetadata
 from inferd.dtypes import BY_NAME, from_numpy
 from inferd.errors import InferdError, InvalidArgument
 from inferd.server.codec import parse_version

@@ -18,8 +18,8 @@ import grpc
 from inferd._proto import grpc_service_pb2 as pb
 from inferd._proto import grpc_service_pb2_grpc as pb_grpc
 from inferd.clock import Clock, MonotonicClock
-from inferd.dataplane import DataPlaneAPI
 from inferd.errors import InferdError, InvalidArgument, Unimplemented
+from inferd.facade import DataPlaneAPI, GrpcFastPath
 from inferd.observability.stats import RESPONSE_FIELDS
 from inferd.server import codec
 from inferd.server.status import grpc_status
@@ -33,11 +33,13 @@ def _fill_duration(target: Any, d: Any) -> None:
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    """Calls only the :class:`DataPlaneAPI` façade; ``clock`` turns a client's
-    gRPC deadline into the absolute time the request carries."""
+    """Calls only the :class:`DataPlaneAPI` façade (and ModelInfer its :class:`GrpcFastPath` when
+    the data plane offers one: a frontend worker's); ``clock`` turns a client's gRPC deadline into
+    the absolute time the request carries."""
 
     def __init__(self, dataplane: DataPlaneAPI, clock: Clock | None = None) -> None:
         self.dp = dataplane
+        self.fast_path: GrpcFastPath | None = dataplane if isinstance(dataplane, GrpcFastPath) else None
         self.clock = clock or MonotonicClock()
         self._streams: set[asyncio.Queue] = set()  # the open ModelStreamInfer streams' outboxes
 
@@ -142,11 +144,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
         received_ns = time.monotonic_ns()  # the request's wait counts from here
         try:
+            remaining = context.time_remaining()
+            deadline = None if remaining is None else self.clock.now() + remaining
+            if self.fast_path is not None:
+                return await self.fast_path.grpc_infer(request, deadline, lambda: _metadata(context), received_ns)
             req = codec.decode_infer_request(request)
             req.received_ns = received_ns
-            remaining = context.time_remaining()
-            if remaining is not None:
-                req.deadline = self.clock.now() + remaining
+            if deadline is not None:
+                req.deadline = deadline
             response = await self.dp.infer(req, trace_carrier=lambda: _metadata(context))
             return codec.encode_infer_response(response, req.requested_outputs)
         except Exception as exc:

@@ -23,7 +23,7 @@ from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from inferd._proto._pool import POOL
-from inferd.dataplane.api import DataPlaneAPI
+from inferd.facade import DataPlaneAPI
 
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 SERVICES = ("", INFERENCE_SERVICE)

@@ -34,15 +34,13 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from inferd.config import message_to_dict
-from inferd.dataplane import DataPlaneAPI
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, TooLarge, Unimplemented
+from inferd.facade import DECOUPLED_HTTP, DataPlaneAPI
 from inferd.server import generate, http_codec
 from inferd.server.codec import parse_version
+from inferd.server.openai import OpenAIFrontend, OpenAIOptions
 from inferd.server.restrictions import Restrictions
 from inferd.server.status import http_status
-
-# Triton's words for an HTTP inference request to a decoupled model (clients match on them).
-DECOUPLED_HTTP = "HTTP end point doesn't support models with decoupled transaction policy"
 
 log = logging.getLogger(__name__)
 
@@ -220,10 +218,11 @@ class HttpFrontend:
     """The routes; they call only the :class:`DataPlaneAPI` façade."""
 
     def __init__(self, dataplane: DataPlaneAPI, restrictions: Restrictions | None = None,
-                 max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> None:
+                 max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES, openai: OpenAIOptions | None = None) -> None:
         self.dp = dataplane
         self.restrictions = restrictions or Restrictions()
         self.max_input = max_input_bytes
+        self.openai = openai
 
     def app(self) -> Any:
         r: list[Route] = []
@@ -271,6 +270,9 @@ class HttpFrontend:
             route("/v2/trace/setting", self.trace_setting, "trace", method)
             route("/v2/models/{model}/trace/setting", self.trace_setting, "trace", method)
             route("/v2/logging", self.log_settings, "logging", method)
+
+        # The OpenAI-compatible routes (/v1, inferd/server/openai/), over the same façade.
+        r.extend(OpenAIFrontend(self.dp, self.restrictions, self.openai).routes())
 
         async def not_found(request: Request, exc: Exception) -> Response:
             status = exc.status_code if isinstance(exc, HTTPException) else 404

@@ -15,9 +15,9 @@ import os
 import socket
 import time
 
-from inferd.handoff import ports, wire
+from inferd.handoff import wire
 from inferd.handoff.channel import Channel
-from inferd.handoff.lifeline import die_with_parent
+from inferd.handoff.worker.process import die_with_parent, listen
 
 
 async def main(index: int, fd: int) -> int:
@@ -35,7 +35,7 @@ async def main(index: int, fd: int) -> int:
         if behaviour == "exit":
             done.set_result(3)
             return
-        sock = ports.listen("127.0.0.1", config["port"], "test")
+        sock = listen("127.0.0.1", config["port"], "test")
         server.append(await asyncio.start_server(answer, sock=sock))
         if behaviour != "silent":
             channel.send([wire.HELLO, index, os.getpid()])

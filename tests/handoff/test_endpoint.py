@@ -13,10 +13,10 @@ import pytest
 
 from inferd.dataplane import DataPlane
 from inferd.examples import onnx_models as om
-from inferd.handoff import endpoint as ep
+from inferd.handoff.core import endpoint as ep
 from inferd.handoff import wire
 from inferd.handoff.arena import Arena, ArenaWriter
-from inferd.handoff.endpoint import CANCELLED, CoreEndpoint
+from inferd.handoff.core.endpoint import CANCELLED, DataPlaneEndpoint
 from inferd.repository import ModelManager
 from repo_builder import add_model, config
 
@@ -37,7 +37,7 @@ class Recorder:
         self.sent.append(message)
 
 
-class FakeLink:
+class FakeWorker:
     index = 0
 
     def __init__(self) -> None:
@@ -54,10 +54,10 @@ async def core(tmp_path):
               config("delayed", IO, OUT, 8, extra="dynamic_batching { max_queue_delay_microseconds: 60000000 }"))
     dp = DataPlane(ModelManager([tmp_path]))
     await dp.load_models()
-    link = FakeLink()
+    link = FakeWorker()
     a = np.arange(16, dtype=np.int32)
     link.inputs.write(0, a.tobytes())
-    yield CoreEndpoint(link, dp, lambda *args: None), link
+    yield DataPlaneEndpoint(link, dp, lambda *args: None), link
     await dp.close()
 
 
@@ -145,7 +145,7 @@ async def stream_core(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyp
     monkeypatch.setattr(ep, "request_from", lambda msg, inputs: SimpleNamespace(cancelled=False))
     channel = Recorder()
     link = SimpleNamespace(channel=channel, inputs=None, outputs=None, index=0)
-    return CoreEndpoint(link, _StreamPlane(), lambda *a: None), channel  # type: ignore[arg-type]
+    return DataPlaneEndpoint(link, _StreamPlane(), lambda *a: None), channel  # type: ignore[arg-type]
 
 
 async def test_a_cancel_read_with_its_stream_infer_still_gets_the_final_answer(stream_core) -> None:  # type: ignore[no-untyped-def]

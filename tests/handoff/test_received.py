@@ -14,10 +14,10 @@ from inferd._proto import grpc_service_pb2 as pb
 from inferd.errors import Unavailable
 from inferd.handoff import wire
 from inferd.handoff.arena import Arena, ArenaWriter
-from inferd.handoff.core_codec import request_from
-from inferd.handoff.grpc_codec import infer_message
-from inferd.handoff.link import WorkerLink
-from inferd.handoff.proxy import RemoteDataPlane
+from inferd.handoff.core.endpoint import request_from
+from inferd.handoff.worker.core_link import CoreLink
+from inferd.handoff.worker.grpc_codec import infer_message
+from inferd.handoff.worker.proxy import RemoteDataPlane
 from inferd.types import InferenceRequest
 
 
@@ -38,13 +38,13 @@ def test_the_grpc_edge_carries_the_received_time_to_the_core() -> None:
 
 
 class _Link:
-    """What RemoteDataPlane._send reads of its WorkerLink."""
+    """What RemoteDataPlane._send reads of its CoreLink."""
 
     tracing = False
 
     def __init__(self) -> None:
         self.inputs = ArenaWriter(Arena.create(1 << 16))
-        self.pending = SimpleNamespace(next_rid=lambda: 1)
+        self.in_flight = SimpleNamespace(next_rid=lambda: 1)
 
     def refuse_if_draining(self) -> None:
         pass
@@ -65,11 +65,11 @@ def test_the_proxy_sends_the_frontends_stamp_or_stamps_one_itself() -> None:
 
 
 def test_a_worker_refuses_past_its_share_of_the_request_cap() -> None:
-    link = SimpleNamespace(max_pending=2, max_queued=4, pending=[1])
-    WorkerLink.refuse_if_full(link, "simple")  # type: ignore[arg-type]
-    link.pending.append(2)
+    link = SimpleNamespace(max_pending=2, max_queued=4, in_flight=[1])
+    CoreLink.refuse_if_full(link, "simple")  # type: ignore[arg-type]
+    link.in_flight.append(2)
     with pytest.raises(Unavailable) as info:
-        WorkerLink.refuse_if_full(link, "simple")  # type: ignore[arg-type]
+        CoreLink.refuse_if_full(link, "simple")  # type: ignore[arg-type]
     m = info.value.message
     assert "model 'simple'" in m and "overloaded" in m and "2 requests" in m and "--max-queued-requests 4" in m
-    WorkerLink.refuse_if_full(SimpleNamespace(max_pending=0, pending=[1, 2, 3]), "simple")  # type: ignore[arg-type]
+    CoreLink.refuse_if_full(SimpleNamespace(max_pending=0, in_flight=[1, 2, 3]), "simple")  # type: ignore[arg-type]

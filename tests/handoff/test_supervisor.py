@@ -1,4 +1,4 @@
-"""inferd.handoff.supervisor with stand-in workers (fake_worker.py): spawn on a shared port, restart
+"""inferd.handoff.core.supervisor with stand-in workers (fake_worker.py): spawn on a shared port, restart
 after a kill, clean failure at start, drain and kill at stop, and workers that die with their core."""
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from inferd.handoff import ports
-from inferd.handoff.restart import RestartPolicy, RestartState
-from inferd.handoff.supervisor import Link, Supervisor, WorkerFailed
+from inferd.handoff.core.supervisor import RestartPolicy, RestartState, Supervisor, WorkerFailed, WorkerProcess, reserve
 
 FAKE = str(Path(__file__).with_name("fake_worker.py"))
 ARENA = 1 << 20
@@ -30,17 +28,17 @@ class Endpoints:
     """The endpoint factory: records each link it was made for and each link lost."""
 
     def __init__(self) -> None:
-        self.made: list[Link] = []
-        self.lost: list[Link] = []
+        self.made: list[WorkerProcess] = []
+        self.lost: list[WorkerProcess] = []
         self.changed = asyncio.Event()
 
-    def __call__(self, link: Link) -> "Endpoints._One":
+    def __call__(self, link: WorkerProcess) -> "Endpoints._One":
         self.made.append(link)
         self.changed.set()
         return Endpoints._One(self, link)
 
     class _One:
-        def __init__(self, owner: "Endpoints", link: Link) -> None:
+        def __init__(self, owner: "Endpoints", link: WorkerProcess) -> None:
             self.owner, self.link = owner, link
 
         def on_message(self, msg: list) -> None:
@@ -75,7 +73,7 @@ def gone(pid: int) -> bool:
 
 @pytest.fixture
 def port():  # type: ignore[no-untyped-def]
-    sock = ports.reserve("127.0.0.1", 0, "test")
+    sock = reserve("127.0.0.1", 0, "test")
     yield sock.getsockname()[1]
     sock.close()
 
@@ -97,7 +95,7 @@ async def test_workers_share_the_reserved_port_and_stop_releases_it(port: int) -
     seen = {await answering_pid(port) for _ in range(40)}
     assert seen == pids
     await sup.stop(5.0)
-    assert sup.links == {} and all(gone(p) for p in pids)
+    assert sup.workers == {} and all(gone(p) for p in pids)
     assert [link.process.returncode for link in endpoints.made] == [0, 0]
     with pytest.raises(ConnectionRefusedError):
         await answering_pid(port)
@@ -107,13 +105,13 @@ async def test_a_killed_worker_is_lost_and_restarted_while_the_other_serves_on(p
     endpoints = Endpoints()
     sup = supervisor(port, endpoints)
     await sup.start()
-    victim, other = sup.links[0], sup.links[1]
+    victim, other = sup.workers[0], sup.workers[1]
     os.kill(victim.pid, signal.SIGKILL)
     await endpoints.until_made(3)
     await asyncio.wait_for(endpoints.made[2].hello, 60)
     assert endpoints.lost == [victim] and victim.process.returncode == -signal.SIGKILL
-    assert sup.links[0] is endpoints.made[2] and sup.links[0].pid != victim.pid
-    assert sup.links[1] is other and not gone(other.pid)
+    assert sup.workers[0] is endpoints.made[2] and sup.workers[0].pid != victim.pid
+    assert sup.workers[1] is other and not gone(other.pid)
     assert sup.restarts == 1
     await sup.stop(5.0)
     assert gone(victim.pid) and gone(other.pid) and gone(endpoints.made[2].pid)
@@ -124,7 +122,7 @@ async def test_a_worker_exiting_before_it_serves_fails_start_and_leaves_nothing_
     sup = supervisor(port, endpoints, behaviour={1: "exit"})
     with pytest.raises(WorkerFailed, match="frontend worker 1 .* exited with status 3"):
         await sup.start()
-    assert sup.links == {} and all(gone(link.pid) for link in endpoints.made)
+    assert sup.workers == {} and all(gone(link.pid) for link in endpoints.made)
 
 
 async def test_a_worker_that_never_serves_fails_start_after_the_timeout(port: int) -> None:

@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from inferd import backends
 from inferd.clock import FakeClock
 from inferd.config import parse_config_text, validate
 from inferd.errors import ConfigError, InvalidArgument
@@ -151,7 +152,7 @@ def test_the_config_enables_it_and_triton_refuses_it_for_sequences_and_decoupled
     decoupled = CONFIG.replace('platform: "onnxruntime_onnx"', 'backend: "python"') + (
         "model_transaction_policy { decoupled: true }\n")
     with pytest.raises(ConfigError, match="with 'decoupled' transaction policy. Please disable the response cache"):
-        validate(parse_config_text(decoupled, model="m"))
+        validate(parse_config_text(decoupled, model="m"), backend=backends.get("python"))
 
 
 # -- the model path ------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from google.protobuf import text_format
 
 from inferd._proto import model_config_pb2 as mc
 from inferd.errors import ConfigError, DeadlineExceeded, Unavailable
-from inferd.config import dynamic_batching
+from inferd.config import model_spec
 from inferd.scheduling import policy as policy_module
 from inferd.scheduling.policy import DELAY, REJECT, BatchingPolicy, QueuePolicy
 from inferd.scheduling.queue import BatchQueue, Pending, split_rows
@@ -483,9 +483,9 @@ def config(text: str) -> mc.ModelConfig:
     return text_format.Parse('name: "m"\n' + text, mc.ModelConfig())
 
 
-def batching_policy(config: mc.ModelConfig, **kw) -> BatchingPolicy:  # type: ignore[no-untyped-def]
+def batching_policy(config: mc.ModelConfig) -> BatchingPolicy:
     """The policy a model with this config gets (its dynamic_batching checked by config/)."""
-    return policy_module.batching_policy(config.max_batch_size, dynamic_batching(config), **kw)
+    return policy_module.batching_policy(model_spec(config))
 
 
 def refused(text: str) -> str:
@@ -505,7 +505,9 @@ def test_policy_from_config():
           default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 7 max_queue_size: 5 }
           priority_queue_policy { key: 1 value { allow_timeout_override: true default_timeout_microseconds: 9 } }
         }
-    """), aging_us=250, split=True)
+        parameters { key: "inferd.priority_aging_microseconds" value { string_value: "250" } }
+        parameters { key: "inferd.split_large_requests" value { string_value: "true" } }
+    """))
     assert p.batching and p.max_batch_size == 16 and p.preferred_batch_sizes == (4, 8)
     assert p.max_queue_delay_us == 500 and not p.preserve_ordering
     assert p.priority_levels == 3 and p.default_priority_level == 2

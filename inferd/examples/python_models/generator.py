@@ -3,7 +3,8 @@
 Input ``PROMPT`` (TYPE_STRING, dims [1]); outputs, one response per generated
 byte: ``TOKEN`` (TYPE_INT32, dims [1], the byte's value) and ``TEXT``
 (TYPE_STRING, dims [1], the byte itself). Decoding is greedy, so a prompt
-always gives the same text. Generation stops at the end byte (0, not sent),
+always gives the same text, unless the request asks for sampling (parameters
+``temperature`` > 0, ``top_p``, ``seed``: the iterative model only). Generation stops at the end byte (0, not sent),
 after the config's ``max_new_tokens`` bytes, or after the request's
 ``max_tokens``. The weights (``weights.npz`` next to this file) are random,
 from a fixed seed (:mod:`inferd.examples.generator`): the text is not English,
@@ -55,16 +56,23 @@ class ByteGRU(torch.nn.Module):
         self.head.bias.data = torch.from_numpy(weights["head_b"])
         self.layers, self.hidden = layers, hidden
 
-    def prefill(self, prompt):
+    def prefill(self, prompt, sampling=None, count=0):
         """The hidden state after BOS + prompt [layers, hidden], and the first byte."""
         ids = torch.tensor([BOS] + list(prompt), dtype=torch.long)
         out, h = self.gru(self.embed(ids)[:, None, :])
-        return h[:, 0, :], int(self.head(out[-1, 0]).argmax())
+        logits = self.head(out[-1, 0])
+        return h[:, 0, :], _choose(logits, sampling, count) if sampling else int(logits.argmax())
 
-    def decode(self, tokens, hidden):
-        """One step for B rows: tokens [B], hidden [layers, B, hidden] -> next bytes [B], new hidden."""
+    def decode(self, tokens, hidden, sampling=None, counts=None):
+        """One step for B rows: tokens [B], hidden [layers, B, hidden] -> next bytes [B], new hidden.
+        ``sampling``: per row, None (greedy) or its (temperature, top_p, seed)."""
         out, h = self.gru(self.embed(tokens)[None, :, :], hidden)
-        return self.head(out[0]).argmax(-1), h
+        logits = self.head(out[0])
+        chosen = logits.argmax(-1)
+        for row, params in enumerate(sampling or ()):
+            if params:
+                chosen[row] = _choose(logits[row], params, int(counts[row]))
+        return chosen, h
 
 
 class TritonPythonModel:
@@ -98,9 +106,10 @@ class TritonPythonModel:
         tokens = np.empty(n, dtype=np.int64)
         counts = np.zeros(n, dtype=np.int64)
         later = []
+        sampling = [_sampling(request) for request in requests]
         for i, request in enumerate(requests):
             if request.flags() & START:
-                h, tokens[i] = net.prefill(_prompt(request))
+                h, tokens[i] = net.prefill(_prompt(request), sampling[i])
                 hidden[:, i] = h.numpy()
                 continue
             hidden[:, i] = pb_utils.get_input_tensor_by_name(request, "HIDDEN_IN").as_numpy()[0]
@@ -109,7 +118,8 @@ class TritonPythonModel:
         if later:  # one decode step for every row past its first, together
             index = np.array(later)
             next_tokens, next_hidden = net.decode(torch.from_numpy(tokens[index]),
-                                                  torch.from_numpy(hidden[:, index]))
+                                                  torch.from_numpy(hidden[:, index]),
+                                                  [sampling[i] for i in later], counts[index])
             tokens[index] = next_tokens.numpy()
             hidden[:, index] = next_hidden.numpy()
         counts += 1
@@ -169,6 +179,31 @@ class TritonPythonModel:
 def _prompt(request):
     value = pb_utils.get_input_tensor_by_name(request, "PROMPT").as_numpy().reshape(-1)[0]
     return value if isinstance(value, bytes) else str(value).encode("utf-8")
+
+
+def _sampling(request):
+    """The request's (temperature, top_p, seed), or None to decode greedily (no temperature, or 0)."""
+    params = json.loads(request.parameters() or "{}")
+    temperature = params.get("temperature") or 0
+    if not isinstance(temperature, (int, float)) or temperature <= 0:
+        return None
+    top_p = params.get("top_p")
+    seed = params.get("seed")
+    return (float(temperature), float(top_p) if isinstance(top_p, (int, float)) and 0 < top_p < 1 else 1.0,
+            seed if isinstance(seed, int) and seed >= 0 else None)
+
+
+def _choose(logits, sampling, count):
+    """A byte drawn from softmax(logits / temperature), within the top_p nucleus. With a seed the draw
+    at step ``count`` is always the same (the generator is seeded by (seed, count)), so a seeded request
+    gives the same text however its steps were batched."""
+    temperature, top_p, seed = sampling
+    probs = torch.softmax(logits.double() / temperature, dim=-1).numpy()
+    order = np.argsort(-probs, kind="stable")
+    keep = order[: int(np.searchsorted(np.cumsum(probs[order]), top_p) + 1)]
+    p = probs[keep] / probs[keep].sum()
+    rng = np.random.default_rng(None if seed is None else [seed, count])
+    return int(keep[rng.choice(len(keep), p=p)])
 
 
 def _max_tokens(request):

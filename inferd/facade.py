@@ -2,7 +2,14 @@
 
 Both frontends (gRPC, HTTP) and the gRPC health service call only these
 methods; :class:`~inferd.dataplane.plane.DataPlane` implements them in the
-process that holds the models. Every method is ``async`` and takes and returns
+process that holds the models, and a frontend worker's
+:class:`~inferd.handoff.worker.proxy.RemoteDataPlane` over the hand-off. This
+module imports only the core types (it is in the core layer), so a frontend
+worker process that loads it, the wire protocol and the frontends loads
+nothing of the models: no config pipeline of its own, scheduler, backend,
+repository or batch-job engine. The values the layers below produce for the
+façade (:class:`IndexEntry`, the region statuses) and the words every side
+shares (``DECOUPLED_*``, ``DRAINING``) are defined here for that reason. Every method is ``async`` and takes and returns
 plain, picklable data (dataclasses, dicts, lists, numpy arrays, the domain
 errors), so that a frontend in another process can hold a proxy with this
 same interface that forwards each call over IPC, and the frontends cannot
@@ -24,30 +31,98 @@ Errors are :mod:`inferd.errors` types; the frontends map them to statuses.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Mapping, NamedTuple, Protocol
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator, Callable, Mapping, NamedTuple, Protocol, runtime_checkable
 
-from inferd.dataplane.cuda_shared_memory import CudaRegionStatus
-from inferd.dataplane.shared_memory import RegionStatus
-from inferd.model import DECOUPLED_UNARY
 from inferd.observability.stats import BatchStatistics, ModelStatistics
-from inferd.repository import IndexEntry
 from inferd.streaming import StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse
 
 __all__ = [
-    "BatchStatistics", "DataPlaneAPI", "IndexEntry", "ModelMetadata", "ModelStatistics", "RegionStatus",
-    "ServerMetadata", "TensorMetadata", "TraceCarrier",
+    "DECOUPLED_HTTP", "DECOUPLED_UNARY", "DRAINING", "BatchStatistics", "CudaRegionStatus", "DataPlaneAPI",
+    "GrpcFastPath", "IndexEntry", "ModelMetadata", "ModelStatistics", "RegionStatus", "ServerMetadata", "TensorMetadata",
+    "TraceCarrier",
 ]
+
+# Triton's words for a one-response call to a decoupled model (clients match on them): gRPC ModelInfer's
+# (and a Python model's BLS call's), and HTTP's.
+DECOUPLED_UNARY = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+DECOUPLED_HTTP = "HTTP end point doesn't support models with decoupled transaction policy"
+# Why inference is refused while the server drains (UNAVAILABLE), in the core and in a draining worker alike.
+DRAINING = "inferd is shutting down and takes no new inference requests"
 
 # The request's headers / gRPC metadata, for the W3C trace context; called only when the request is traced.
 TraceCarrier = Callable[[], Mapping[str, str]]
+
+
+# /v1 (inferd.server.openai): a model's OpenAI settings, read at load by config/_openai.py and handed to
+# every frontend process through openai_models().
+@dataclass(frozen=True, slots=True)
+class OpenAISpec:
+    kind: str
+    tokenizer: str  # tokenizer.json's text ("" in a spec sent without its assets)
+    chat_template: str = ""
+    bos_token: str = ""
+    eos_token: str = ""
+    max_context: int = 0
+    text_input: str = ""
+    text_output: str = ""
+    ids_input: str = ""
+    embedding_output: str = ""
+    pooling: str = "none"
+    normalize: bool = False
+    dimensions: tuple[int, ...] = ()
+    full_dimension: int = 0  # the embedding's size (embedding models)
+    batched: bool = False  # max_batch_size > 0: a request's tensors have the batch dimension first
+    text_shape: tuple[int, ...] = ()  # the prompt tensor's shape (batch dimension included)
+    ids_dtype: str = ""  # "int64" or "int32": the token ids' numpy type (embedding models)
+    digest: str = ""  # of everything above: a frontend keeps the assets while it is unchanged
+
+    def without_assets(self) -> "OpenAISpec":
+        return replace(self, tokenizer="", chat_template="")
+
+
+class OpenAIModel(NamedTuple):
+    """A ready model served under ``/v1`` (what ``DataPlaneAPI.openai_models`` answers)."""
+
+    name: str
+    version: int
+    spec: OpenAISpec
 
 
 class ServerMetadata(NamedTuple):
     name: str
     version: str
     extensions: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """One row of RepositoryIndex: a model version (``version`` "" for a model with none loaded)."""
+
+    name: str
+    version: str
+    state: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RegionStatus:
+    """A registered system shared memory region."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class CudaRegionStatus:
+    """A registered CUDA shared memory region."""
+
+    name: str
+    device_id: int
+    byte_size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +170,12 @@ class DataPlaneAPI(Protocol):
     # -- model repository ----------------------------------------------------------
 
     async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]: ...
+
+    async def openai_models(self, name: str = "", assets: bool = False) -> list[OpenAIModel]:
+        """The ready models served under ``/v1`` (``inferd.openai``), the latest version of each, or of
+        ``name`` only (an unknown or unready ``name``: its error). ``assets``: with the tokenizer and the
+        chat template (else without: a frontend keeps them while the spec's ``digest`` holds)."""
+        ...
 
     async def load_model(self, name: str, parameters: Mapping[str, object] | None = None,
                          repository: str = "") -> None:
@@ -176,4 +257,21 @@ class DataPlaneAPI(Protocol):
         """Run one request of a stream and yield its responses as they come: one, or a
         decoupled model's many, then the final flag. Errors are yielded (a drain's
         refusal too); only cancellation raises."""
+        ...
+
+
+@runtime_checkable
+class GrpcFastPath(Protocol):
+    """What a data plane may offer gRPC ModelInfer besides :class:`DataPlaneAPI`: the whole call on
+    the wire's own messages. A frontend worker's data plane offers it (its core decodes the
+    tensors in place in the hand-off's arena, so the worker builds no numpy array); the
+    in-process :class:`~inferd.dataplane.plane.DataPlane` does not (its servicer decodes).
+    The servicer asks once, when it is built (``isinstance``)."""
+
+    async def grpc_infer(self, message: Any, deadline: float | None, trace_carrier: TraceCarrier | None,
+                         received_ns: int) -> Any:
+        """A ``ModelInferRequest`` in, its ``ModelInferResponse`` out (both opaque here, as
+        :meth:`DataPlaneAPI.model_config`'s message is); refusals and failures raise the domain
+        errors, as :meth:`DataPlaneAPI.infer` does. ``deadline``: absolute monotonic seconds, or
+        None; ``received_ns``: when the frontend received the call (CLOCK_MONOTONIC ns)."""
         ...

@@ -90,7 +90,7 @@ def _contents_bytes(model: str, t: pb.ModelInferRequest.InferInputTensor) -> byt
 
 
 def fill_response(msg: pb.ModelInferResponse, reply: list[Any], outputs: Arena) -> None:
-    """Fill the wire response from a RESPONSE message; the caller releases its block after (Pending.release)."""
+    """Fill the wire response from a RESPONSE message; the caller releases its block after (InFlight.release)."""
     msg.model_name = reply[wire.R_MODEL]
     msg.model_version = str(reply[wire.R_VERSION])
     msg.id = reply[wire.R_ID]

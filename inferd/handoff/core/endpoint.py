@@ -1,5 +1,11 @@
 """The core's endpoint for one frontend worker: INFER in, RESPONSE out, calls answered.
 
+The codec of the core's side is here too: an INFER's input tensors become
+numpy arrays *in place* in the worker's input arena (read-only views: the
+bytes were written once, by the worker, and are never copied again unless a
+model keeps them); a response's outputs are written once into the worker's
+output arena, in one block per response.
+
 Every request a frontend sends gets exactly one final message back (RESPONSE or
 ERROR with ``final`` set, or FINAL after a decoupled model's last response),
 whatever happens to it: that message is what frees the request's input block in
@@ -23,16 +29,121 @@ from contextlib import aclosing
 from functools import partial
 from typing import Any, Callable
 
-from inferd.errors import InferdError
+import numpy as np
+
+from inferd.dtypes import encode_bytes
+from inferd.errors import InferdError, InvalidArgument
+from inferd.facade import DECOUPLED_HTTP, DECOUPLED_UNARY
 from inferd.handoff import wire
-from inferd.handoff.core_codec import request_from, response_message, run_message
-from inferd.handoff.supervisor import Link
-from inferd.model import DECOUPLED_UNARY, ModelRun
-from inferd.server.http_service import DECOUPLED_HTTP
+from inferd.handoff.arena import Arena, ArenaWriter
+from inferd.handoff.core.supervisor import WorkerProcess
+from inferd.model import ModelRun
+from inferd.server import codec
+from inferd.types import InferenceRequest, RequestedOutput, SharedTensor
 
 log = logging.getLogger(__name__)
 CANCELLED = "the request was cancelled"  # the final answer to a CANCEL: the worker's client has gone
 
+
+# -- the core's codec: INFER -> InferenceRequest, outputs -> RESPONSE ------------------------------
+
+def request_from(msg: list[Any], inputs: Arena) -> InferenceRequest:
+    """The request an INFER message carries. Tensors in a client's system shared memory stay
+    references (SharedTensor inputs, ShmRef outputs), resolved by the data plane."""
+    model = msg[wire.I_MODEL]
+    arrays: dict[str, Any] = {}
+    shared = False
+    for name, datatype, shape, offset, nbytes, params in msg[wire.I_INPUTS]:
+        where = f"input '{name}' for model '{model}'"
+        dtype, dims = codec.tensor_type(datatype, shape, where)
+        if name in arrays:
+            raise InvalidArgument(f"{where}: the input is given twice")
+        if offset == wire.NOT_IN_ARENA:
+            ref = codec.shm_ref(params, where)
+            if ref is None:
+                raise InvalidArgument(f"{where}: no data: neither in the request nor in shared memory")
+            arrays[name] = SharedTensor(ref, dtype, dims)
+            shared = True
+        else:
+            count = 1
+            for d in dims:
+                count *= d
+            if dtype.name == "BYTES" or dtype.numpy is None or nbytes != count * dtype.itemsize:
+                # BYTES (decoded from its framing), or a size or type the one-process codec refuses, in its words
+                arrays[name] = codec.array_from_raw(inputs.view(offset, nbytes), dtype, dims, where)  # type: ignore[arg-type]
+            else:
+                arrays[name] = inputs.array(dtype.numpy, offset, count).reshape(dims)
+    request = InferenceRequest(model_name=model, inputs=arrays,
+                               model_version=codec.parse_version(model, msg[wire.I_VERSION]),
+                               id=msg[wire.I_ID], deadline=msg[wire.I_DEADLINE], shared_memory=shared,
+                               received_ns=msg[wire.I_RECEIVED])
+    params = msg[wire.I_PARAMS]
+    if params:
+        request.parameters = params
+        request.priority = codec.int_param(model, params, "priority")
+        request.timeout_us = codec.int_param(model, params, "timeout")
+    outputs = msg[wire.I_OUTPUTS]
+    if outputs is not None:
+        requested = []
+        for name, oparams in outputs:
+            r = RequestedOutput(name)
+            if oparams:
+                r.parameters = oparams
+                r.class_count = codec.int_param(model, oparams, "classification")
+                r.shared_memory = codec.shm_ref(oparams, f"output '{name}' for model '{model}'")
+                if r.shared_memory is not None:
+                    request.shared_memory = True
+            requested.append(r)
+        request.requested_outputs = requested
+    return request
+
+
+def response_message(rid: int, final: bool, response: Any, requested: list[RequestedOutput] | None,
+                     outputs: ArenaWriter) -> list[Any]:
+    """A RESPONSE for an InferenceResponse; its tensors go into one new output block.
+    Outputs requested into shared memory were written there already: they carry no data."""
+    entries, block = _outputs_message(response.outputs, requested, outputs)
+    return [wire.RESPONSE, rid, final, response.model_name, response.model_version, response.id, entries,
+            response.parameters or None, block]
+
+
+def run_message(rid: int, run: Any, outputs: ArenaWriter) -> list[Any]:
+    """The final RESPONSE for a finished :class:`~inferd.model.ModelRun`."""
+    request = run.request
+    entries, block = _outputs_message(run.outputs, request.requested_outputs, outputs)
+    model = run.model
+    return [wire.RESPONSE, rid, True, model.spec.name, model.version, request.id, entries, None, block]
+
+
+def _outputs_message(arrays: dict[str, np.ndarray], requested: list[RequestedOutput] | None,
+                     outputs: ArenaWriter) -> tuple[list[list[Any]], int]:
+    in_shm = {r.name for r in requested if r.shared_memory is not None} if requested else None
+    entries: list[list[Any]] = []
+    parts: list[Any] = []
+    for name, array in arrays.items():
+        datatype = wire.datatype_of(array)
+        if in_shm and name in in_shm:
+            entries.append([name, datatype, list(array.shape), wire.NOT_IN_ARENA, 0])
+            continue
+        if datatype == "BYTES":
+            data: Any = encode_bytes(array)
+        else:
+            # A flat uint8 view: numpy dtypes the buffer protocol cannot name (bfloat16) still copy.
+            data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        entries.append([name, datatype, list(array.shape), None, len(data)])
+        parts.append(data)
+    block = wire.NO_BLOCK
+    if parts:
+        block, offsets = outputs.put(parts)
+        i = 0
+        for e in entries:
+            if e[3] is None:
+                e[3] = offsets[i]
+                i += 1
+    return entries, block
+
+
+# -- the endpoint -------------------------------------------------------------------------------
 
 def error_kind(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, InferdError):
@@ -62,16 +173,17 @@ class Credit:
             more.set_result(None)
 
 
-class CoreEndpoint:
-    """Serves one worker's messages against the data plane (on the core's loop)."""
+class DataPlaneEndpoint:
+    """Serves one worker's messages against the core's data plane (on the core's loop):
+    the supervisor's :class:`~inferd.handoff.core.supervisor.Endpoint` for that worker."""
 
-    def __init__(self, link: Link, dataplane: Any, calls: Callable[[str, tuple, dict], Any]) -> None:
-        self.link = link
+    def __init__(self, worker: WorkerProcess, dataplane: Any, calls: Callable[[str, tuple, dict], Any]) -> None:
+        self.worker = worker
         self.dp = dataplane
         self.calls = calls  # (method, args, kwargs) -> result or awaitable: the control plane
-        self.channel = link.channel
-        self.inputs = link.inputs
-        self.outputs = link.outputs
+        self.channel = worker.channel
+        self.inputs = worker.inputs
+        self.outputs = worker.outputs
         self.tasks: dict[int, asyncio.Task] = {}  # stream requests
         self.credits: dict[int, Credit] = {}  # their pacing
         self.runs: dict[int, ModelRun] = {}  # one-response requests
@@ -104,7 +216,7 @@ class CoreEndpoint:
         elif kind == wire.CALL:
             self._loop.create_task(self._call(msg[1], msg[2], msg[3]))
         else:
-            log.warning("frontend %d sent an unknown message kind %r", self.link.index, kind)
+            log.warning("frontend %d sent an unknown message kind %r", self.worker.index, kind)
 
     def lost(self) -> None:
         """The worker died: its requests are dropped (queued ones never run)."""
@@ -207,7 +319,7 @@ class CoreEndpoint:
             reply = [wire.REPLY, cid, True, pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)]
         except Exception as exc:
             if not isinstance(exc, InferdError):
-                log.exception("frontend %d: call %s failed", self.link.index, method)
+                log.exception("frontend %d: call %s failed", self.worker.index, method)
             reply = [wire.REPLY, cid, False, list(error_kind(exc))]
         if not self._gone:
             self.channel.send(reply)

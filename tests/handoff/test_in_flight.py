@@ -1,4 +1,4 @@
-"""A frontend's requests in flight (inferd.handoff.pending): output blocks go back to the core
+"""A frontend's requests in flight (inferd.handoff.worker.core_link.InFlight): output blocks go back to the core
 with the frontend's next write, never in a wake-up of their own unless they hold much."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 from inferd.handoff import wire
 from inferd.handoff.arena import RELEASE_BYTES, Arena, ArenaWriter
 from inferd.handoff.channel import Channel, socket_pair
-from inferd.handoff.pending import FREE_BATCH, Pending
+from inferd.handoff.worker.core_link import FREE_BATCH, InFlight
 
 
 class Core:
@@ -25,9 +25,9 @@ async def _frontend():  # type: ignore[no-untyped-def]
     a, b = socket_pair()
     core = Core()
     core_end = await Channel.open(b, core, "core")
-    frontend_pending: list[Pending] = []
+    frontend_pending: list[InFlight] = []
     channel = await Channel.open(a, lambda msg: frontend_pending[0].on_response(msg), "frontend")
-    pending = Pending(channel, ArenaWriter(Arena.create(1 << 20)))
+    pending = InFlight(channel, ArenaWriter(Arena.create(1 << 20)))
     frontend_pending.append(pending)
     return pending, core, core_end, channel
 

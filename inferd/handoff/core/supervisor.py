@@ -1,4 +1,4 @@
-"""The core's side of its frontend workers: spawn, watch, restart, drain.
+"""The core's side of its frontend workers: reserve their ports, spawn, watch, restart, drain.
 
 Who spawns whom: the core process (``inferd serve``) loads the models and
 spawns N frontend workers, ``python -m inferd.handoff.worker --index K``, each
@@ -10,12 +10,22 @@ A worker first receives ``CONFIG`` (what to serve, where its arenas are), binds
 the reserved ports and answers ``HELLO``; :meth:`Supervisor.start` returns once
 every worker has. A worker that dies (its pidfd becomes readable, or its channel
 closes) is *lost*: the core's endpoint for it fails what it had in flight, and
-the slot is started again (when: :mod:`inferd.handoff.restart`) with fresh
-arenas, so nothing a dead worker wrote can be read again.
+the slot is started again (when: :class:`RestartState`, a pure decision) with
+fresh arenas, so nothing a dead worker wrote can be read again.
 :meth:`Supervisor.stop` sends ``DRAIN`` to every worker: each stops taking
 requests and answers those it accepted, its ports still answering (not ready,
 UNAVAILABLE); once the core's requests are all answered it sends ``CLOSE``, and
 each closes its ports and exits; one still running after the grace is killed. Every worker is reaped before stop returns.
+
+The ports: the core *reserves* each one (:func:`reserve`): it binds a socket
+with SO_REUSEPORT and never listens on it, so the kernel sends it no
+connection, but the port stays the server's for its whole life (a restarted
+worker binds it again; no other program can take it in between), and a
+requested port 0 is resolved once, by the core, to the port every worker then
+binds. Each worker binds and listens on its own socket with SO_REUSEPORT
+(:func:`inferd.handoff.worker.process.listen`), and the kernel spreads new
+connections over the workers' sockets by a hash of the connection's addresses,
+so a client's connection stays with one worker.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -33,7 +44,7 @@ from inferd.clock import Clock, MonotonicClock
 from inferd.handoff import wire
 from inferd.handoff.arena import Arena, ArenaWriter
 from inferd.handoff.channel import Channel, socket_pair
-from inferd.handoff.restart import RestartPolicy, RestartState
+from inferd.server.asgi import bind
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +54,53 @@ KILL_WAIT = 5.0  # a worker whose channel closed but that still runs is killed a
 EXIT_MARGIN = 1.0  # past the drain's grace, how long stop waits for a worker to exit before killing it
 
 
+def reserve(host: str, port: int, what: str) -> socket.socket:
+    """A bound, never listening, SO_REUSEPORT socket on ``host:port`` (0: a free port);
+    ``getsockname()[1]`` is the port the workers bind. Exits with a clear message if taken."""
+    return bind(host, port, what, reuse_port=True)
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    """When to start a worker again after it died. The first death is answered at once (clients
+    of the other workers never notice, and this one's reconnect to a fresh worker or to the
+    others); a worker that keeps dying soon after it starts is restarted with a doubling delay,
+    up to ``max_delay``, so a crash loop cannot eat the cores the models need; one that ran for
+    ``stable_after`` seconds before dying starts the count afresh."""
+
+    first_backoff: float = 0.1  # the delay after a second quick death
+    max_delay: float = 10.0
+    stable_after: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.first_backoff <= 0 or self.max_delay < self.first_backoff or self.stable_after <= 0:
+            raise ValueError(f"restart policy: need 0 < first_backoff <= max_delay and stable_after > 0, got {self}")
+
+
+class RestartState:
+    """One worker slot's history of deaths: the restart decision on plain times."""
+
+    __slots__ = ("policy", "quick_deaths")
+
+    def __init__(self, policy: RestartPolicy) -> None:
+        self.policy = policy
+        self.quick_deaths = 0
+
+    def next_start(self, started: float, died: float) -> float:
+        """The time to start the next worker, given when the dead one started and died."""
+        p = self.policy
+        if died - started >= p.stable_after:
+            self.quick_deaths = 0
+        n = self.quick_deaths
+        self.quick_deaths += 1
+        if n == 0:
+            return died
+        return died + min(p.max_delay, p.first_backoff * 2 ** (n - 1))
+
+
 class Endpoint(Protocol):
-    """What the core runs for one live worker (the request hand-off proper)."""
+    """What the core runs for one live worker, the request hand-off proper
+    (:class:`~inferd.handoff.core.endpoint.DataPlaneEndpoint`)."""
 
     def on_message(self, msg: list[Any]) -> None:
         """Every message from the worker but HELLO, in order, on the loop."""
@@ -63,8 +119,8 @@ def worker_command(index: int, channel_fd: int) -> list[str]:
 
 
 @dataclass(eq=False)
-class Link:
-    """One running worker as the core sees it."""
+class WorkerProcess:
+    """One running worker as the core sees it: its process, channel and arenas."""
 
     index: int
     process: subprocess.Popen
@@ -90,7 +146,7 @@ class Link:
 class Supervisor:
     """``count`` frontend workers, kept running until :meth:`stop`."""
 
-    def __init__(self, count: int, config: Callable[[int], dict], endpoint: Callable[[Link], Endpoint],
+    def __init__(self, count: int, config: Callable[[int], dict], endpoint: Callable[[WorkerProcess], Endpoint],
                  *, command: Callable[[int, int], list[str]] = worker_command, clock: Clock | None = None,
                  policy: RestartPolicy | None = None, arena_bytes: int = ARENA_BYTES,
                  start_timeout: float = 120.0) -> None:
@@ -104,14 +160,14 @@ class Supervisor:
         self.policy = policy or RestartPolicy()
         self.arena_bytes = arena_bytes
         self.start_timeout = start_timeout
-        self.links: dict[int, Link] = {}
+        self.workers: dict[int, WorkerProcess] = {}
         self.restarts = 0
         self._stopping = False
         self._slots: list[asyncio.Task] = []
         self._waits: set[asyncio.Future] = set()
 
     def pids(self) -> list[int]:
-        return [link.pid for link in self.links.values()]
+        return [worker.pid for worker in self.workers.values()]
 
     # -- start ------------------------------------------------------------------------
 
@@ -122,11 +178,11 @@ class Supervisor:
         if failures:
             await self.stop(0.0)
             raise failures[0]
-        for link in results:
-            assert isinstance(link, Link)
-            self._slots.append(asyncio.get_running_loop().create_task(self._watch(link), name=f"frontend {link.index}"))
+        for worker in results:
+            assert isinstance(worker, WorkerProcess)
+            self._slots.append(asyncio.get_running_loop().create_task(self._watch(worker), name=f"frontend {worker.index}"))
 
-    async def _spawn(self, index: int) -> Link:
+    async def _spawn(self, index: int) -> WorkerProcess:
         loop = asyncio.get_running_loop()
         core_end, worker_end = socket_pair()
         inputs = Arena.create(self.arena_bytes, f"inferd-frontend-{index}-inputs")
@@ -142,21 +198,21 @@ class Supervisor:
             worker_end.close()  # the worker's copy is its own: our closing it lets us see its EOF
         hello: asyncio.Future = loop.create_future()
         gone: asyncio.Future = loop.create_future()
-        link_box: list[Link] = []
+        box: list[WorkerProcess] = []
 
         def on_message(msg: list[Any]) -> None:
             if msg[0] == wire.HELLO:
                 if not hello.done():
                     hello.set_result(msg)
-            elif link_box[0].endpoint is not None:
-                link_box[0].endpoint.on_message(msg)
+            elif box[0].endpoint is not None:
+                box[0].endpoint.on_message(msg)
 
         channel = await Channel.open(core_end, on_message, f"frontend {index}")
-        link = Link(index, process, channel, inputs, ArenaWriter(outputs), self.clock.now(), hello, gone)
-        link_box.append(link)
-        self.links[index] = link
-        self._watch_exit(link)
-        link.endpoint = self.make_endpoint(link)
+        worker = WorkerProcess(index, process, channel, inputs, ArenaWriter(outputs), self.clock.now(), hello, gone)
+        box.append(worker)
+        self.workers[index] = worker
+        self._watch_exit(worker)
+        worker.endpoint = self.make_endpoint(worker)
         config = dict(self.config(index), inputs=[inputs.fd, inputs.size], outputs=[outputs.fd, outputs.size])
         channel.send([wire.CONFIG, config])
         try:
@@ -167,68 +223,68 @@ class Supervisor:
                        else f"did not start serving within {self.start_timeout:.0f} s")
                 raise WorkerFailed(f"frontend worker {index} (pid {process.pid}) {why}")
         except BaseException:
-            await self._reap(link, kill=True)
+            await self._reap(worker, kill=True)
             raise
         log.info("frontend %d serving (pid %d)", index, process.pid)
-        return link
+        return worker
 
-    def _watch_exit(self, link: Link) -> None:
-        """Resolve ``link.gone`` when the process exits: its pidfd turns readable (no thread, no
+    def _watch_exit(self, worker: WorkerProcess) -> None:
+        """Resolve ``worker.gone`` when the process exits: its pidfd turns readable (no thread, no
         polling); the channel closing without an exit gets the process killed after a grace."""
         loop = asyncio.get_running_loop()
-        pidfd = os.pidfd_open(link.pid)
+        pidfd = os.pidfd_open(worker.pid)
 
         def exited() -> None:
             loop.remove_reader(pidfd)
             os.close(pidfd)
-            status = link.process.wait()
-            if not link.gone.done():
-                link.gone.set_result(status)
+            status = worker.process.wait()
+            if not worker.gone.done():
+                worker.gone.set_result(status)
 
         loop.add_reader(pidfd, exited)
 
         def channel_closed(_: asyncio.Future) -> None:
-            if not link.gone.done():
-                self.clock.call_at(self.clock.now() + KILL_WAIT, lambda: _kill(link))
+            if not worker.gone.done():
+                self.clock.call_at(self.clock.now() + KILL_WAIT, lambda: _kill(worker))
 
-        link.channel.closed.add_done_callback(channel_closed)  # type: ignore[union-attr]
+        worker.channel.closed.add_done_callback(channel_closed)  # type: ignore[union-attr]
 
     # -- watch and restart ------------------------------------------------------------
 
-    async def _watch(self, link: Link) -> None:
+    async def _watch(self, worker: WorkerProcess) -> None:
         state = RestartState(self.policy)
         while True:
-            status = await link.gone
+            status = await worker.gone
             died = self.clock.now()
-            self._lost(link)
+            self._lost(worker)
             if self._stopping:
                 return
             log.warning("frontend %d (pid %d) exited with status %s; its in-flight requests failed",
-                        link.index, link.pid, _describe(status))
+                        worker.index, worker.pid, _describe(status))
             while not self._stopping:
-                await self._sleep_until(state.next_start(link.started, died))
+                await self._sleep_until(state.next_start(worker.started, died))
                 if self._stopping:
                     return
                 try:
-                    link = await self._spawn(link.index)
+                    worker = await self._spawn(worker.index)
                     self.restarts += 1
                     break
                 except (WorkerFailed, OSError) as exc:
-                    log.error("restarting frontend %d failed: %s", link.index, exc)
+                    log.error("restarting frontend %d failed: %s", worker.index, exc)
                     died = self.clock.now()
 
-    def _lost(self, link: Link) -> None:
-        if link.closed:
+    def _lost(self, worker: WorkerProcess) -> None:
+        if worker.closed:
             return
-        link.closed = True
-        if self.links.get(link.index) is link:
-            del self.links[link.index]
-        if link.endpoint is not None:
+        worker.closed = True
+        if self.workers.get(worker.index) is worker:
+            del self.workers[worker.index]
+        if worker.endpoint is not None:
             try:
-                link.endpoint.lost()
+                worker.endpoint.lost()
             except Exception:
-                log.exception("frontend %d: failing its requests failed", link.index)
-        link.close()
+                log.exception("frontend %d: failing its requests failed", worker.index)
+        worker.close()
 
     async def _sleep_until(self, when: float) -> None:
         if when <= self.clock.now():
@@ -256,35 +312,35 @@ class Supervisor:
         for fut in self._waits:
             if not fut.done():
                 fut.set_result(None)
-        links = list(self.links.values())
-        for link in links:
-            link.channel.send([wire.DRAIN, grace])
-        if drained is not None and links:
+        workers = list(self.workers.values())
+        for worker in workers:
+            worker.channel.send([wire.DRAIN, grace])
+        if drained is not None and workers:
             try:
                 await asyncio.wait_for(drained, timeout=max(grace - min(grace / 4, 1.0), 0.0))
             except asyncio.TimeoutError:
                 pass  # the workers' own grace ends it
-        for link in links:
-            link.channel.send([wire.CLOSE])
-        if links:
-            await asyncio.wait([link.gone for link in links], timeout=grace + EXIT_MARGIN)
-        for link in links:
-            await self._reap(link, kill=True)
+        for worker in workers:
+            worker.channel.send([wire.CLOSE])
+        if workers:
+            await asyncio.wait([worker.gone for worker in workers], timeout=grace + EXIT_MARGIN)
+        for worker in workers:
+            await self._reap(worker, kill=True)
         if self._slots:
             await asyncio.gather(*self._slots, return_exceptions=True)
         self._slots.clear()
 
-    async def _reap(self, link: Link, kill: bool) -> None:
-        if not link.gone.done() and kill:
-            _kill(link)
-        await link.gone
-        self._lost(link)
+    async def _reap(self, worker: WorkerProcess, kill: bool) -> None:
+        if not worker.gone.done() and kill:
+            _kill(worker)
+        await worker.gone
+        self._lost(worker)
 
 
-def _kill(link: Link) -> None:
-    if link.process.returncode is None:
+def _kill(worker: WorkerProcess) -> None:
+    if worker.process.returncode is None:
         try:
-            link.process.send_signal(signal.SIGKILL)
+            worker.process.send_signal(signal.SIGKILL)
         except ProcessLookupError:
             pass
 

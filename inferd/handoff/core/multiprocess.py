@@ -18,10 +18,9 @@ import logging
 import socket
 from typing import Any
 
-from inferd.handoff import ports, wire
-from inferd.handoff.endpoint import CoreEndpoint
-from inferd.handoff.proxy import CALLS
-from inferd.handoff.supervisor import Link, Supervisor
+from inferd.handoff import wire
+from inferd.handoff.core.endpoint import DataPlaneEndpoint
+from inferd.handoff.core.supervisor import Supervisor, WorkerProcess, reserve
 from inferd.server.app import InferenceServer, ServerOptions
 
 log = logging.getLogger("inferd")
@@ -50,11 +49,11 @@ class MultiProcessServer(InferenceServer):
         if o.allow_metrics:
             await self._start_metrics()
         if o.allow_grpc:
-            sock = ports.reserve(o.address, o.grpc_port, "gRPC")
+            sock = reserve(o.address, o.grpc_port, "gRPC")
             self._reserved.append(sock)
             self._grpc_port = sock.getsockname()[1]
         if o.allow_http:
-            sock = ports.reserve(self.http_address, o.http_port, "HTTP")
+            sock = reserve(self.http_address, o.http_port, "HTTP")
             self._reserved.append(sock)
             self._http_port = sock.getsockname()[1]
         self.supervisor = Supervisor(self.workers, self._worker_config, self._endpoint)
@@ -76,7 +75,8 @@ class MultiProcessServer(InferenceServer):
                      "restrictions": o.grpc_restrictions.to_plain()} if o.allow_grpc else None,
             "http": {"address": self.http_address, "port": self.http_port, "max_input_bytes": o.http_max_input_bytes,
                      "tls": o.http_tls.to_plain() if o.http_tls else None,
-                     "restrictions": o.http_restrictions.to_plain()} if o.allow_http else None,
+                     "restrictions": o.http_restrictions.to_plain(),
+                     "openai": o.openai.to_plain()} if o.allow_http else None,
             "state": {"tracing": self._tracing_sent},
             # What waits in a worker counts in the server-wide request cap: each takes its share.
             "max_pending": -(-o.max_queued_requests // self.workers) if o.max_queued_requests else 0,
@@ -88,18 +88,18 @@ class MultiProcessServer(InferenceServer):
     def child_pids(self) -> list[int]:
         return self.supervisor.pids() if self.supervisor is not None else []
 
-    def _endpoint(self, link: Link) -> CoreEndpoint:
-        return CoreEndpoint(link, self.dataplane, self._call)
+    def _endpoint(self, worker: WorkerProcess) -> DataPlaneEndpoint:
+        return DataPlaneEndpoint(worker, self.dataplane, self._call)
 
     async def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
         """A worker's proxy calling the data plane's façade."""
-        if method not in CALLS:
+        if method not in wire.CALLS:
             raise ValueError(f"'{method}' is not a data plane call")
         result = await getattr(self.dataplane, method)(*args, **kwargs)
         if self.dataplane.tracing.enabled != self._tracing_sent:  # a trace setting turned it on or off
             self._tracing_sent = self.dataplane.tracing.enabled
-            for link in self.supervisor.links.values() if self.supervisor else ():
-                link.channel.send([wire.STATE, {"tracing": self._tracing_sent}])
+            for worker in self.supervisor.workers.values() if self.supervisor else ():
+                worker.channel.send([wire.STATE, {"tracing": self._tracing_sent}])
         return result
 
     async def stop(self, grace: float | None = None) -> None:

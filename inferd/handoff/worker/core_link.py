@@ -1,0 +1,310 @@
+"""A frontend worker's link to its core: channel, arenas, requests in flight, calls, mirrored state.
+
+The worker owns no model and no setting: inference goes to the core through
+the arenas (:class:`InFlight`), every other request is a call answered by the
+core (:meth:`CoreLink.call`), and the little state the worker needs on every
+request (is tracing on, what health says) is pushed by the core in STATE
+messages when it changes, so the hot path never asks.
+
+Requests in flight (:class:`InFlight`):
+Each request gets a number (``rid``) and an entry here until the core's final
+message for it arrives: a future for a one-response request, a queue for a
+stream request. The entry owns the request's input block: it is freed when the
+final message comes, never before (the core reads the inputs in place until
+then), even for a request whose client went away. Output blocks the frontend
+has read are gathered and go back in one FREE message with the next write to
+the core (the next requests' turn), so a frontend never wakes the core for
+frees alone: not while busy, nor once idle (the core needs no room for a frontend
+that sends nothing). Only many gathered blocks, or an idle frontend's large ones
+(whose pages the core gives back to the kernel), go back at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import socket
+from typing import Any
+
+from inferd import errors
+from inferd.errors import InferdError, Unavailable
+from inferd.facade import DRAINING
+from inferd.handoff import wire
+from inferd.handoff.arena import RELEASE_BYTES, Arena, ArenaWriter
+from inferd.handoff.channel import Channel
+
+log = logging.getLogger(__name__)
+
+CORE_GONE = "inferd's core process went away; the request was not answered"
+FREE_BATCH = 256  # gathered output blocks that are sent back without waiting for a request to carry them
+
+
+def error_from(kind: str, message: str) -> InferdError:
+    """The domain error a core's ERROR message names (kind: an inferd.errors class name)."""
+    cls = getattr(errors, kind, None)
+    if isinstance(cls, type) and issubclass(cls, InferdError):
+        return cls(message)
+    return errors.ModelExecutionError(message)
+
+
+class InFlightStream:
+    """The messages answering one stream request, in order; the last is final."""
+
+    __slots__ = ("queue", "abandoned")
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[list[Any] | InferdError] = asyncio.Queue()
+        self.abandoned = False
+
+
+class InFlight:
+    """Requests sent to the core and not finally answered, by request number."""
+
+    def __init__(self, channel: Channel, inputs: ArenaWriter) -> None:
+        self.channel = channel
+        self.inputs = inputs
+        self._loop = asyncio.get_running_loop()
+        self._next = 0
+        # rid -> [future or InFlightStream, input block or NO_BLOCK]
+        self._entries: dict[int, list[Any]] = {}
+        self._freed: list[int] = []
+        self._freed_bytes = 0  # what they held: an idle frontend sends large ones back at once
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.lost: InferdError | None = None  # set once the core is gone: nothing more is sent
+        channel.before_flush(self._send_frees)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def next_rid(self) -> int:
+        self._next += 1
+        return self._next
+
+    # -- sending ------------------------------------------------------------------
+
+    def unary(self, rid: int, message: list[Any], block: int) -> asyncio.Future:
+        """Send an INFER; the future resolves with the final RESPONSE message (or raises)."""
+        fut = self._loop.create_future()
+        self._send(rid, message, fut, block)
+        return fut
+
+    def stream(self, rid: int, message: list[Any], block: int) -> InFlightStream:
+        stream = InFlightStream()
+        self._send(rid, message, stream, block)
+        return stream
+
+    def _send(self, rid: int, message: list[Any], waiter: Any, block: int) -> None:
+        if self.lost is not None:
+            if block != wire.NO_BLOCK:
+                self.inputs.free(block)
+            raise self.lost
+        self._entries[rid] = [waiter, block]
+        self._idle.clear()
+        self.channel.send(message)
+
+    def cancel(self, rid: int) -> None:
+        """The client went away: tell the core (the entry stays until its final message)."""
+        entry = self._entries.get(rid)
+        if entry is None:
+            return
+        if isinstance(entry[0], InFlightStream):
+            entry[0].abandoned = True
+        self.channel.send([wire.CANCEL, rid])
+
+    def credit(self, rid: int, n: int) -> None:
+        """A stream's client took ``n`` more responses: the core may send as many more."""
+        if self.lost is None and rid in self._entries:
+            self.channel.send([wire.CREDIT, rid, n])
+
+    def release(self, reply: list[Any]) -> None:
+        """A RESPONSE's output block has been read: it goes back with the next write to the core."""
+        block = reply[wire.R_BLOCK]
+        if block != wire.NO_BLOCK:
+            self._freed.append(block)
+            self._freed_bytes += sum(o[wire.T_NBYTES] for o in reply[wire.R_OUTPUTS])
+            if len(self._freed) >= FREE_BATCH or (not self._entries and self._freed_bytes >= RELEASE_BYTES):
+                self.channel.wake()
+
+    def _send_frees(self) -> None:
+        if self._freed:
+            self.channel.send([wire.FREE, self._freed])
+            self._freed = []
+            self._freed_bytes = 0
+
+    # -- receiving (Channel.on_message) -----------------------------------------------
+
+    def on_response(self, msg: list[Any]) -> None:
+        """RESPONSE, ERROR or FINAL from the core."""
+        rid = msg[1]
+        entry = self._entries.get(rid)
+        if entry is None:
+            if msg[0] == wire.RESPONSE:
+                self.release(msg)  # nobody waits for it (cannot happen unless the core errs)
+            return
+        final = msg[0] == wire.FINAL or msg[2]
+        if final:
+            del self._entries[rid]
+            if entry[1] != wire.NO_BLOCK:
+                self.inputs.free(entry[1])
+            if not self._entries:
+                self._idle.set()
+        waiter = entry[0]
+        if isinstance(waiter, InFlightStream):
+            if waiter.abandoned:
+                if msg[0] == wire.RESPONSE:
+                    self.release(msg)
+                return
+            waiter.queue.put_nowait(msg)
+        elif waiter.done():  # cancelled by its client
+            if msg[0] == wire.RESPONSE:
+                self.release(msg)
+        elif msg[0] == wire.ERROR:
+            waiter.set_exception(error_from(msg[3], msg[4]))
+        else:
+            waiter.set_result(msg)
+
+    def fail_all(self, error: InferdError | None = None) -> None:
+        """The core is gone: every request in flight fails (UNAVAILABLE), and so does any later one."""
+        self.lost = error or Unavailable(CORE_GONE)
+        entries, self._entries = self._entries, {}
+        for waiter, _ in entries.values():
+            if isinstance(waiter, InFlightStream):
+                waiter.queue.put_nowait(self.lost)
+            elif not waiter.done():
+                waiter.set_exception(self.lost)
+        self._idle.set()
+
+    async def idle(self) -> None:
+        """Return once nothing is in flight (a drain waits on this)."""
+        await self._idle.wait()
+
+
+
+class CoreLink:
+    """The worker's end of the hand-off (one per worker process)."""
+
+    def __init__(self, channel: Channel, config: dict[str, Any]) -> None:
+        self.channel = channel
+        self.config = config
+        self.index: int = config.get("index", 0)
+        self.inputs = ArenaWriter(Arena(*config["inputs"]))
+        self.outputs = Arena(*config["outputs"])
+        self.in_flight = InFlight(channel, self.inputs)
+        self._calls: dict[int, asyncio.Future] = {}
+        self._next_call = 0
+        self.draining = False
+        # This worker's share of --max-queued-requests (0: no cap): what waits here, in the hand-off
+        # or in the core counts against the server-wide cap before it reaches the core's.
+        self.max_pending: int = config.get("max_pending", 0)
+        self.max_queued: int = config.get("max_queued_requests", 0)
+        self.tracing = False  # the core's tracing is on for some model: send trace carriers
+        self.drain_requested: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.core_draining = False  # the core sent DRAIN: it will say CLOSE when the whole server is drained
+        self.close_requested: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.update_state(config.get("state") or {})
+
+    @classmethod
+    async def connect(cls, sock: socket.socket, timeout: float = 60.0) -> "CoreLink":
+        """Open the channel and wait for the core's CONFIG."""
+        loop = asyncio.get_running_loop()
+        configured: asyncio.Future = loop.create_future()
+        box: list[CoreLink] = []
+
+        def on_message(msg: list[Any]) -> None:
+            if box:
+                box[0].on_message(msg)
+            elif msg[0] == wire.CONFIG and not configured.done():
+                box.append(cls(channel, msg[1]))
+                configured.set_result(box[0])
+
+        channel = await Channel.open(sock, on_message, "core")
+        assert channel.closed is not None
+        done, _ = await asyncio.wait([configured, channel.closed], timeout=timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if configured not in done:
+            raise SystemExit("frontend worker: the core sent no configuration")
+        link = configured.result()
+        channel.closed.add_done_callback(lambda _: link._core_gone())  # type: ignore[union-attr]
+        return link
+
+    # -- messages from the core ----------------------------------------------------------
+
+    def on_message(self, msg: list[Any]) -> None:
+        kind = msg[0]
+        if kind in (wire.RESPONSE, wire.ERROR, wire.FINAL):
+            self.in_flight.on_response(msg)
+        elif kind == wire.REPLY:
+            fut = self._calls.pop(msg[1], None)
+            if fut is not None and not fut.done():
+                if msg[2]:
+                    fut.set_result(pickle.loads(msg[3]))
+                else:
+                    fut.set_exception(error_from(*msg[3]))
+        elif kind == wire.STATE:
+            self.update_state(msg[1])
+        elif kind == wire.DRAIN:
+            self.core_draining = True
+            if not self.drain_requested.done():
+                self.drain_requested.set_result(msg[1])
+        elif kind == wire.CLOSE:
+            if not self.close_requested.done():
+                self.close_requested.set_result(None)
+        else:
+            log.warning("frontend %d: unknown message kind %r from the core", self.index, kind)
+
+    def update_state(self, state: dict[str, Any]) -> None:
+        if "tracing" in state:
+            self.tracing = bool(state["tracing"])
+
+    def _core_gone(self) -> None:
+        self.in_flight.fail_all(Unavailable(CORE_GONE))
+        for fut in self._calls.values():
+            if not fut.done():
+                fut.set_exception(Unavailable(CORE_GONE))
+        self._calls.clear()
+        if not self.drain_requested.done():
+            self.drain_requested.set_result(None)  # None: no grace, the core is gone
+        if not self.close_requested.done():
+            self.close_requested.set_result(None)
+
+    @property
+    def core_gone(self) -> bool:
+        return self.in_flight.lost is not None
+
+    # -- calls to the core ------------------------------------------------------------------
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``method`` on the core's side (the control plane: never per inference)."""
+        if self.in_flight.lost is not None:
+            raise self.in_flight.lost
+        self._next_call += 1
+        cid = self._next_call
+        fut = asyncio.get_running_loop().create_future()
+        self._calls[cid] = fut
+        self.channel.send([wire.CALL, cid, method, pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)])
+        try:
+            return await fut
+        finally:
+            self._calls.pop(cid, None)
+
+    def refuse_if_draining(self) -> None:
+        if self.draining:
+            raise Unavailable(DRAINING)
+        if self.in_flight.lost is not None:
+            raise self.in_flight.lost
+
+    def refuse_if_full(self, model: str) -> None:
+        """Refuse (UNAVAILABLE) a request past this worker's share of the server-wide request cap,
+        before its tensors are copied or anything is sent."""
+        if self.max_pending and len(self.in_flight) >= self.max_pending:
+            raise Unavailable(
+                f"model '{model}': request rejected: the server is overloaded: this frontend worker already "
+                f"holds {len(self.in_flight)} requests in flight, its share ({self.max_pending}) of "
+                f"--max-queued-requests {self.max_queued} over the --frontend-workers; retry later")
+
+    def hello(self) -> None:
+        import os
+
+        self.channel.send([wire.HELLO, self.index, os.getpid()])

@@ -1,0 +1,162 @@
+"""A frontend worker process: ``python -m inferd.handoff.worker --index K --channel-fd FD --parent PID``.
+
+Spawned by the core (:mod:`inferd.handoff.core.supervisor`), never by hand. It
+serves the reserved gRPC and HTTP ports (SO_REUSEPORT, :func:`listen`) with the
+one-process frontends over :class:`~inferd.handoff.worker.proxy.RemoteDataPlane`
+and hands every request to the core. It ends when the core says DRAIN or the
+worker gets SIGTERM/SIGINT (stop taking requests, answer the accepted ones,
+close the ports, exit 0), or at once when the core goes away.
+
+A worker never outlives its core, by two ties, either enough on its own: the
+control channel (the core's end closes when the core exits or is killed, and
+the worker then stops at once), and ``PR_SET_PDEATHSIG`` (the kernel sends the
+worker SIGKILL when the core dies, even if the worker is stuck and never reads
+its channel: :func:`die_with_parent`). Either way its listening sockets close
+with it, so the ports are free again.
+
+Everything the worker runs is imported here, at the top: the core types, the
+façade, the wire protocol and the frontends, nothing of the models
+(tests/handoff/test_worker_imports.py walks what importing this module loads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+from inferd.handoff.worker.core_link import CoreLink
+from inferd.handoff.worker.proxy import RemoteDataPlane
+from inferd.observability import memtrace
+from inferd.server.asgi import AsgiServer, bind
+from inferd.server.grpc_server import GrpcPort, GrpcPortOptions
+from inferd.server.grpc_service import InferenceServicer
+from inferd.server.health import Health
+from inferd.server.http_service import DEFAULT_MAX_INPUT_BYTES, HttpFrontend
+from inferd.server.openai import OpenAIOptions
+from inferd.server.restrictions import Restrictions
+from inferd.server.tls import TlsFiles
+
+log = logging.getLogger("inferd.frontend")
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask for SIGKILL when the process that spawned us exits; exit now if it already has.
+
+    The signal follows the *thread* that forked us: the core spawns workers from
+    its event-loop thread, which lives as long as the core."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:  # the core died before the prctl took effect
+        os._exit(1)
+
+
+def listen(host: str, port: int, what: str, backlog: int = 2048) -> socket.socket:
+    """This worker's own listening socket on the core's reserved ``host:port`` (SO_REUSEPORT)."""
+    sock = bind(host, port, what, reuse_port=True)
+    try:
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"cannot listen for {what} on {host}:{port}: {exc}") from None
+    return sock
+
+
+async def _start_grpc(dataplane: RemoteDataPlane, index: int, config: dict[str, Any]) -> GrpcPort:
+    """The gRPC port, built as the one-process server builds its own (limits, TLS, restricted groups,
+    the closing gate), on the reserved port with SO_REUSEPORT."""
+    port = GrpcPort(InferenceServicer(dataplane), Health(dataplane), GrpcPortOptions(  # readiness asked of the core
+        address=config["address"], port=config["port"], max_message_bytes=config["max_message_bytes"],
+        tls=TlsFiles.from_plain(config.get("tls")),
+        restrictions=Restrictions.from_plain(config.get("restrictions"), protocol="protocol"),
+        channel_args=(("grpc.so_reuseport", 1), *[tuple(kv) for kv in config["options"]])))
+    if await port.start() != config["port"]:
+        raise SystemExit(f"frontend {index}: cannot listen for gRPC on {config['address']}:{config['port']}")
+    return port
+
+
+async def serve(index: int, channel_fd: int) -> int:
+    loop = asyncio.get_running_loop()
+    link = await CoreLink.connect(socket.socket(fileno=channel_fd))
+    dataplane = RemoteDataPlane(link)  # one for both frontends
+    config = link.config
+    logging.getLogger().setLevel(config.get("log_level", logging.INFO))
+
+    def drain_on_signal() -> None:
+        if not link.drain_requested.done():
+            link.drain_requested.set_result(-1.0)  # -1: with the server's own grace
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, drain_on_signal)
+    grpc_port = health = http = None
+    if config["grpc"]:
+        grpc_port = await _start_grpc(dataplane, index, config["grpc"])
+        health = grpc_port.health
+    if config["http"]:
+        h = config["http"]
+        app = HttpFrontend(dataplane, Restrictions.from_plain(h.get("restrictions")),  # type: ignore[arg-type]
+                           h.get("max_input_bytes", DEFAULT_MAX_INPUT_BYTES),
+                           OpenAIOptions.from_plain(h.get("openai"))).app()
+        http = AsgiServer(app, h["address"], h["port"], "HTTP", sock=listen(h["address"], h["port"], "HTTP"),
+                          tls=TlsFiles.from_plain(h.get("tls")))
+        await http.start()
+    link.hello()
+    grace: float | None = await link.drain_requested
+    if grace is None:  # the core went away: nothing can be answered any more
+        log.warning("frontend %d: the core went away; exiting", index)
+        grace = 0.0
+    elif grace < 0:  # our own SIGTERM: drain with the core's grace
+        grace = config.get("grace", 30.0)
+    link.draining = True
+    if health is not None:
+        health.drain()  # NOT_SERVING at once; Watch streams are told
+    deadline = loop.time() + grace
+    try:
+        await asyncio.wait_for(link.in_flight.idle(), timeout=grace)
+    except asyncio.TimeoutError:
+        log.warning("frontend %d: %d requests still unanswered after %.1f s", index, len(link.in_flight), grace)
+    if link.core_draining:
+        # The whole server drains: keep answering (NOT_SERVING, new requests UNAVAILABLE) until
+        # the core says every worker's requests are answered, as one process keeps its port open.
+        try:
+            await asyncio.wait_for(asyncio.shield(link.close_requested), timeout=max(deadline - loop.time(), 0.0))
+        except asyncio.TimeoutError:
+            pass
+    # What is left of the grace (at most a second) lets the last answers and control calls finish;
+    # past it the ports close and what is still running is cut off. The gRPC port answers what
+    # arrives while it closes UNAVAILABLE, never CANCELLED (GrpcPort.close).
+    left = min(max(deadline - loop.time(), 0.0), 1.0)
+    closing = []
+    if grpc_port is not None:
+        closing.append(grpc_port.close(left))
+    if http is not None:
+        closing.append(http.stop(left))
+    await asyncio.gather(*closing)
+    link.channel.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inferd.handoff.worker", description=__doc__)
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--channel-fd", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    args = parser.parse_args(argv)
+    die_with_parent(args.parent)
+    memtrace.install(f"frontend{args.index}")  # INFERD_TRACEMALLOC: a leak hunt's snapshots
+    from inferd.observability import heap
+
+    heap.start()  # freed heap memory back to the system (INFERD_MALLOC_TRIM_INTERVAL)
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s %(levelname)s frontend {args.index} %(name)s: %(message)s")
+    return asyncio.run(serve(args.index, args.channel_fd))
+

@@ -1,0 +1,428 @@
+"""The ``/v1`` routes: models, completions, chat completions, embeddings.
+
+Each route reads its body (:mod:`._fields`), finds the model through the façade
+(``DataPlaneAPI.openai_models``: the same call in one process and in every frontend worker),
+renders and counts text with the model's tokenizer and template (:mod:`._text`), and runs each
+choice as a sequence of the model's scheduler (:mod:`._generate`) or each embedding input as one
+inference (``DataPlaneAPI.infer``). Streams are server-sent events ending in ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from inferd.facade import DataPlaneAPI
+from inferd.errors import NotFound
+from inferd.server.openai._errors import AuthenticationFailed, RequestError, error_body
+from inferd.server.openai._fields import MAX_CHOICES, MAX_INPUTS, MAX_N, Body, messages, texts_or_ids
+from inferd.server.openai._generate import Piece, Sampling, run_choice
+from inferd.server.openai._text import ModelText
+from inferd.server.restrictions import Restrictions
+from inferd.types import InferenceRequest
+
+PRIORITY_HEADER = "inferd-priority"  # a request's priority level (the model's default without it)
+JSON = "application/json"
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass(frozen=True)
+class OpenAIOptions:
+    """``--openai-api-key`` (repeatable) and ``--openai-api-key-file``: with any key, every ``/v1``
+    request must carry ``Authorization: Bearer <one of them>``."""
+
+    api_keys: tuple[str, ...] = ()
+
+    def to_plain(self) -> dict[str, Any]:
+        return {"api_keys": list(self.api_keys)}
+
+    @classmethod
+    def from_plain(cls, plain: dict[str, Any] | None) -> "OpenAIOptions":
+        return cls(tuple((plain or {}).get("api_keys", ())))
+
+
+def _json(doc: Any, status: int = 200) -> Response:
+    return Response(json.dumps(doc, separators=(",", ":")), status_code=status, media_type=JSON)
+
+
+def _error(exc: BaseException) -> Response:
+    status, body = error_body(exc)
+    return _json(body, status)
+
+
+def _sse(doc: Any) -> bytes:
+    return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _merge(streams: list[AsyncIterator[Piece]]) -> AsyncIterator[Piece]:
+    """The pieces of several choices as they come. The queue is bounded, so a slow reader holds the
+    choices' streams back (and through them the model's) instead of piling up text."""
+    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=2 * len(streams))
+    end = object()
+
+    async def pump(stream: AsyncIterator[Piece]) -> None:
+        try:
+            async with aclosing(stream):  # type: ignore[type-var]
+                async for piece in stream:
+                    await queue.put(piece)
+            await queue.put(end)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await queue.put(exc)
+
+    tasks = [asyncio.create_task(pump(s)) for s in streams]
+    try:
+        left = len(tasks)
+        while left:
+            item = await queue.get()
+            if item is end:
+                left -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class OpenAIFrontend:
+    """The routes; they call only the :class:`DataPlaneAPI` façade."""
+
+    def __init__(self, dataplane: DataPlaneAPI, restrictions: Restrictions | None = None,
+                 options: OpenAIOptions | None = None) -> None:
+        self.dp = dataplane
+        self.restrictions = restrictions or Restrictions()
+        self.keys = [k.encode() for k in (options or OpenAIOptions()).api_keys]
+        self._texts: dict[str, ModelText] = {}  # one per /v1 model of the repository, rebuilt when it changes
+        self.created = int(time.time())  # wall-clock seconds: the "created" OpenAI's objects carry
+
+    def routes(self) -> list[Route]:
+        # --http-restricted-api groups, as the /v2 routes they stand beside.
+        table: list[tuple[str, Handler, str, str]] = [
+            ("/v1/models", self.models, "metadata", "GET"),
+            ("/v1/models/{model:path}", self.model, "metadata", "GET"),
+            ("/v1/completions", self.completions, "inference", "POST"),
+            ("/v1/chat/completions", self.chat, "inference", "POST"),
+            ("/v1/embeddings", self.embeddings, "inference", "POST"),
+        ]
+        return [Route(path, self._guarded(handler, group), methods=[method]) for path, handler, group, method in table]
+
+    def _guarded(self, handler: Handler, group: str) -> Handler:
+        rule = group if group in self.restrictions.by_group else None
+
+        async def run(request: Request) -> Response:
+            try:
+                if rule is not None:
+                    client = request.client
+                    refused = self.restrictions.refusal(rule, request.headers.get,
+                                                        f"{request.method} {request.url.path}",
+                                                        f"{client.host}:{client.port}" if client else "")
+                    if refused is not None:
+                        return _error(refused)
+                if self.keys:
+                    self._authenticate(request)
+                return await handler(request)
+            except Exception as exc:
+                return _error(exc)
+
+        run.__name__ = handler.__name__
+        return run
+
+    def _authenticate(self, request: Request) -> None:
+        header = request.headers.get("authorization", "")
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise AuthenticationFailed("You didn't provide an API key: send it in the header "
+                                       "'Authorization: Bearer <key>'")
+        given = key.strip().encode()
+        if not any(hmac.compare_digest(given, k) for k in self.keys):
+            raise AuthenticationFailed("Incorrect API key provided")
+
+    async def _text(self, name: str) -> ModelText:
+        found = await self.dp.openai_models(name)  # an unknown model raises its NotFound
+        if not found:
+            raise NotFound(f"The model '{name}' is not served under /v1: its config has no parameter "
+                           "'inferd.openai' (chat, completion or embedding)")
+        cached = self._texts.get(name)
+        if cached is None or cached.spec.digest != found[0].spec.digest:
+            full = await self.dp.openai_models(name, assets=True)
+            if not full:
+                raise NotFound(f"The model '{name}' is no longer served under /v1")
+            cached = self._texts[name] = ModelText.build(name, full[0].spec)
+        return cached
+
+    @staticmethod
+    async def _body(request: Request, what: str) -> Body:
+        raw = await request.body()
+        try:
+            doc = json.loads(raw)
+        except ValueError as exc:
+            raise RequestError(f"{what}: the body is not JSON: {exc}") from None
+        return Body(doc, what)
+
+    @staticmethod
+    def _priority(request: Request) -> int:
+        raw = request.headers.get(PRIORITY_HEADER)
+        if raw is None:
+            return 0
+        if not raw.strip().isdigit():
+            raise RequestError(f"header '{PRIORITY_HEADER}' must be a priority level (an integer >= 1), got "
+                               f"{raw[:40]!r}")
+        return int(raw)
+
+    # -- models ---------------------------------------------------------------------------------
+
+    def _model_object(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "inferd"}
+
+    async def models(self, request: Request) -> Response:
+        return _json({"object": "list", "data": [self._model_object(m.name) for m in await self.dp.openai_models()]})
+
+    async def model(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        await self._text(name)
+        return _json(self._model_object(name))
+
+    # -- completions ---------------------------------------------------------------------------
+
+    def _sampling(self, body: Body, text: ModelText, name: str, prompt_tokens: int, param: str,
+                  priority: int) -> Sampling:
+        max_tokens = body.integer("max_completion_tokens", 1)
+        if max_tokens is None:
+            max_tokens = body.integer("max_tokens", 1)
+        limit = text.spec.max_context
+        if limit:
+            wanted = prompt_tokens + (max_tokens or 1)
+            if wanted > limit:
+                raise RequestError(
+                    f"This model's maximum context length is {limit} tokens. However, you requested {wanted} "
+                    f"tokens ({prompt_tokens} in the {param}, {max_tokens or 1} in the completion). Please reduce "
+                    f"the length of the {param} or completion.", param, "context_length_exceeded")
+            if max_tokens is None:
+                max_tokens = limit - prompt_tokens
+        if body.boolean("logprobs") or body.doc.get("logprobs") not in (None, False):
+            raise RequestError(f"model '{name}' gives no log probabilities: leave 'logprobs' out", "logprobs")
+        body.string("user")  # accepted, as OpenAI does (checked for its type only)
+        return Sampling(max_tokens=max_tokens, temperature=body.number("temperature", 0.0, 2.0),
+                        top_p=body.number("top_p", 0.0, 1.0), seed=body.integer("seed", 0, 2**63 - 1),
+                        stop=body.stop(), priority=priority)
+
+    async def completions(self, request: Request) -> Response:
+        body = await self._body(request, "completion request")
+        name = body.string("model", required=True) or ""
+        text = await self._text(name)
+        if text.spec.kind not in ("chat", "completion"):
+            raise RequestError(f"model '{name}' is an {text.spec.kind} model: use /v1/embeddings", "model")
+        prompts = [p if isinstance(p, str) else text.decode(p, "prompt")
+                   for p in texts_or_ids(body.doc.get("prompt"), "prompt", body.what)]
+        counts = [text.count(p) for p in prompts]
+        sampling = self._sampling(body, text, name, max(counts), "prompt", self._priority(request))
+        echo = body.boolean("echo")
+        return await self._complete(request, body, text, name, prompts, counts, sampling, chat=False, echo=echo)
+
+    async def chat(self, request: Request) -> Response:
+        body = await self._body(request, "chat completion request")
+        name = body.string("model", required=True) or ""
+        text = await self._text(name)
+        if text.spec.kind != "chat":
+            raise RequestError(f"model '{name}' is a{'n' if text.spec.kind == 'embedding' else ''} "
+                               f"{text.spec.kind} model: use /v1/{'embeddings' if text.spec.kind == 'embedding' else 'completions'}",
+                               "model")
+        extra = body.doc.get("chat_template_kwargs") or {}
+        if not isinstance(extra, dict):
+            raise RequestError(f"{body.what}: 'chat_template_kwargs' must be an object", "chat_template_kwargs")
+        prompt = text.render(name, messages(body.doc.get("messages"), body.what),
+                             body.boolean("add_generation_prompt", True), extra)
+        count = text.count(prompt)
+        sampling = self._sampling(body, text, name, count, "messages", self._priority(request))
+        return await self._complete(request, body, text, name, [prompt], [count], sampling, chat=True)
+
+    async def _complete(self, request: Request, body: Body, text: ModelText, name: str, prompts: list[str],
+                        counts: list[int], sampling: Sampling, chat: bool, echo: bool = False) -> Response:
+        n = body.integer("n", 1, MAX_N) or 1
+        if len(prompts) * n > MAX_CHOICES:
+            raise RequestError(f"{body.what}: {len(prompts)} prompt(s) x n={n} make {len(prompts) * n} choices; "
+                               f"one request may ask for at most {MAX_CHOICES}", "n")
+        stream = body.boolean("stream")
+        include_usage = body.include_usage(stream)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        # Choice i*n + j: the j-th of prompt i (OpenAI's order for a list of prompts).
+        choices = [(i * n + j, prompt) for i, prompt in enumerate(prompts) for j in range(n)]
+        streams = [run_choice(self.dp, name, text.spec, prompt, sampling, index, rid) for index, prompt in choices]
+        pieces = _merge(streams) if len(streams) > 1 else streams[0]
+        prompt_tokens = sum(counts)
+        obj = "chat.completion" if chat else "text_completion"
+        if not stream:
+            texts = {index: (prompt if echo else "") for index, prompt in choices}
+            reasons: dict[int, str | None] = {}
+            tokens = 0
+            async with aclosing(pieces):  # type: ignore[type-var]
+                async for piece in pieces:
+                    texts[piece.index] += piece.text
+                    tokens += piece.tokens
+                    if piece.finish_reason:
+                        reasons[piece.index] = piece.finish_reason
+            out = []
+            for index, _ in choices:
+                if chat:
+                    out.append({"index": index, "message": {"role": "assistant", "content": texts[index]},
+                                "logprobs": None, "finish_reason": reasons.get(index)})
+                else:
+                    out.append({"index": index, "text": texts[index], "logprobs": None,
+                                "finish_reason": reasons.get(index)})
+            return _json({"id": rid, "object": obj, "created": int(time.time()), "model": name, "choices": out,
+                          "usage": _usage(prompt_tokens, tokens)})
+        return await self._stream(rid, name, chat, choices, pieces, prompt_tokens, include_usage, echo)
+
+    async def _stream(self, rid: str, name: str, chat: bool, choices: list[tuple[int, str]],
+                      pieces: AsyncIterator[Piece], prompt_tokens: int, include_usage: bool,
+                      echo: bool) -> Response:
+        items = pieces.__aiter__()
+        try:  # the first piece before the status is sent: a refusal is an error answer, not a 200
+            first: Piece | None = await items.__anext__()
+        except StopAsyncIteration:
+            first = None
+        except BaseException:
+            await items.aclose()  # type: ignore[attr-defined]
+            raise
+        created = int(time.time())
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        usage_field = {"usage": None} if include_usage else {}
+
+        def chunk(index: int, content: str | None, reason: str | None, role: bool = False) -> bytes:
+            if chat:
+                delta: dict[str, Any] = {"role": "assistant"} if role else {}
+                if content is not None:
+                    delta["content"] = content
+                choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+            else:
+                choice = {"index": index, "text": content or "", "logprobs": None, "finish_reason": reason}
+            return _sse({"id": rid, "object": obj, "created": created, "model": name, "choices": [choice],
+                         **usage_field})
+
+        async def body() -> AsyncIterator[bytes]:
+            tokens = 0
+            try:
+                for index, prompt in choices:  # the role (or the echoed prompt) first, as OpenAI sends it
+                    if chat:
+                        yield chunk(index, "", None, role=True)
+                    elif echo:
+                        yield chunk(index, prompt, None)
+                piece = first
+                while piece is not None:
+                    tokens += piece.tokens
+                    if piece.text:
+                        yield chunk(piece.index, piece.text, None)
+                    if piece.finish_reason:
+                        yield chunk(piece.index, None if chat else "", piece.finish_reason)
+                    # One loop turn per event, so a disconnect (Starlette's listener) is seen even when the
+                    # model keeps the stream full (generate_stream does the same).
+                    await asyncio.sleep(0)
+                    try:
+                        piece = await items.__anext__()
+                    except StopAsyncIteration:
+                        piece = None
+                if include_usage:
+                    yield _sse({"id": rid, "object": obj, "created": created, "model": name, "choices": [],
+                                "usage": _usage(prompt_tokens, tokens)})
+                yield DONE
+            except Exception as exc:  # the model failed mid-stream: the error as OpenAI streams it
+                yield _sse(error_body(exc)[1])
+            finally:
+                await items.aclose()  # type: ignore[attr-defined]  # the client went away: stop the sequences
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    # -- embeddings ----------------------------------------------------------------------------
+
+    async def embeddings(self, request: Request) -> Response:
+        body = await self._body(request, "embedding request")
+        name = body.string("model", required=True) or ""
+        text = await self._text(name)
+        spec = text.spec
+        if spec.kind != "embedding":
+            raise RequestError(f"model '{name}' is a {spec.kind} model, not an embedding model: use "
+                               "/v1/chat/completions or /v1/completions", "model")
+        inputs = texts_or_ids(body.doc.get("input"), "input", body.what)
+        if len(inputs) > MAX_INPUTS:
+            raise RequestError(f"{body.what}: 'input' has {len(inputs)} items; at most {MAX_INPUTS}", "input")
+        fmt = body.string("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise RequestError(f"{body.what}: 'encoding_format' must be float or base64, got {fmt!r}",
+                               "encoding_format")
+        size = body.integer("dimensions", 1)
+        if size is not None and size != spec.full_dimension and size not in spec.dimensions:
+            allowed = sorted({*spec.dimensions, spec.full_dimension})
+            raise RequestError(f"model '{name}' does not give embeddings of {size} dimensions; it gives "
+                               f"{', '.join(map(str, allowed))}", "dimensions")
+        body.string("user")
+        vocab = text.tokenizer.get_vocab_size(with_added_tokens=True)
+        ids_list = []
+        for i, item in enumerate(inputs):
+            ids = text.encode(item) if isinstance(item, str) else item
+            if not ids:
+                raise RequestError(f"{body.what}: input[{i}] has no tokens", "input")
+            if max(ids) >= vocab:
+                raise RequestError(f"{body.what}: input[{i}]: token id {max(ids)} is not in the model's "
+                                   f"vocabulary (0..{vocab - 1})", "input")
+            if spec.max_context and len(ids) > spec.max_context:
+                raise RequestError(f"This model's maximum context length is {spec.max_context} tokens, however "
+                                   f"input[{i}] has {len(ids)} tokens. Please reduce the length of the input.",
+                                   "input", "context_length_exceeded")
+            ids_list.append(ids)
+        priority = self._priority(request)
+        shape = (1, -1) if spec.batched else (-1,)
+        received = time.monotonic_ns()
+        responses = await asyncio.gather(*(self.dp.infer(InferenceRequest(
+            model_name=name, inputs={spec.ids_input: np.asarray(ids, dtype=spec.ids_dtype).reshape(shape)},
+            priority=priority, received_ns=received)) for ids in ids_list))  # concurrent: they share batches
+        data = []
+        for i, response in enumerate(responses):
+            vector = _pool(np.asarray(response.outputs[spec.embedding_output], dtype=np.float32), spec.pooling,
+                           spec.batched)
+            if size is not None:
+                vector = vector[:size]
+            if spec.normalize:
+                norm = float(np.linalg.norm(vector))
+                vector = vector / norm if norm > 0 else vector
+            value: Any = (base64.b64encode(vector.astype("<f4").tobytes()).decode() if fmt == "base64"
+                          else vector.astype(np.float32).tolist())
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        tokens = sum(len(ids) for ids in ids_list)
+        return _json({"object": "list", "data": data, "model": name,
+                      "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+def _pool(output: np.ndarray, pooling: str, batched: bool) -> np.ndarray:
+    if batched:
+        output = output[0]
+    if pooling == "mean":
+        return output.mean(axis=0)
+    if pooling == "first":
+        return output[0]
+    if pooling == "last":
+        return output[-1]
+    return output.reshape(-1)
