@@ -73,12 +73,22 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     from inferd.observability import log_settings, tracing
 
     log_settings.add_arguments(p)
-    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none",
+    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit", "on_demand"], default="none",
                    help="none: load every model at start-up; explicit: load the --load-model ones, then as "
                         "RepositoryModelLoad/Unload ask; poll: load every model and rescan the repositories "
-                        "every --repository-poll-secs (default none)")
+                        "every --repository-poll-secs; on_demand: list every model, load one on its first "
+                        "request and unload the least recently used idle ones to stay under "
+                        "--model-memory-budget (RepositoryModelLoad and --load-model pin) (default none)")
+    p.add_argument("--model-memory-budget", default=None, metavar="SIZE",
+                   help="on_demand: host memory the loaded models may hold, by their footprints measured at load "
+                        "(512MiB, 2G, bytes); a load past it evicts idle models first, or is refused "
+                        "RESOURCE_EXHAUSTED (default: no limit)")
+    p.add_argument("--model-warmup-on-demand", type=_flag, default=True, metavar="true|false",
+                   help="on_demand: run a model's model_warmup on a demand load before the requests waiting for "
+                        "it (default true; false answers them sooner, the first executions slower)")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME", dest="load_models",
-                   help="explicit mode: a model to load at start-up (repeatable; '*' loads all)")
+                   help="explicit mode: a model to load at start-up (repeatable; '*' loads all); on_demand: a model "
+                        "loaded at start-up and pinned (never evicted)")
     p.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECONDS",
                    help="poll mode: seconds between rescans (default 15)")
     tracing.add_arguments(p)
@@ -320,7 +330,14 @@ def _serve(args: argparse.Namespace) -> int:
     logs = LogSettings(verbose=args.log_verbose, info=args.log_info, warning=args.log_warning,
                        error=args.log_error, format=args.log_format)
     logs.apply()
-    problem = check_arguments(args.model_control_mode, args.load_models, args.repository_poll_secs)
+    from inferd.repository.residency import parse_size
+
+    try:
+        budget = None if args.model_memory_budget is None else parse_size(args.model_memory_budget)
+    except ValueError as exc:
+        print(f"inferd: {exc}", file=sys.stderr)
+        return 2
+    problem = check_arguments(args.model_control_mode, args.load_models, args.repository_poll_secs, budget)
     if problem is None:
         problem = _repository_problem(args.model_repository)
     if problem:
@@ -402,6 +419,8 @@ def _serve(args: argparse.Namespace) -> int:
         model_control_mode=args.model_control_mode,
         load_models=args.load_models,
         repository_poll_secs=args.repository_poll_secs,
+        model_memory_budget=budget,
+        model_warmup_on_demand=args.model_warmup_on_demand,
         tracing=tracer,
         log_settings=logs,
         cache_bytes=cache_bytes,
@@ -458,6 +477,7 @@ def _check(repositories: list[Path]) -> int:
     """Load every model as ``serve`` would (ModelManager.load_all: ensembles after their
     composing models, checked against them), print one line per model, release them."""
     from inferd.repository.manager import READY, ModelManager
+    from inferd.repository.residency import format_size
 
     problem = _repository_problem(repositories)
     if problem:
@@ -467,7 +487,8 @@ def _check(repositories: list[Path]) -> int:
     logging.getLogger("inferd").setLevel(logging.CRITICAL)
 
     async def run() -> tuple[list[str], int]:
-        manager = ModelManager(list(repositories))
+        # One load at a time (as on_demand loads), so each model's footprint is its own.
+        manager = ModelManager(list(repositories), measure_footprints=True)
         try:
             await manager.load_all()
             states: dict[str, tuple[str, str, list[int]]] = {}
@@ -483,8 +504,11 @@ def _check(repositories: list[Path]) -> int:
                     lines.append(f"{name}: UNAVAILABLE: {reason or state.lower()}")
                     continue
                 spec = manager.get(name).spec
+                held = [n for m in manager.models() if m.name == name for kind, _, n in m.stats.memory_usage
+                        if kind == "CPU"]
+                memory = f"; memory {format_size(sum(held))}" if held else ""
                 lines.append(f"{name}: READY (versions {', '.join(map(str, sorted(versions)))}; "
-                             f"{spec.platform or spec.backend}; max_batch_size {spec.max_batch_size})")
+                             f"{spec.platform or spec.backend}; max_batch_size {spec.max_batch_size}{memory})")
             return lines, broken
         finally:
             await manager.stop()
@@ -493,6 +517,9 @@ def _check(repositories: list[Path]) -> int:
     for line in lines:
         print(line)
     print(f"{len(lines) - broken} of {len(lines)} models ready")
+    if any("; memory " in line for line in lines):
+        print("memory: the larger of what malloc handed out during each model's load and the resident set's "
+              "growth, one load at a time (the first model of a runtime also holds some of its set-up)")
     return 1 if broken else 0
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import inspect
 import itertools
 import time
+import weakref
 from typing import Protocol
 
 
@@ -101,7 +103,10 @@ class Alarm:
 
     def __init__(self, clock: Clock, callback) -> None:  # type: ignore[no-untyped-def]
         self._clock = clock
-        self._callback = callback
+        # A scheduler's own method, held weakly: the scheduler holds its alarm, and a strong
+        # reference back would make a cycle that keeps an unloaded model (its runtime's memory)
+        # until a full collection. A scheduler gone needs no wake-up.
+        self._callback = weakref.WeakMethod(callback) if inspect.ismethod(callback) else (lambda: callback)
         self._handle: TimerHandle | None = None
         self._when: float | None = None
 
@@ -122,4 +127,6 @@ class Alarm:
     def _fire(self) -> None:
         self._handle = None
         self._when = None
-        self._callback()
+        callback = self._callback()
+        if callback is not None:
+            callback()

@@ -91,6 +91,9 @@ class InferenceRequest:
     # When its scheduler handed it to an instance (clock seconds; 0.0: not by a BatchScheduler); the
     # data plane reads it as the request ends to feed the controller its queueing delay.
     dispatched: float = 0.0
+    # Nanoseconds it waited for its model to load (--model-control-mode on_demand): a cold start, not
+    # queueing, so the queue-delay controller leaves it out (its timeout and deadline still count it).
+    load_wait_ns: int = 0
 
 
 @dataclass(slots=True, eq=False)

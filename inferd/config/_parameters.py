@@ -59,6 +59,11 @@ class InferdParameters:
     # block): as dynamic_batching's priority_levels / default_priority_level.
     priority_levels: int = 0
     default_priority_level: int = 0
+    # --model-control-mode on_demand (inferd/repository/demand.py): never evicted to make room
+    # under --model-memory-budget (loaded at start-up), and kept loaded at least this long after
+    # its last request.
+    pinned: bool = False
+    keep_warm_seconds: int = 0
 
     @classmethod
     def from_config(cls, config: mc.ModelConfig) -> "InferdParameters":

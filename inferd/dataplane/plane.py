@@ -11,6 +11,7 @@ its lifecycle (:meth:`DataPlane.load_models`, :meth:`DataPlane.drain`,
 
 from __future__ import annotations
 
+import time
 from contextlib import aclosing
 from functools import partial
 from pathlib import Path
@@ -20,6 +21,7 @@ from inferd.clock import Clock, MonotonicClock
 from inferd.facade import OpenAIModel
 from inferd.dataplane.admission import Admission, request_bytes
 from inferd.dataplane.batches import BatchService
+from inferd.dataplane.cold import ColdRun
 from inferd.dataplane.shared_memory import SharedMemoryManager
 from inferd.dataplane.shedding import QueueDelay
 from inferd.errors import InferdError, InvalidArgument, Unavailable, Unimplemented
@@ -129,6 +131,7 @@ class DataPlane:
         return ServerMetadata(self.server_name, SERVER_VERSION, list(EXTENSIONS) + cuda)
 
     async def model_metadata(self, name: str, version: int = 0) -> ModelMetadata:
+        await self._loaded(name)
         model = self.manager.get(name, version)
         spec = model.spec
         lead = [-1] if spec.max_batch_size > 0 else []
@@ -142,6 +145,7 @@ class DataPlane:
         )
 
     async def model_config(self, name: str, version: int = 0) -> Any:
+        await self._loaded(name)
         return self.manager.get(name, version).spec.config
 
     async def model_statistics(self, name: str = "", version: int = 0) -> list[ModelStatistics]:
@@ -177,18 +181,26 @@ class DataPlane:
                          repository: str = "") -> None:
         """RepositoryModelLoad: (re)load ``name``; ``parameters``: plain values (``config``: a
         JSON ModelConfig; ``file:<path>``: bytes, the files of an override model folder).
-        Explicit mode only."""
+        Explicit and on_demand modes (where the model is pinned: never evicted)."""
         control.require_explicit(self.manager, f"failed to load '{name}'")
         _check_repository(repository, name)
         config, files = control.load_parameters(name, parameters or {})
-        await self.manager.load_model(name, config, files)
+        if self.manager.demand is not None:
+            await self.manager.demand.load_pinned(name, config, files)
+        else:
+            await self.manager.load_model(name, config, files)
 
     async def unload_model(self, name: str, parameters: Mapping[str, object] | None = None,
                            repository: str = "") -> None:
-        """RepositoryModelUnload (``unload_dependents``: also the ensembles that use it). Explicit mode only."""
+        """RepositoryModelUnload (``unload_dependents``: also the ensembles that use it). Explicit and
+        on_demand modes (where it unpins: the model loads again on its next request)."""
         control.require_explicit(self.manager, f"failed to unload '{name}'")
         _check_repository(repository, name)
-        await self.manager.unload_model(name, control.unload_parameters(name, parameters or {}))
+        dependents = control.unload_parameters(name, parameters or {})
+        if self.manager.demand is not None:
+            await self.manager.demand.unload(name, dependents)
+        else:
+            await self.manager.unload_model(name, dependents)
 
     # -- system shared memory --------------------------------------------------------
 
@@ -225,6 +237,9 @@ class DataPlane:
 
     async def infer(self, request: InferenceRequest, decoupled_error: str = DECOUPLED_UNARY,
                     trace_carrier: TraceCarrier | None = None) -> InferenceResponse:
+        demand = self.manager.demand
+        if demand is not None and demand.cold(request.model_name):
+            await self._wait_loaded(request)
         model, nbytes = self._admit(request, decoupled_error, trace_carrier)
         try:
             return response(model, request, await run_model(model, request, self.clock))
@@ -240,9 +255,42 @@ class DataPlane:
         endpoint (not part of the façade): the same checks, then the model's path
         (:func:`~inferd.model.path.submit_model`; ``more``: other requests follow this turn).
         Raises what refuses the request before it reaches a model; otherwise ``on_done(run)``
-        comes once, with ``run.outputs`` or ``run.error`` (a CancelledError once cancelled)."""
+        comes once, with ``run.outputs`` or ``run.error`` (a CancelledError once cancelled).
+        A request for a model that is not loaded (on_demand) waits for its load in a task
+        (:class:`~inferd.dataplane.cold.ColdRun`), then takes the same path."""
+        demand = self.manager.demand
+        if demand is not None and demand.cold(request.model_name):
+            if self.draining:
+                raise Unavailable(DRAINING)
+            return ColdRun(request, on_done).start(  # type: ignore[return-value]
+                self._wait_loaded(request),
+                partial(self._submit, request, on_done, decoupled_error, trace_carrier, False))
+        return self._submit(request, on_done, decoupled_error, trace_carrier, more)
+
+    def _submit(self, request: InferenceRequest, on_done: Callable[[ModelRun], None], decoupled_error: str,
+                trace_carrier: TraceCarrier | None, more: bool) -> ModelRun:
         model, nbytes = self._admit(request, decoupled_error, trace_carrier)
         return submit_model(model, request, self.clock, partial(self._answered, nbytes, on_done), more=more)
+
+    async def _wait_loaded(self, request: InferenceRequest) -> None:
+        """on_demand: wait until the model ``request`` names is loaded (loading it), its bytes counted
+        against the server's caps meanwhile (a cold model's waiting requests are held too)."""
+        if self.draining:
+            raise Unavailable(DRAINING)
+        nbytes = request_bytes(request.inputs)
+        self.admission.admit(nbytes, request.model_name)
+        start = time.monotonic_ns()
+        try:
+            await self.manager.demand.wait(request.model_name, request)  # type: ignore[union-attr]
+        finally:
+            self.admission.release(nbytes)
+            request.load_wait_ns = time.monotonic_ns() - start
+
+    async def _loaded(self, name: str) -> None:
+        """on_demand: metadata and config of a model that is not loaded load it, as a request would."""
+        demand = self.manager.demand
+        if demand is not None and demand.cold(name):
+            await demand.wait(name)
 
     def _answered(self, nbytes: int, on_done: Callable[[ModelRun], None], run: ModelRun) -> None:
         self.admission.release(nbytes)
@@ -266,7 +314,7 @@ class DataPlane:
             infer = model.stats.compute_infer
             if infer.count:
                 delay.follow(infer.ns / infer.count * 1e-9)
-            received = request.received_ns * 1e-9 if request.received_ns else request.dispatched
+            received = (request.received_ns + request.load_wait_ns) * 1e-9 if request.received_ns else request.dispatched
             delay.observe(request.dispatched - received, self.clock.now())
 
     def _shed(self, model: Model, request: InferenceRequest) -> None:
@@ -276,7 +324,7 @@ class DataPlane:
         if delay is None or not delay.dropping:
             return
         now = self.clock.now()
-        received = min(request.received_ns * 1e-9, now) if request.received_ns else now
+        received = min((request.received_ns + request.load_wait_ns) * 1e-9, now) if request.received_ns else now
         refused = delay.refusal(request.model_name, now - received, now)
         if refused is not None:
             raise refused
@@ -325,6 +373,19 @@ class DataPlane:
             self.admission.release(nbytes)
             yield StreamResponse(error=exc, final=True)
             return
+        demand = self.manager.demand
+        if demand is not None and demand.cold(request.model_name):
+            start = time.monotonic_ns()
+            try:
+                await demand.wait(request.model_name, request)
+                request.load_wait_ns = time.monotonic_ns() - start
+            except InferdError as exc:
+                self.admission.release(nbytes)
+                yield StreamResponse(error=exc, final=True)
+                return
+            except BaseException:
+                self.admission.release(nbytes)
+                raise
         try:
             async with aclosing(model_infer_stream(self.manager.get, request, self.clock, self.stream_limits)) as items:
                 async for item in items:

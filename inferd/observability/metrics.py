@@ -222,6 +222,52 @@ class InferdCollector:
         yield from (failure, real, padded, waste, inflight, request_h, queue_h, compute_h, batch_h, first_h, inter_h,
                     state, ready,
                     queued, queued_bytes, rejected, memory)
+        yield from self._residency()
+
+    def _residency(self) -> Iterator[Metric]:
+        """--model-control-mode on_demand: loads, evictions, hits, misses, cold starts, footprints, by model
+        name (cumulative across evictions: inferd/repository/demand.py keeps them)."""
+        demand = self.dp.manager.demand
+        if demand is None:
+            return
+        M = ["model"]
+        counters = [
+            (CounterMetricFamily("inferd_model_loads", "Loads of the model (on demand or pinned)", labels=M),
+             lambda c: c.loads),
+            (CounterMetricFamily("inferd_model_load_failures", "Demand loads of the model that failed", labels=M),
+             lambda c: c.load_failures),
+            (CounterMetricFamily("inferd_model_evictions",
+                                 "Times the model was unloaded to make room under --model-memory-budget", labels=M),
+             lambda c: c.evictions),
+            (CounterMetricFamily("inferd_model_load_refusals",
+                                 "Loads refused (RESOURCE_EXHAUSTED): the budget could not make room", labels=M),
+             lambda c: c.refusals),
+            (CounterMetricFamily("inferd_model_residency_hits", "Requests that found the model loaded", labels=M),
+             lambda c: c.hits),
+            (CounterMetricFamily("inferd_model_residency_misses", "Requests that waited for the model to load",
+                                 labels=M), lambda c: c.misses),
+            (CounterMetricFamily("inferd_model_cold_start_seconds",
+                                 "Time requests waited for the model to load (cold start), summed", labels=M),
+             lambda c: c.cold_start_ns / 1e9),
+            (CounterMetricFamily("inferd_model_load_seconds", "Time the model's loads took, summed", labels=M),
+             lambda c: c.load_ns / 1e9),
+        ]
+        for name, c in sorted(demand.counters.items()):
+            for family_, read in counters:
+                family_.add_metric([name], read(c))
+        footprint = GaugeMetricFamily("inferd_model_footprint_bytes",
+                                      "Host memory the model holds when loaded, as its last load measured it "
+                                      "(at least its files)", labels=M)
+        for name, n in sorted(demand.footprints.items()):
+            footprint.add_metric([name], n)
+        used = GaugeMetricFamily("inferd_model_memory_used_bytes", "Footprints of the loaded models, summed")
+        used.add_metric([], demand.used())
+        yield from (f for f, _ in counters)
+        yield from (footprint, used)
+        if demand.budget is not None:
+            budget = GaugeMetricFamily("inferd_model_memory_budget_bytes", "--model-memory-budget")
+            budget.add_metric([], demand.budget)
+            yield budget
 
 
 

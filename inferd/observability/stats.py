@@ -79,6 +79,8 @@ class ModelStatistics:
     # By response index ("0", "1", ...): each response's compute, success, failure, empty
     # final and cancellation, as Triton 2.4x reports them (response_stats).
     response_stats: dict[str, ResponseStat] = field(default_factory=dict)
+    # What the version holds in memory, measured at its load: (type, id, byte_size) entries.
+    memory_usage: tuple[tuple[str, int, int], ...] = ()
 
 
 # Wall-clock milliseconds for last_inference, derived from the monotonic clock
@@ -104,7 +106,7 @@ class ModelStats:
         "name", "version", "success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
         "inference_count", "execution_count", "last_inference_ms", "batch_stats", "fail_reasons",
         "observers", "pending", "cache_hit", "cache_miss", "memory_growth", "real_elements", "pad_elements",
-        "responses", "single_response", "histogram_buckets", "metric_tags",
+        "responses", "single_response", "memory_usage", "histogram_buckets", "metric_tags",
     )
 
     def __init__(self, name: str, version: int) -> None:
@@ -139,6 +141,9 @@ class ModelStats:
         # each response itself (record_response).
         self.responses: dict[int, ResponseStat] = {}
         self.single_response = False
+        # What this version holds, measured at its load: (type "CPU"/"GPU", device id, bytes), as
+        # ModelStatistics' memory_usage; empty when it was not measured.
+        self.memory_usage: tuple[tuple[str, int, int], ...] = ()
         # /metrics: the config's model_metrics buckets by histogram family, and its metric_tags
         # (extra labels), set by the builder right after it creates the stats.
         self.histogram_buckets: dict[str, tuple[float, ...]] = {}
@@ -159,7 +164,7 @@ class ModelStats:
             self.name, self.version, self.last_inference_ms, self.inference_count, self.execution_count,
             copy(self.success), copy(self.fail), copy(self.queue), copy(self.compute_input),
             copy(self.compute_infer), copy(self.compute_output), batches, copy(self.cache_hit), copy(self.cache_miss),
-            {str(i): r.copy() for i, r in sorted(self.responses.items())},
+            {str(i): r.copy() for i, r in sorted(self.responses.items())}, self.memory_usage,
         )
 
     def _response(self, index: int) -> ResponseStat:

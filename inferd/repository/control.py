@@ -2,7 +2,10 @@
 
 ``--model-control-mode none`` (default) loads every model at start-up and
 refuses RepositoryModelLoad/Unload; ``explicit`` loads the ``--load-model``
-models (``*``: all) and then obeys RepositoryModelLoad/Unload; ``poll``
+models (``*``: all) and then obeys RepositoryModelLoad/Unload; ``on_demand``
+loads a model on its first request and evicts the coldest under
+``--model-memory-budget`` (:mod:`inferd.repository.demand`; RepositoryModelLoad
+pins, Unload unpins); ``poll``
 loads everything and rescans the repositories every
 ``--repository-poll-secs``: a new model folder is loaded, a changed one
 (files added, removed or modified: a new version, a new config) is reloaded,
@@ -25,17 +28,22 @@ from inferd.repository.manager import ModelManager
 log = logging.getLogger(__name__)
 
 
-def check_arguments(mode: str, load_models: list[str], poll_secs: float) -> str | None:
+def check_arguments(mode: str, load_models: list[str], poll_secs: float,
+                    memory_budget: int | None = None) -> str | None:
     """Why the options do not fit together, or None."""
-    if load_models and mode != "explicit":
-        return "--load-model needs --model-control-mode explicit"
+    if load_models and mode not in ("explicit", "on_demand"):
+        return "--load-model needs --model-control-mode explicit (or on_demand, where it pins the model)"
+    if memory_budget is not None and mode != "on_demand":
+        return ("--model-memory-budget needs --model-control-mode on_demand (the other modes never unload a "
+                f"model on their own), got --model-control-mode {mode}")
     if mode == "poll" and not poll_secs > 0:
         return f"--repository-poll-secs must be > 0, got {poll_secs}"
     return None
 
 
 def require_explicit(manager: ModelManager, what: str) -> None:
-    if manager.mode != "explicit":
+    """Refuse RepositoryModelLoad/Unload unless the mode obeys them (explicit, on_demand)."""
+    if manager.mode not in ("explicit", "on_demand"):
         if manager.mode == "poll":
             raise Unimplemented(
                 f"{what}: explicit model load / unload is not allowed if polling is enabled "

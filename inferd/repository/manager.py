@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import gc
 import logging
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ from inferd.gpu.inventory import GpuInventory, default_inventory
 from inferd.model import ModelDispatcher
 from inferd.model.cache import ResponseCache
 from inferd.repository import ensembles as ensemble_loader
+from inferd.repository.demand import OnDemand
+from inferd.repository.footprint import Measure
 from inferd.repository.overrides import OverrideFolders
 from inferd.repository.layout import available_versions, fingerprint, scan
 from inferd.repository.model import Model, build_model
@@ -46,7 +49,7 @@ log = logging.getLogger(__name__)
 
 READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
 NOT_LOADED = ""  # explicit mode: in the repository, never asked for
-MODES = ("none", "poll", "explicit")
+MODES = ("none", "poll", "explicit", "on_demand")
 
 
 @dataclass
@@ -106,7 +109,8 @@ class ModelManager:
     def __init__(self, repositories: list[Path], clock: Clock | None = None, *, mode: str = "none",
                  startup_models: list[str] | None = None, auto_complete: bool = True,
                  gpus: GpuInventory | None = None, cache: ResponseCache | None = None,
-                 limiter: RateLimiter | None = None) -> None:
+                 limiter: RateLimiter | None = None, memory_budget: int | None = None,
+                 demand_warmup: bool = True, measure_footprints: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"model control mode must be one of {MODES}, got '{mode}'")
         self.repositories = repositories
@@ -122,6 +126,13 @@ class ModelManager:
         self.dispatcher = ModelDispatcher(self.get, clock)
         # The GPUs instance groups are placed on (torch's view; a fake one in tests).
         self.gpus = gpus or default_inventory()
+        # on_demand (inferd/repository/demand.py): loads on first request, evicts under memory_budget.
+        self.demand = OnDemand(self, memory_budget, clock, demand_warmup) if mode == "on_demand" else None
+        # Each version's footprint (malloc / RSS delta around its build, ModelStatistics' memory_usage) is
+        # measured where loads do not overlap: on_demand loads one at a time, ``inferd check`` too.
+        self.measure_footprints = measure_footprints or mode == "on_demand"
+        self._skip_warmup = self.demand is not None and not demand_warmup
+        self._runtimes_loaded: set[str] = set()  # platforms/backends loaded once (their set-up is paid)
 
     # -- lookup (hot path) ---------------------------------------------------
 
@@ -193,11 +204,19 @@ class ModelManager:
         found = scan(self.repositories)
         for name, path in found.items():
             self._entries.setdefault(name, _Entry(name, path))
+        if self.demand is not None:
+            await self.demand.start(self.startup_models)
+            return
         if self.mode == "explicit":
             found = self._startup_selection(found)
         # Ensembles after the models they compose (nested ones in dependency order).
         graphs = {name: g for name in found if (g := self._ensemble_graph(name)) is not None}
-        await asyncio.gather(*(self._load_locked(name) for name in found if name not in graphs))
+        plain = [name for name in found if name not in graphs]
+        if self.measure_footprints:  # one at a time: each footprint is its own load's
+            for name in plain:
+                await self._load_locked(name)
+        else:
+            await asyncio.gather(*(self._load_locked(name) for name in plain))
         for name in load_order(graphs):
             await self._load_locked(name)
 
@@ -255,7 +274,10 @@ class ModelManager:
         it was built from is kept as it is. Blocking (runs on a worker thread)."""
         path = entry.path
         entry.fingerprint = folder = fingerprint(path)  # first: a change during the load is seen next poll
-        prepared = prepare(entry.name, path, config, self.auto_complete, [g.index for g in self.gpus.gpus()])
+        with Measure() as reading:  # parsing the model files: part of what the first version holds
+            prepared = prepare(entry.name, path, config, self.auto_complete, [g.index for g in self.gpus.gpus()])
+        if self._skip_warmup and prepared.spec.warmup:  # --model-warmup-on-demand false
+            prepared = Prepared(dataclasses.replace(prepared.spec, warmup=()), prepared.backend, prepared.files)
         config_bytes = prepared.spec.config_bytes()
         shared = tuple(f for f in folder if not f[0].split("/", 1)[0].isdigit())
         old, old_sources = entry.versions, entry.sources
@@ -268,8 +290,18 @@ class ModelManager:
                 if version in old and old_sources.get(version) == source:
                     models[version] = old[version]
                 else:
-                    models[version] = build_model(prepared.spec, prepared.backend, path, version, file, self.clock,
-                                                  self.dispatcher, cache=self.cache, limiter=self.limiter)
+                    with Measure() as measured:
+                        models[version] = build_model(prepared.spec, prepared.backend, path, version, file,
+                                                      self.clock, self.dispatcher, cache=self.cache,
+                                                      limiter=self.limiter)
+                    if self.measure_footprints:
+                        runtime = prepared.spec.platform or prepared.spec.backend
+                        first = runtime not in self._runtimes_loaded  # its set-up grew the resident set too
+                        self._runtimes_loaded.add(runtime)
+                        footprint = measured.allocated if first else measured.footprint
+                        if not any(m.stats.memory_usage for m in models.values() if m is not old.get(version)):
+                            footprint = footprint.plus(reading.allocated if first else reading.footprint)
+                        models[version].stats.memory_usage = footprint.usage()
         except BaseException:
             for version, model in models.items():
                 if model is not old.get(version):
@@ -358,7 +390,9 @@ class ModelManager:
                 await self._unload(dependent)
         await self._unload(name)
 
-    async def _unload(self, name: str) -> None:
+    async def _unload(self, name: str, collect: bool = True) -> None:
+        """``collect``: run a full collection after (25 ms here, on the loop); an eviction
+        (on_demand) leaves it out: the model goes by reference count, glibc's trim runs off the loop."""
         entry = self._entries[name]
         async with entry.lock:
             entry.wanted = False
@@ -373,7 +407,10 @@ class ModelManager:
         if old:
             log.info("unloaded model '%s' versions %s", name, sorted(old))
             del old
-            _release_memory()
+            if collect:
+                _release_memory()
+            else:
+                await asyncio.get_running_loop().run_in_executor(None, _trim)
 
     async def forget(self, name: str) -> None:
         """Poll mode: the model's folder is gone; unload it and drop it from the index."""
@@ -461,6 +498,11 @@ def _release_memory() -> None:
     reference cycles hold, then ask glibc to return freed heap pages (a
     runtime's arenas otherwise stay mapped, and RSS only grows)."""
     gc.collect()
+    _trim()
+
+
+def _trim() -> None:
+    """Ask glibc to return freed heap pages to the system (ctypes drops the GIL meanwhile)."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc

@@ -8,7 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inferd.config import ModelSpec
+from inferd.repository.demand import EVICTED, NOT_LOADED
 from inferd.repository.manager import READY, ModelManager
+from inferd.repository.residency import format_size
 
 _HEADER = ("MODEL", "VERSIONS", "BACKEND", "INSTANCES", "STATE", "REASON")
 
@@ -19,8 +21,9 @@ class ModelRow:
     versions: str  # "1, 2"; "-" when none loaded
     backend: str  # the platform (onnxruntime_onnx, ensemble, ...) or the backend; "-" when unknown
     instances: str  # "2 CPU"; "-" for none (an ensemble, a model that failed)
-    state: str  # READY, UNAVAILABLE, LOADING, UNLOADING, or "NOT LOADED" (explicit mode)
+    state: str  # READY, UNAVAILABLE, LOADING, UNLOADING, or "NOT LOADED" (explicit, on_demand)
     reason: str
+    memory: str = "-"  # the footprint measured at load ("12.3 MiB"; on_demand, inferd check); "-": none
 
     @property
     def ready(self) -> bool:
@@ -45,12 +48,17 @@ def model_rows(manager: ModelManager) -> list[ModelRow]:
         entries = grouped[name]
         state, reason = entries[0].state, entries[0].reason
         versions = ", ".join(e.version for e in entries if e.version) or "-"
-        backend = instances = "-"
+        backend = instances = memory = "-"
         if any(e.version for e in entries):
             spec = manager.get(name).spec
             backend = spec.platform or spec.backend or "-"
             instances = "-" if spec.platform == "ensemble" else _instances(spec)
-        rows.append(ModelRow(name, versions, backend, instances, state or "NOT LOADED", reason))
+            held = [n for m in manager.models() if m.name == name for kind, _, n in m.stats.memory_usage
+                    if kind == "CPU"]
+            memory = format_size(sum(held)) if held else "-"
+        elif manager.demand is not None and reason in (NOT_LOADED, EVICTED):
+            state = ""  # on_demand: listed, loads on its first request; not a failure
+        rows.append(ModelRow(name, versions, backend, instances, state or "NOT LOADED", reason, memory))
     return rows
 
 
@@ -58,8 +66,13 @@ def format_table(rows: Sequence[ModelRow]) -> str:
     """Aligned columns under a header; the reason, last, is never cut."""
     if not rows:
         return ""
-    cells = [_HEADER] + [(r.name, r.versions, r.backend, r.instances, r.state, r.reason) for r in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(_HEADER) - 1)]
+    if any(r.memory != "-" for r in rows):  # footprints measured: a MEMORY column before STATE
+        header: tuple[str, ...] = (*_HEADER[:4], "MEMORY", *_HEADER[4:])
+        cells = [header] + [(r.name, r.versions, r.backend, r.instances, r.memory, r.state, r.reason) for r in rows]
+    else:
+        header = _HEADER
+        cells = [header] + [(r.name, r.versions, r.backend, r.instances, r.state, r.reason) for r in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(header) - 1)]
     lines = ["  ".join([*(c.ljust(w) for c, w in zip(line, widths)), line[-1]]).rstrip() for line in cells]
     return "\n".join(lines)
 

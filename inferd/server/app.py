@@ -82,6 +82,8 @@ class ServerOptions:
     model_control_mode: str = "none"  # none | explicit | poll
     load_models: list[str] = field(default_factory=list)  # explicit mode, at start-up ("*": all)
     repository_poll_secs: float = 15.0
+    model_memory_budget: int | None = None  # on_demand: host bytes the loaded models may hold (None: no limit)
+    model_warmup_on_demand: bool = True  # on_demand: a demand load runs model_warmup before its requests
     tracing: Tracing | None = None  # None: off
     log_settings: LogSettings | None = None
     strict_model_config: bool = False  # True: every model brings a complete config.pbtxt (no auto-complete)
@@ -104,7 +106,9 @@ class InferenceServer:
         limiter = RateLimiter(options.rate_limit_resources) if options.rate_limit == "execution_count" else None
         self.manager = ModelManager(options.model_repositories, mode=options.model_control_mode,
                                     startup_models=options.load_models,
-                                    auto_complete=not options.strict_model_config, cache=cache, limiter=limiter)
+                                    auto_complete=not options.strict_model_config, cache=cache, limiter=limiter,
+                                    memory_budget=options.model_memory_budget,
+                                    demand_warmup=options.model_warmup_on_demand)
         self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings,
                                    server_name=options.server_name,
                                    admission=Admission(options.max_queued_requests, options.max_queued_bytes),

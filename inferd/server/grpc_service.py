@@ -129,6 +129,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 rs = out.response_stats[key]
                 for field in RESPONSE_FIELDS:
                     _fill_duration(getattr(rs, field), getattr(r, field))
+            for kind, device, size in s.memory_usage:
+                out.memory_usage.add(type=kind, id=device, byte_size=size)
         return response
 
     async def RepositoryIndex(self, request, context):  # type: ignore[no-untyped-def]

@@ -366,5 +366,6 @@ def statistics_json(models: list[ModelStatistics]) -> dict[str, Any]:
                 key: {field: _duration(getattr(r, field)) for field in RESPONSE_FIELDS}
                 for key, r in s.response_stats.items()
             },
+            "memory_usage": [{"type": kind, "id": device, "byte_size": size} for kind, device, size in s.memory_usage],
         })
     return {"model_stats": out}
