@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # The Prometheus exporter reads the models' counters in the process that holds them.
     ("dataplane", ("inferd.dataplane", "inferd.observability.metrics")),
     ("frontends", ("inferd.server", "inferd.handoff")),  # the hand-off to the core is a frontend tier too
-    ("cli", ("inferd.cli", "inferd.batch_cli", "inferd.perf", "inferd.examples", "inferd.deploy")),
+    ("cli", ("inferd.cli", "inferd.batch_cli", "inferd.perf", "inferd.tune", "inferd.examples", "inferd.deploy")),
 ]
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
 # Where protobuf and gRPC may be imported: the generated code, config/, the frontends and the tools above them.
