@@ -149,6 +149,11 @@ class InferdCollector:
         compute_h = h("inferd_inference_compute_duration_seconds",
                       "Compute time (input + infer + output) of the execution that ran a request", labels=L)
         batch_h = h("inferd_inference_batch_size", "Rows per model execution", labels=L)
+        steps = CounterMetricFamily(
+            "inferd_ensemble_step_requests",
+            "An ensemble's requests per step, by the model the step ran and what it did: ran, skipped "
+            "(a predicate did not hold: fallback tensors), split (it ran for some rows)",
+            labels=[*L, "step", "step_model", "outcome"])
 
         for model in self.dp.manager.models():
             s = model.stats
@@ -165,6 +170,8 @@ class InferdCollector:
             if s.memory_growth is not None:
                 memory.add_metric(lv, s.memory_growth)
             inflight.add_metric(lv, s.pending)
+            for (index, step_model, outcome), n in sorted(s.steps.items()):
+                steps.add_metric([*lv, str(index), step_model, outcome], n)
             hist = histograms_of(s)
             if hist is not None:
                 for family, one in ((request_h, hist.request), (queue_h, hist.queue), (compute_h, hist.compute),
@@ -191,7 +198,7 @@ class InferdCollector:
         rejected.add_metric([], admission.refused)
 
         yield from (failure, real, padded, waste, inflight, request_h, queue_h, compute_h, batch_h, state, ready,
-                    queued, queued_bytes, rejected, memory)
+                    queued, queued_bytes, rejected, memory, steps)
 
 
 
