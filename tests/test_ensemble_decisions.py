@@ -73,10 +73,11 @@ def repo(tmp_path_factory: pytest.TempPathFactory, gates: Path) -> Path:
         "bad_shape": {"inferd.step.1.when": "cheap_out < 0.8", "inferd.step.1.otherwise": "OUTPUT0=cheap_out"},
         "bad_branch": {"inferd.step.1.when": "max(SCORE) < 0.8"},
         "bad_syntax": {"inferd.step.1.when": "SCORE is low", "inferd.step.1.otherwise": "OUTPUT0=cheap_out"},
-        "bad_fallback": {"inferd.step.1.when": "max(SCORE) < 0.8", "inferd.step.1.otherwise": "OUTPUT0=SCORE"},
+        "bad_fallback": {"inferd.step.1.when": "min(cheap_out) > 9", "inferd.step.1.otherwise": "OUTPUT0=SCORE"},
     }
+    no_score = [(CASCADE_STEPS[0][0], CASCADE_STEPS[0][1], {"OUTPUT0": "cheap_out"}), CASCADE_STEPS[1]]
     for name, rules in bad.items():
-        add_ensemble(repo, name, ensemble(name, CASCADE_STEPS, rules))
+        add_ensemble(repo, name, ensemble(name, no_score if name == "bad_shape" else CASCADE_STEPS, rules))
     add_ensemble(repo, "bad_route", ensemble("bad_route", [("to_de", {"INPUT0": "INPUT0"}, {"OUTPUT0": "OUTPUT0"})], {
         "inferd.step.0.route_by": "LANG", "inferd.step.0.route": "de=to_de,en=narrow"},
         inputs=(("INPUT0", "TYPE_FP32", [D]), LANG)))

@@ -376,7 +376,10 @@ DIM_ENCODER = 64  # inferd.examples.encoder.DIM (not imported here: that module 
 
 def parameters(values: Mapping[str, object]) -> str:
     """``parameters`` entries for a config.pbtxt, one per key (values rendered with str)."""
-    return "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in values.items())
+    def quoted(v: object) -> str:
+        return str(v).replace("\\", "\\\\").replace('"', '\\"')
+
+    return "".join(f'parameters {{ key: "{k}" value {{ string_value: "{quoted(v)}" }} }}\n' for k, v in values.items())
 
 
 def encoder_config(name: str, platform: str, padding: Mapping[str, object] | None = None,
