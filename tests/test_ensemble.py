@@ -354,6 +354,15 @@ async def test_priority_reaches_the_step_queue(client, server, gates):
 
 
 async def test_a_passed_deadline_stops_the_next_step(client, gates):
+    """The head step is held past the request's deadline: the server ends the ensemble request
+    (the call's deadline passes on the server's clock, which cancels it) and, once the head is
+    released, no later step runs.
+
+    The server's deadline is the client's plus the header's trip (the server counts the call's
+    timeout from its arrival), so the client seeing DEADLINE_EXCEEDED does not mean the server's
+    has passed: releasing the head then let a stressed run finish the ensemble with the tail
+    step, a success on the server's clock. The head is released only once the server has
+    ended the request."""
     before_tail = await stats(client, "tail")
     before_head = await stats(client, "head")
     before_ens = await stats(client, "deadline_ens")
@@ -361,18 +370,19 @@ async def test_a_passed_deadline_stops_the_next_step(client, gates):
     await wait_started_async(gates / "head")  # the head step executes, held past the deadline
     err = await failure(call)
     assert err.status() == "StatusCode.DEADLINE_EXCEEDED"
-    release(gates / "head")
-
-    async def head_done() -> bool:
-        return (await stats(client, "head")).inference_count > before_head.inference_count
 
     async def ensemble_failed() -> bool:
         return (await stats(client, "deadline_ens")).inference_stats.fail.count > before_ens.inference_stats.fail.count
 
+    async def head_done() -> bool:
+        return (await stats(client, "head")).inference_count > before_head.inference_count
+
+    await until("the ensemble request never ended", ensemble_failed)  # while its head step is still held
+    release(gates / "head")
     await until("the head step never finished", head_done)
-    await until("the ensemble request never ended", ensemble_failed)  # it is over: no step is left to start
-    after_tail = await stats(client, "tail")
+    after_tail, after_ens = await stats(client, "tail"), await stats(client, "deadline_ens")
     assert after_tail.inference_count == before_tail.inference_count  # the tail step never ran
+    assert after_ens.inference_stats.success.count == before_ens.inference_stats.success.count
 
 
 # -- failures ---------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ every config gets. Nothing here looks at another model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferd._proto import model_config_pb2 as mc
@@ -43,6 +43,9 @@ class StepConfig:
     model_version: int  # -1 (or 0, unset): the latest version at request time
     input_map: dict[str, str]  # the composing model's input -> ensemble tensor
     output_map: dict[str, str]  # the composing model's output -> ensemble tensor
+    # inferd's step extensions, as written in the ensemble's parameters (STEP_PREFIX<index>.<key>);
+    # parsed and checked by the graph. Empty: a plain Triton step.
+    rules: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,40 @@ class EnsembleConfig:
     outputs: tuple[str, ...]  # the ensemble's output tensors
     steps: tuple[StepConfig, ...]
     max_inflight_requests: int  # 0: unlimited
+
+
+# Conditional and routed steps: ``parameters { key: "inferd.step.<index>.<rule>" ... }`` on the
+# ensemble. A plain Triton server ignores parameters it does not know, so the config stays a
+# valid Triton ensemble (there every step always runs its model_name).
+STEP_PREFIX = "inferd.step."
+STEP_RULES = ("when", "when_row", "otherwise", "route_by", "route")
+
+
+def step_rules(config: mc.ModelConfig) -> dict[int, dict[str, str]]:
+    """The ensemble's ``inferd.step.<index>.<rule>`` parameters, by step index, checked for form."""
+    name = config.name
+    count = len(config.ensemble_scheduling.step)
+    rules: dict[int, dict[str, str]] = {}
+    for key, param in sorted(config.parameters.items()):
+        if not key.startswith(STEP_PREFIX):
+            continue
+        index, _, rule = key[len(STEP_PREFIX):].partition(".")
+        if not index.isdigit() or rule not in STEP_RULES:
+            raise ConfigError(
+                f"ensemble '{name}': parameter '{key}' is not a step rule; write "
+                f"'{STEP_PREFIX}<step index>.<rule>' with rule one of {', '.join(STEP_RULES)} "
+                f"(e.g. '{STEP_PREFIX}1.when')"
+            )
+        if int(index) >= count:
+            raise ConfigError(
+                f"ensemble '{name}': parameter '{key}' names step {int(index)}, but ensemble_scheduling has "
+                f"{count} step(s) (indices 0..{count - 1})"
+            )
+        value = param.string_value.strip()
+        if not value:
+            raise ConfigError(f"ensemble '{name}': parameter '{key}' is empty")
+        rules.setdefault(int(index), {})[rule] = value
+    return rules
 
 
 def is_ensemble(config: mc.ModelConfig) -> bool:
@@ -87,12 +124,13 @@ def check_ensemble_config(config: mc.ModelConfig) -> None:
 def ensemble_config(config: mc.ModelConfig) -> EnsembleConfig:
     """The ensemble's wiring as written, as plain data."""
     scheduling = config.ensemble_scheduling
+    rules = step_rules(config)
     return EnsembleConfig(
         name=config.name,
         inputs=tuple(t.name for t in config.input),
         outputs=tuple(t.name for t in config.output),
         steps=tuple(StepConfig(s.model_name, s.model_namespace, int(s.model_version), dict(s.input_map),
-                               dict(s.output_map)) for s in scheduling.step),
+                               dict(s.output_map), rules.get(i, {})) for i, s in enumerate(scheduling.step)),
         max_inflight_requests=int(scheduling.max_inflight_requests),
     )
 
@@ -113,8 +151,9 @@ def prepare_ensemble_config(config: mc.ModelConfig, model_dir: Path) -> tuple[Mo
     """Check an ensemble's own config: what only an ensemble may (not) carry, then the
     checks every config gets (tensors, parameters, version_policy, refused fields)."""
     check_ensemble_config(config)
+    wiring = ensemble_config(config)
     plain = mc.ModelConfig()
     plain.CopyFrom(config)
     plain.ClearField("ensemble_scheduling")
     validate(plain, model_dir=model_dir)
-    return model_spec(config), ensemble_config(config)
+    return model_spec(config), wiring

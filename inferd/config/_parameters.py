@@ -73,6 +73,8 @@ class InferdParameters:
             if not key.startswith(PREFIX) or is_openai_key(key):  # /v1's own: config/_openai.py
                 continue
             name = key[len(PREFIX):]
+            if name.startswith("step.") and config.platform == "ensemble":
+                continue  # an ensemble step's rule: the ensemble's graph reads it (inferd.config._ensemble)
             if name not in known:
                 keys = sorted(PREFIX + k for k in known)
                 raise ConfigError(

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
 from inferd.config import EnsembleConfig, ModelSpec, TensorSpec
+from inferd.ensemble.conditions import Predicate, Route, parse_predicate, parse_route
 from inferd.errors import ConfigError
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,27 @@ class Step:
     model_version: int  # 0: the composing model's latest version when the request runs (config: -1)
     input_map: tuple[tuple[str, str], ...]  # (the composing model's input, ensemble tensor)
     output_map: tuple[tuple[str, str], ...]  # (the composing model's output, ensemble tensor)
+    # A conditional step (``inferd.step.<i>.when`` / ``when_row``): it runs (for the request, or
+    # for the rows) where the predicate holds; elsewhere each tensor it produces is taken from
+    # its fallback tensor in ``otherwise`` (produced tensor, fallback tensor).
+    when: Predicate | None = None
+    otherwise: tuple[tuple[str, str], ...] = ()
+    # A routed step (``inferd.step.<i>.route``): its model chosen per request.
+    route: Route | None = None
+    # Every ensemble tensor the step waits for: its inputs, its predicate's, fallbacks', route's.
+    needs: tuple[str, ...] = ()
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        """The models this step may run: its model_name, and every model its route names."""
+        if self.route is None:
+            return (self.model_name,)
+        return tuple(dict.fromkeys((self.model_name, *(m for _, m in self.route.models))))
+
+    @property
+    def plain(self) -> bool:
+        """Always runs its one model (a Triton step)."""
+        return self.when is None and self.route is None
 
     @property
     def label(self) -> str:
@@ -61,7 +83,7 @@ class EnsembleGraph:
     sequence: tuple[int, ...] = ()
 
     def composing_models(self) -> set[str]:
-        return {s.model_name for s in self.steps}
+        return {m for s in self.steps for m in s.candidates}
 
 
 # -- the ensemble's own config ---------------------------------------------------
@@ -96,10 +118,14 @@ def build_graph(config: EnsembleConfig) -> EnsembleGraph:
             raise ConfigError(f"{at}: output_map is empty; a step must map at least one of its model's outputs")
         input_map = tuple(sorted(s.input_map.items()))
         output_map = tuple(sorted(s.output_map.items()))
+        when, otherwise, route = _rules(at, s.rules, output_map)
         for key, tensor in input_map + output_map:
             if not key or not tensor:
                 raise ConfigError(f"{at}: a map entry has an empty name ('{key}' -> '{tensor}')")
-        for _, tensor in input_map:
+        needs = tuple(dict.fromkeys(
+            [t for _, t in input_map] + ([when.tensor] if when else []) + [t for _, t in otherwise]
+            + ([route.by] if route is not None and route.parameter is None else [])))
+        for tensor in needs:
             users = consumers.setdefault(tensor, [])
             if i not in users:
                 users.append(i)
@@ -119,8 +145,10 @@ def build_graph(config: EnsembleConfig) -> EnsembleGraph:
             producer[tensor] = i
         # model_version -1 (and 0, left unset) mean the latest version at request time.
         version = int(s.model_version) if s.model_version > 0 else 0
-        steps.append(Step(i, s.model_name, version, input_map, output_map))
+        steps.append(Step(i, s.model_name, version, input_map, output_map, when, otherwise, route, needs))
 
+    for step in steps:
+        _check_rule_tensors(where, step, producer, inputs)
     for tensor, users in consumers.items():
         if tensor not in producer and tensor not in inputs:
             first = steps[users[0]]
@@ -150,7 +178,7 @@ def build_graph(config: EnsembleConfig) -> EnsembleGraph:
 
     waits_for = []
     for step in steps:
-        needed = {tensor for _, tensor in step.input_map if tensor not in inputs}
+        needed = {tensor for tensor in step.needs if tensor not in inputs}
         waits_for.append(len(needed))
     graph = EnsembleGraph(
         name=name,
@@ -183,6 +211,60 @@ def _outputs_reached(steps: list[Step], consumers: dict[str, list[int]], outputs
                 found.append(tensor)
             todo.extend(consumers.get(tensor, ()))
     return found
+
+
+def _rules(at: str, rules: dict[str, str], output_map: tuple[tuple[str, str], ...]
+           ) -> tuple[Predicate | None, tuple[tuple[str, str], ...], Route | None]:
+    """A step's ``inferd.step.<i>.*`` parameters, parsed and checked against each other."""
+    if "when" in rules and "when_row" in rules:
+        raise ConfigError(f"{at}: give 'when' (the whole request) or 'when_row' (each row), not both")
+    text = rules.get("when") or rules.get("when_row")
+    when = parse_predicate(text, "when_row" in rules, at) if text else None
+    otherwise: list[tuple[str, str]] = []
+    if "otherwise" in rules:
+        if when is None:
+            raise ConfigError(f"{at}: 'otherwise' names fallback tensors, but the step has no 'when' or 'when_row' "
+                              "predicate: it always runs")
+        for part in (p.strip() for p in rules["otherwise"].split(",")):
+            tensor, eq, fallback = (x.strip() for x in part.partition("="))
+            if not eq or not tensor or not fallback:
+                raise ConfigError(f"{at}: otherwise entry '{part}' must be TENSOR=FALLBACK (the tensor this step "
+                                  "produces, and the tensor it takes where the step does not run)")
+            otherwise.append((tensor, fallback))
+    if when is not None:
+        produced = [t for _, t in output_map]
+        given = dict(otherwise)
+        for tensor in given:
+            if tensor not in produced:
+                raise ConfigError(f"{at}: otherwise names tensor '{tensor}', which this step does not produce "
+                                  f"(its outputs: {produced})")
+        missing = [t for t in produced if t not in given]
+        if missing:
+            raise ConfigError(
+                f"{at}: when the predicate '{when.text}' does not hold, no branch writes tensor(s) {missing}: give "
+                f"each a fallback in 'otherwise' (e.g. '{missing[0]}=<an earlier tensor>')")
+    route = None
+    if "route" in rules:
+        route = parse_route(rules.get("route_by", ""), rules["route"], at)
+    elif "route_by" in rules:
+        raise ConfigError(f"{at}: 'route_by' needs 'route' (key=model entries, e.g. 'de=model_de,*=model_en')")
+    return when, tuple(otherwise), route
+
+
+def _check_rule_tensors(where: str, step: Step, producer: dict[str, int], inputs: tuple[str, ...]) -> None:
+    """The tensors a step's predicate, fallbacks and route read exist, and come from elsewhere."""
+    at = f"{where} {step.label}"
+    reads = ([(f"predicate '{step.when.text}'", step.when.tensor)] if step.when else []) + [
+        (f"otherwise '{t}={f}'", f) for t, f in step.otherwise]
+    if step.route is not None and step.route.parameter is None:
+        reads.append((f"route_by '{step.route.by}'", step.route.by))
+    for what, tensor in reads:
+        if producer.get(tensor) == step.index:
+            raise ConfigError(f"{at}: {what} reads tensor '{tensor}', which this step itself produces")
+        if tensor not in producer and tensor not in inputs:
+            known = sorted(set(inputs) | set(producer))
+            raise ConfigError(f"{at}: {what} reads tensor '{tensor}', which is neither an ensemble input nor "
+                              f"produced by any step (tensors: {known})")
 
 
 def _key_for(mapping: tuple[tuple[str, str], ...], tensor: str) -> str:
@@ -250,44 +332,15 @@ def check_against_models(
     repository has none of that name.
     """
     where = f"ensemble '{graph.name}'"
-    models: dict[int, ModelSpec] = {}
+    models: dict[int, ModelSpec] = {}  # per step, its model_name's spec
+    candidates: dict[int, list[tuple[Step, ModelSpec]]] = {}  # per step, each model it may run
     for step in graph.steps:
-        at = f"{where} {step.label}"
-        found = lookup(step.model_name)
-        if found is None:
-            raise ConfigError(f"{at}: model '{step.model_name}' is not in the model repository")
-        if step.model_version and step.model_version not in found.versions:
-            raise ConfigError(
-                f"{at}: version {step.model_version} of model '{step.model_name}' is not loaded "
-                f"(loaded versions: {sorted(found.versions)})"
-            )
-        m = found.spec
-        models[step.index] = m
-        if m.decoupled:
-            raise ConfigError(
-                f"{at}: model '{m.name}' is decoupled (model_transaction_policy.decoupled): it may answer a "
-                "request with any number of responses, and an ensemble step needs exactly one"
-            )
-        for key, tensor in step.input_map:
-            if key not in m.inputs:
-                raise ConfigError(
-                    f"{at}: input_map names input '{key}' (for tensor '{tensor}'), but model "
-                    f"'{m.name}' has inputs {list(m.inputs)}"
-                )
-        for key, tensor in step.output_map:
-            if key not in m.outputs:
-                raise ConfigError(
-                    f"{at}: output_map names output '{key}' (for tensor '{tensor}'), but model "
-                    f"'{m.name}' has outputs {list(m.outputs)}"
-                )
-        mapped = {k for k, _ in step.input_map}
-        missing = [n for n, t in m.inputs.items() if n not in mapped and not t.optional]
-        if missing:
-            # Triton's words first (clients and its QA match on them), then inferd's.
-            raise ConfigError(f"{at}: in ensemble {graph.name}, input {missing[0]} in model {m.name} is not mapped "
-                              f"to any ensemble tensors; input_map does not map input(s) {missing} of model "
-                              f"'{m.name}'")
-        _check_batching(spec, step, m)
+        for name in step.candidates:
+            one = step if name == step.model_name else replace(step, model_name=name)
+            m = _check_step_model(spec, graph, one, lookup)
+            candidates.setdefault(step.index, []).append((one, m))
+            if name == step.model_name:
+                models[step.index] = m
 
     # Every tensor: its producer against each consumer.
     batching = spec.max_batch_size > 0
@@ -299,14 +352,113 @@ def check_against_models(
         for key, tensor in step.output_map:
             producers[tensor] = (f"{step.label} output '{key}'", m.outputs[key], m.max_batch_size > 0)
     for step in graph.steps:
-        m = models[step.index]
-        for key, tensor in step.input_map:
-            _check_consistent(
-                where, tensor, producers[tensor],
-                (f"{step.label} input '{key}'", m.inputs[key], m.max_batch_size > 0), batching,
-            )
+        for one, m in candidates[step.index]:
+            for key, tensor in step.input_map:
+                _check_consistent(
+                    where, tensor, producers[tensor],
+                    (f"{one.label} input '{key}'", m.inputs[key], m.max_batch_size > 0), batching,
+                )
+            for key, tensor in step.output_map:  # a routed step's every model gives the same outputs
+                if one is not step:
+                    _check_consistent(where, tensor, producers[tensor],
+                                      (f"{one.label} output '{key}'", m.outputs[key], m.max_batch_size > 0), batching)
+        _check_rules(where, spec, step, models[step.index], producers, batching)
     for name in graph.outputs:
         _check_consistent(where, name, producers[name], (f"ensemble output '{name}'", spec.outputs[name], False), batching)
+
+
+def _check_step_model(spec: ModelSpec, graph: EnsembleGraph, step: Step,
+                      lookup: Callable[[str], Composing | None]) -> ModelSpec:
+    """One model a step may run, against the step's maps; its spec."""
+    at = f"ensemble '{graph.name}' {step.label}"
+    found = lookup(step.model_name)
+    if found is None:
+        raise ConfigError(f"{at}: model '{step.model_name}' is not in the model repository")
+    if step.model_version and step.model_version not in found.versions:
+        raise ConfigError(
+            f"{at}: version {step.model_version} of model '{step.model_name}' is not loaded "
+            f"(loaded versions: {sorted(found.versions)})"
+        )
+    m = found.spec
+    if m.decoupled:
+        raise ConfigError(
+            f"{at}: model '{m.name}' is decoupled (model_transaction_policy.decoupled): it may answer a "
+            "request with any number of responses, and an ensemble step needs exactly one"
+        )
+    for key, tensor in step.input_map:
+        if key not in m.inputs:
+            raise ConfigError(
+                f"{at}: input_map names input '{key}' (for tensor '{tensor}'), but model "
+                f"'{m.name}' has inputs {list(m.inputs)}"
+            )
+    for key, tensor in step.output_map:
+        if key not in m.outputs:
+            raise ConfigError(
+                f"{at}: output_map names output '{key}' (for tensor '{tensor}'), but model "
+                f"'{m.name}' has outputs {list(m.outputs)}"
+            )
+    mapped = {k for k, _ in step.input_map}
+    missing = [n for n, t in m.inputs.items() if n not in mapped and not t.optional]
+    if missing:
+        # Triton's words first (clients and its QA match on them), then inferd's.
+        raise ConfigError(f"{at}: in ensemble {graph.name}, input {missing[0]} in model {m.name} is not mapped "
+                          f"to any ensemble tensors; input_map does not map input(s) {missing} of model "
+                          f"'{m.name}'")
+    _check_batching(spec, step, m)
+    return m
+
+
+def _elements(dims: list[int]) -> int | None:
+    """Elements in a tensor of ``dims``; None while a dimension is variable."""
+    n = 1
+    for d in dims:
+        if d < 0:
+            return None
+        n *= d
+    return n
+
+
+def _check_rules(where: str, spec: ModelSpec, step: Step, m: ModelSpec,
+                 producers: dict[str, tuple[str, TensorSpec, bool]], batching: bool) -> None:
+    """A conditional or routed step's tensors: types and shapes that give what the rule reads."""
+    at = f"{where} {step.label}"
+    when = step.when
+    if when is not None:
+        label, t, model_batches = producers[when.tensor]
+        full = _full_shape(t, model_batches, batching)
+        string = t.datatype.config == "TYPE_STRING"
+        if when.is_string and not string:
+            raise ConfigError(f"{at}: predicate '{when.text}' compares tensor '{when.tensor}' ({label}, "
+                              f"{t.datatype.config}) with a string; compare it with a number")
+        if not when.is_string and string:
+            raise ConfigError(f"{at}: predicate '{when.text}' compares tensor '{when.tensor}' ({label}, TYPE_STRING) "
+                              "with a number; compare it with a quoted string, e.g. == \"de\"")
+        if when.per_row and not batching:
+            raise ConfigError(f"{at}: 'when_row' splits a batch by rows, but the ensemble does not batch "
+                              "(max_batch_size 0); use 'when' for the whole request")
+        if not when.reduction:
+            dims = list(t.dims) if when.per_row else full
+            n = _elements(dims)
+            if n is not None and n != 1:
+                per = "each row of " if when.per_row else ""
+                raise ConfigError(
+                    f"{at}: predicate '{when.text}' reads {per}tensor '{when.tensor}' ({label}) as one value, but "
+                    f"it has shape {dims}; reduce it (e.g. 'max({when.tensor}) {when.op} ...')"
+                    + ("" if when.per_row or not batching else " or test each row with 'when_row'"))
+        produced = dict((tensor, key) for key, tensor in step.output_map)
+        for tensor, fallback in step.otherwise:
+            out = m.outputs[produced[tensor]]
+            _check_consistent(where, fallback, producers[fallback],
+                              (f"{step.label} output '{produced[tensor]}' (otherwise '{tensor}={fallback}')", out,
+                               m.max_batch_size > 0), batching)
+    route = step.route
+    if route is not None and route.parameter is None:
+        label, t, model_batches = producers[route.by]
+        dims = _full_shape(t, model_batches, batching)
+        n = _elements(dims)
+        if n is not None and n != 1:
+            raise ConfigError(f"{at}: route_by tensor '{route.by}' ({label}) must hold one value (the key), but it "
+                              f"has shape {dims}")
 
 
 def _check_batching(spec: ModelSpec, step: Step, m: ModelSpec) -> None:
@@ -378,13 +530,13 @@ def find_cycle(start: str, graph_of: Callable[[str], EnsembleGraph | None]) -> s
         on_path.add(name)
         for step in graph.steps:
             path.append((name, step))
-            target = step.model_name
-            if target == start:
-                return " -> ".join(f"ensemble '{n}' step {s.index}" for n, s in path) + f" -> ensemble '{start}'"
-            if target not in on_path and target not in visited:
-                found = visit(target)
-                if found:
-                    return found
+            for target in step.candidates:
+                if target == start:
+                    return " -> ".join(f"ensemble '{n}' step {s.index}" for n, s in path) + f" -> ensemble '{start}'"
+                if target not in on_path and target not in visited:
+                    found = visit(target)
+                    if found:
+                        return found
             path.pop()
         on_path.discard(name)
         visited.add(name)
@@ -400,7 +552,7 @@ def find_cycle(start: str, graph_of: Callable[[str], EnsembleGraph | None]) -> s
 
 def load_order(graphs: dict[str, EnsembleGraph]) -> list[str]:
     """Ensemble names, each after the ensembles it uses; members of a cycle come last."""
-    deps = {name: {s.model_name for s in g.steps if s.model_name in graphs and s.model_name != name}
+    deps = {name: {m for s in g.steps for m in s.candidates if m in graphs and m != name}
             for name, g in graphs.items()}
     order: list[str] = []
     placed: set[str] = set()

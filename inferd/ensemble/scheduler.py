@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import asyncio
 from functools import partial
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from inferd.clock import Clock, MonotonicClock
 from inferd.config import ModelSpec
+from inferd.ensemble.conditions import route_key
 from inferd.ensemble.graph import EnsembleGraph, Step
-from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError, Unavailable
+from inferd.errors import DeadlineExceeded, InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.model import Model, ModelLookup, run_model
 from inferd.observability.stats import ModelStats
 from inferd.observability.tracing import ensemble_step
@@ -55,6 +56,8 @@ class EnsembleScheduler(Scheduler):
         self._slots = [asyncio.Semaphore(limit) for _ in graph.steps] if limit else None
         self._requested = [[RequestedOutput(key) for key, _ in s.output_map] for s in graph.steps]
         self._describe_step = [partial(self._describe, s) for s in graph.steps]
+        # The statistics key each plain step counts a run under: (step, model, outcome).
+        self._ran = [(s.index, s.model_name, "ran") for s in graph.steps]
         # A step runs through _call directly, or through _limited when max_inflight_requests is set.
         self._run_step = self._call if self._slots is None else self._limited
 
@@ -149,7 +152,8 @@ class EnsembleScheduler(Scheduler):
             device = model.tensor_device
             for _, tensor in step.output_map:
                 readers = graph.consumers.get(tensor, ())
-                if tensor in final or not readers or any(models[c].tensor_device != device for c in readers):
+                if (tensor in final or not readers or not step.plain
+                        or any(models[c].tensor_device != device or not graph.steps[c].plain for c in readers)):
                     device = None
                     break
             devices.append(device)
@@ -171,10 +175,11 @@ class EnsembleScheduler(Scheduler):
         except InferdError as exc:
             raise self._wrap(step, exc) from None
 
-    def _wrap(self, step: Step, exc: InferdError) -> InferdError:
+    def _wrap(self, step: Step, exc: InferdError, model: str | None = None) -> InferdError:
         version = "" if step.model_version == 0 else f" version {step.model_version}"
-        error = type(exc)(f"ensemble '{self.graph.name}' step {step.index} (model '{step.model_name}'{version}): "
-                          f"{exc.message}")
+        routed = "" if model is None or model == step.model_name else f", routed to '{model}'"
+        error = type(exc)(f"ensemble '{self.graph.name}' step {step.index} (model '{step.model_name}'{version}"
+                          f"{routed}): {exc.message}")
         return error
 
     async def _limited(self, step: Step, tensors: dict[str, np.ndarray], request: InferenceRequest) -> dict[str, np.ndarray]:
@@ -198,19 +203,31 @@ class EnsembleScheduler(Scheduler):
             slot.release()
 
     async def _call(self, step: Step, tensors: dict[str, np.ndarray], request: InferenceRequest) -> dict[str, np.ndarray]:
-        """One step through its composing model's own path, as the data plane runs a request."""
+        """One step through its composing model's own path, as the data plane runs a request;
+        a conditional or routed step decides first (:meth:`_decide`)."""
         deadline = request.deadline
         if deadline is not None and self._clock.now() >= deadline:
             raise DeadlineExceeded(
                 f"ensemble '{self.graph.name}': the request's deadline passed before {step.label} could start")
-        model = self._model(step)  # now: version -1 is the latest loaded at this moment
+        if not step.plain:
+            return await self._decide(step, tensors, request)
+        steps = self._stats.steps
+        key = self._ran[step.index]
+        steps[key] = steps.get(key, 0) + 1
+        return await self._execute(step, self._model(step), {k: tensors[t] for k, t in step.input_map}, request,
+                                   "ran", self._describe_step[step.index])
+
+    async def _execute(self, step: Step, model: Model, inputs: dict[str, np.ndarray], request: InferenceRequest,
+                       outcome: str, describe: Callable[[Exception], InferdError]) -> dict[str, np.ndarray]:
         trace = request.trace
         if trace is not None:
             # A span per step; the composing model's queue/compute spans nest under it.
-            trace = ensemble_step(trace, f"{step.index} {step.model_name}", step.model_name, model.version)
+            trace = ensemble_step(trace, f"{step.index} {step.model_name}", model.spec.name, model.version)
+            assert trace is not None
+            trace.set("inferd.step.outcome", outcome)
         sub = InferenceRequest(
-            model_name=step.model_name,
-            inputs={key: tensors[tensor] for key, tensor in step.input_map},
+            model_name=model.spec.name,
+            inputs=inputs,
             model_version=step.model_version,
             id=request.id,
             requested_outputs=self._requested[step.index],
@@ -221,9 +238,115 @@ class EnsembleScheduler(Scheduler):
             trace=trace,
             output_device=self._output_device[step.index],
         )
-        return await run_model(model, sub, self._clock, self._describe_step[step.index])
+        return await run_model(model, sub, self._clock, describe)
 
-    def _describe(self, step: Step, exc: Exception) -> InferdError:
+    # -- conditional and routed steps --------------------------------------------------
+
+    async def _decide(self, step: Step, tensors: dict[str, np.ndarray], request: InferenceRequest) -> dict[str, np.ndarray]:
+        """A conditional step runs where its predicate holds (the request, or its rows) and takes its
+        fallback tensors elsewhere; a routed step runs the model its route picks."""
+        name = self._routed(step, tensors, request) if step.route is not None else step.model_name
+        when = step.when
+        mask = None
+        if when is not None:
+            value = _host(tensors[when.tensor])
+            try:
+                if when.per_row:
+                    mask = when.rows(value)
+                    runs = bool(mask.all())
+                    if runs:
+                        mask = None
+                    elif not mask.any():
+                        return self._skip(step, name, tensors, request, "skipped")
+                elif not when.holds(value):
+                    return self._skip(step, name, tensors, request, "skipped")
+            except (ValueError, TypeError) as exc:
+                raise InvalidArgument(
+                    f"ensemble '{self.graph.name}' {step.label}: predicate '{when.text}' cannot read tensor "
+                    f"'{when.tensor}' (shape {list(value.shape)}): it {exc}") from None
+        model = self._routed_model(step, name)
+        describe = self._describe_step[step.index] if name == step.model_name else partial(self._describe, step, model=name)
+        inputs = {k: tensors[t] for k, t in step.input_map}
+        if mask is None:
+            self._count(step, name, "ran")
+            return await self._execute(step, model, inputs, request, "ran", describe)
+        # Some rows: run those, and put each output's rows back in order among its fallback's.
+        self._count(step, name, "split")
+        try:
+            picked = {k: _host(a)[mask] for k, a in inputs.items()}
+        except IndexError as exc:
+            raise InvalidArgument(f"ensemble '{self.graph.name}' {step.label}: predicate '{when.text}' gives "  # type: ignore[union-attr]
+                                  f"{mask.size} rows, but the step's inputs do not: {exc}") from None
+        outputs = await self._execute(step, model, picked, request, f"split {int(mask.sum())} of {mask.size} rows",
+                                      describe)
+        fallback = dict(step.otherwise)
+        merged = {}
+        for key, tensor in step.output_map:
+            rows = np.array(_host(tensors[fallback[tensor]]), copy=True)
+            try:
+                rows[mask] = _host(outputs[key])
+            except (ValueError, IndexError) as exc:
+                raise InvalidArgument(
+                    f"ensemble '{self.graph.name}' {step.label}: output '{key}' (shape {list(outputs[key].shape)} "
+                    f"for {int(mask.sum())} rows) does not fit the rows of its fallback '{fallback[tensor]}' "
+                    f"(shape {list(rows.shape)}): {exc}") from None
+            merged[key] = rows
+        return merged
+
+    def _skip(self, step: Step, name: str, tensors: dict[str, np.ndarray], request: InferenceRequest,
+              outcome: str) -> dict[str, np.ndarray]:
+        """The step does not run: each tensor it produces is its fallback."""
+        self._count(step, name, outcome)
+        if request.trace is not None:
+            span = ensemble_step(request.trace, f"{step.index} {step.model_name}", name)
+            assert span is not None
+            span.set("inferd.step.outcome", outcome)
+            span.end()
+        fallback = dict(step.otherwise)
+        return {key: tensors[fallback[tensor]] for key, tensor in step.output_map}
+
+    def _routed(self, step: Step, tensors: dict[str, np.ndarray], request: InferenceRequest) -> str:
+        route = step.route
+        assert route is not None
+        where = f"ensemble '{self.graph.name}' {step.label}"
+        parameter = route.parameter
+        if parameter is not None:
+            if parameter not in request.parameters:
+                raise InvalidArgument(f"{where}: the step is routed by request parameter '{parameter}', which the "
+                                      f"request does not carry (keys: {route.keys()})")
+            value = request.parameters[parameter]
+        else:
+            array = _host(tensors[route.by])
+            if array.size < 1 or any(x != array.flat[0] for x in array.flat):
+                raise InvalidArgument(f"{where}: route_by tensor '{route.by}' must hold one key for the request, "
+                                      f"got {array.size} different values")
+            value = array.flat[0]
+        key = route_key(value)
+        name = route.choose(key)
+        if name is None:
+            raise InvalidArgument(f"{where}: no route for key '{key}' (from {route.by}); routes: {route.keys()}")
+        return name
+
+    def _routed_model(self, step: Step, name: str) -> Model:
+        if name == step.model_name:
+            return self._model(step)
+        try:
+            return self._resolve(name, step.model_version)
+        except InferdError as exc:
+            raise self._wrap(step, exc, name) from None
+
+    def _count(self, step: Step, name: str, outcome: str) -> None:
+        steps = self._stats.steps
+        key = (step.index, name, outcome)
+        steps[key] = steps.get(key, 0) + 1
+
+    def _describe(self, step: Step, exc: Exception, model: str | None = None) -> InferdError:
         if isinstance(exc, InferdError):
-            return self._wrap(step, exc)
-        return self._wrap(step, ModelExecutionError(f"model '{step.model_name}' failed: {type(exc).__name__}: {exc}"))
+            return self._wrap(step, exc, model)
+        name = model or step.model_name
+        return self._wrap(step, ModelExecutionError(f"model '{name}' failed: {type(exc).__name__}: {exc}"), model)
+
+
+def _host(array: Any) -> np.ndarray:
+    """A tensor a decision reads, on the host (a DeviceTensor copies itself once)."""
+    return array if isinstance(array, np.ndarray) else np.asarray(array)

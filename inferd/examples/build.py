@@ -376,7 +376,10 @@ DIM_ENCODER = 64  # inferd.examples.encoder.DIM (not imported here: that module 
 
 def parameters(values: Mapping[str, object]) -> str:
     """``parameters`` entries for a config.pbtxt, one per key (values rendered with str)."""
-    return "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in values.items())
+    def quoted(v: object) -> str:
+        return str(v).replace("\\", "\\\\").replace('"', '\\"')
+
+    return "".join(f'parameters {{ key: "{k}" value {{ string_value: "{quoted(v)}" }} }}\n' for k, v in values.items())
 
 
 def encoder_config(name: str, platform: str, padding: Mapping[str, object] | None = None,
@@ -467,6 +470,47 @@ MODELS += [
 
 # --------------------------------------------------------------------------- writing
 
+
+# A cascade (conditional steps, an inferd extension: docs/ensembles.md): cascade_cheap scales
+# each row and says how sure it is (SCORE); cascade runs cascade_expensive (an MLP) only for the
+# rows whose SCORE is below 0.8 and takes cascade_cheap's rows for the others. The step rule is
+# a parameter, which a plain Triton server ignores (there the expensive step runs every row).
+# cascade_bls is the same logic as BLS in a Python model, for comparison.
+
+CASCADE_D, CASCADE_THRESHOLD = 16, 0.8
+_CASCADE_IO = ([("INPUT0", "TYPE_FP32", [CASCADE_D])], [("OUTPUT0", "TYPE_FP32", [CASCADE_D])])
+
+
+def cascade_config() -> str:
+    config = triton_config("cascade", *_CASCADE_IO, max_batch_size=8, platform="ensemble", instance_count=0,
+                           extra=parameters({"inferd.step.1.when_row": f"SCORE < {CASCADE_THRESHOLD}",
+                                             "inferd.step.1.otherwise": "OUTPUT0=cheap_out"})
+                           + ensemble_steps([
+                               ("cascade_cheap", {"INPUT0": "INPUT0"}, {"OUTPUT0": "cheap_out", "SCORE": "SCORE"}),
+                               ("cascade_expensive", {"INPUT0": "INPUT0"}, {"OUTPUT0": "OUTPUT0"}),
+                           ]))
+    return config
+
+
+MODELS += [
+    ModelSpec(
+        "cascade_cheap",
+        triton_config("cascade_cheap", _CASCADE_IO[0], [*_CASCADE_IO[1], ("SCORE", "TYPE_FP32", [1])],
+                      max_batch_size=8, dynamic_batching=""),
+        {"1/model.onnx": onnx_file(lambda: om.confident(CASCADE_D))},
+    ),
+    ModelSpec(
+        "cascade_expensive",
+        triton_config("cascade_expensive", *_CASCADE_IO, max_batch_size=8, dynamic_batching=""),
+        {"1/model.onnx": onnx_file(lambda: om.mlp(CASCADE_D, 256, CASCADE_D, seed=MLP_SEED))},
+    ),
+    ModelSpec("cascade", cascade_config(), {"1/.keep": b""}),
+    ModelSpec(
+        "cascade_bls",
+        triton_config("cascade_bls", *_CASCADE_IO, max_batch_size=8, platform=None, backend="python"),
+        {"1/model.py": _python_file("cascade_bls")},
+    ),
+]
 
 def write_model(spec: ModelSpec, root: str | os.PathLike[str]) -> list[str]:
     """Write one model under ``root``; returns the relative paths actually (re)written."""

@@ -288,3 +288,19 @@ def accumulator(dtype: Any = np.int32, batch: bool = True, name_in: str = "INPUT
         [_vi(name_out, et, 1, batch), _vi(state_out, et, 1, batch)],
     )
     return _model(graph)
+
+
+def confident(dims: Dims = 16, factor: float = 2.0) -> onnx.ModelProto:
+    """The cheap half of a cascade: FP32 OUTPUT0 = INPUT0 * factor and SCORE = max(sigmoid(INPUT0))
+    over each row ([batch, 1]): how sure the cheap model is of that row."""
+    f = numpy_helper.from_array(np.array(factor, dtype=np.float32), "factor")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["INPUT0", "factor"], ["OUTPUT0"], name="scale"),
+         helper.make_node("Sigmoid", ["INPUT0"], ["sig"], name="sigmoid"),
+         helper.make_node("ReduceMax", ["sig"], ["SCORE"], axes=[1], keepdims=1, name="score")],
+        "confident",
+        [_vi("INPUT0", TensorProto.FLOAT, dims, True)],
+        [_vi("OUTPUT0", TensorProto.FLOAT, dims, True), _vi("SCORE", TensorProto.FLOAT, 1, True)],
+        initializer=[f],
+    )
+    return _model(graph)

@@ -176,6 +176,11 @@ class InferdCollector:
         inter_h = h("inferd_stream_inter_response_duration_seconds",
                     "Decoupled models: from one response of a stream to the next (time per output token for a /v1 "
                     "model; the count is the responses after the first)", labels=L)
+        steps = CounterMetricFamily(
+            "inferd_ensemble_step_requests",
+            "An ensemble's requests per step, by the model the step ran and what it did: ran, skipped "
+            "(a predicate did not hold: fallback tensors), split (it ran for some rows)",
+            labels=[*L, "step", "step_model", "outcome"])
 
         for model in self.dp.manager.models():
             s = model.stats
@@ -192,6 +197,8 @@ class InferdCollector:
             if s.memory_growth is not None:
                 memory.add_metric(lv, s.memory_growth)
             inflight.add_metric(lv, s.pending)
+            for (index, step_model, outcome), n in sorted(s.steps.items()):
+                steps.add_metric([*lv, str(index), step_model, outcome], n)
             hist = histograms_of(s)
             if hist is not None:
                 if not hist.settled:
@@ -221,7 +228,7 @@ class InferdCollector:
 
         yield from (failure, real, padded, waste, inflight, request_h, queue_h, compute_h, batch_h, first_h, inter_h,
                     state, ready,
-                    queued, queued_bytes, rejected, memory)
+                    queued, queued_bytes, rejected, memory, steps)
         yield from self._residency()
 
     def _residency(self) -> Iterator[Metric]:

@@ -106,7 +106,7 @@ class ModelStats:
         "name", "version", "success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
         "inference_count", "execution_count", "last_inference_ms", "batch_stats", "fail_reasons",
         "observers", "pending", "cache_hit", "cache_miss", "memory_growth", "real_elements", "pad_elements",
-        "responses", "single_response", "memory_usage", "histogram_buckets", "metric_tags",
+        "responses", "single_response", "memory_usage", "histogram_buckets", "metric_tags", "steps",
     )
 
     def __init__(self, name: str, version: int) -> None:
@@ -123,6 +123,10 @@ class ModelStats:
         self.last_inference_ms = 0
         self.batch_stats: dict[int, BatchStat] = {}
         self.fail_reasons: dict[str, int] = {}
+        # An ensemble's steps: requests per (step index, model run, outcome: ran, skipped, split),
+        # so conditional and routed steps show what they did. ModelStatistics has no field for
+        # them; /metrics exports them.
+        self.steps: dict[tuple[int, str, str], int] = {}
         self.observers: list[Observer] = []
         self.pending = 0  # requests admitted and not yet answered
         self.cache_hit = Duration()

@@ -63,23 +63,34 @@ def dependency_problem(graph: EnsembleGraph, entry_of: Callable[[str], Any], _se
         return (f"ensemble {graph.name} contains models that are not available or ambiguous: {', '.join(missing)} "
                 f"(ensemble '{graph.name}' {step.label}: model '{step.model_name}' is not in the model repository)")
     for step in graph.steps:
-        at = f"ensemble '{graph.name}' {step.label}"
-        entry = entry_of(step.model_name)
-        if entry is None:
-            return f"{at}: model '{step.model_name}' is not in the model repository"
-        if step.model_name in seen:
-            return f"{at}: ensembles form a cycle through '{step.model_name}'"
-        if entry.state != READY or not entry.versions:
-            what = "failed to load" if entry.state == "UNAVAILABLE" and entry.reason != "unloaded" else "is not ready"
-            return f"{at}: composing model '{step.model_name}' {what}: {entry.reason or entry.state.lower()}"
-        if step.model_version and step.model_version not in entry.versions:
-            return (f"{at}: version {step.model_version} of model '{step.model_name}' is not loaded "
-                    f"(loaded versions: {sorted(entry.versions)})")
-        nested = getattr(entry, "ensemble", None)
-        if nested is not None:
-            problem = dependency_problem(nested.graph, entry_of, seen) or wiring_problem(nested, entry_of)
+        for name in step.candidates:  # a routed step needs every model it may run
+            problem = _composing_problem(graph, step, name, entry_of, seen)
             if problem:
-                return f"{at}: composing ensemble '{step.model_name}' is not ready: {problem}"
+                return problem
+    return None
+
+
+def _composing_problem(graph: EnsembleGraph, step: Any, name: str, entry_of: Callable[[str], Any],
+                       seen: frozenset[str]) -> str | None:
+    at = f"ensemble '{graph.name}' {step.label}"
+    if name != step.model_name:
+        at += f" (route to '{name}')"
+    entry = entry_of(name)
+    if entry is None:
+        return f"{at}: model '{name}' is not in the model repository"
+    if name in seen:
+        return f"{at}: ensembles form a cycle through '{name}'"
+    if entry.state != READY or not entry.versions:
+        what = "failed to load" if entry.state == "UNAVAILABLE" and entry.reason != "unloaded" else "is not ready"
+        return f"{at}: composing model '{name}' {what}: {entry.reason or entry.state.lower()}"
+    if step.model_version and step.model_version not in entry.versions:
+        return (f"{at}: version {step.model_version} of model '{name}' is not loaded "
+                f"(loaded versions: {sorted(entry.versions)})")
+    nested = getattr(entry, "ensemble", None)
+    if nested is not None:
+        problem = dependency_problem(nested.graph, entry_of, seen) or wiring_problem(nested, entry_of)
+        if problem:
+            return f"{at}: composing ensemble '{name}' is not ready: {problem}"
     return None
 
 
