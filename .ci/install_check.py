@@ -1,12 +1,15 @@
-"""The release check: build inferd's and inferd-client's wheels and sdists, check their metadata,
-install them into a fresh venv outside the checkout, and serve and call models with nothing from
-the checkout on the path, one extra set after another.
+"""The release check: README's install lines run as written in a fresh venv (build inferd's and
+inferd-client's wheels and sdists, then install them extra by extra), the metadata checked, and models
+served and called at each step with nothing from the checkout on the path.
 
     python3 .ci/install_check.py [--python python3] [--keep DIR] [--skip-gpu]
 
 Run by .ci/run on a clean clone (after `make install models`, whose .venv builds the wheels and the
 ONNX and TorchScript test models). The venv grows in steps, so each install is checked where a
 user would meet it:
+
+README's "Install" block is read, and each of its lines is run by bash from the checkout's root with the
+fresh venv first on PATH, in the block's order:
 
 1. base (`pip install inferd-*.whl inferd_client-*.whl`): `inferd --version` answers VERSION; a
    Python model serves and answers through the client; an ONNX model fails to load naming
@@ -15,7 +18,10 @@ user would meet it:
 3. `onnxruntime-gpu` beside it: the ONNX model is refused, naming both packages;
 4. `inferd[onnx-gpu]` alone (no GPU here): the CUDA provider imports and the model still answers on
    the CPU;
-5. `inferd[torch]` (torch==2.13.0, as the Makefile pins it): the TorchScript model answers.
+5. `inferd[torch]` (torch==2.13.0 first, as the README says and the Makefile pins it): the TorchScript model
+   answers;
+6. `inferd[gpu]`, `inferd[otlp]`, `inferd[perf]`, `inferd[batch]`: what each brings imports, and the OTLP trace
+   mode is accepted.
 
 --skip-gpu leaves out steps 3 and 4 (onnxruntime-gpu is a 250 MB download).
 """
@@ -36,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CHECKOUT_PY = ROOT / ".venv" / "bin" / "python"
 TORCH_PIN = "torch==2.13.0"  # the Makefile's pin: the CPU build
+VERSION = (ROOT / "VERSION").read_text().strip()
 
 PYTHON_MODEL = '''
 import numpy as np
@@ -87,6 +94,26 @@ class Failure(Exception):
     pass
 
 
+def readme_install_lines(readme: Path = ROOT / "README.md") -> dict[str, str]:
+    """README's "## Install" block, a line each, keyed by what it installs: "build", "base", or the extra."""
+    text = readme.read_text()
+    section = text[text.index("## Install"):]
+    block = section[section.index("```\n") + 4:]
+    block = block[:block.index("```")]
+    lines: dict[str, str] = {}
+    for line in block.splitlines():
+        command = line.split("   #")[0].strip()
+        if not command:
+            continue
+        if "python -m build" in command:
+            lines["build"] = command
+        elif "[" in command:
+            lines[command[command.index("[") + 1:command.index("]")]] = command
+        else:
+            lines["base"] = command
+    return lines
+
+
 def run(args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None,
         timeout: float = 900) -> subprocess.CompletedProcess[str]:
     print("+", " ".join(str(a) for a in args), flush=True)
@@ -111,6 +138,10 @@ class Venv:
 
     def uninstall(self, *names: str) -> None:
         run([self.path / "bin" / "python", "-m", "pip", "uninstall", "-y", "-q", *names], env=self.env, cwd=self.work)
+
+    def shell(self, command: str) -> None:
+        """A README line as written, by bash, from the checkout's root, this venv first on PATH."""
+        run(["bash", "-c", command], env=self.env, cwd=ROOT, timeout=1200)
 
     def python(self, *args: str | Path) -> str:
         return run([self.path / "bin" / "python", *args], env=self.env, cwd=self.work).stdout
@@ -164,16 +195,13 @@ def expect(what: str, condition: bool, detail: object = "") -> None:
     print(f"ok: {what}", flush=True)
 
 
-def build(dist: Path) -> tuple[Path, Path]:
-    for source in (ROOT, ROOT / "clients"):
-        run([CHECKOUT_PY, "-m", "build", "--outdir", dist, source], timeout=600)
-    run([CHECKOUT_PY, "-m", "twine", "check", "--strict", *sorted(dist.iterdir())])
-    version = (ROOT / "VERSION").read_text().strip()
-    names = sorted(p.name for p in dist.iterdir())
+def check_dist(dist: Path) -> tuple[Path, Path]:
+    run([CHECKOUT_PY, "-m", "twine", "check", "--strict", *sorted(dist.glob(f"*{VERSION}*"))])
+    names = sorted(p.name for p in dist.glob(f"*{VERSION}*"))
     expect("wheels and sdists of both packages at VERSION", names == sorted([
-        f"inferd-{version}-py3-none-any.whl", f"inferd-{version}.tar.gz",
-        f"inferd_client-{version}-py3-none-any.whl", f"inferd_client-{version}.tar.gz"]), names)
-    return dist / f"inferd-{version}-py3-none-any.whl", dist / f"inferd_client-{version}-py3-none-any.whl"
+        f"inferd-{VERSION}-py3-none-any.whl", f"inferd-{VERSION}.tar.gz",
+        f"inferd_client-{VERSION}-py3-none-any.whl", f"inferd_client-{VERSION}.tar.gz"]), names)
+    return dist / f"inferd-{VERSION}-py3-none-any.whl", dist / f"inferd_client-{VERSION}-py3-none-any.whl"
 
 
 def models(repo: Path) -> None:
@@ -194,17 +222,23 @@ def main(argv: list[str] | None = None) -> int:
     top = args.keep or Path(tempfile.mkdtemp(prefix="inferd-install-"))
     top.mkdir(parents=True, exist_ok=True)
     try:
-        inferd_whl, client_whl = build(top / "dist")
+        lines = readme_install_lines()
+        expect("README's install block names this VERSION's wheels",
+               all(VERSION in line for key, line in lines.items() if key != "build"), lines)
         repo = top / "models"
         models(repo)
         work = top / "work"
         work.mkdir()
         venv = Venv(args.python, top / "venv", work)
-        version = (ROOT / "VERSION").read_text().strip()
+        dist = ROOT / "dist"
+        for old in dist.glob("*"):  # the README builds into the checkout's dist/ (git-ignored)
+            old.unlink()
+        venv.shell(lines["build"])
+        check_dist(dist)
 
-        venv.pip(inferd_whl, client_whl)
+        venv.shell(lines["base"])
         out = run([venv.path / "bin" / "inferd", "--version"], env=venv.env, cwd=work).stdout.strip()
-        expect("base: inferd --version reads VERSION", out == f"inferd {version}", out)
+        expect("base: inferd --version reads VERSION", out == f"inferd {VERSION}", out)
         located = venv.python("-c", "import inferd, inferd_client; print(inferd.__file__, inferd_client.__file__)")
         expect("base: inferd and inferd_client come from the venv, not the checkout",
                str(ROOT) not in located and located.count("site-packages") == 2, located)
@@ -216,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         answers = venv.serve_and_call(repo, ["double"])
         expect("base: the Python model answers through inferd-client", answers == {"double": True}, answers)
 
-        venv.pip(f"{inferd_whl}[onnx]")
+        venv.shell(lines["onnx"])
         answers = venv.serve_and_call(repo, ["double", "simple"])
         expect("inferd[onnx]: the ONNX model answers", answers == {"double": True, "simple": True}, answers)
 
@@ -226,19 +260,32 @@ def main(argv: list[str] | None = None) -> int:
             expect("onnxruntime and onnxruntime-gpu together: the ONNX model is refused naming both",
                    "both onnxruntime" in states["simple"] and "onnxruntime-gpu" in states["simple"], states)
             venv.uninstall("onnxruntime", "onnxruntime-gpu")
-            venv.pip(f"{inferd_whl}[onnx-gpu]")
+            venv.shell(lines["onnx-gpu"])
             providers = venv.python("-c", "import onnxruntime; print(onnxruntime.get_available_providers())")
             expect("inferd[onnx-gpu]: ONNX Runtime imports with its CUDA provider", "CUDAExecutionProvider" in providers,
                    providers)
             answers = venv.serve_and_call(repo, ["simple"])
             expect("inferd[onnx-gpu] on a host without a GPU: the ONNX model answers on the CPU",
                    answers == {"simple": True}, answers)
+            venv.uninstall("onnxruntime-gpu")
+            venv.shell(lines["onnx"])
 
-        venv.pip(TORCH_PIN)
-        venv.pip(f"{inferd_whl}[torch]")
+        venv.pip(TORCH_PIN)  # "install torch first": the CPU build, as the Makefile pins it
+        venv.shell(lines["torch"])
         answers = venv.serve_and_call(repo, ["double", "simple", "torch_add_sub"])
         expect("inferd[torch]: the TorchScript model answers",
                answers == {"double": True, "simple": True, "torch_add_sub": True}, answers)
+
+        for extra, code in (("gpu", "import pynvml, cuda.bindings"),
+                            ("otlp", "from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter"),
+                            ("perf", "import matplotlib, perf_analyzer"),
+                            ("batch", "import pyarrow.parquet")):
+            venv.shell(lines[extra])
+            venv.python("-c", code)
+            expect(f"inferd[{extra}]: what it brings imports", True)
+        traced = venv.python("-c", "from inferd.observability.tracing import TraceConfig, Tracing; "
+                                   "Tracing(TraceConfig.parse(['mode=opentelemetry', 'level=TIMESTAMPS'])); print('ok')")
+        expect("inferd[otlp]: the OpenTelemetry trace mode is accepted", traced.strip() == "ok", traced)
     except Failure as exc:
         print(f"install check FAILED: {exc}", file=sys.stderr)
         return 1

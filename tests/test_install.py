@@ -161,3 +161,21 @@ def test_onnxruntime_and_onnxruntime_gpu_together_are_refused(monkeypatch: pytes
         backend._ort("m")
     monkeypatch.setattr(backend, "_installed_ort", lambda: ["onnxruntime 1.32.0"])
     assert backend._ort("m").InferenceSession  # one of the two: the module itself
+
+
+def test_the_readme_install_block_is_what_the_install_check_runs() -> None:
+    """.ci/install_check.py runs README's install lines as written: one per extra of pyproject.toml that the
+    README names, each naming this VERSION's wheel, and the extras it names all exist."""
+    import importlib.util
+    import tomllib
+
+    spec = importlib.util.spec_from_file_location("install_check", ROOT / ".ci" / "install_check.py")
+    assert spec and spec.loader
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    lines = check.readme_install_lines()
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    assert {"build", "base", "onnx", "onnx-gpu", "torch", "gpu", "otlp", "perf", "batch"} <= set(lines)
+    assert set(lines) - {"build", "base"} <= extras
+    expected = (ROOT / "VERSION").read_text().strip()
+    assert all(f"inferd-{expected}-py3-none-any.whl" in line for key, line in lines.items() if key != "build")
