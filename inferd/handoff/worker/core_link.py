@@ -100,9 +100,12 @@ class InFlight:
             if block != wire.NO_BLOCK:
                 self.inputs.free(block)
             raise self.lost
-        self._entries[rid] = [waiter, block]
+        entries = self._entries
+        entries[rid] = [waiter, block]
         self._idle.clear()
-        self.channel.send(message)
+        # The only request in flight (a lone client, or the first of a burst): no other request of this
+        # turn is likely to join its write, so it goes at once (with any FREE) instead of a turn later.
+        self.channel.send(message, at_once=len(entries) == 1)
 
     def cancel(self, rid: int) -> None:
         """The client went away: tell the core (the entry stays until its final message)."""
