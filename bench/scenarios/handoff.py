@@ -17,6 +17,19 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+ANALYSIS = """Counted (issue 32), on two cores shared with perf_analyzer: the hop's wake-ups are at their floor. At c=1 the
+core blocks once per request (1.00; tests/handoff/test_wakeups.py pins it) and the worker once more than one process
+does (the answer's arrival: 10.9 against 9.9, the rest grpc.aio's); at c=16 the core wakes 0.3-0.4 times per inference.
+strace -c at c=1 per request: one process 12.4 epoll_wait, 4.2 futex, 6.4 write, 4.0 recvfrom; the core 3.0 -> 2.1
+epoll_wait, 1 sendto, 1 recvfrom and the worker 17.0 -> 14.8 epoll_wait after the at-once writes (a lone request, and
+the answer that leaves the core's endpoint idle, are written without waiting for the loop turn's end). What the hop
+costs is not more wake-ups but what each costs: the core spends ~190 us of user CPU per lone request (its Python per
+request is ~30 us with warm caches, bench/core_path.py), the worker as much as the whole one process, each wake-up
+starting on caches the other processes (and perf_analyzer) cooled; a worker spinning on its channel instead of
+sleeping would need the ~200 us the core takes to answer, on the cores the core and the client need. The default
+mode meets neither target of item 2 here; `cli.default_frontend_workers` now picks one process on a single core,
+where one process wins every figure, and keeps workers from two cores up, where they buy the MLP's throughput."""
+
 SERVED = (("one process (--frontend-workers 0)", 0), ("core + 2 workers (--frontend-workers 2)", 2))
 SERVED_LOADS = (1, 16)
 
@@ -34,6 +47,7 @@ def run(quick: bool) -> dict:
                                               r["p99_us"], note=note)))
         out.setdefault("raw", []).append(r)
     out["served"] = _served(quick)
+    out["notes"] = ANALYSIS
     out["measures"] += [m for m in out["served"]]
     return out
 
