@@ -21,7 +21,7 @@ ANALYSIS = """Counted (issue 32), on two cores shared with perf_analyzer: the ho
 core blocks once per request (1.00; tests/handoff/test_wakeups.py pins it) and the worker once more than one process
 does (the answer's arrival: 10.9 against 9.9, the rest grpc.aio's); at c=16 the core wakes 0.3-0.4 times per inference.
 strace -c at c=1 per request: one process 12.4 epoll_wait, 4.2 futex, 6.4 write, 4.0 recvfrom; the core 3.0 -> 2.1
-epoll_wait, 1 sendto, 1 recvfrom and the worker 17.0 -> 14.8 epoll_wait after the at-once writes (a lone request, and
+epoll_wait, 1 sendto, 1 recvfrom and the worker 17.0 -> 14.8-15.8 epoll_wait (two runs) after the at-once writes (a lone request, and
 the answer that leaves the core's endpoint idle, are written without waiting for the loop turn's end). What the hop
 costs is not more wake-ups but what each costs: the core spends ~190 us of user CPU per lone request (its Python per
 request is ~30 us with warm caches, bench/core_path.py), the worker as much as the whole one process, each wake-up
