@@ -73,6 +73,7 @@ async def _frontend(concurrency: int, seconds: float, nbytes: int, core_pid: int
     loop = asyncio.get_running_loop()
     waiting: dict[int, asyncio.Future] = {}
     freed: list[int] = []
+    answering = [False]  # answers were read this turn: the clients they wake send in one write
     channel: Channel
 
     def on_message(msg: list) -> None:
@@ -82,6 +83,9 @@ async def _frontend(concurrency: int, seconds: float, nbytes: int, core_pid: int
             fut.set_result(outputs.read(at, n))
             freed.append(msg[wire.R_BLOCK])
             channel.wake()
+            answering[0] = True
+            if not channel.more:  # after the wake-ups of this read's answers (as InFlight)
+                loop.call_soon(answering.__setitem__, 0, False)
 
     def send_frees() -> None:
         if freed:
@@ -104,8 +108,11 @@ async def _frontend(concurrency: int, seconds: float, nbytes: int, core_pid: int
             block, (at,) = inputs.put([payload])
             fut = loop.create_future()
             waiting[rid] = fut
+            # As a worker's InFlight: the only request in flight is written at once unless answers just
+            # woke it, a burst in one write per loop turn.
             channel.send(wire.infer(rid, "identity_fp32", "", "", None,
-                                    [["INPUT0", "FP32", shape, at, nbytes, None]], None))
+                                    [["INPUT0", "FP32", shape, at, nbytes, None]], None),
+                         at_once=len(waiting) == 1 and not answering[0])
             data = await fut
             inputs.free(block)
             latencies.append(time.perf_counter() - t0)

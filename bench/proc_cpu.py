@@ -69,6 +69,25 @@ def parse_stat(text: str) -> Stat:
                 ticks=int(fields[11]) + int(fields[12]), start=int(fields[19]))
 
 
+def voluntary_switches(pid: int, proc: Path = PROC) -> int:
+    """How often the process's threads blocked and were woken again (voluntary context switches,
+    summed over /proc/<pid>/task/*/status): its wake-ups, a count that load does not inflate (a busy
+    machine adds involuntary switches instead). 0 when the process is gone."""
+    total = 0
+    try:
+        tasks = list((proc / str(pid) / "task").iterdir())
+    except OSError:
+        return 0
+    for task in tasks:
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches"):
+                    total += int(line.split()[1])
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return total
+
+
 def all_stats(proc: Path = PROC) -> list[Stat]:
     out = []
     for entry in proc.iterdir():

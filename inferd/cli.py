@@ -109,7 +109,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--frontend-workers", type=int, default=None, metavar="N",
                    help="processes that serve the gRPC and HTTP ports (SO_REUSEPORT) and hand each request to "
                         "this process, which runs the models: 0 serves everything in one process. Default: "
-                        f"half the cores, at least 2 (here {default_frontend_workers()})")
+                        f"one process on a single core, else half the cores, at least 2 (here {default_frontend_workers()})")
     p.add_argument("--batch-dir", type=Path, default=None, metavar="DIR",
                    help="where batch jobs (POST /v2/batches) keep their state and results, and resume from after "
                         "a restart (default: <first repository>.batches, next to it)")
@@ -222,13 +222,27 @@ def _openai_options(keys: list[str], key_file: Path | None) -> Any:
         raise ValueError("--openai-api-key: a key must be non-empty and hold no spaces")
     return OpenAIOptions(tuple(keys))
 def default_frontend_workers(cores: int | None = None) -> int:
-    """Half the cores, at least two, at most 16. A worker spends most of a request's CPU (the
-    grpc.aio transport: 2-3x the core's share, bench/RESULTS.md), so the wire gets cores of its own;
-    the other half is left to the core and the models' runtime threads. At least two so that the
-    ports keep a listener while a dead worker restarts."""
+    """The process mode for the cores this process may run on (its CPU affinity, so taskset and
+    cpusets count): one process (0) on a single core; else half the cores, at least two, at most 16.
+
+    The rule rests on figures measured in one run each (issue 32, perf_analyzer over gRPC,
+    16-float identity and the 256->1024->256 MLP, dynamic batching, c=16):
+
+    - one core (the server pinned to it): one process wins every figure. Identity 2,307 against
+      1,623 infer/s with two workers (1.42x) at 430 against 596 us CPU per inference; MLP 1,691
+      against 1,605/s at 479 against 584 us. Workers add a hop and no parallelism.
+    - two cores: workers buy throughput under load (MLP 2,405 against 1,615/s, 1.49x, at 1.07x the
+      CPU per inference; 3,011 against 1,851 in bench/RESULTS.md ``frontends``) and cost a lone
+      client latency and CPU (identity c=1: p50 +206 to +283 us, 1.49-1.54x the CPU per inference;
+      identity c=16 a tie on throughput at 1.26x the CPU). Throughput under load decides: workers.
+    - more cores: a worker spends most of a request's CPU (the grpc.aio transport), so the wire gets
+      half the cores and the core and the models' runtime threads the other half. At least two so
+      that the ports keep a listener while a dead worker restarts."""
     import os
 
     cores = cores or len(os.sched_getaffinity(0)) or 1
+    if cores < 2:
+        return 0
     return max(2, min(16, cores // 2))
 
 

@@ -114,7 +114,7 @@ def pinned(server: ServerProcess) -> Iterator[list[grpcclient.InferenceServerCli
 
 
 def test_default_worker_count_follows_the_cores() -> None:
-    assert [default_frontend_workers(n) for n in (1, 2, 3, 4, 6, 16, 64)] == [2, 2, 2, 2, 3, 8, 16]
+    assert [default_frontend_workers(n) for n in (1, 2, 3, 4, 6, 16, 64)] == [0, 2, 2, 2, 3, 8, 16]
 
 
 def test_every_rpc_answers_alike_through_either_frontend(pinned) -> None:  # type: ignore[no-untyped-def]

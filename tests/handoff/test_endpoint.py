@@ -33,7 +33,7 @@ class Recorder:
     def __init__(self) -> None:
         self.sent: list[list] = []
 
-    def send(self, message: list) -> None:
+    def send(self, message: list, at_once: bool = False) -> None:
         self.sent.append(message)
 
 

@@ -72,3 +72,57 @@ async def test_an_idle_frontend_sends_large_blocks_back_at_once_and_many_blocks_
     assert core.messages[-1] == [wire.FREE, [64 * i for i in range(FREE_BATCH)]]
     channel.close()
     core_end.close()
+
+
+async def test_a_lone_request_is_written_at_once_and_a_burst_in_one_write() -> None:
+    pending, core, core_end, channel = await _frontend()
+    pending.unary(1, wire.infer(1, "m", "", "", None, [], None), wire.NO_BLOCK)
+    assert channel.writes == 1  # the only request in flight: no loop turn to wait for
+    for rid in (2, 3, 4):  # the others of a burst wait for the turn's one write
+        pending.unary(rid, wire.infer(rid, "m", "", "", None, [], None), wire.NO_BLOCK)
+    assert channel.writes == 1
+    await turns()
+    assert channel.writes == 2 and [m[1] for m in core.messages] == [1, 2, 3, 4]
+    channel.close()
+    core_end.close()
+
+
+async def test_a_write_made_at_once_leaves_the_turns_deferred_write_nothing_to_send_alone() -> None:
+    pending, core, core_end, channel = await _frontend()
+    fut = pending.unary(1, wire.infer(1, "m", "", "", None, [], None), wire.NO_BLOCK)
+    pending.on_response(response(1, 4096, 64))
+    reply = await fut
+    await turns(1)  # a later turn than the answer's: a lone request again
+    channel.send([wire.CANCEL, 1])  # deferred to the turn's end
+    pending.unary(2, wire.infer(2, "m", "", "", None, [], None), wire.NO_BLOCK)  # at once: takes the CANCEL along
+    writes = channel.writes
+    pending.release(reply)  # a small block freed after that write: it waits for the next request
+    await turns()
+    assert channel.writes == writes and [m[0] for m in core.messages] == [wire.INFER, wire.CANCEL, wire.INFER]
+    channel.close()
+    core_end.close()
+
+
+async def test_requests_sent_by_handlers_their_answers_woke_go_in_one_write() -> None:
+    pending, core, core_end, channel = await _frontend()
+    futs = [pending.unary(rid, wire.infer(rid, "m", "", "", None, [], None), wire.NO_BLOCK) for rid in (1, 2, 3)]
+    await turns()
+    writes = channel.writes
+
+    async def again(fut: asyncio.Future, rid: int) -> None:
+        await fut  # woken by the answer, in the turn after the read that carried them all
+        pending.unary(rid, wire.infer(rid, "m", "", "", None, [], None), wire.NO_BLOCK)
+
+    clients = [asyncio.ensure_future(again(f, rid)) for f, rid in zip(futs, (4, 5, 6))]
+    await turns(1)
+    channel.more = True  # as Channel.data_received delivers one read's messages
+    for rid in (1, 2):
+        pending.on_response(wire.response(rid, True, "m", 1, "", [], None, wire.NO_BLOCK))
+    channel.more = False
+    pending.on_response(wire.response(3, True, "m", 1, "", [], None, wire.NO_BLOCK))
+    await asyncio.gather(*clients)
+    await turns()
+    # Nothing was in flight when the first of them sent, yet the three go in one write, not 1 + 2.
+    assert channel.writes == writes + 1 and [m[1] for m in core.messages[3:]] == [4, 5, 6]
+    channel.close()
+    core_end.close()

@@ -270,7 +270,9 @@ class DataPlaneEndpoint:
                 message = run_message(rid, run, self.outputs)
             except Exception as exc:
                 message = [wire.ERROR, rid, True, *error_kind(exc)]
-        self._send(message)
+        # The endpoint's last request answered: nothing else of this worker's will be sent this turn, so
+        # this answer (with the rest of its batch's, queued before it) is written now, not a turn later.
+        self._send(message, at_once=not self.runs and not self.tasks)
 
     async def _stream(self, rid: int, request: Any) -> None:
         ended = False
@@ -301,12 +303,12 @@ class DataPlaneEndpoint:
         if not ended:
             self._send([wire.ERROR, rid, True, "Cancelled", CANCELLED])
 
-    def _send(self, message: list[Any]) -> None:
+    def _send(self, message: list[Any], at_once: bool = False) -> None:
         if self._gone:
             if message[0] == wire.RESPONSE and message[wire.R_BLOCK] != wire.NO_BLOCK:
                 self.outputs.free(message[wire.R_BLOCK])
             return
-        self.channel.send(message)
+        self.channel.send(message, at_once)
 
     # -- the control plane ------------------------------------------------------------
 

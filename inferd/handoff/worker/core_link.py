@@ -72,6 +72,9 @@ class InFlight:
         self._freed_bytes = 0  # what they held: an idle frontend sends large ones back at once
         self._idle = asyncio.Event()
         self._idle.set()
+        # Final answers were delivered and the handlers they wake run in the coming loop turn: what
+        # those send goes out together at the turn's end, never the first of them at once alone.
+        self._answering = False
         self.lost: InferdError | None = None  # set once the core is gone: nothing more is sent
         channel.before_flush(self._send_frees)
 
@@ -100,9 +103,13 @@ class InFlight:
             if block != wire.NO_BLOCK:
                 self.inputs.free(block)
             raise self.lost
-        self._entries[rid] = [waiter, block]
+        entries = self._entries
+        entries[rid] = [waiter, block]
         self._idle.clear()
-        self.channel.send(message)
+        # The only request in flight, and not sent by a handler that answers just woke (a lone client's next
+        # request, or the first after a quiet spell): no other request of this turn is likely to join its
+        # write, so it goes at once (with any FREE) instead of a loop turn later.
+        self.channel.send(message, at_once=len(entries) == 1 and not self._answering)
 
     def cancel(self, rid: int) -> None:
         """The client went away: tell the core (the entry stays until its final message)."""
@@ -137,6 +144,13 @@ class InFlight:
 
     def on_response(self, msg: list[Any]) -> None:
         """RESPONSE, ERROR or FINAL from the core."""
+        self._deliver(msg)
+        if self._answering and not self.channel.more:
+            # The read's last message: queued after every wake-up its answers scheduled, so it runs
+            # after the handlers they resume.
+            self._loop.call_soon(self._answered)
+
+    def _deliver(self, msg: list[Any]) -> None:
         rid = msg[1]
         entry = self._entries.get(rid)
         if entry is None:
@@ -145,6 +159,7 @@ class InFlight:
             return
         final = msg[0] == wire.FINAL or msg[2]
         if final:
+            self._answering = True
             del self._entries[rid]
             if entry[1] != wire.NO_BLOCK:
                 self.inputs.free(entry[1])
@@ -164,6 +179,9 @@ class InFlight:
             waiter.set_exception(error_from(msg[3], msg[4]))
         else:
             waiter.set_result(msg)
+
+    def _answered(self) -> None:
+        self._answering = False
 
     def fail_all(self, error: InferdError | None = None) -> None:
         """The core is gone: every request in flight fails (UNAVAILABLE), and so does any later one."""
