@@ -179,3 +179,13 @@ def test_the_readme_install_block_is_what_the_install_check_runs() -> None:
     assert set(lines) - {"build", "base"} <= extras
     expected = (ROOT / "VERSION").read_text().strip()
     assert all(f"inferd-{expected}-py3-none-any.whl" in line for key, line in lines.items() if key != "build")
+
+
+def test_a_base_install_without_onnx_runs_every_command_but_the_example_builder(tmp_path: Path) -> None:
+    """Found by the install check: the examples command imported the ONNX builder as the parser was built,
+    so without the onnx package no inferd command ran at all."""
+    proc = _without("onnx", "inferd.cli", "check", str(tmp_path))
+    assert "No module named" not in proc.stderr, proc.stderr
+    proc = _without("onnx", "inferd.cli", "examples", "--list")
+    assert proc.returncode == 1
+    assert "the onnx package, which is not installed" in proc.stderr and "pip install 'inferd[examples]'" in proc.stderr

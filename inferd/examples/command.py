@@ -10,8 +10,11 @@ which Triton's own example clients run against unmodified.
 from __future__ import annotations
 
 import argparse
+import sys
 
-from inferd.examples import build, triton_examples
+# The builder writes ONNX files with onnx.helper: imported when the command runs, so that a base install
+# (no onnx) can run every other inferd command.
+EXAMPLES_EXTRA = "pip install 'inferd[examples]'"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,6 +31,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        from inferd.examples import build, triton_examples
+    except ImportError as exc:
+        print(f"inferd examples: the example models are built with the onnx package, which is not installed "
+              f"({exc}); install it with: {EXAMPLES_EXTRA}", file=sys.stderr)
+        return 1
     if args.list:
         for spec in build.MODELS:
             print(spec.name)
