@@ -101,7 +101,10 @@ def run(args: argparse.Namespace) -> int:
     mode, levels = _levels(args)
     params = {k: v.string_value for k, v in base.parameters.items()}
     workers = tuple(args.frontend_workers) if args.frontend_workers else (None,)
-    limits = SpaceLimits(cores=len(os.sched_getaffinity(0)), frontend_workers=workers,
+    from inferd.gpu.inventory import default_inventory
+
+    limits = SpaceLimits(cores=len(os.sched_getaffinity(0)), gpus=len(default_inventory().gpus()),
+                         frontend_workers=workers,
                          varlen=params.get("inferd.padding", "").lower() in ("true", "1"))
     candidates = space(base, limits)
     now = current(base)
