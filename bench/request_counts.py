@@ -8,13 +8,16 @@ hand them, with a context that only answers what ModelInfer asks; the bare echo 
 (bench/echo_server.py) is driven the same way. Counted over ``--requests`` requests after a warm-up,
 ``--concurrency`` of them started together in one loop turn (as one socket read brings them):
 
-- ``python_calls``: Python function calls (``sys.setprofile`` 'call' events, every thread);
+- ``python_calls``: Python function calls (``sys.setprofile`` 'call' events, every thread; a
+  generator's or coroutine's resumption counts as a call), ``inferd_calls`` those of inferd's own
+  code (tests/test_request_counts.py pins them);
 - ``c_calls``: calls of C functions from Python ('c_call' events);
 - ``loop_turns``: event-loop iterations (``BaseEventLoop._run_once``);
 - ``gc_objects``: container objects created (the collector's generation-0 count, with collections
   counted through ``gc.callbacks``, over a run with the collector's threshold raised so none runs);
-- ``kept_blocks``/``kept_bytes``: memory blocks still allocated after the run, per request
-  (tracemalloc, a separate run): per-request objects that outlive their request.
+- ``kept_blocks``/``kept_bytes``: memory blocks still allocated after the run, divided by the
+  requests (tracemalloc, over a second run compared with the first, so the last batch's few
+  objects, held until the next batch replaces them, cancel out): what outlives its request.
 
 These are exact for one code path and input (no clock, no machine load in them), so a change that
 removes work shows here as a smaller number; the served figures (CPU per inference from /proc,
@@ -33,9 +36,12 @@ import sys
 import threading
 import tracemalloc
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+import inferd
 
 from inferd._proto import grpc_service_pb2 as pb
 
@@ -77,29 +83,46 @@ async def _drive(call: Call, requests: int, concurrency: int) -> None:
             raise RuntimeError(f"unexpected reply: {replies[0]}")
 
 
+INFERD_DIR = str(Path(inferd.__file__).parent)
+
+
 class _Counter:
     def __init__(self) -> None:
         self.calls = 0
+        self.ours = 0
         self.c_calls = 0
         self.turns = 0
 
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
         if event == "call":
             self.calls += 1
-            if frame.f_code.co_name == "_run_once":
+            code = frame.f_code
+            if code.co_filename.startswith(INFERD_DIR):
+                self.ours += 1
+            elif code.co_name == "_run_once":
                 self.turns += 1
         elif event == "c_call":
             self.c_calls += 1
 
 
-async def _servicers() -> tuple[dict[str, Call], Callable[[], Awaitable[None]]]:
+def repository(folder: Path) -> Path:
+    """The one model these counts drive, identity_fp32 (16 floats, dynamic_batching {}), built in ``folder``."""
+    from inferd.examples import build as b
+
+    b.build_repository(folder, models=[s for s in b.MODELS if s.name == MODEL], log=None)
+    return folder
+
+
+async def servicers(repo: Path | None = None) -> tuple[dict[str, Call], Callable[[], Awaitable[None]]]:
+    """inferd's ModelInfer over a loaded DataPlane (``repo``: the benchmark repository by default)
+    and the echo's; and the coroutine function that closes the data plane."""
     from bench.bench import bench_repository
     from bench.echo_server import EchoServicer
     from inferd.dataplane import DataPlane
     from inferd.repository import ModelManager
     from inferd.server.grpc_service import InferenceServicer
 
-    dp = DataPlane(ModelManager([bench_repository(big=False)]))
+    dp = DataPlane(ModelManager([repo or bench_repository(big=False)]))
     await dp.load_models()
     calls: dict[str, Call] = {"inferd": InferenceServicer(dp).ModelInfer, "echo": EchoServicer().ModelInfer}
     return calls, dp.close
@@ -137,8 +160,11 @@ async def count(call: Call, requests: int, concurrency: int) -> dict[str, float]
     if collections[0]:
         raise RuntimeError("a collection ran during the count: raise the threshold")
 
-    gc.collect()
+    # Two runs under tracing, compared: what the first leaves (the last batch's objects, caches
+    # filled once) is in both snapshots, so only what grows with the requests remains.
     tracemalloc.start()
+    await _drive(call, requests, concurrency)
+    gc.collect()
     start = tracemalloc.take_snapshot()
     await _drive(call, requests, concurrency)
     gc.collect()
@@ -146,7 +172,7 @@ async def count(call: Call, requests: int, concurrency: int) -> dict[str, float]
     tracemalloc.stop()
     grown = [s for s in end.compare_to(start, "filename") if s.count_diff > 0]
     n = requests // concurrency * concurrency
-    return {"python_calls": counter.calls / n, "c_calls": counter.c_calls / n, "loop_turns": counter.turns / n,
+    return {"python_calls": counter.calls / n, "inferd_calls": counter.ours / n, "c_calls": counter.c_calls / n, "loop_turns": counter.turns / n,
             "gc_objects": created / n,  # net of the container objects freed meanwhile: young garbage is freed at once
             "kept_blocks": sum(s.count_diff for s in grown) / n, "kept_bytes": sum(s.size_diff for s in grown) / n}
 
@@ -155,7 +181,7 @@ async def measure(requests: int, levels: list[int], only: str | None = None,
                   plain: bool = False) -> dict[str, dict[str, dict[str, float]]]:
     """The counts for each path and concurrency; ``plain``: only drive the requests (after the
     warm-up), counting nothing, for an outside counter such as callgrind."""
-    calls, close = await _servicers()
+    calls, close = await servicers()
     out: dict[str, dict[str, dict[str, float]]] = {}
     try:
         for name, call in calls.items():

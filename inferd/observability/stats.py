@@ -102,7 +102,7 @@ class ModelStats:
 
     __slots__ = (
         "name", "version", "success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
-        "inference_count", "execution_count", "last_inference_ms", "batch_stats", "fail_reasons",
+        "inference_count", "execution_count", "last_inference_s", "batch_stats", "fail_reasons",
         "observers", "pending", "cache_hit", "cache_miss", "memory_growth", "real_elements", "pad_elements",
         "responses", "single_response",
     )
@@ -118,7 +118,7 @@ class ModelStats:
         self.compute_output = Duration()
         self.inference_count = 0
         self.execution_count = 0
-        self.last_inference_ms = 0
+        self.last_inference_s = 0.0  # monotonic; 0: none yet (the wall-clock ms are worked out when read)
         self.batch_stats: dict[int, BatchStat] = {}
         self.fail_reasons: dict[str, int] = {}
         self.observers: list[Observer] = []
@@ -158,6 +158,12 @@ class ModelStats:
             {str(i): r.copy() for i, r in sorted(self.responses.items())},
         )
 
+    @property
+    def last_inference_ms(self) -> int:
+        """When the last request ended, in wall-clock ms since the epoch (0: none yet); converted
+        here, when read, rather than on every request."""
+        return wall_ms(self.last_inference_s) if self.last_inference_s else 0
+
     def _response(self, index: int) -> ResponseStat:
         stat = self.responses.get(index)
         if stat is None:
@@ -191,7 +197,7 @@ class ModelStats:
             d = (self.responses.get(0) or self._response(0)).success
             d.count += 1
             d.ns += duration_ns
-        self.last_inference_ms = wall_ms(now)
+        self.last_inference_s = now
         if self.observers:
             self._notify("success", {"ns": duration_ns})
 
@@ -201,7 +207,7 @@ class ModelStats:
         if self.single_response:
             stat = self._response(0)
             (stat.cancel if reason == "CANCELED" else stat.fail).add(duration_ns)
-        self.last_inference_ms = wall_ms(now)
+        self.last_inference_s = now
         if self.observers:
             self._notify("failure", {"ns": duration_ns, "reason": reason})
 
