@@ -8,7 +8,8 @@ run under ``strace -c -f`` (which slows the process it traces several times, so 
 kept from it), syscalls. A flame graph of each process under the c=16 load (py-spy, 5 s, idle
 samples left out) is written to bench/results/request_cpu/. Then the deterministic counts of the
 one-process path with no sockets (python -m bench.request_counts: Python calls, C calls, loop
-turns, container objects, blocks kept past the request; the echo driven the same way), and, when
+turns, container objects, blocks kept past the request; the echo driven the same way), the HTTP
+infer route's cost through Starlette against a bare ASGI path (python -m bench.http_counts), and, when
 valgrind is installed, instructions per request under callgrind (two runs of N and 2N requests,
 subtracted, so start-up and loading cancel out). perf_analyzer runs on the same two cores, and the
 machine was shared with other engineers' builds and tests."""
@@ -128,13 +129,10 @@ def _strace(label: str, proc, url: str) -> dict[str, float]:  # type: ignore[no-
         for name, out, tracer in tracers:
             tracer.terminate()
             tracer.wait(30)
-            total = re.search(r"^-+.*\n\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)", out.read_text(), re.M) if out.exists() else None
-            if total is None:  # the totals line: "100.00  secs  usecs/call  calls  errors  total"
-                lines = [ln for ln in (out.read_text().splitlines() if out.exists() else []) if ln.strip().endswith("total")]
-                fields = lines[-1].split() if lines else []
-                calls = int(fields[3]) if len(fields) >= 5 else 0
-            else:
-                calls = int(total.group(1))
+            # The totals line: "100.00  seconds  usecs/call  calls  [errors]  total".
+            text = out.read_text() if out.exists() else ""
+            totals = [ln.split() for ln in text.splitlines() if ln.strip().endswith(" total")]
+            calls = int(totals[-1][3]) if totals and len(totals[-1]) >= 5 else 0
             result[name] = round(calls / n, 2)
     return result
 
@@ -176,6 +174,11 @@ def _counts() -> dict:
     if run.returncode:
         raise RuntimeError(f"bench.request_counts failed:\n{run.stderr[-2000:]}")
     counts = json.loads(run.stdout.strip().splitlines()[-1])
+    http = subprocess.run([sys.executable, "-m", "bench.http_counts", "--json"], capture_output=True, text=True,
+                          env=env, timeout=600)
+    if http.returncode:
+        raise RuntimeError(f"bench.http_counts failed:\n{http.stderr[-2000:]}")
+    counts["http"] = json.loads(http.stdout.strip().splitlines()[-1])
     if shutil.which("valgrind"):
         for name in ("inferd", "echo"):
             counts[name]["c=16"]["instructions"] = _instructions(name, env)
@@ -246,14 +249,22 @@ def _table(out: dict) -> str:
             lines.append(f"| {label} | {r} | {get(one, 'cpu_us')} / {get(many, 'cpu_us')} | "
                          f"{get(one, 'switches')} / {get(many, 'switches')} | {'-' if sc is None else f'{sc:,.1f}'} |")
     lines += ["", "In one process with no sockets, per request (python -m bench.request_counts):", "",
-              "| path | concurrency | Python calls | C calls | loop turns | container objects | blocks kept | instructions |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+              "| path | concurrency | Python calls | of them inferd's | C calls | loop turns | container objects | blocks kept | instructions |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, levels in out.get("counts", {}).items():
+        if name == "http":
+            continue
         for level, k in levels.items():
             ins = k.get("instructions")
-            lines.append(f"| {name} | {level[2:]} | {k['python_calls']:,.1f} | {k['c_calls']:,.1f} | "
+            lines.append(f"| {name} | {level[2:]} | {k['python_calls']:,.1f} | {k.get('inferd_calls', 0):,.1f} | {k['c_calls']:,.1f} | "
                          f"{k['loop_turns']:.2f} | {k['gc_objects']:,.1f} | {k['kept_blocks']:,.2f} | "
                          f"{'-' if ins is None else f'{ins:,.0f}'} |")
+    http = out.get("counts", {}).get("http")
+    if http:
+        lines += ["", "HTTP /v2/models/identity_fp32/infer in one process with no sockets, per request, one at a time "
+                  "(python -m bench.http_counts; CPU: best of 5 rounds):", "",
+                  "| app | CPU us | Python calls |", "|---|---:|---:|"]
+        lines += [f"| {name} | {k['cpu_us']:.1f} | {k['python_calls']:.0f} |" for name, k in http.items()]
     return "\n".join(lines)
 
 
