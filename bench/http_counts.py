@@ -98,11 +98,12 @@ async def _drive(app: App, body: bytes, binary: bool, requests: int) -> None:
 
 async def measure(requests: int) -> dict[str, dict[str, float]]:
     from bench.bench import bench_repository
+    from bench.request_counts import never_shed
     from inferd.dataplane import DataPlane
     from inferd.repository import ModelManager
     from inferd.server.http_service import HttpFrontend
 
-    dp = DataPlane(ModelManager([bench_repository(big=False)]))
+    dp = DataPlane(ModelManager([bench_repository(big=False)]), shedding=never_shed())
     await dp.load_models()
     from inferd.server.http_service import BodyLimit, InferRoute
 

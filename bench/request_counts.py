@@ -105,6 +105,14 @@ class _Counter:
             self.c_calls += 1
 
 
+def never_shed() -> Any:
+    """The shedding controller a server runs by default (so its per-request work is counted), with a
+    target no delay reaches: on a shared machine a descheduled process would otherwise be shed."""
+    from inferd.dataplane.shedding import QueueDelay
+
+    return QueueDelay(target_us=3_600_000_000)
+
+
 def repository(folder: Path) -> Path:
     """The one model these counts drive, identity_fp32 (16 floats, dynamic_batching {}), built in ``folder``."""
     from inferd.examples import build as b
@@ -122,7 +130,7 @@ async def servicers(repo: Path | None = None) -> tuple[dict[str, Call], Callable
     from inferd.repository import ModelManager
     from inferd.server.grpc_service import InferenceServicer
 
-    dp = DataPlane(ModelManager([repo or bench_repository(big=False)]))
+    dp = DataPlane(ModelManager([repo or bench_repository(big=False)]), shedding=never_shed())
     await dp.load_models()
     calls: dict[str, Call] = {"inferd": InferenceServicer(dp).ModelInfer, "echo": EchoServicer().ModelInfer}
     return calls, dp.close

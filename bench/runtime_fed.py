@@ -43,11 +43,12 @@ def repository(folder: Path, threads: int) -> Path:
 
 async def fed(repo: Path, seconds: float, rounds: int, threads: int) -> list[dict]:
     from bench.bench import raw_ceiling
+    from bench.request_counts import never_shed
     from inferd.dataplane import DataPlane
     from inferd.repository import ModelManager
     from inferd.types import InferenceRequest
 
-    dp = DataPlane(ModelManager([repo]))
+    dp = DataPlane(ModelManager([repo]), shedding=never_shed())
     await dp.load_models()
     x = np.random.default_rng(0).standard_normal((1, XL[0]), dtype=np.float32)
     x64 = np.random.default_rng(0).standard_normal((64, XL[0]), dtype=np.float32)
