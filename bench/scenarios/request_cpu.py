@@ -217,7 +217,9 @@ The HTTP infer route through Starlette cost ~40 us and 55 Python calls per reque
 InferRoute now answers it (python -m bench.http_counts: the served app within 5 calls of the bare path).
 Target one process <= 1.3x the echo: missed (1.39x-1.58x in the runs here; served ratios move by +-0.1 between runs
 on this shared machine). Where the rest goes, counted: with no sockets inferd spends ~270k instructions per request
-at c=16 against the echo's ~100k, spread over the interpreter (its eval loop alone a third), frames, dict lookups
+at c=16 against the echo's ~100k (the subtraction of two runs carries tens of thousands of start-up noise per
+request: 170d87d's code gave 216k in a run after this one, so these counts do not resolve the cuts; the Python call
+counts do), spread over the interpreter (its eval loop alone a third), frames, dict lookups
 and allocation: no single C function dominates, and ONNX Runtime's call for identity is a small part; what is left
 is the count of Python steps a request takes (decode, admission, lookup, shedding, validation, the background lane,
 the batcher's future, assemble/execute/split, shaping, statistics, encode: ~60-65 calls of inferd's). Voluntary
