@@ -37,8 +37,9 @@ class MonotonicClock:
     can be handed to ``loop.call_at`` after converting the origin.
     """
 
-    def now(self) -> float:
-        return time.monotonic()
+    # time.monotonic itself, not a method calling it: the request path asks the clock 5 or 6
+    # times per request, and each Python-level call costs more than the clock read.
+    now = staticmethod(time.monotonic)
 
     def call_at(self, when: float, callback):  # type: ignore[no-untyped-def]
         loop = asyncio.get_running_loop()

@@ -310,7 +310,7 @@ class DataPlane:
         frontend receiving it to that hand-over, feeds its model's controller, whose target
         follows the model's mean execution."""
         if self.shedding.enabled:
-            delay = self.queue_delay(model.spec.name)
+            delay = self._delays.get(model.spec.name) or self.queue_delay(model.spec.name)
             infer = model.stats.compute_infer
             if infer.count:
                 delay.follow(infer.ns / infer.count * 1e-9)

@@ -6,6 +6,8 @@ Triton's wording where clients are known to match on it.
 
 from __future__ import annotations
 
+from itertools import repeat
+
 import numpy as np
 
 from inferd.config import ModelSpec, TensorSpec
@@ -100,7 +102,7 @@ def shape_outputs(
     if requested:
         chosen = [(r.name, r.class_count) for r in requested]
     else:
-        chosen = [(name, 0) for name in spec.outputs]
+        chosen = zip(spec.outputs, repeat(0))  # type: ignore[assignment]  # no list built per request
     result: dict[str, np.ndarray] = {}
     for name, class_count in chosen:
         array = outputs[name]

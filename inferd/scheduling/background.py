@@ -118,11 +118,18 @@ class BackgroundLane(Scheduler):
     async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
         state = self.state
         if not request.background:
-            self._arrived()
+            # _arrived and _left written out: every interactive request passes here.
+            state.interactive += 1
+            state.last_interactive = self._clock.now()
+            if state.batch:
+                self.interactive_met_batch += 1
             try:
                 return await self.inner.infer(request, rows)
             finally:
-                self._left()
+                state.interactive -= 1
+                state.last_interactive = self._clock.now()
+                if self._waiters and not state.interactive:
+                    self._decide()
         await self._admission()
         if self._lowest:
             request.priority = self._lowest

@@ -66,8 +66,8 @@ class Grouping:
 
     def describe(self, model: str, inputs: dict[str, np.ndarray], rows: int) -> tuple[Hashable, int]:
         """The request's group key and length; InvalidArgument when no batch could ever hold it."""
-        if self.plain:
-            return tuple((name, a.shape[1:]) for name, a in inputs.items()), 0
+        if not self.padded and not self.ragged:  # plain, without the property's call: once per request
+            return tuple([(name, a.shape[1:]) for name, a in inputs.items()]), 0
         padded = dict(self.padded)
         # Padded, ragged, mask and lengths inputs count by name only: a batch's requests send the same
         # inputs (an optional one on all or none of them), of any lengths.

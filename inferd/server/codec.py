@@ -211,7 +211,7 @@ def tensor_type(datatype: str, shape: Any, where: str) -> tuple[DataType, tuple[
     if dtype is None:
         raise InvalidArgument(f"{where}: {datatype_problem(datatype)}")
     dims = tuple(shape)
-    if any(d < 0 for d in dims):
+    if dims and min(dims) < 0:  # not any(<genexpr>): a generator's resumptions cost more than the check
         raise InvalidArgument(f"{where}: shape {list(dims)} has a negative dimension")
     return dtype, dims
 

@@ -1,0 +1,228 @@
+"""Deterministic per-request counts of the one-process request path, with no sockets.
+
+    python -m bench.request_counts [--requests 400] [--concurrency 1 16] [--json]
+
+A real DataPlane (identity_fp32 from the benchmark repository, ``dynamic_batching {}``) behind the
+real gRPC servicer (``InferenceServicer.ModelInfer``), handed protobuf requests as grpc.aio would
+hand them, with a context that only answers what ModelInfer asks; the bare echo servicer
+(bench/echo_server.py) is driven the same way. Counted over ``--requests`` requests after a warm-up,
+``--concurrency`` of them started together in one loop turn (as one socket read brings them):
+
+- ``python_calls``: Python function calls (``sys.setprofile`` 'call' events, every thread; a
+  generator's or coroutine's resumption counts as a call), ``inferd_calls`` those of inferd's own
+  code (tests/test_request_counts.py pins them);
+- ``c_calls``: calls of C functions from Python ('c_call' events);
+- ``loop_turns``: event-loop iterations (``BaseEventLoop._run_once``);
+- ``gc_objects``: container objects created (the collector's generation-0 count, with collections
+  counted through ``gc.callbacks``, over a run with the collector's threshold raised so none runs);
+- ``kept_blocks``/``kept_bytes``: memory blocks still allocated after the run, divided by the
+  requests (tracemalloc, over a second run compared with the first, so the last batch's few
+  objects, held until the next batch replaces them, cancel out): what outlives its request.
+
+These are exact for one code path and input (no clock, no machine load in them), so a change that
+removes work shows here as a smaller number; the served figures (CPU per inference from /proc,
+syscalls, context switches) are the ``request_cpu`` scenario's (bench/scenarios/request_cpu.py).
+Run under ``valgrind --tool=callgrind`` for instruction counts (the scenario does, when valgrind is
+installed: ``--only`` picks one path and phase).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import sys
+import threading
+import tracemalloc
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import inferd
+
+from inferd._proto import grpc_service_pb2 as pb
+
+MODEL = "identity_fp32"
+
+
+class _Context:
+    """What ModelInfer asks of a grpc.aio ServicerContext on its success path."""
+
+    def time_remaining(self) -> None:
+        return None
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+    async def abort(self, code: Any, details: str) -> None:
+        raise RuntimeError(f"the request failed: {code} {details}")
+
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        pass
+
+
+def infer_request(rid: int = 0) -> Any:
+    request = pb.ModelInferRequest(model_name=MODEL, id=str(rid))
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 16])
+    request.raw_input_contents.append(np.arange(16, dtype=np.float32).tobytes())
+    return request
+
+
+Call = Callable[[Any, Any], Awaitable[Any]]
+
+
+async def _drive(call: Call, requests: int, concurrency: int) -> None:
+    context = _Context()
+    message = infer_request()
+    for _ in range(requests // concurrency):
+        replies = await asyncio.gather(*(call(message, context) for _ in range(concurrency)))
+        if len(replies[0].raw_output_contents) != 1:
+            raise RuntimeError(f"unexpected reply: {replies[0]}")
+
+
+INFERD_DIR = str(Path(inferd.__file__).parent)
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.ours = 0
+        self.c_calls = 0
+        self.turns = 0
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            self.calls += 1
+            code = frame.f_code
+            if code.co_filename.startswith(INFERD_DIR):
+                self.ours += 1
+            elif code.co_name == "_run_once":
+                self.turns += 1
+        elif event == "c_call":
+            self.c_calls += 1
+
+
+def never_shed() -> Any:
+    """The shedding controller a server runs by default (so its per-request work is counted), with a
+    target no delay reaches: on a shared machine a descheduled process would otherwise be shed."""
+    from inferd.dataplane.shedding import QueueDelay
+
+    return QueueDelay(target_us=3_600_000_000)
+
+
+def repository(folder: Path) -> Path:
+    """The one model these counts drive, identity_fp32 (16 floats, dynamic_batching {}), built in ``folder``."""
+    from inferd.examples import build as b
+
+    b.build_repository(folder, models=[s for s in b.MODELS if s.name == MODEL], log=None)
+    return folder
+
+
+async def servicers(repo: Path | None = None) -> tuple[dict[str, Call], Callable[[], Awaitable[None]]]:
+    """inferd's ModelInfer over a loaded DataPlane (``repo``: the benchmark repository by default)
+    and the echo's; and the coroutine function that closes the data plane."""
+    from bench.bench import bench_repository
+    from bench.echo_server import EchoServicer
+    from inferd.dataplane import DataPlane
+    from inferd.repository import ModelManager
+    from inferd.server.grpc_service import InferenceServicer
+
+    dp = DataPlane(ModelManager([repo or bench_repository(big=False)]), shedding=never_shed())
+    await dp.load_models()
+    calls: dict[str, Call] = {"inferd": InferenceServicer(dp).ModelInfer, "echo": EchoServicer().ModelInfer}
+    return calls, dp.close
+
+
+async def count(call: Call, requests: int, concurrency: int) -> dict[str, float]:
+    """Per request, the counts above for ``requests`` requests through ``call``."""
+    await _drive(call, 64 * concurrency, concurrency)  # warm: caches, lazily built objects, the probe's state
+    counter = _Counter()
+    threading.setprofile(counter)
+    sys.setprofile(counter)
+    try:
+        await _drive(call, requests, concurrency)
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+
+    collections = [0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 0:
+            collections[0] += 1
+
+    gc.collect()
+    threshold = gc.get_threshold()
+    gc.set_threshold(10**9)
+    gc.callbacks.append(on_gc)
+    before = gc.get_count()[0]
+    try:
+        await _drive(call, requests, concurrency)
+        created = gc.get_count()[0] - before
+    finally:
+        gc.callbacks.remove(on_gc)
+        gc.set_threshold(*threshold)
+    if collections[0]:
+        raise RuntimeError("a collection ran during the count: raise the threshold")
+
+    # Two runs under tracing, compared: what the first leaves (the last batch's objects, caches
+    # filled once) is in both snapshots, so only what grows with the requests remains.
+    tracemalloc.start()
+    await _drive(call, requests, concurrency)
+    gc.collect()
+    start = tracemalloc.take_snapshot()
+    await _drive(call, requests, concurrency)
+    gc.collect()
+    end = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    grown = [s for s in end.compare_to(start, "filename") if s.count_diff > 0]
+    n = requests // concurrency * concurrency
+    return {"python_calls": counter.calls / n, "inferd_calls": counter.ours / n, "c_calls": counter.c_calls / n, "loop_turns": counter.turns / n,
+            "gc_objects": created / n,  # net of the container objects freed meanwhile: young garbage is freed at once
+            "kept_blocks": sum(s.count_diff for s in grown) / n, "kept_bytes": sum(s.size_diff for s in grown) / n}
+
+
+async def measure(requests: int, levels: list[int], only: str | None = None,
+                  plain: bool = False) -> dict[str, dict[str, dict[str, float]]]:
+    """The counts for each path and concurrency; ``plain``: only drive the requests (after the
+    warm-up), counting nothing, for an outside counter such as callgrind."""
+    calls, close = await servicers()
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    try:
+        for name, call in calls.items():
+            if only and name != only:
+                continue
+            if plain:
+                for c in levels:
+                    await _drive(call, 64 * c, c)
+                    await _drive(call, requests, c)
+                continue
+            out[name] = {f"c={c}": await count(call, requests, c) for c in levels}
+    finally:
+        await close()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--only", choices=("inferd", "echo"))
+    parser.add_argument("--instructions", action="store_true",
+                        help="count nothing: drive the requests for valgrind --tool=callgrind")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    out = asyncio.run(measure(args.requests, args.concurrency, args.only, args.instructions))
+    if args.json:
+        print(json.dumps(out))
+        return
+    for name, levels in out.items():
+        for level, counts in levels.items():
+            print(f"{name:<7} {level:<5} " + "  ".join(f"{k} {v:,.1f}" for k, v in counts.items()))
+
+
+if __name__ == "__main__":
+    main()
