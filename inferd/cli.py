@@ -532,8 +532,8 @@ def _check(repositories: list[Path]) -> int:
         print(line)
     print(f"{len(lines) - broken} of {len(lines)} models ready")
     if any("; memory " in line for line in lines):
-        print("memory: the larger of what malloc handed out during each model's load and the resident set's "
-              "growth, one load at a time (the first model of a runtime also holds some of its set-up)")
+        print("(memory is the larger of what malloc handed out during each model's load and the resident set's "
+              "growth, one load at a time; the first model of a runtime also holds some of its set-up)")
     return 1 if broken else 0
 
 
