@@ -46,7 +46,7 @@ check: $(STAMP) models
 # half runs even when the first failed (a failure in one mode says nothing about the other), and
 # make fails at the end if either did. Any non-zero pytest status fails, 5 too: a half that
 # collected no tests proved nothing.
-PYTEST := $(PY) -m pytest -q -p no:cacheprovider
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=15
 test: $(TEST_STAMP) models
 	@default=0; single=0; \
 	echo "== make test 1/2: default process mode: $(PYTEST) tests"; \
