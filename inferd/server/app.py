@@ -21,7 +21,7 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from inferd.dataplane import SERVER_NAME, DataPlane
@@ -101,6 +101,9 @@ WATCHDOG_MARGIN = 5.0
 
 class InferenceServer:
     def __init__(self, options: ServerOptions) -> None:
+        batch_dir = options.batch_dir or default_batch_dir(options.model_repositories[0])
+        # /v1's Batch API keeps its files beside the /v2 batch jobs, where every frontend worker finds them.
+        options = replace(options, openai=replace(options.openai, batch_dir=str(batch_dir / "openai")))
         self.options = options
         cache = ResponseCache(options.cache_bytes) if options.cache_bytes else None
         limiter = RateLimiter(options.rate_limit_resources) if options.rate_limit == "execution_count" else None
@@ -116,7 +119,7 @@ class InferenceServer:
                                    shedding=QueueDelay(options.queue_delay_target_us,
                                                        options.queue_delay_interval_us,
                                                        options.queue_delay_execution_multiple),
-                                   batch_dir=options.batch_dir or default_batch_dir(options.model_repositories[0]))
+                                   batch_dir=batch_dir)
         self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
                        if options.model_control_mode == "poll" else None)
         self._grpc: GrpcPort | None = None
