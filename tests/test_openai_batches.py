@@ -132,6 +132,9 @@ def test_cancel_ends_the_lines_in_flight(client):
     upload = client.files.create(file=("long.jsonl", _jsonl(lines)), purpose="batch")
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
     assert batch.status == "in_progress"
+    with pytest.raises(openai.BadRequestError) as refused:  # its input stays while it runs
+        client.files.delete(upload.id)
+    assert batch.id in refused.value.body["message"]
     cancelled = client.batches.cancel(batch.id)
     assert cancelled.status in ("cancelling", "cancelled")
     done = _until(client, batch.id, ("cancelled",))  # the lines would never end by themselves
@@ -142,6 +145,11 @@ def test_cancel_ends_the_lines_in_flight(client):
     with pytest.raises(openai.BadRequestError) as refused:  # a batch that ended otherwise cannot be cancelled
         client.batches.cancel(failed.id)
     assert "'failed'" in refused.value.body["message"]
+    assert upload.id in [f.id for f in client.files.list(purpose="batch").data]
+    assert client.files.delete(upload.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(upload.id)
+    assert upload.id not in [f.id for f in client.files.list().data]
 
 
 async def test_a_stopped_batch_resumes_answering_each_line_once(tmp_path):

@@ -125,6 +125,7 @@ class InferenceServer:
         self._grpc: GrpcPort | None = None
         self.metrics: ServerMetrics | None = None
         self._http: AsgiServer | None = None
+        self._http_frontend: HttpFrontend | None = None
         self._metrics_server: AsgiServer | None = None
         self._stopping = asyncio.Event()
         self._watchdog: threading.Timer | None = None
@@ -198,9 +199,10 @@ class InferenceServer:
         if o.allow_grpc:
             await self._start_grpc()
         if o.allow_http:
-            app = HttpFrontend(self.dataplane, o.http_restrictions, o.http_max_input_bytes, o.openai).app()
-            self._http = AsgiServer(app, self.http_address, o.http_port, "HTTP", tls=o.http_tls)
+            self._http_frontend = HttpFrontend(self.dataplane, o.http_restrictions, o.http_max_input_bytes, o.openai)
+            self._http = AsgiServer(self._http_frontend.app(), self.http_address, o.http_port, "HTTP", tls=o.http_tls)
             await self._http.start()
+            await self._http_frontend.start()
             log.info("serving HTTP on %s:%d", self.http_address, self.http_port)
 
     async def _start_metrics(self) -> None:
@@ -224,6 +226,8 @@ class InferenceServer:
         seconds, the options' by default), release models."""
         self.dataplane.drain()
         await self.dataplane.stop_batches()  # their unfinished lines run at the next start
+        if self._http_frontend is not None:
+            await self._http_frontend.stop()  # /v1 batches too
         if self.poller is not None:
             await self.poller.stop()
         if self._grpc is not None:

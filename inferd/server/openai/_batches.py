@@ -163,6 +163,30 @@ class BatchStore:
             raise NotFound(f"No such File object: '{file_id}'")
         return doc
 
+    def list_files(self, purpose: str | None) -> dict[str, Any]:
+        docs = [d for d in (_read_json(p / "file.json") for p in self.files.glob("file-*")) if d] \
+            if self.files.is_dir() else []
+        docs.sort(key=lambda d: (d["created_at"], d["id"]), reverse=True)
+        return {"object": "list", "data": [d for d in docs if purpose is None or d["purpose"] == purpose],
+                "has_more": False}
+
+    def delete_file(self, file_id: str) -> dict[str, Any]:
+        self.file(file_id)
+        for doc in self._all():
+            if doc["input_file_id"] == file_id and doc["status"] in ("validating", "in_progress"):
+                raise RequestError(f"file '{file_id}' is the input of batch '{doc['id']}', which is still "
+                                   "running: cancel it first", "file_id")
+        folder = self.files / file_id
+        (folder / "file.json").unlink()  # gone for every reader first, then its bytes
+        for part in folder.iterdir():
+            part.unlink()
+        folder.rmdir()
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    def _all(self) -> list[dict[str, Any]]:
+        return [d for d in (_read_json(p / "batch.json") for p in self.batches.glob("batch_*")) if d] \
+            if self.batches.is_dir() else []
+
     def content(self, file_id: str) -> Path:
         self.file(file_id)
         return self.files / file_id / "content"
@@ -277,8 +301,7 @@ class BatchStore:
         return doc
 
     def list(self, after: str | None, limit: int) -> dict[str, Any]:
-        docs = [d for d in (_read_json(p / "batch.json") for p in self.batches.glob("batch_*")) if d] \
-            if self.batches.is_dir() else []
+        docs = self._all()
         docs.sort(key=lambda d: (d["created_at"], d["id"]), reverse=True)  # newest first, as OpenAI lists
         if after is not None:
             ids = [d["id"] for d in docs]

@@ -32,7 +32,7 @@ from inferd.server.openai._batches import BatchStore
 from inferd.server.openai._errors import AuthenticationFailed, RequestError, error_body
 from inferd.server.openai._fields import MAX_CHOICES, MAX_INPUTS, MAX_N, Body, messages, texts_or_ids
 from inferd.server.openai._generate import Piece, Sampling, run_choice
-from inferd.server.openai._text import ModelText
+from inferd.server.openai._text import INSTALL, ModelText
 from inferd.server.restrictions import Restrictions
 from inferd.types import InferenceRequest
 
@@ -138,7 +138,9 @@ class OpenAIFrontend:
             ("/v1/chat/completions", self.chat, "inference", "POST"),
             ("/v1/embeddings", self.embeddings, "inference", "POST"),
             ("/v1/files", self.file_create, "inference", "POST"),
+            ("/v1/files", self.file_list, "inference", "GET"),
             ("/v1/files/{file_id}", self.file_get, "inference", "GET"),
+            ("/v1/files/{file_id}", self.file_delete, "inference", "DELETE"),
             ("/v1/files/{file_id}/content", self.file_content, "inference", "GET"),
             ("/v1/batches", self.batch_create, "inference", "POST"),
             ("/v1/batches", self.batch_list, "inference", "GET"),
@@ -146,6 +148,14 @@ class OpenAIFrontend:
             ("/v1/batches/{batch_id}/cancel", self.batch_cancel, "inference", "POST"),
         ]
         return [Route(path, self._guarded(handler, group), methods=[method]) for path, handler, group, method in table]
+
+    def start(self) -> None:
+        if self.store is not None:
+            self.store.resume()
+
+    async def stop(self) -> None:
+        if self.store is not None:
+            await self.store.stop()
 
     def _guarded(self, handler: Handler, group: str) -> Handler:
         rule = group if group in self.restrictions.by_group else None
@@ -463,6 +473,10 @@ class OpenAIFrontend:
 
     async def file_create(self, request: Request) -> Response:
         store = self._store()
+        try:
+            import python_multipart  # noqa: F401  # what Starlette parses forms with
+        except ImportError:
+            raise Unimplemented(f"file upload: the server lacks python-multipart: {INSTALL}") from None
         if not request.headers.get("content-type", "").startswith("multipart/form-data"):
             raise RequestError("file upload: send the file as multipart/form-data with the fields 'file' and "
                                "'purpose'", "file")
@@ -482,6 +496,12 @@ class OpenAIFrontend:
 
     async def file_get(self, request: Request) -> Response:
         return _json(self._store().file(request.path_params["file_id"]))
+
+    async def file_list(self, request: Request) -> Response:
+        return _json(self._store().list_files(request.query_params.get("purpose")))
+
+    async def file_delete(self, request: Request) -> Response:
+        return _json(self._store().delete_file(request.path_params["file_id"]))
 
     async def file_content(self, request: Request) -> Response:
         path = self._store().content(request.path_params["file_id"])
