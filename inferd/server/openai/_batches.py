@@ -440,8 +440,15 @@ class BatchStore:
             self._finish(batch, "cancelled" if (folder / "cancel").exists() else "completed")
         except asyncio.CancelledError:
             pass  # the server stops: the batch resumes in the next process that serves /v1/batches
-        except Exception:
-            log.exception("batch %s stopped", batch_id)
+        except Exception as exc:  # its input cannot be read back, its folder is gone: the batch fails, saying why
+            log.exception("batch %s failed", batch_id)
+            try:
+                batch = self._read_raw(batch_id)
+                batch["errors"] = {"object": "list", "data": [{"code": "server_error", "param": None, "line": None,
+                                                              "message": f"{type(exc).__name__}: {exc}"}]}
+                self._finish(batch, "failed")
+            except Exception:
+                log.exception("batch %s: its failure could not be recorded", batch_id)
         finally:
             lock.close()
 
