@@ -179,7 +179,7 @@ async def test_a_stopped_batch_resumes_answering_each_line_once(tmp_path):
 
     gate.set()
     second = BatchStore(tmp_path, answer)
-    second.resume()
+    await second.resume()
     await asyncio.gather(*second._tasks.values())
     done = second.batch(batch["id"])
     assert done["status"] == "completed" and done["request_counts"] == {"total": 6, "completed": 6, "failed": 0}

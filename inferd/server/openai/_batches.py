@@ -114,8 +114,9 @@ def _answered(path: Path) -> Iterator[dict[str, Any]]:
 class BatchStore:
     """Files and batches in one folder; the batches this process runs."""
 
-    def __init__(self, root: Path, answer: Answer) -> None:
+    def __init__(self, root: Path, answer: Answer, ready: Callable[[], Awaitable[bool]] | None = None) -> None:
         self.root = root
+        self._ready = ready  # the server's readiness: a batch is taken up only once its models are loaded
         self.files = root / "files"
         self.batches = root / "batches"
         self._answer = answer
@@ -341,13 +342,16 @@ class BatchStore:
 
     # -- running ----------------------------------------------------------------------------------
 
-    def resume(self) -> None:
+    async def resume(self) -> None:
         """Take up the in-progress batches no process runs (their process stopped); at most every
-        RESUME_EVERY_S."""
+        RESUME_EVERY_S, and only while the server is ready (a server still loading its models would
+        answer their lines "model not found")."""
         now = time.monotonic()
         if self._stopping or now - self._looked < RESUME_EVERY_S or not self.batches.is_dir():
             return
         self._looked = now
+        if self._ready is not None and not await self._ready():
+            return
         for folder in self.batches.glob("batch_*"):
             doc = _read_json(folder / "batch.json")
             if doc and doc["status"] == "in_progress" and folder.name not in self._tasks:

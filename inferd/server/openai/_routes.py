@@ -125,7 +125,9 @@ class OpenAIFrontend:
         self.restrictions = restrictions or Restrictions()
         options = options or OpenAIOptions()
         self.keys = [k.encode() for k in options.api_keys]
-        self.store = BatchStore(Path(options.batch_dir), self.answer) if options.batch_dir else None
+        self.store = (BatchStore(Path(options.batch_dir), self.answer, dataplane.server_ready)
+                      if options.batch_dir else None)
+        self._resuming: asyncio.Task | None = None
         self._texts: dict[str, ModelText] = {}  # one per /v1 model of the repository, rebuilt when it changes
         self.created = int(time.time())  # wall-clock seconds: the "created" OpenAI's objects carry
 
@@ -150,10 +152,20 @@ class OpenAIFrontend:
         return [Route(path, self._guarded(handler, group), methods=[method]) for path, handler, group, method in table]
 
     def start(self) -> None:
+        """Batches that no process runs any more are taken up once the server is ready."""
         if self.store is not None:
-            self.store.resume()
+            self._resuming = asyncio.ensure_future(self._resume_when_ready(self.store))
+
+    async def _resume_when_ready(self, store: BatchStore) -> None:
+        while not await self.dp.server_ready():
+            await asyncio.sleep(0.5)
+        store._looked = 0.0  # now, whenever the last look was
+        await store.resume()
 
     async def stop(self) -> None:
+        if self._resuming is not None:
+            self._resuming.cancel()
+            await asyncio.gather(self._resuming, return_exceptions=True)
         if self.store is not None:
             await self.store.stop()
 
@@ -464,15 +476,15 @@ class OpenAIFrontend:
 
     # -- the Batch API (._batches) -------------------------------------------------------------
 
-    def _store(self) -> BatchStore:
+    async def _store(self) -> BatchStore:
         if self.store is None:
             raise Unimplemented("the Batch API (/v1/files, /v1/batches) needs the server's batch directory "
                                 "(--batch-dir); this frontend was started without one")
-        self.store.resume()
+        await self.store.resume()
         return self.store
 
     async def file_create(self, request: Request) -> Response:
-        store = self._store()
+        store = await self._store()
         try:
             import python_multipart  # noqa: F401  # what Starlette parses forms with
         except ImportError:
@@ -495,20 +507,20 @@ class OpenAIFrontend:
             return _json(await store.create_file(upload.filename or "upload.jsonl", purpose, chunks()))
 
     async def file_get(self, request: Request) -> Response:
-        return _json(self._store().file(request.path_params["file_id"]))
+        return _json((await self._store()).file(request.path_params["file_id"]))
 
     async def file_list(self, request: Request) -> Response:
-        return _json(self._store().list_files(request.query_params.get("purpose")))
+        return _json((await self._store()).list_files(request.query_params.get("purpose")))
 
     async def file_delete(self, request: Request) -> Response:
-        return _json(self._store().delete_file(request.path_params["file_id"]))
+        return _json((await self._store()).delete_file(request.path_params["file_id"]))
 
     async def file_content(self, request: Request) -> Response:
-        path = self._store().content(request.path_params["file_id"])
+        path = (await self._store()).content(request.path_params["file_id"])
         return FileResponse(path, media_type="application/octet-stream")
 
     async def batch_create(self, request: Request) -> Response:
-        store = self._store()
+        store = await self._store()
         raw = await request.body()
         try:
             doc = json.loads(raw)
@@ -521,13 +533,13 @@ class OpenAIFrontend:
         raw = query.get("limit", "20")
         if not raw.isdigit() or not 1 <= int(raw) <= 100:
             raise RequestError(f"batch list: 'limit' must be an integer from 1 to 100, got {raw[:20]!r}", "limit")
-        return _json(self._store().list(query.get("after"), int(raw)))
+        return _json((await self._store()).list(query.get("after"), int(raw)))
 
     async def batch_get(self, request: Request) -> Response:
-        return _json(self._store().batch(request.path_params["batch_id"]))
+        return _json((await self._store()).batch(request.path_params["batch_id"]))
 
     async def batch_cancel(self, request: Request) -> Response:
-        return _json(await self._store().cancel(request.path_params["batch_id"]))
+        return _json(await (await self._store()).cancel(request.path_params["batch_id"]))
 
 
 def _pool(output: np.ndarray, pooling: str, batched: bool) -> np.ndarray:
