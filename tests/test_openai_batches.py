@@ -98,6 +98,22 @@ def test_batch_answers_equal_the_same_requests_one_by_one(client):
     assert "nope" in refused["response"]["body"]["error"]["message"]
 
 
+def test_completions_batch_answers_unstreamed(client):
+    body = {"model": "generator", "prompt": "Now is better", "max_tokens": 5, "n": 2, "echo": True}
+    line = {"custom_id": "only", "method": "POST", "url": "/v1/completions",
+            "body": {**body, "stream": True, "stream_options": {"include_usage": True}}}  # a line is never streamed
+    upload = client.files.create(file=("c.jsonl", _jsonl([line])), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h")
+    done = _until(client, batch.id, ("completed", "failed", "cancelled"))
+    assert done.status == "completed" and done.error_file_id is None
+    [answer] = [json.loads(raw) for raw in client.files.content(done.output_file_id).read().splitlines()]
+    direct = client.completions.create(**body)
+    got = answer["response"]["body"]
+    assert got["object"] == "text_completion"
+    assert [c["text"] for c in got["choices"]] == [c.text for c in direct.choices]
+    assert got["choices"][0]["text"].startswith("Now is better")
+
+
 def test_invalid_file_fails_the_batch_naming_its_lines(client):
     lines = [_chat_line("a", "x"), {**_chat_line("a", "y"), "url": "/v1/embeddings"}, {"custom_id": "z"}]
     upload = client.files.create(file=("bad.jsonl", _jsonl(lines) + b"{not json\n"), purpose="batch")
