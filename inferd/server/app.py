@@ -21,7 +21,7 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from inferd.dataplane import SERVER_NAME, DataPlane
@@ -101,6 +101,9 @@ WATCHDOG_MARGIN = 5.0
 
 class InferenceServer:
     def __init__(self, options: ServerOptions) -> None:
+        batch_dir = options.batch_dir or default_batch_dir(options.model_repositories[0])
+        # /v1's Batch API keeps its files beside the /v2 batch jobs, where every frontend worker finds them.
+        options = replace(options, openai=replace(options.openai, batch_dir=str(batch_dir / "openai")))
         self.options = options
         cache = ResponseCache(options.cache_bytes) if options.cache_bytes else None
         limiter = RateLimiter(options.rate_limit_resources) if options.rate_limit == "execution_count" else None
@@ -116,12 +119,13 @@ class InferenceServer:
                                    shedding=QueueDelay(options.queue_delay_target_us,
                                                        options.queue_delay_interval_us,
                                                        options.queue_delay_execution_multiple),
-                                   batch_dir=options.batch_dir or default_batch_dir(options.model_repositories[0]))
+                                   batch_dir=batch_dir)
         self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
                        if options.model_control_mode == "poll" else None)
         self._grpc: GrpcPort | None = None
         self.metrics: ServerMetrics | None = None
         self._http: AsgiServer | None = None
+        self._http_frontend: HttpFrontend | None = None
         self._metrics_server: AsgiServer | None = None
         self._stopping = asyncio.Event()
         self._watchdog: threading.Timer | None = None
@@ -195,9 +199,10 @@ class InferenceServer:
         if o.allow_grpc:
             await self._start_grpc()
         if o.allow_http:
-            app = HttpFrontend(self.dataplane, o.http_restrictions, o.http_max_input_bytes, o.openai).app()
-            self._http = AsgiServer(app, self.http_address, o.http_port, "HTTP", tls=o.http_tls)
+            self._http_frontend = HttpFrontend(self.dataplane, o.http_restrictions, o.http_max_input_bytes, o.openai)
+            self._http = AsgiServer(self._http_frontend.app(), self.http_address, o.http_port, "HTTP", tls=o.http_tls)
             await self._http.start()
+            await self._http_frontend.start()
             log.info("serving HTTP on %s:%d", self.http_address, self.http_port)
 
     async def _start_metrics(self) -> None:
@@ -221,6 +226,8 @@ class InferenceServer:
         seconds, the options' by default), release models."""
         self.dataplane.drain()
         await self.dataplane.stop_batches()  # their unfinished lines run at the next start
+        if self._http_frontend is not None:
+            await self._http_frontend.stop()  # /v1 batches too
         if self.poller is not None:
             await self.poller.stop()
         if self._grpc is not None:

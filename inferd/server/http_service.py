@@ -321,7 +321,8 @@ class HttpFrontend:
             route("/v2/logging", self.log_settings, "logging", method)
 
         # The OpenAI-compatible routes (/v1, inferd/server/openai/), over the same façade.
-        r.extend(OpenAIFrontend(self.dp, self.restrictions, self.openai).routes())
+        self.v1 = OpenAIFrontend(self.dp, self.restrictions, self.openai)
+        r.extend(self.v1.routes())
 
         async def not_found(request: Request, exc: Exception) -> Response:
             status = exc.status_code if isinstance(exc, HTTPException) else 404
@@ -332,6 +333,14 @@ class HttpFrontend:
         if "inference" not in self.restrictions.by_group:
             app = InferRoute(self, app)
         return BodyLimit(app, self.max_input)
+
+    async def start(self) -> None:
+        """After the port opens: /v1 batches that no process runs any more are taken up."""
+        self.v1.start()
+
+    async def stop(self) -> None:
+        """Before the port closes: /v1 batches running here stop, to resume in the next process."""
+        await self.v1.stop()
 
     # -- health and metadata ---------------------------------------------------
 

@@ -97,18 +97,19 @@ async def serve(index: int, channel_fd: int) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, drain_on_signal)
-    grpc_port = health = http = None
+    grpc_port = health = http = frontend = None
     if config["grpc"]:
         grpc_port = await _start_grpc(dataplane, index, config["grpc"])
         health = grpc_port.health
     if config["http"]:
         h = config["http"]
-        app = HttpFrontend(dataplane, Restrictions.from_plain(h.get("restrictions")),  # type: ignore[arg-type]
-                           h.get("max_input_bytes", DEFAULT_MAX_INPUT_BYTES),
-                           OpenAIOptions.from_plain(h.get("openai"))).app()
-        http = AsgiServer(app, h["address"], h["port"], "HTTP", sock=listen(h["address"], h["port"], "HTTP"),
-                          tls=TlsFiles.from_plain(h.get("tls")))
+        frontend = HttpFrontend(dataplane, Restrictions.from_plain(h.get("restrictions")),  # type: ignore[arg-type]
+                                h.get("max_input_bytes", DEFAULT_MAX_INPUT_BYTES),
+                                OpenAIOptions.from_plain(h.get("openai")))
+        http = AsgiServer(frontend.app(), h["address"], h["port"], "HTTP",
+                          sock=listen(h["address"], h["port"], "HTTP"), tls=TlsFiles.from_plain(h.get("tls")))
         await http.start()
+        await frontend.start()
     link.hello()
     grace: float | None = await link.drain_requested
     if grace is None:  # the core went away: nothing can be answered any more
@@ -119,6 +120,8 @@ async def serve(index: int, channel_fd: int) -> int:
     link.draining = True
     if health is not None:
         health.drain()  # NOT_SERVING at once; Watch streams are told
+    if frontend is not None:
+        await frontend.stop()  # /v1 batches running here resume in the next process
     deadline = loop.time() + grace
     try:
         await asyncio.wait_for(link.in_flight.idle(), timeout=grace)

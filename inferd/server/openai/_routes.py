@@ -18,19 +18,21 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from inferd.facade import DataPlaneAPI
-from inferd.errors import NotFound
+from inferd.errors import NotFound, Unimplemented
+from inferd.server.openai._batches import BatchStore
 from inferd.server.openai._errors import AuthenticationFailed, RequestError, error_body
 from inferd.server.openai._fields import MAX_CHOICES, MAX_INPUTS, MAX_N, Body, messages, texts_or_ids
 from inferd.server.openai._generate import Piece, Sampling, run_choice
-from inferd.server.openai._text import ModelText
+from inferd.server.openai._text import INSTALL, ModelText
 from inferd.server.restrictions import Restrictions
 from inferd.types import InferenceRequest
 
@@ -45,17 +47,23 @@ class OpenAIOptions:
     request must carry ``Authorization: Bearer <one of them>``."""
 
     api_keys: tuple[str, ...] = ()
+    batch_dir: str = ""  # the Batch API's files and batches (the server sets it: <batch dir>/openai); "": off
 
     def to_plain(self) -> dict[str, Any]:
-        return {"api_keys": list(self.api_keys)}
+        return {"api_keys": list(self.api_keys), "batch_dir": self.batch_dir}
 
     @classmethod
     def from_plain(cls, plain: dict[str, Any] | None) -> "OpenAIOptions":
-        return cls(tuple((plain or {}).get("api_keys", ())))
+        plain = plain or {}
+        return cls(tuple(plain.get("api_keys", ())), plain.get("batch_dir", ""))
 
 
 def _json(doc: Any, status: int = 200) -> Response:
     return Response(json.dumps(doc, separators=(",", ":")), status_code=status, media_type=JSON)
+
+
+def _answer(answered: dict[str, Any] | Response) -> Response:
+    return answered if isinstance(answered, Response) else _json(answered)
 
 
 def _error(exc: BaseException) -> Response:
@@ -115,7 +123,11 @@ class OpenAIFrontend:
                  options: OpenAIOptions | None = None) -> None:
         self.dp = dataplane
         self.restrictions = restrictions or Restrictions()
-        self.keys = [k.encode() for k in (options or OpenAIOptions()).api_keys]
+        options = options or OpenAIOptions()
+        self.keys = [k.encode() for k in options.api_keys]
+        self.store = (BatchStore(Path(options.batch_dir), self.answer, dataplane.server_ready)
+                      if options.batch_dir else None)
+        self._resuming: asyncio.Task | None = None
         self._texts: dict[str, ModelText] = {}  # one per /v1 model of the repository, rebuilt when it changes
         self.created = int(time.time())  # wall-clock seconds: the "created" OpenAI's objects carry
 
@@ -127,8 +139,35 @@ class OpenAIFrontend:
             ("/v1/completions", self.completions, "inference", "POST"),
             ("/v1/chat/completions", self.chat, "inference", "POST"),
             ("/v1/embeddings", self.embeddings, "inference", "POST"),
+            ("/v1/files", self.file_create, "inference", "POST"),
+            ("/v1/files", self.file_list, "inference", "GET"),
+            ("/v1/files/{file_id}", self.file_get, "inference", "GET"),
+            ("/v1/files/{file_id}", self.file_delete, "inference", "DELETE"),
+            ("/v1/files/{file_id}/content", self.file_content, "inference", "GET"),
+            ("/v1/batches", self.batch_create, "inference", "POST"),
+            ("/v1/batches", self.batch_list, "inference", "GET"),
+            ("/v1/batches/{batch_id}", self.batch_get, "inference", "GET"),
+            ("/v1/batches/{batch_id}/cancel", self.batch_cancel, "inference", "POST"),
         ]
         return [Route(path, self._guarded(handler, group), methods=[method]) for path, handler, group, method in table]
+
+    def start(self) -> None:
+        """Batches that no process runs any more are taken up once the server is ready."""
+        if self.store is not None:
+            self._resuming = asyncio.ensure_future(self._resume_when_ready(self.store))
+
+    async def _resume_when_ready(self, store: BatchStore) -> None:
+        while not await self.dp.server_ready():
+            await asyncio.sleep(0.5)
+        store._looked = 0.0  # now, whenever the last look was
+        await store.resume()
+
+    async def stop(self) -> None:
+        if self._resuming is not None:
+            self._resuming.cancel()
+            await asyncio.gather(self._resuming, return_exceptions=True)
+        if self.store is not None:
+            await self.store.stop()
 
     def _guarded(self, handler: Handler, group: str) -> Handler:
         rule = group if group in self.restrictions.by_group else None
@@ -231,7 +270,10 @@ class OpenAIFrontend:
                         stop=body.stop(), priority=priority)
 
     async def completions(self, request: Request) -> Response:
-        body = await self._body(request, "completion request")
+        return _answer(await self._completions(await self._body(request, "completion request"),
+                                               self._priority(request)))
+
+    async def _completions(self, body: Body, priority: int) -> dict[str, Any] | Response:
         name = body.string("model", required=True) or ""
         text = await self._text(name)
         if text.spec.kind not in ("chat", "completion"):
@@ -239,12 +281,15 @@ class OpenAIFrontend:
         prompts = [p if isinstance(p, str) else text.decode(p, "prompt")
                    for p in texts_or_ids(body.doc.get("prompt"), "prompt", body.what)]
         counts = [text.count(p) for p in prompts]
-        sampling = self._sampling(body, text, name, max(counts), "prompt", self._priority(request))
+        sampling = self._sampling(body, text, name, max(counts), "prompt", priority)
         echo = body.boolean("echo")
-        return await self._complete(request, body, text, name, prompts, counts, sampling, chat=False, echo=echo)
+        return await self._complete(body, text, name, prompts, counts, sampling, chat=False, echo=echo)
 
     async def chat(self, request: Request) -> Response:
-        body = await self._body(request, "chat completion request")
+        return _answer(await self._chat(await self._body(request, "chat completion request"),
+                                        self._priority(request)))
+
+    async def _chat(self, body: Body, priority: int) -> dict[str, Any] | Response:
         name = body.string("model", required=True) or ""
         text = await self._text(name)
         if text.spec.kind != "chat":
@@ -257,11 +302,12 @@ class OpenAIFrontend:
         prompt = text.render(name, messages(body.doc.get("messages"), body.what),
                              body.boolean("add_generation_prompt", True), extra)
         count = text.count(prompt)
-        sampling = self._sampling(body, text, name, count, "messages", self._priority(request))
-        return await self._complete(request, body, text, name, [prompt], [count], sampling, chat=True)
+        sampling = self._sampling(body, text, name, count, "messages", priority)
+        return await self._complete(body, text, name, [prompt], [count], sampling, chat=True)
 
-    async def _complete(self, request: Request, body: Body, text: ModelText, name: str, prompts: list[str],
-                        counts: list[int], sampling: Sampling, chat: bool, echo: bool = False) -> Response:
+    async def _complete(self, body: Body, text: ModelText, name: str, prompts: list[str],
+                        counts: list[int], sampling: Sampling, chat: bool,
+                        echo: bool = False) -> dict[str, Any] | Response:
         n = body.integer("n", 1, MAX_N) or 1
         if len(prompts) * n > MAX_CHOICES:
             raise RequestError(f"{body.what}: {len(prompts)} prompt(s) x n={n} make {len(prompts) * n} choices; "
@@ -293,8 +339,8 @@ class OpenAIFrontend:
                 else:
                     out.append({"index": index, "text": texts[index], "logprobs": None,
                                 "finish_reason": reasons.get(index)})
-            return _json({"id": rid, "object": obj, "created": int(time.time()), "model": name, "choices": out,
-                          "usage": _usage(prompt_tokens, tokens)})
+            return {"id": rid, "object": obj, "created": int(time.time()), "model": name, "choices": out,
+                    "usage": _usage(prompt_tokens, tokens)}
         return await self._stream(rid, name, chat, choices, pieces, prompt_tokens, include_usage, echo)
 
     async def _stream(self, rid: str, name: str, chat: bool, choices: list[tuple[int, str]],
@@ -359,7 +405,9 @@ class OpenAIFrontend:
     # -- embeddings ----------------------------------------------------------------------------
 
     async def embeddings(self, request: Request) -> Response:
-        body = await self._body(request, "embedding request")
+        return _json(await self._embeddings(await self._body(request, "embedding request"), self._priority(request)))
+
+    async def _embeddings(self, body: Body, priority: int) -> dict[str, Any]:
         name = body.string("model", required=True) or ""
         text = await self._text(name)
         spec = text.spec
@@ -393,7 +441,6 @@ class OpenAIFrontend:
                                    f"input[{i}] has {len(ids)} tokens. Please reduce the length of the input.",
                                    "input", "context_length_exceeded")
             ids_list.append(ids)
-        priority = self._priority(request)
         shape = (1, -1) if spec.batched else (-1,)
         received = time.monotonic_ns()
         responses = await asyncio.gather(*(self.dp.infer(InferenceRequest(
@@ -412,8 +459,87 @@ class OpenAIFrontend:
                           else vector.astype(np.float32).tolist())
             data.append({"object": "embedding", "index": i, "embedding": value})
         tokens = sum(len(ids) for ids in ids_list)
-        return _json({"object": "list", "data": data, "model": name,
-                      "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+        return {"object": "list", "data": data, "model": name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    async def answer(self, url: str, doc: dict[str, Any]) -> dict[str, Any]:
+        """One batch line's body, answered as its endpoint answers a request (never streamed: a batch
+        line's answer is one JSON body, so ``stream`` and ``stream_options`` are left out)."""
+        doc = {k: v for k, v in doc.items() if k not in ("stream", "stream_options")}
+        handler, what = {"/v1/chat/completions": (self._chat, "chat completion request"),
+                         "/v1/completions": (self._completions, "completion request"),
+                         "/v1/embeddings": (self._embeddings, "embedding request")}[url]
+        answered = await handler(Body(doc, what), 0)
+        assert isinstance(answered, dict)  # not streamed
+        return answered
+
+
+    # -- the Batch API (._batches) -------------------------------------------------------------
+
+    async def _store(self) -> BatchStore:
+        if self.store is None:
+            raise Unimplemented("the Batch API (/v1/files, /v1/batches) needs the server's batch directory "
+                                "(--batch-dir); this frontend was started without one")
+        await self.store.resume()
+        return self.store
+
+    async def file_create(self, request: Request) -> Response:
+        store = await self._store()
+        try:
+            import python_multipart  # noqa: F401  # what Starlette parses forms with
+        except ImportError:
+            raise Unimplemented(f"file upload: the server lacks python-multipart: {INSTALL}") from None
+        if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+            raise RequestError("file upload: send the file as multipart/form-data with the fields 'file' and "
+                               "'purpose'", "file")
+        async with request.form(max_files=1, max_fields=8) as form:
+            upload = form.get("file")
+            purpose = form.get("purpose")
+            if not isinstance(purpose, str):
+                raise RequestError("file upload: the field 'purpose' is missing (it must be 'batch')", "purpose")
+            if upload is None or isinstance(upload, str):
+                raise RequestError("file upload: the field 'file' (the file's bytes) is missing", "file")
+
+            async def chunks() -> AsyncIterator[bytes]:
+                while chunk := await upload.read(1 << 20):
+                    yield chunk
+
+            return _json(await store.create_file(upload.filename or "upload.jsonl", purpose, chunks()))
+
+    async def file_get(self, request: Request) -> Response:
+        return _json((await self._store()).file(request.path_params["file_id"]))
+
+    async def file_list(self, request: Request) -> Response:
+        return _json((await self._store()).list_files(request.query_params.get("purpose")))
+
+    async def file_delete(self, request: Request) -> Response:
+        return _json((await self._store()).delete_file(request.path_params["file_id"]))
+
+    async def file_content(self, request: Request) -> Response:
+        path = (await self._store()).content(request.path_params["file_id"])
+        return FileResponse(path, media_type="application/octet-stream")
+
+    async def batch_create(self, request: Request) -> Response:
+        store = await self._store()
+        raw = await request.body()
+        try:
+            doc = json.loads(raw)
+        except ValueError as exc:
+            raise RequestError(f"batch request: the body is not JSON: {exc}") from None
+        return _json(await store.create_batch(doc))
+
+    async def batch_list(self, request: Request) -> Response:
+        query = request.query_params
+        raw = query.get("limit", "20")
+        if not raw.isdigit() or not 1 <= int(raw) <= 100:
+            raise RequestError(f"batch list: 'limit' must be an integer from 1 to 100, got {raw[:20]!r}", "limit")
+        return _json((await self._store()).list(query.get("after"), int(raw)))
+
+    async def batch_get(self, request: Request) -> Response:
+        return _json((await self._store()).batch(request.path_params["batch_id"]))
+
+    async def batch_cancel(self, request: Request) -> Response:
+        return _json(await (await self._store()).cancel(request.path_params["batch_id"]))
 
 
 def _pool(output: np.ndarray, pooling: str, batched: bool) -> np.ndarray:
