@@ -22,6 +22,8 @@ MiB = 2**20
 
 
 async def test_a_footprint_is_what_the_eviction_gives_back(tmp_path: Path) -> None:
+    if heap_bytes() is None:
+        pytest.skip("needs glibc's mallinfo2 to see what an eviction gives back")
     build_many(tmp_path, 8, 500_000)  # 2 MB of table each
     dp = DataPlane(ModelManager([tmp_path], mode="on_demand"))
     await dp.load_models()
@@ -35,8 +37,6 @@ async def test_a_footprint_is_what_the_eviction_gives_back(tmp_path: Path) -> No
             before = heap_bytes()
             await dp.manager._unload(name, collect=False)
             freed.append(before - heap_bytes())
-        if heap_bytes() is None:  # not glibc: nothing to compare with
-            return
         ratio = sum(counted) / sum(freed)
         # Measured apart, the reading's buffers (the resident set grew by them, then the build reused the
         # pages) were added to the build's: 6.5 MiB counted for 3.05 MiB given back (2.1x).
