@@ -10,7 +10,9 @@ instances do not oversubscribe them.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -37,7 +39,11 @@ _GRAPH_LEVELS = {
 ORT_DISTRIBUTIONS = ("onnxruntime", "onnxruntime-gpu")
 
 
+@functools.cache
 def _installed_ort() -> list[str]:
+    """Once per process: reading the distributions' metadata parses their METADATA files in Python
+    (~4 ms holding the GIL, asked five times per load), which stalled the event loop while
+    ``on_demand`` loads ran on their thread; what is installed does not change under a running server."""
     from importlib.metadata import PackageNotFoundError, version
 
     found = []
@@ -85,6 +91,14 @@ class OnnxRuntimeBackend(Backend):
     gpu_requirement = "this onnxruntime has no CUDAExecutionProvider; install onnxruntime-gpu"
 
     def signature(self, model_file: Path, model_name: str) -> ModelSignature:
+        path = model_file / "model.onnx" if model_file.is_dir() else model_file
+        try:
+            st = os.stat(path)
+        except OSError:
+            return self._read_signature(model_file, model_name)
+        return _signature_of(self, str(path), (st.st_ino, st.st_size, st.st_mtime_ns), model_name)
+
+    def _read_signature(self, model_file: Path, model_name: str) -> ModelSignature:
         ort = _ort(model_name)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -130,6 +144,14 @@ class OnnxRuntimeBackend(Backend):
                 if item not in ignored:
                     ignored.append(item)
         return ignored
+
+
+@functools.lru_cache(maxsize=1024)
+def _signature_of(backend: OnnxRuntimeBackend, path: str, stat: tuple[int, int, int], model_name: str) -> ModelSignature:
+    """A model file's signature, kept while the file is unchanged (``stat``: inode, size, mtime): reading
+    it opens a second ONNX Runtime session, a few ms of the GIL per load, which an on_demand model
+    evicted and loaded again would pay each time. Bounded: a repository rewritten often drops old files'."""
+    return backend._read_signature(Path(path), model_name)
 
 
 class OnnxInstance(TensorInstance):

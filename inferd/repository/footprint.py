@@ -96,11 +96,19 @@ class Footprint:
 class Measure:
     """Resident memory before and after a load: ``with Measure() as m: load()``, then ``m.footprint``."""
 
-    def __init__(self) -> None:
+    def __init__(self, since: "Measure | None" = None) -> None:
+        """``since``: count from where that (earlier) measurement started, as one span: reading a model's
+        files and building it, measured apart, counted the reading's transient buffers (the resident
+        set grew by them, then the build reused those pages) as well as the build: ~2x what stays."""
         self.footprint = Footprint()
         self.allocated = Footprint()
+        self._since = since
 
     def __enter__(self) -> "Measure":
+        since = self._since
+        if since is not None:
+            self._heap, self._rss, self._gpus = since._heap, since._rss, since._gpus
+            return self
         self._heap = heap_bytes()
         self._rss = rss_bytes()
         self._gpus = gpu_bytes()

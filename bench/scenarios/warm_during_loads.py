@@ -1,0 +1,101 @@
+"""Warm requests while other models load on demand (issue 28), in one process, no network: the cost a
+load puts on the requests of models that stay loaded. 4 pinned table models (inferd/examples/many_models.py,
+2 MB each) take one request at a time (1 ms apart) from one client, first alone, then while a second
+client cycles through 40 other models under a budget that holds about 12, so nearly every one of its
+requests loads a model and evicts another. Loads run on a worker thread and the event loop serves
+the warm requests meanwhile; what they lose is the GIL that the loader holds (ONNX Runtime builds a
+session without releasing it) and the loop's own part of each load and eviction. Reported: warm
+p50/p99 alone and during the loads (same run, the two phases alternated twice), and the loads done
+during the loaded phase (more loads in the same number of warm requests: cheaper loads). The
+machine is shared: compare the ratios within one run, not the microseconds across runs."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.bench import OUT
+
+NEEDS_PERF_ANALYZER = False
+HOT, COLD, FLOATS = 4, 40, 500_000
+
+
+def _request(name: str, k: int):  # type: ignore[no-untyped-def]
+    from inferd.types import InferenceRequest
+
+    return InferenceRequest(model_name=name, inputs={"I": np.array([k], dtype=np.int64)})
+
+
+async def _warm(dp, n: int) -> list[float]:  # type: ignore[no-untyped-def]
+    out = []
+    for k in range(n):
+        t = time.perf_counter()
+        await dp.infer(_request(f"m{k % HOT:02d}", k))
+        out.append((time.perf_counter() - t) * 1e6)
+        await asyncio.sleep(0.001)
+    return out
+
+
+async def _cold(dp, stop: list[bool]) -> int:  # type: ignore[no-untyped-def]
+    k = 0
+    while not stop[0]:
+        await dp.infer(_request(f"m{HOT + k % COLD:02d}", k))
+        k += 1
+    return k
+
+
+async def _measure(n: int) -> dict:
+    from inferd.dataplane import DataPlane
+    from inferd.examples.many_models import build_many
+    from inferd.repository import ModelManager
+
+    repo = Path(tempfile.mkdtemp(dir=OUT if OUT.exists() else None)) / "repo"
+    build_many(repo, HOT + COLD, FLOATS)
+    dp = DataPlane(ModelManager([repo], mode="on_demand", memory_budget=12 * 4 * 2**20,
+                                startup_models=[f"m{i:02d}" for i in range(HOT)]))
+    await dp.load_models()
+    try:
+        await _warm(dp, 50)
+        alone: list[float] = []
+        during: list[float] = []
+        loads = 0
+        seconds = 0.0
+        for _ in range(2):
+            alone += await _warm(dp, n)
+            stop = [False]
+            cold = asyncio.get_running_loop().create_task(_cold(dp, stop))
+            t = time.perf_counter()
+            during += await _warm(dp, n)
+            stop[0] = True
+            loads += await cold
+            seconds += time.perf_counter() - t
+    finally:
+        await dp.close()
+    return {"alone": alone, "during": during, "loads": loads, "seconds": seconds}
+
+
+def run(quick: bool) -> dict:
+    n = 200 if quick else 600
+    got = asyncio.run(_measure(n))
+    pct = lambda xs, q: float(np.percentile(xs, q))  # noqa: E731
+    measures = [
+        {"label": "warm, no loads", "concurrency": 1, "batch": 1, "infer_per_s": 0.0,
+         "p50_us": pct(got["alone"], 50), "p99_us": pct(got["alone"], 99), "note": f"{len(got['alone'])} requests"},
+        {"label": "warm, during loads", "concurrency": 1, "batch": 1, "infer_per_s": 0.0,
+         "p50_us": pct(got["during"], 50), "p99_us": pct(got["during"], 99),
+         "note": f"{len(got['during'])} requests; {got['loads']} loads in {got['seconds']:.1f} s"},
+    ]
+    return {"measures": measures, "loads": got["loads"], "loads_per_s": got["loads"] / got["seconds"]}
+
+
+def ratios(result: dict) -> dict:
+    alone, during = result["measures"]
+    return {
+        "warm p50: during loads / alone": f"{during['p50_us'] / alone['p50_us']:.2f}x",
+        "warm p99: during loads / alone": f"{during['p99_us'] / alone['p99_us']:.2f}x",
+        "loads per second beside the warm client": f"{result['loads_per_s']:.0f}",
+    }
