@@ -85,6 +85,10 @@ class InferenceRequest:
     # in-process call), its wait starts when the data plane or scheduler sees it. Queue timeouts, the
     # SLO and the queue-delay controller count the whole wait from here.
     received_ns: int = 0
+    # Set only by the /v1 layer (inferd.server.openai), never from a client's parameters: the prompt's
+    # tokens this request carries (one choice of each prompt carries them, the others 0). The core
+    # counts them and the tokens of its responses at /metrics (inferd_openai_*_tokens_total). None: not /v1.
+    openai_prompt_tokens: int | None = None
     # Set by the data plane while the server sheds (inferd.dataplane.shedding): still queued past this
     # time (clock seconds), the request is shed UNAVAILABLE by its queue. None: no bound.
     shed_at: float | None = None

@@ -128,6 +128,30 @@ def test_chat_completion_is_the_models_own_text(server, client):
     assert counts["first"] >= 1 and counts["inter"] >= 11, counts
 
 
+def _token_counters(server, model: str) -> tuple[float, float]:
+    """inferd_openai_{prompt,completion}_tokens_total of ``model`` on the core's /metrics."""
+    with urllib.request.urlopen(server.metrics_url, timeout=30) as response:
+        metrics = response.read().decode()
+    found = {name: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+             for name in ("prompt", "completion")
+             if line.startswith(f'inferd_openai_{name}_tokens_total{{model="{model}"')}
+    return found["prompt"], found["completion"]
+
+
+def test_token_counters_at_metrics_are_the_usage(server, client):
+    """/metrics counts a /v1 call's tokens in the core as its usage does (two choices of one prompt: the
+    prompt once, both completions), whichever frontend took it; a /v2 stream to the same model counts none."""
+    before = _token_counters(server, "generator")
+    reply = client.chat.completions.create(model="generator", messages=[{"role": "user", "content": "Count"}],
+                                           max_tokens=5, n=2, temperature=1.0, seed=3)
+    after = _token_counters(server, "generator")
+    assert reply.usage.prompt_tokens == len(_chat_prompt("Count").encode())
+    assert reply.usage.completion_tokens == 10
+    assert (after[0] - before[0], after[1] - before[1]) == (reply.usage.prompt_tokens, reply.usage.completion_tokens)
+    _generated(server, _chat_prompt("Count"), 4)  # /v2: not a /v1 request, whatever it sends
+    assert _token_counters(server, "generator") == after
+
+
 async def test_streamed_chat_async_equals_unstreamed(server, client):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
     whole = client.chat.completions.create(model="generator", messages=messages, max_tokens=10)

@@ -388,8 +388,12 @@ class DataPlane:
                 raise
         try:
             async with aclosing(model_infer_stream(self.manager.get, request, self.clock, self.stream_limits)) as items:
-                async for item in items:
-                    yield item
+                if request.openai_prompt_tokens is None:
+                    async for item in items:
+                        yield item
+                else:
+                    async for item in _count_tokens(self.manager, request, items):
+                        yield item
         finally:
             self.admission.release(nbytes)
 
@@ -430,3 +434,28 @@ def _platform(model: Model) -> str:
     # Triton reports the platform for ONNX/TorchScript/ensembles, and the
     # backend's name for backend-only models such as python.
     return model.spec.platform or model.spec.backend
+
+
+async def _count_tokens(manager: ModelManager, request: InferenceRequest,
+                        items: AsyncIterator[StreamResponse]) -> AsyncIterator[StreamResponse]:
+    """A /v1 request's stream, its tokens counted in its model version's stats for /metrics: the prompt's
+    (which only the /v1 layer sets on a request) at its first response, and one per response carrying the
+    model's text output, as the /v1 layer's usage counts them. A request refused before any response
+    counts nothing."""
+    stats = None
+    output = ""
+    async for item in items:
+        response = item.response
+        if response is not None:
+            if stats is None:
+                try:
+                    model = manager.get(response.model_name, response.model_version)
+                except InferdError:  # unloaded meanwhile: its series are gone with it
+                    model = None
+                if model is not None and model.spec.openai is not None:
+                    stats, output = model.stats, model.spec.openai.text_output
+                    stats.prompt_tokens += request.openai_prompt_tokens or 0
+            if stats is not None and output in response.outputs:
+                stats.completion_tokens += 1
+        yield item
+

@@ -99,7 +99,8 @@ CALLS = frozenset({
 })
 
 # positions in an INFER message
-I_RID, I_MODEL, I_VERSION, I_ID, I_PARAMS, I_INPUTS, I_OUTPUTS, I_FLAGS, I_DEADLINE, I_TRACE, I_RECEIVED = range(1, 12)
+I_RID, I_MODEL, I_VERSION, I_ID, I_PARAMS, I_INPUTS, I_OUTPUTS, I_FLAGS, I_DEADLINE, I_TRACE, I_RECEIVED, I_OPENAI = (
+    range(1, 13))
 # positions in a tensor entry
 T_NAME, T_DATATYPE, T_SHAPE, T_OFFSET, T_NBYTES, T_PARAMS = range(6)
 # positions in a RESPONSE message
@@ -108,8 +109,9 @@ R_RID, R_FINAL, R_MODEL, R_VERSION, R_ID, R_OUTPUTS, R_PARAMS, R_BLOCK = range(1
 
 def infer(rid: int, model: str, version: str, request_id: str, parameters: dict | None, inputs: list,
           outputs: list | None, flags: int = 0, deadline: float | None = None,
-          trace: dict | None = None, received_ns: int = 0) -> list:
-    return [INFER, rid, model, version, request_id, parameters, inputs, outputs, flags, deadline, trace, received_ns]
+          trace: dict | None = None, received_ns: int = 0, openai_prompt_tokens: int | None = None) -> list:
+    return [INFER, rid, model, version, request_id, parameters, inputs, outputs, flags, deadline, trace, received_ns,
+            openai_prompt_tokens]
 
 
 def response(rid: int, final: bool, model: str, version: int, request_id: str, outputs: list,

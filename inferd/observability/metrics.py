@@ -176,6 +176,12 @@ class InferdCollector:
         inter_h = h("inferd_stream_inter_response_duration_seconds",
                     "Decoupled models: from one response of a stream to the next (time per output token for a /v1 "
                     "model; the count is the responses after the first)", labels=L)
+        prompt_tokens = CounterMetricFamily("inferd_openai_prompt_tokens",
+                                            "/v1 models: prompt tokens of their requests (usage's prompt_tokens)",
+                                            labels=L)
+        completion_tokens = CounterMetricFamily("inferd_openai_completion_tokens",
+                                                "/v1 models: tokens their responses carried (usage's "
+                                                "completion_tokens)", labels=L)
         steps = CounterMetricFamily(
             "inferd_ensemble_step_requests",
             "An ensemble's requests per step, by the model the step ran and what it did: ran, skipped "
@@ -197,6 +203,9 @@ class InferdCollector:
             if s.memory_growth is not None:
                 memory.add_metric(lv, s.memory_growth)
             inflight.add_metric(lv, s.pending)
+            if model.spec.openai is not None:
+                prompt_tokens.add_metric(lv, s.prompt_tokens)
+                completion_tokens.add_metric(lv, s.completion_tokens)
             for (index, step_model, outcome), n in sorted(s.steps.items()):
                 steps.add_metric([*lv, str(index), step_model, outcome], n)
             hist = histograms_of(s)
@@ -228,7 +237,7 @@ class InferdCollector:
 
         yield from (failure, real, padded, waste, inflight, request_h, queue_h, compute_h, batch_h, first_h, inter_h,
                     state, ready,
-                    queued, queued_bytes, rejected, memory, steps)
+                    queued, queued_bytes, rejected, memory, steps, prompt_tokens, completion_tokens)
         yield from self._residency()
 
     def _residency(self) -> Iterator[Metric]:

@@ -107,6 +107,7 @@ class ModelStats:
         "inference_count", "execution_count", "last_inference_s", "batch_stats", "fail_reasons",
         "observers", "pending", "cache_hit", "cache_miss", "memory_growth", "real_elements", "pad_elements",
         "responses", "single_response", "memory_usage", "histogram_buckets", "metric_tags", "steps",
+        "prompt_tokens", "completion_tokens",
     )
 
     def __init__(self, name: str, version: int) -> None:
@@ -145,6 +146,10 @@ class ModelStats:
         # each response itself (record_response).
         self.responses: dict[int, ResponseStat] = {}
         self.single_response = False
+        # /v1 models: the prompts' tokens of their requests, and the tokens of their responses (each
+        # response carrying the text output is one), as the /v1 layer's usage counts them.
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
         # What this version holds, measured at its load: (type "CPU"/"GPU", device id, bytes), as
         # ModelStatistics' memory_usage; empty when it was not measured.
         self.memory_usage: tuple[tuple[str, int, int], ...] = ()

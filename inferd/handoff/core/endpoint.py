@@ -76,7 +76,7 @@ def request_from(msg: list[Any], inputs: Arena) -> InferenceRequest:
     request = InferenceRequest(model_name=model, inputs=arrays,
                                model_version=codec.parse_version(model, msg[wire.I_VERSION]),
                                id=msg[wire.I_ID], deadline=msg[wire.I_DEADLINE], shared_memory=shared,
-                               received_ns=msg[wire.I_RECEIVED])
+                               received_ns=msg[wire.I_RECEIVED], openai_prompt_tokens=msg[wire.I_OPENAI])
     params = msg[wire.I_PARAMS]
     if params:
         request.parameters = params

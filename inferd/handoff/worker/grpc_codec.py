@@ -75,7 +75,7 @@ def infer_message(rid: int, msg: pb.ModelInferRequest, inputs: ArenaWriter, flag
     if msg.outputs:
         outputs = [[o.name, params_of(o.parameters)] for o in msg.outputs]
     message = [wire.INFER, rid, model, msg.model_version, msg.id, params_of(msg.parameters), tensors,
-               outputs, flags, deadline, trace, received_ns]
+               outputs, flags, deadline, trace, received_ns, None]  # None: not a /v1 request
     return block, message
 
 

@@ -160,7 +160,7 @@ class RemoteDataPlane:
         rid = link.in_flight.next_rid()
         message = [wire.INFER, rid, request.model_name, str(request.model_version or ""), request.id,
                    request.parameters or None, tensors, outputs, flags, request.deadline, trace,
-                   request.received_ns or time.monotonic_ns()]
+                   request.received_ns or time.monotonic_ns(), request.openai_prompt_tokens]
         return rid, block, message
 
     def _response(self, reply: list[Any]) -> InferenceResponse:

@@ -59,13 +59,15 @@ class Piece:
 
 
 async def run_choice(dp: DataPlaneAPI, model: str, spec: OpenAISpec, prompt: str, sampling: Sampling,
-                     index: int, request_id: str) -> AsyncIterator[Piece]:
+                     index: int, request_id: str, prompt_tokens: int = 0) -> AsyncIterator[Piece]:
     """The choice's text pieces as the model makes them; the last has its finish reason. A refusal or a
-    failure of the model raises (its InferdError)."""
+    failure of the model raises (its InferdError). ``prompt_tokens``: the prompt's tokens for the core's
+    counter (the first choice of a prompt carries them, its other choices 0, as usage counts them)."""
     request = InferenceRequest(
         model_name=model, id=f"{request_id}-{index}",
         inputs={spec.text_input: np.array([prompt.encode("utf-8")], dtype=np.object_).reshape(spec.text_shape)},
-        parameters=sampling.parameters(index), priority=sampling.priority, received_ns=time.monotonic_ns())
+        parameters=sampling.parameters(index), priority=sampling.priority, received_ns=time.monotonic_ns(),
+        openai_prompt_tokens=prompt_tokens)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     stops = sampling.stop
     hold = max((len(s) for s in stops), default=1) - 1  # text that may be the start of a stop string

@@ -317,7 +317,8 @@ class OpenAIFrontend:
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         # Choice i*n + j: the j-th of prompt i (OpenAI's order for a list of prompts).
         choices = [(i * n + j, prompt) for i, prompt in enumerate(prompts) for j in range(n)]
-        streams = [run_choice(self.dp, name, text.spec, prompt, sampling, index, rid) for index, prompt in choices]
+        streams = [run_choice(self.dp, name, text.spec, prompt, sampling, index, rid, 0 if index % n else counts[index // n])
+                   for index, prompt in choices]
         pieces = _merge(streams) if len(streams) > 1 else streams[0]
         prompt_tokens = sum(counts)
         obj = "chat.completion" if chat else "text_completion"
