@@ -10,12 +10,13 @@ The count does not depend on the machine's load: a busy machine makes a process 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Iterator
 
 import grpc
 import numpy as np
 import pytest
+
+from bench.proc_cpu import voluntary_switches
 
 from conftest import ServerProcess
 from inferd._proto import grpc_service_pb2 as pb
@@ -28,19 +29,6 @@ WARM_UP = 30
 # Measured: 1.00 per request on two shared cores (issue 32). The margin covers the core's own timers
 # (supervisor, statistics) over the run, not a second wake per request.
 MAX_CORE_WAKES_PER_REQUEST = 1.3
-
-
-def voluntary_switches(pid: int) -> int:
-    """Voluntary context switches summed over every thread of ``pid``."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            for line in (task / "status").read_text().splitlines():
-                if line.startswith("voluntary_ctxt_switches"):
-                    total += int(line.split()[1])
-        except OSError:  # a thread that ended meanwhile
-            continue
-    return total
 
 
 @pytest.fixture(scope="module")
