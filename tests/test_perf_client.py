@@ -13,7 +13,7 @@ import pytest
 from inferd._proto import grpc_service_pb2 as pb
 from inferd._proto import grpc_service_pb2_grpc as pb_grpc
 from inferd.cli import main
-from inferd.perf.measure import ClientStats, Records, is_stable, percentile_index
+from inferd.perf.windows import ClientStats, Records, is_stable, percentile_index
 from inferd.perf.report import csv_header
 
 # The header perf_analyzer 2.60 writes with `-f` (checked against the real tool on this server),

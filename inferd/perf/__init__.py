@@ -8,7 +8,7 @@ Layout (each imports only those above it in this list):
 * ``http.py``     the same for ``-i http`` (control calls over urllib, request bodies)
 * ``transport.py`` how a worker sends one request per protocol (unary, streaming, TLS, headers)
 * ``worker.py``   one load-generating process: closed loop (concurrency) or open loop (rate)
-* ``measure.py``  request records -> window statistics (exact percentiles), stability, server deltas
+* ``windows.py``  request records -> window statistics (exact percentiles), stability, server deltas
 * ``results.py``  ``LevelResult`` / ``RunResult``: what a run measured
 * ``runner.py``   spawns the workers, drives measurement windows per load level: ``measure()``
 * ``report.py``   terminal table, perf_analyzer CSV, JSON, matplotlib plot (lazy import)

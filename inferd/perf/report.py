@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from .measure import PERCENTILES
+from .windows import PERCENTILES
 from .results import LevelResult, RunResult
 
 # perf_analyzer 2.60's `-f` header, checked against the real tool (time-windows, server stats on,

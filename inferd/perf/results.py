@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .measure import ClientStats
+from .windows import ClientStats
 from .model import ModelInfo
 from .options import PerfOptions
 

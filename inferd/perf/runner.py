@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from .measure import STABILITY_WINDOWS, ClientStats, Records, is_stable, server_delta
+from .windows import STABILITY_WINDOWS, ClientStats, Records, is_stable, server_delta
 from .model import ModelInfo, ServerClient, build_inputs, serialize_requests
 from .options import PerfError, PerfOptions
 from .results import LevelResult, RunResult

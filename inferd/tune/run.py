@@ -162,8 +162,7 @@ class Measurer:
         self.loaded: tuple[Candidate, object] | None = None  # (candidate, the server process it is loaded on)
 
     def __call__(self, candidate: Candidate, level: float) -> Measurement:
-        from inferd.perf import PerfError, parse_options
-        from inferd.perf.runner import measure
+        from inferd.perf import PerfError, measure, parse_options
 
         url = self.server.ensure(candidate.frontend_workers)
         if self.loaded != (candidate, self.server.proc):  # a restarted server loads it again too
