@@ -39,7 +39,7 @@ __all__ = [
     "TritonModelException", "deserialize_bytes_tensor", "get_input_config_by_name", "get_input_tensor_by_name",
     "get_output_config_by_name", "get_output_tensor_by_name", "numpy_to_triton_type", "serialize_byte_tensor",
     "triton_string_to_numpy", "triton_to_numpy_type", "using_decoupled_model_transaction_policy",
-    "MetricFamily", "Metric", "ResponseIterator", "get_model_dir",
+    "MetricFamily", "Metric", "ResponseIterator", "get_model_dir", "is_model_ready", "load_model", "unload_model",
 ]
 
 TRITON_STRING_TO_NUMPY: dict[str, Any] = {
@@ -701,6 +701,35 @@ class Logger:
     @staticmethod
     def log_verbose(message: str) -> None:
         Logger.log(message, LogLevel.VERBOSE)
+
+
+# -- the model loading API -----------------------------------------------------------------
+
+
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Load (or reload) ``model_name`` from the model repository; ``config``: a JSON model config
+    used instead of its config.pbtxt; ``files`` (``"file:<path>"`` -> bytes, with ``config``): the
+    folder to load it from instead. Returns once it serves; raises TritonModelException why not.
+    Explicit (and on_demand) model control mode only, as RepositoryModelLoad."""
+    from inferd.backends.python import load_model as load
+
+    load(model_name, config, files, sys._getframe(1).f_globals)
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Unload every version of ``model_name`` (``unload_dependents``: the ensembles that use it
+    too): new requests are refused once it returns, accepted ones finish."""
+    from inferd.backends.python import unload_model as unload
+
+    unload(model_name, unload_dependents, sys._getframe(1).f_globals)
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether ``model_name`` (version ``model_version``, a string; "" = as its policy chooses)
+    is loaded and serving."""
+    from inferd.backends.python import is_model_ready as ready
+
+    return ready(model_name, model_version, sys._getframe(1).f_globals)
 
 
 from triton_python_backend_utils._metrics import Metric, MetricFamily  # noqa: E402  (they raise TritonModelException)

@@ -99,6 +99,23 @@ class InferenceDispatcher(Protocol):
         the request."""
         ...
 
+    # The model loading API (pb_utils.load_model / unload_model / is_model_ready), on ``loop`` only;
+    # each raises the domain error a RepositoryModelLoad / Unload client would see.
+
+    async def load_model(self, name: str, config: str, files: dict[str, bytes]) -> None:
+        """Load or reload ``name`` (``config``: a JSON ModelConfig or ""; ``files``: ``file:<path>`` ->
+        bytes, an override model folder); returns once it serves."""
+        ...
+
+    async def unload_model(self, name: str, unload_dependents: bool) -> None:
+        """Start unloading ``name``: new requests are refused at once; returns without waiting
+        for the accepted ones (as Triton's TRITONSERVER_ServerUnloadModel)."""
+        ...
+
+    def model_is_ready(self, name: str, version: int) -> bool:
+        """Whether ``name`` (``version``; 0 = as its policy chooses) is loaded and serving."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class InstanceSpec:
