@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -19,7 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, ServerProcess
+from conftest import ROOT, ServerProcess, running
 from inferd.errors import InvalidArgument, Unavailable
 from inferd.examples import onnx_models as om
 from inferd.observability.tracing import ROOT_SPAN, TraceConfig, Tracing, ensemble_step
@@ -449,7 +451,8 @@ def test_trace_setting_rpc_and_traceparent(traced_server):
     traces = _triton_traces(json.loads(first.read_text()))
     assert [(t["model_name"], t["request_id"]) for t in traces.values()] == [("simple", "traced-1")]  # the untraced one left nothing
     (trace,) = traces.values()
-    assert list(trace["timestamps"]) == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END", "REQUEST_END"]
+    assert list(trace["timestamps"]) == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "REQUEST_START", "QUEUE_START",
+                                         "COMPUTE_START", "COMPUTE_END", "REQUEST_END", "GRPC_SEND_START", "GRPC_SEND_END"]
     client.close()
 
 
@@ -489,3 +492,75 @@ def test_log_settings_change_level_and_format(start_server, tmp_path):
     assert "manager: loaded model 'simple'" not in log  # info was off while it loaded
     unloaded = next(line for line in log.splitlines() if "unloaded model 'simple'" in line)
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", unloaded), unloaded  # ISO 8601 from then on
+
+
+# -- the frontends' timestamps (Triton's GRPC_* and HTTP_*), in either process mode ------------------
+
+GRPC_ORDER = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "REQUEST_START", "QUEUE_START", "COMPUTE_START",
+              "COMPUTE_END", "REQUEST_END", "GRPC_SEND_START", "GRPC_SEND_END"]
+HTTP_ORDER = ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START", "COMPUTE_START",
+              "COMPUTE_END", "REQUEST_END", "HTTP_SEND_START", "HTTP_SEND_END"]
+# A checkout or bare mirror of triton-inference-server/server: its qa/common/trace_summary.py reads the file.
+TRITON_SERVER_REPO = os.environ.get("TRITON_SERVER_REPO", "")
+
+
+def _trace_summary(trace_file) -> str | None:
+    """Triton's own trace_summary.py run over ``trace_file``, or None without the repository."""
+    if not TRITON_SERVER_REPO:
+        return None
+    source = pathlib.Path(TRITON_SERVER_REPO)
+    script = source / "qa" / "common" / "trace_summary.py"
+    if script.is_file():
+        code = script.read_text()
+    else:
+        proc = subprocess.run(["git", "--git-dir", str(source), "show", "HEAD:qa/common/trace_summary.py"],
+                              capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            return None
+        code = proc.stdout
+    copy = pathlib.Path(str(trace_file) + ".summary.py")
+    copy.write_text(code)
+    proc = subprocess.run([sys.executable, str(copy), str(trace_file)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.server
+def test_frontend_timestamps_reach_the_trace_file(tmp_path):
+    import tritonclient.http as httpclient
+
+    trace_file = tmp_path / "trace.json"
+    args = ["--trace-config", f"triton,file={trace_file}", "--trace-config", "rate=1",
+            "--trace-config", "level=TIMESTAMPS"]  # log-frequency 0: the whole file when the server stops
+    a = np.ones((1, 16), dtype=np.int32)
+    with running(_repo(tmp_path), extra_args=args) as server:
+        g = grpcclient.InferenceServerClient(server.url)
+        inputs = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+        for i in inputs:
+            i.set_data_from_numpy(a)
+        g.infer("simple", inputs, request_id="via-grpc")
+        g.close()
+        with httpclient.InferenceServerClient(server.http_url) as h:
+            inputs = [httpclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+            for i in inputs:
+                i.set_data_from_numpy(a)
+            h.infer("simple", inputs, request_id="via-http")
+            # A refused request's trace ends too (its error is what the frontend sends).
+            bad = [httpclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "NOT_AN_INPUT")]
+            for i in bad:
+                i.set_data_from_numpy(a)
+            with pytest.raises(InferenceServerException):
+                h.infer("simple", bad, request_id="bad-http")
+    traces = {t.get("request_id"): t for t in _triton_traces(json.loads(trace_file.read_text())).values()}
+    assert set(traces) == {"via-grpc", "via-http", "bad-http"}, traces
+    for request_id, order in (("via-grpc", GRPC_ORDER), ("via-http", HTTP_ORDER)):
+        stamps = traces[request_id]["timestamps"]
+        assert list(stamps) == order, (request_id, stamps)
+        values = [stamps[name] for name in order]
+        assert values == sorted(values), (request_id, stamps)  # as they happened, on one clock
+    failed = traces["bad-http"]["timestamps"]
+    assert list(failed) == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "REQUEST_END",
+                            "HTTP_SEND_START", "HTTP_SEND_END"], failed
+    summary = _trace_summary(trace_file)
+    if summary is not None:  # Triton's per-protocol summary finds each frontend's requests
+        assert "HTTP infer request (avg)" in summary and "GRPC infer request (avg)" in summary, summary

@@ -345,6 +345,8 @@ class DataPlane:
                 self.shared_memory.resolve(request)
             if self.tracing.enabled and request.trace is None:
                 request.trace = self.tracing.start(request.model_name, request.id, trace_carrier, request.model_version)
+                if request.trace is not None and request.frontend is not None:
+                    request.trace.frontend(request.frontend)  # its span waits for the frontend's send
             model = find(self.manager.get, request, decoupled_error)
             try:
                 self._shed(model, request)
