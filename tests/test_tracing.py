@@ -564,3 +564,37 @@ def test_frontend_timestamps_reach_the_trace_file(tmp_path):
     summary = _trace_summary(trace_file)
     if summary is not None:  # Triton's per-protocol summary finds each frontend's requests
         assert "HTTP infer request (avg)" in summary and "GRPC infer request (avg)" in summary, summary
+
+
+def test_a_frontends_request_is_written_once_its_answer_is_sent(tmp_path):
+    from inferd.types import FrontendStamps
+
+    path = tmp_path / "trace.json"
+    tracing = Tracing(TraceConfig(level=("TIMESTAMPS",), rate=1, file=str(path), log_frequency=1))
+    sent = tracing.start("simple", "sent")
+    t0 = time.monotonic_ns()
+    stamps = FrontendStamps("http", t0, t0 + 1000)
+    sent.frontend(stamps)
+    sent.end()
+    never = tracing.start("simple", "never")
+    gone = FrontendStamps("grpc", t0, t0 + 1000)
+    never.frontend(gone)
+    never.end()
+    tracing._provider.force_flush()
+    assert not (tmp_path / "trace.json.0").exists()  # both wait for their frontend
+    t1 = time.monotonic_ns()
+    stamps.sent(t1, t1 + 500)
+    stamps.sent(1, 2)  # once only
+    gone.sent(None, None)  # the client went away before an answer: no send stamps
+    tracing.shutdown()
+    traces = {}
+    for name in ("trace.json.0", "trace.json.1"):
+        traces.update({t["request_id"]: t for t in _triton_traces(json.loads((tmp_path / name).read_text())).values()})
+    http = traces["sent"]["timestamps"]
+    assert list(http) == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "REQUEST_END",
+                          "HTTP_SEND_START", "HTTP_SEND_END"]
+    assert http["HTTP_RECV_END"] - http["HTTP_RECV_START"] == 1000
+    assert http["HTTP_SEND_END"] - http["HTTP_SEND_START"] == 500
+    assert http["REQUEST_END"] <= http["HTTP_SEND_START"]
+    assert list(traces["never"]["timestamps"]) == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "REQUEST_START",
+                                                   "REQUEST_END"]

@@ -340,9 +340,10 @@ FRONTEND_TIMESTAMPS = {
 TIMESTAMP_PREFIX = "triton.timestamp."  # a root span attribute: one more of Triton's timestamps (wall ns)
 
 
-def _wall_ns(monotonic_ns: int) -> int:
-    """A CLOCK_MONOTONIC moment on the spans' clock (OpenTelemetry stamps spans with time.time_ns())."""
-    return monotonic_ns + time.time_ns() - time.monotonic_ns()
+def _wall_offset() -> int:
+    """What to add to a CLOCK_MONOTONIC moment to put it on the spans' clock (OpenTelemetry stamps
+    spans with time.time_ns()); taken once per trace, so its frontend's intervals stay exact."""
+    return time.time_ns() - time.monotonic_ns()
 
 
 class RequestTrace:
@@ -353,7 +354,7 @@ class RequestTrace:
     :meth:`end` (REQUEST_END, as an attribute) until the frontend reports the send
     (:meth:`sent`), so one trace holds Triton's frontend timestamps too."""
 
-    __slots__ = ("_tracer", "span", "context", "tensors", "_send", "_ended", "_error")
+    __slots__ = ("_tracer", "span", "context", "tensors", "_send", "_ended", "_error", "_offset")
 
     def __init__(self, tracer: Any, span: Any, tensors: bool) -> None:
         from opentelemetry.trace import set_span_in_context
@@ -365,6 +366,7 @@ class RequestTrace:
         self._send: tuple[str, str] | None = None  # the frontend's send names, until it reports
         self._ended = False  # end() was called (the model path is done)
         self._error: BaseException | None = None
+        self._offset = 0  # monotonic -> span clock, for the frontend's stamps
 
     def record(self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, Any] | None = None) -> None:
         """A finished child span (a queue wait, an execution)."""
@@ -393,8 +395,9 @@ class RequestTrace:
         names = FRONTEND_TIMESTAMPS.get(stamps.protocol)
         if names is None:
             return
-        self.span.set_attribute(TIMESTAMP_PREFIX + names[0], _wall_ns(stamps.recv_start_ns))
-        self.span.set_attribute(TIMESTAMP_PREFIX + names[1], _wall_ns(stamps.recv_end_ns))
+        self._offset = offset = _wall_offset()
+        self.span.set_attribute(TIMESTAMP_PREFIX + names[0], stamps.recv_start_ns + offset)
+        self.span.set_attribute(TIMESTAMP_PREFIX + names[1], stamps.recv_end_ns + offset)
         self._send = (names[2], names[3])
         stamps.on_sent = self.sent
 
@@ -403,8 +406,8 @@ class RequestTrace:
         span if :meth:`end` was called; else :meth:`end` will."""
         names, self._send = self._send, None
         if names is not None and start_ns is not None and end_ns is not None:
-            self.span.set_attribute(TIMESTAMP_PREFIX + names[0], _wall_ns(start_ns))
-            self.span.set_attribute(TIMESTAMP_PREFIX + names[1], _wall_ns(end_ns))
+            self.span.set_attribute(TIMESTAMP_PREFIX + names[0], start_ns + self._offset)
+            self.span.set_attribute(TIMESTAMP_PREFIX + names[1], end_ns + self._offset)
         if self._ended:
             self._finish()
 
@@ -414,7 +417,7 @@ class RequestTrace:
         self._ended = True
         self._error = error
         if self._send is not None:  # the frontend still sends: REQUEST_END is now, the span ends at sent()
-            self.span.set_attribute(TIMESTAMP_PREFIX + "REQUEST_END", time.time_ns())
+            self.span.set_attribute(TIMESTAMP_PREFIX + "REQUEST_END", time.time_ns())  # the spans' own clock
             return
         self._finish()
 
