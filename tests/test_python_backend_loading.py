@@ -1,7 +1,9 @@
 """Triton's model loading API in a Python model (``pb_utils.load_model``, ``unload_model``,
 ``is_model_ready``), through a real server in explicit model control mode: a ``loader`` model
-runs each call a client asks it for and answers what it returned or raised. One server for the
-module; the mode rules (none / poll refuse) are checked on the repository's control directly."""
+runs each call a client asks it for and answers what it returned or raised; and a model's own
+``is_ready()`` (sync, async, raising, answering a non-bool) behind the model-ready endpoints. One
+server for the module; the mode rules (none / poll refuse) are checked on the repository's
+control directly."""
 
 from __future__ import annotations
 
@@ -64,6 +66,39 @@ class TritonPythonModel:
             "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() + ADD)]) for r in requests]
 '''
 
+# is_ready() says what the file "state" next to it says: "yes" -> True, "no" -> False, "raise" -> an
+# exception, "text" -> a string; async when KIND is "async".
+MOODY = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+KIND = "{kind}"
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.state = os.path.join(pb_utils.get_model_dir(), "state")
+
+    def check(self):
+        with open(self.state) as f:
+            said = f.read().strip()
+        if said == "raise":
+            raise RuntimeError("the database is down")
+        return {{"yes": True, "no": False}}.get(said, said)
+
+    if KIND == "async":
+        async def is_ready(self):
+            return self.check()
+    else:
+        def is_ready(self):
+            return self.check()
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+'''
+
 ADDER_CONFIG = '''
     backend: "python"
     input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
@@ -92,7 +127,12 @@ def server(tmp_path_factory):
         output [ { name: "ANSWER" data_type: TYPE_STRING dims: [ 1 ] } ]
     ''')
     _model(repo, "adder", ADDER.format(add=1), ADDER_CONFIG)
-    with running(repo, extra_args=["--model-control-mode", "explicit", "--load-model", "loader"]) as s:
+    for kind in ("sync", "async"):
+        _model(repo, f"moody_{kind}", MOODY.format(kind=kind), ADDER_CONFIG)
+        (repo / f"moody_{kind}" / "1" / "state").write_text("yes")
+    loads = ["--load-model", "loader", "--load-model", "moody_sync", "--load-model", "moody_async"]
+    with running(repo, extra_args=["--model-control-mode", "explicit", *loads]) as s:
+        s.repo = repo
         yield s
 
 
@@ -204,3 +244,31 @@ def test_the_api_obeys_the_model_control_mode(tmp_path, mode, words):
     loaded, unloaded = asyncio.run(attempts())
     assert loaded.startswith("failed to load 'adder': ") and words in loaded, loaded
     assert unloaded.startswith("failed to unload 'adder': ") and words in unloaded, unloaded
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_is_ready_decides_the_models_readiness(server, client, kind):
+    import tritonclient.grpc as grpcclient
+
+    model = f"moody_{kind}"
+    state = server.repo / model / "1" / "state"
+    g = grpcclient.InferenceServerClient(server.url)
+    try:
+        seen = []
+        for said in ("yes", "no", "raise", "text", "yes"):
+            state.write_text(said)
+            seen.append((said, client.is_model_ready(model), g.is_model_ready(model)))
+        assert seen == [("yes", True, True), ("no", False, False), ("raise", False, False),
+                        ("text", False, False), ("yes", True, True)]
+        # pb_utils.is_model_ready asks the model's own check too (Triton's ServerModelIsReady does),
+        # and so does the server's readiness (Triton's strict readiness).
+        state.write_text("no")
+        assert _call(client, op="ready", model_name=model) == {"result": False}
+        assert not client.is_server_ready()
+        state.write_text("yes")
+        assert _call(client, op="ready", model_name=model) == {"result": True}
+        assert client.is_server_ready()
+    finally:
+        state.write_text("yes")
+        g.close()
+    assert "the database is down" in server.log() and "must return a bool, got str" in server.log()

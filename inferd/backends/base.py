@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Protocol, Sequence
+from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -112,8 +112,9 @@ class InferenceDispatcher(Protocol):
         for the accepted ones (as Triton's TRITONSERVER_ServerUnloadModel)."""
         ...
 
-    def model_is_ready(self, name: str, version: int) -> bool:
-        """Whether ``name`` (``version``; 0 = as its policy chooses) is loaded and serving."""
+    async def model_is_ready(self, name: str, version: int) -> bool:
+        """Whether ``name`` (``version``; 0 = as its policy chooses) is loaded, serving and (its
+        own ``is_ready``, if it has one) ready by its own word."""
         ...
 
 
@@ -161,6 +162,9 @@ class ModelInstance(abc.ABC):
     # Instances running user code that may block (or call other models) must
     # never execute inline on the event loop, whatever ``inferd.execution`` says.
     thread_only: bool = False
+    # The model's own readiness check (a Python model's ``is_ready``): blocking, called off the loop
+    # when a client asks whether the model is ready (inferd.model.readiness); None: no check of its own.
+    ready_check: Callable[[], bool] | None = None
 
     def __init__(self, spec: ModelSpec, instance: InstanceSpec) -> None:
         self.model = spec

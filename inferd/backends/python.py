@@ -257,6 +257,25 @@ class PythonInstance(ModelInstance):
         # iterative_sequence: a request released with RESCHEDULE runs again at the next step.
         self._iterative = bool(spec.sequence is not None and spec.sequence.iterative)
         self._warned_return = False
+        if callable(getattr(self._model, "is_ready", None)):
+            self.ready_check = self._user_ready
+
+    def _user_ready(self) -> bool:
+        """The model's ``is_ready()`` (sync or ``async def``), on a thread of the server's pool: it may
+        run while ``execute`` does, as in Triton's stub. An ``async def`` one runs on a loop of its own
+        (the instance's loop may be busy executing). Anything but True or False is not ready."""
+        name = self.model.name
+        _enter(name, self._dispatcher, self._model_dir)
+        try:
+            answer = self._model.is_ready()
+            if inspect.isawaitable(answer):
+                answer = asyncio.run(_awaited(answer))
+        finally:
+            _leave()
+        if not isinstance(answer, (bool, np.bool_)):
+            raise ModelExecutionError(
+                f"model '{name}': TritonPythonModel.is_ready must return a bool, got {type(answer).__name__}")
+        return bool(answer)
 
     # -- execution -------------------------------------------------------------------
 
@@ -498,6 +517,10 @@ def _triton_error(exc: BaseException) -> pb_utils.TritonError:
                 return pb_utils.TritonError(exc.message, code)
         return pb_utils.TritonError(exc.message, pb_utils.TritonError.INTERNAL)
     return pb_utils.TritonError(f"{type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 # -- BLS -----------------------------------------------------------------------------------
@@ -820,6 +843,6 @@ def is_model_ready(model_name: str, model_version: str, caller_globals: dict[str
                 f"'{model_version}', version should be an integral value > 0")
 
     async def call(server: InferenceDispatcher) -> bool:
-        return server.model_is_ready(model_name, version)
+        return await server.model_is_ready(model_name, version)
 
     return bool(_on_loop("Failed to check model readiness", caller_globals, call))

@@ -38,7 +38,7 @@ class ModelControl(Protocol):
 
     async def unload(self, name: str, unload_dependents: bool) -> None: ...
 
-    def is_ready(self, name: str, version: int) -> bool: ...
+    async def is_ready(self, name: str, version: int) -> bool: ...
 
 
 def find(lookup: ModelLookup, request: InferenceRequest, decoupled_error: str = DECOUPLED_UNARY) -> Model:
@@ -124,5 +124,5 @@ class ModelDispatcher:
     async def unload_model(self, name: str, unload_dependents: bool) -> None:
         await self._controller(f"failed to unload '{name}'").unload(name, unload_dependents)
 
-    def model_is_ready(self, name: str, version: int) -> bool:
-        return self._control is not None and self._control.is_ready(name, version)
+    async def model_is_ready(self, name: str, version: int) -> bool:
+        return self._control is not None and await self._control.is_ready(name, version)

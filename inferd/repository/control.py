@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from inferd.config import ModelConfig, config_from_json
 from inferd.errors import InferdError, InvalidArgument, NotFound, Unimplemented
+from inferd.model.readiness import user_ready
 from inferd.repository.overrides import FILE_PREFIX
 from inferd.repository.layout import fingerprint, scan
 
@@ -133,8 +134,12 @@ class ModelLoading:
             log.error("unloading a model for a Python model failed: %s",
                       exc.message if isinstance(exc, InferdError) else repr(exc))
 
-    def is_ready(self, name: str, version: int) -> bool:
-        return self.manager.is_ready(name, version)
+    async def is_ready(self, name: str, version: int) -> bool:
+        """``pb_utils.is_model_ready``: as ModelReady answers (Triton's ServerModelIsReady asks the
+        model's own check too)."""
+        if not self.manager.is_ready(name, version):
+            return False
+        return await user_ready(self.manager.get(name, version))
 
 
 class RepositoryPoller:
