@@ -525,6 +525,52 @@ def _trace_summary(trace_file) -> str | None:
     return proc.stdout
 
 
+# A Python model whose BLS call to simple is traced with its request (trace=request.trace()); it
+# answers simple's OUTPUT0 and its trace's context (get_context(), "" when not traced).
+BLS_TRACED = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            call = pb_utils.InferenceRequest(
+                model_name="simple", requested_output_names=["OUTPUT0"], trace=request.trace(),
+                inputs=[pb_utils.Tensor("INPUT0", x), pb_utils.Tensor("INPUT1", x)])
+            response = call.exec()
+            if response.has_error():
+                raise pb_utils.TritonModelException(response.error().message())
+            context = request.trace().get_context() or ""
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.get_output_tensor_by_name(response, "OUTPUT0"),
+                pb_utils.Tensor("CONTEXT", np.array([context.encode()], np.object_))]))
+        return out
+'''
+
+
+def _bls_repo(tmp_path):
+    repo = _repo(tmp_path)
+    (repo / "bls" / "1").mkdir(parents=True)
+    (repo / "bls" / "1" / "model.py").write_text(BLS_TRACED)
+    (repo / "bls" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }, '
+        '{ name: "CONTEXT" data_type: TYPE_STRING dims: [ 1 ] } ]\n')
+    return repo
+
+
+def test_an_untraced_requests_trace_has_no_context():
+    import triton_python_backend_utils as pb_utils
+
+    assert pb_utils.InferenceTrace().get_context() is None
+    with pytest.raises(pb_utils.TritonModelException, match="trace must be a pb_utils.InferenceTrace"):
+        pb_utils.InferenceRequest(model_name="m", trace="00-abc")
+
+
 @pytest.mark.server
 def test_frontend_timestamps_reach_the_trace_file(tmp_path):
     import tritonclient.http as httpclient
@@ -533,7 +579,7 @@ def test_frontend_timestamps_reach_the_trace_file(tmp_path):
     args = ["--trace-config", f"triton,file={trace_file}", "--trace-config", "rate=1",
             "--trace-config", "level=TIMESTAMPS"]  # log-frequency 0: the whole file when the server stops
     a = np.ones((1, 16), dtype=np.int32)
-    with running(_repo(tmp_path), extra_args=args) as server:
+    with running(_bls_repo(tmp_path), extra_args=args) as server:
         g = grpcclient.InferenceServerClient(server.url)
         inputs = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
         for i in inputs:
@@ -551,8 +597,21 @@ def test_frontend_timestamps_reach_the_trace_file(tmp_path):
                 i.set_data_from_numpy(a)
             with pytest.raises(InferenceServerException):
                 h.infer("simple", bad, request_id="bad-http")
-    traces = {t.get("request_id"): t for t in _triton_traces(json.loads(trace_file.read_text())).values()}
-    assert set(traces) == {"via-grpc", "via-http", "bad-http"}, traces
+            bls_in = httpclient.InferInput("IN", [1, 16], "INT32")
+            bls_in.set_data_from_numpy(a)
+            answer = h.infer("bls", [bls_in], request_id="via-bls")
+    assert answer.as_numpy("OUTPUT0").tolist() == (a + a).tolist()
+    context = json.loads(answer.as_numpy("CONTEXT")[0])
+    assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}", context["traceparent"]), context
+    all_traces = _triton_traces(json.loads(trace_file.read_text()))
+    traces = {t.get("request_id"): t for t in all_traces.values() if "parent_id" not in t}
+    assert set(traces) == {"via-grpc", "via-http", "bad-http", "via-bls"}, traces
+    # The BLS call: a child trace of the bls request's, with simple's own queue and compute.
+    (bls_id,) = [i for i, t in all_traces.items() if t.get("request_id") == "via-bls"]
+    children = [t for t in all_traces.values() if t.get("parent_id") == bls_id]
+    assert [c["model_name"] for c in children] == ["simple"], children
+    assert list(children[0]["timestamps"]) == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END",
+                                               "REQUEST_END"]
     for request_id, order in (("via-grpc", GRPC_ORDER), ("via-http", HTTP_ORDER)):
         stamps = traces[request_id]["timestamps"]
         assert list(stamps) == order, (request_id, stamps)

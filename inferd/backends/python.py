@@ -88,6 +88,7 @@ from inferd.errors import (
     Unavailable, Unimplemented,
 )
 from inferd.gpu.inventory import default_inventory
+from inferd.observability.tracing import bls_call
 from inferd.streaming import ResponseSink, StreamEvent
 from inferd.types import InferenceRequest, RequestedOutput
 
@@ -584,6 +585,8 @@ def _internal_request(request: pb_utils.InferenceRequest) -> InferenceRequest:
         parameters=parameters,
         priority=int(parameters.get("priority", 0) or 0),
         timeout_us=int(request.timeout() or 0),
+        # trace=request.trace(): the call is a child of the calling request's trace (ended by its model path).
+        trace=bls_call(request.trace()._trace, request.model_name, version or 0),
     )
 
 

@@ -443,12 +443,34 @@ def ensemble_step(trace: RequestTrace | None, step: str, model: str, version: in
     return trace.child(f"ensemble step {step}", {"triton.model_name": model, "triton.model_version": version})
 
 
+def bls_call(trace: RequestTrace | None, model: str, version: int = 0) -> RequestTrace | None:
+    """The hook for a Python model's BLS call made with ``trace=request.trace()``: a span under
+    the calling request's (the callee's queue and compute spans nest under it; the triton file
+    writes it as a child trace, ``parent_id`` the caller's). None in, None out."""
+    if trace is None:
+        return None
+    return trace.child(f"{BLS_PREFIX}{model}", {"triton.model_name": model,
+                                               "triton.model_version": version if version > 0 else -1})
+
+
+def trace_context(trace: RequestTrace) -> str:
+    """The W3C trace context of ``trace``'s span as a JSON string (pb_utils' ``get_context()``)."""
+    import json
+
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier, context=trace.context)
+    return json.dumps(carrier)
+
+
 # -- the triton-mode file destination: Triton's JSON trace format ------------------------------
 
 # Span names -> Triton's timestamp names (start, end).
 _TIMESTAMPS = {"queue": ("QUEUE_START", None), "compute": ("COMPUTE_START", "COMPUTE_END")}
 _ACTIVITY = {"input": "TENSOR_QUEUE_INPUT", "output": "TENSOR_BACKEND_OUTPUT"}
 STEP_PREFIX = "ensemble step "
+BLS_PREFIX = "BLS "  # a Python model's traced BLS call: a child trace, as an ensemble step
 
 
 def _tensor_json(array: Any) -> str:
@@ -515,7 +537,8 @@ class TritonTraceFile:
         ids: dict[int, int] = {}  # span id -> trace entry id, for the root and each step
         sends: dict[int, list[tuple[str, int]]] = {}  # trace entry id -> its frontend's send stamps
         entries: list[dict] = []
-        ordered = [root] + sorted((s for s in spans if s.name.startswith(STEP_PREFIX)), key=lambda s: s.start_time)
+        ordered = [root] + sorted((s for s in spans if s.name.startswith((STEP_PREFIX, BLS_PREFIX))),
+                                  key=lambda s: s.start_time)
         for span in ordered:
             tid = ids[span.context.span_id] = next(self._ids)
             attrs = span.attributes or {}
