@@ -370,7 +370,7 @@ def test_file_destination_writes_tritons_trace_format(tmp_path):
     t0 = time.time_ns()
     step = ensemble_step(trace, "0 simple", "simple", 1)
     step.record("queue", t0, t0 + 10)
-    step.record("compute", t0 + 10, t0 + 30, {"batch_size": 1})
+    step.record("compute", t0 + 10, t0 + 30, {"batch_size": 1, "input_ns": 4, "infer_ns": 10, "output_ns": 3})
     step.tensors_attributes("output", {"OUT": np.array([[7]], np.int32)})
     step.end()
     trace.end()
@@ -383,9 +383,12 @@ def test_file_destination_writes_tritons_trace_format(tmp_path):
     assert (root["model_name"], root["model_version"], root["request_id"]) == ("ens", 2, "r1")
     assert "parent_id" not in root
     assert (child["model_name"], child["model_version"], child["parent_id"]) == ("simple", 1, root_id)
-    assert list(child["timestamps"]) == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END", "REQUEST_END"]
+    assert list(child["timestamps"]) == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
+                                         "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
     ts = child["timestamps"]
     assert ts["QUEUE_START"] == t0 and ts["COMPUTE_START"] == t0 + 10 and ts["COMPUTE_END"] == t0 + 30
+    # The backend's split counted back from COMPUTE_END: output 3 ns, infer 10 ns before it.
+    assert ts["COMPUTE_OUTPUT_START"] == t0 + 27 and ts["COMPUTE_INPUT_END"] == t0 + 17
     assert root["timestamps"]["REQUEST_START"] <= ts["REQUEST_START"] <= ts["REQUEST_END"] <= root["timestamps"]["REQUEST_END"]
     assert root["tensors"] == [("TENSOR_QUEUE_INPUT", {"name": "IN", "data": "0.5,1.5", "shape": "1,2", "dtype": "FP32"})]
     assert child["tensors"] == [("TENSOR_BACKEND_OUTPUT", {"name": "OUT", "data": "7", "shape": "1,1", "dtype": "INT32"})]
@@ -451,8 +454,7 @@ def test_trace_setting_rpc_and_traceparent(traced_server):
     traces = _triton_traces(json.loads(first.read_text()))
     assert [(t["model_name"], t["request_id"]) for t in traces.values()] == [("simple", "traced-1")]  # the untraced one left nothing
     (trace,) = traces.values()
-    assert list(trace["timestamps"]) == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "REQUEST_START", "QUEUE_START",
-                                         "COMPUTE_START", "COMPUTE_END", "REQUEST_END", "GRPC_SEND_START", "GRPC_SEND_END"]
+    assert list(trace["timestamps"]) == GRPC_ORDER
     client.close()
 
 
@@ -496,10 +498,10 @@ def test_log_settings_change_level_and_format(start_server, tmp_path):
 
 # -- the frontends' timestamps (Triton's GRPC_* and HTTP_*), in either process mode ------------------
 
-GRPC_ORDER = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "REQUEST_START", "QUEUE_START", "COMPUTE_START",
-              "COMPUTE_END", "REQUEST_END", "GRPC_SEND_START", "GRPC_SEND_END"]
-HTTP_ORDER = ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START", "COMPUTE_START",
-              "COMPUTE_END", "REQUEST_END", "HTTP_SEND_START", "HTTP_SEND_END"]
+CORE_ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
+              "COMPUTE_END", "REQUEST_END"]
+GRPC_ORDER = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *CORE_ORDER, "GRPC_SEND_START", "GRPC_SEND_END"]
+HTTP_ORDER = ["HTTP_RECV_START", "HTTP_RECV_END", *CORE_ORDER, "HTTP_SEND_START", "HTTP_SEND_END"]
 # A checkout or bare mirror of triton-inference-server/server: its qa/common/trace_summary.py reads the file.
 TRITON_SERVER_REPO = os.environ.get("TRITON_SERVER_REPO", "")
 
@@ -599,10 +601,12 @@ def test_frontend_timestamps_reach_the_trace_file(tmp_path):
                 h.infer("simple", bad, request_id="bad-http")
             bls_in = httpclient.InferInput("IN", [1, 16], "INT32")
             bls_in.set_data_from_numpy(a)
-            answer = h.infer("bls", [bls_in], request_id="via-bls")
+            answer = h.infer("bls", [bls_in], request_id="via-bls", headers={"traceparent": TRACEPARENT})
     assert answer.as_numpy("OUTPUT0").tolist() == (a + a).tolist()
     context = json.loads(answer.as_numpy("CONTEXT")[0])
-    assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}", context["traceparent"]), context
+    # The request's span is a child of the HTTP header's W3C parent: same trace id, its own span id.
+    assert re.fullmatch(rf"00-{TRACE_ID}-[0-9a-f]{{16}}-[0-9a-f]{{2}}", context["traceparent"]), context
+    assert PARENT_ID not in context["traceparent"], context
     all_traces = _triton_traces(json.loads(trace_file.read_text()))
     traces = {t.get("request_id"): t for t in all_traces.values() if "parent_id" not in t}
     assert set(traces) == {"via-grpc", "via-http", "bad-http", "via-bls"}, traces
@@ -610,8 +614,7 @@ def test_frontend_timestamps_reach_the_trace_file(tmp_path):
     (bls_id,) = [i for i, t in all_traces.items() if t.get("request_id") == "via-bls"]
     children = [t for t in all_traces.values() if t.get("parent_id") == bls_id]
     assert [c["model_name"] for c in children] == ["simple"], children
-    assert list(children[0]["timestamps"]) == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END",
-                                               "REQUEST_END"]
+    assert list(children[0]["timestamps"]) == CORE_ORDER
     for request_id, order in (("via-grpc", GRPC_ORDER), ("via-http", HTTP_ORDER)):
         stamps = traces[request_id]["timestamps"]
         assert list(stamps) == order, (request_id, stamps)
@@ -623,6 +626,7 @@ def test_frontend_timestamps_reach_the_trace_file(tmp_path):
     summary = _trace_summary(trace_file)
     if summary is not None:  # Triton's per-protocol summary finds each frontend's requests
         assert "HTTP infer request (avg)" in summary and "GRPC infer request (avg)" in summary, summary
+        assert "Infer (avg)" in summary, summary  # the compute split: input, infer, output
 
 
 def test_a_frontends_request_is_written_once_its_answer_is_sent(tmp_path):

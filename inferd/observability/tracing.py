@@ -491,6 +491,19 @@ def _tensor_json(array: Any) -> str:
                        "dtype": dtype})
 
 
+def _compute_split(span: Any) -> list[dict]:
+    """COMPUTE_INPUT_END and COMPUTE_OUTPUT_START of one execution, from the durations the backend
+    measured (``input_ns``, ``infer_ns``, ``output_ns``: Triton's split), counted back from
+    COMPUTE_END: what is left before them is the hand-over to the instance's thread, which Triton's
+    COMPUTE_START does not see. None when the execution reported no times (it failed)."""
+    attrs = span.attributes or {}
+    if "output_ns" not in attrs:
+        return []
+    output_start = max(span.start_time, span.end_time - int(attrs["output_ns"]))
+    input_end = max(span.start_time, output_start - int(attrs["infer_ns"]))
+    return [{"name": "COMPUTE_INPUT_END", "ns": input_end}, {"name": "COMPUTE_OUTPUT_START", "ns": output_start}]
+
+
 class TritonTraceFile:
     """The ``triton`` mode's file, in Triton's trace format (docs/user_guide/trace.md): a JSON
     array of entries, per traced request (and per ensemble step, with ``parent_id``) one
@@ -573,6 +586,8 @@ class TritonTraceFile:
                 continue
             start, end = names
             entries.append({"id": owner, "timestamps": [{"name": start, "ns": span.start_time}]})
+            if span.name == "compute":
+                entries.extend({"id": owner, "timestamps": [stamp]} for stamp in _compute_split(span))
             if end is not None:
                 entries.append({"id": owner, "timestamps": [{"name": end, "ns": span.end_time}]})
         for span in ordered:  # REQUEST_END: when the model path ended (a frontend's send may come after)
