@@ -4,7 +4,7 @@ frontends speaks. Plain data: numpy arrays, no protobuf."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -42,6 +42,29 @@ class RequestedOutput:
     # A ShmRef from the frontend, bound to its region by the data plane: the result
     # is written there, not sent in the response.
     shared_memory: Any = None
+
+
+@dataclass(slots=True, eq=False)
+class FrontendStamps:
+    """A gRPC or HTTP request's own moments, for Triton's frontend trace timestamps
+    (GRPC_WAITREAD_START/END and GRPC_SEND_START/END; HTTP_RECV_START/END and HTTP_SEND_START/END):
+    CLOCK_MONOTONIC nanoseconds, one clock for every process of a host.
+
+    The frontend stamps the receive side when it builds the request and calls :meth:`sent` once,
+    on every path, when its answer is handed to the transport. Whoever holds the request's trace
+    sets ``on_sent`` (the data plane, for a sampled request; a frontend worker's proxy, which
+    forwards the stamps to the core); unsampled, it stays None and :meth:`sent` costs nothing."""
+
+    protocol: str  # "grpc" or "http"
+    recv_start_ns: int
+    recv_end_ns: int
+    on_sent: Callable[[int | None, int | None], None] | None = None
+
+    def sent(self, start_ns: int | None, end_ns: int | None) -> None:
+        """The answer was sent between these moments (None: it never was: the trace ends without them)."""
+        on_sent, self.on_sent = self.on_sent, None
+        if on_sent is not None:
+            on_sent(start_ns, end_ns)
 
 
 @dataclass(slots=True, eq=False)
@@ -98,6 +121,9 @@ class InferenceRequest:
     # Nanoseconds it waited for its model to load (--model-control-mode on_demand): a cold start, not
     # queueing, so the queue-delay controller leaves it out (its timeout and deadline still count it).
     load_wait_ns: int = 0
+    # Set by the gRPC / HTTP frontends (unary inference): their receive and send moments, written to a
+    # sampled request's Triton trace. None for every other request (streams, ensemble steps, BLS).
+    frontend: FrontendStamps | None = None
 
 
 @dataclass(slots=True, eq=False)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -19,7 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, ServerProcess
+from conftest import ROOT, ServerProcess, running
 from inferd.errors import InvalidArgument, Unavailable
 from inferd.examples import onnx_models as om
 from inferd.observability.tracing import ROOT_SPAN, TraceConfig, Tracing, ensemble_step
@@ -368,7 +370,7 @@ def test_file_destination_writes_tritons_trace_format(tmp_path):
     t0 = time.time_ns()
     step = ensemble_step(trace, "0 simple", "simple", 1)
     step.record("queue", t0, t0 + 10)
-    step.record("compute", t0 + 10, t0 + 30, {"batch_size": 1})
+    step.record("compute", t0 + 10, t0 + 30, {"batch_size": 1, "input_ns": 4, "infer_ns": 10, "output_ns": 3})
     step.tensors_attributes("output", {"OUT": np.array([[7]], np.int32)})
     step.end()
     trace.end()
@@ -381,9 +383,12 @@ def test_file_destination_writes_tritons_trace_format(tmp_path):
     assert (root["model_name"], root["model_version"], root["request_id"]) == ("ens", 2, "r1")
     assert "parent_id" not in root
     assert (child["model_name"], child["model_version"], child["parent_id"]) == ("simple", 1, root_id)
-    assert list(child["timestamps"]) == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END", "REQUEST_END"]
+    assert list(child["timestamps"]) == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
+                                         "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
     ts = child["timestamps"]
     assert ts["QUEUE_START"] == t0 and ts["COMPUTE_START"] == t0 + 10 and ts["COMPUTE_END"] == t0 + 30
+    # The backend's split counted back from COMPUTE_END: output 3 ns, infer 10 ns before it.
+    assert ts["COMPUTE_OUTPUT_START"] == t0 + 27 and ts["COMPUTE_INPUT_END"] == t0 + 17
     assert root["timestamps"]["REQUEST_START"] <= ts["REQUEST_START"] <= ts["REQUEST_END"] <= root["timestamps"]["REQUEST_END"]
     assert root["tensors"] == [("TENSOR_QUEUE_INPUT", {"name": "IN", "data": "0.5,1.5", "shape": "1,2", "dtype": "FP32"})]
     assert child["tensors"] == [("TENSOR_BACKEND_OUTPUT", {"name": "OUT", "data": "7", "shape": "1,1", "dtype": "INT32"})]
@@ -449,7 +454,7 @@ def test_trace_setting_rpc_and_traceparent(traced_server):
     traces = _triton_traces(json.loads(first.read_text()))
     assert [(t["model_name"], t["request_id"]) for t in traces.values()] == [("simple", "traced-1")]  # the untraced one left nothing
     (trace,) = traces.values()
-    assert list(trace["timestamps"]) == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END", "REQUEST_END"]
+    assert list(trace["timestamps"]) == GRPC_ORDER
     client.close()
 
 
@@ -489,3 +494,170 @@ def test_log_settings_change_level_and_format(start_server, tmp_path):
     assert "manager: loaded model 'simple'" not in log  # info was off while it loaded
     unloaded = next(line for line in log.splitlines() if "unloaded model 'simple'" in line)
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", unloaded), unloaded  # ISO 8601 from then on
+
+
+# -- the frontends' timestamps (Triton's GRPC_* and HTTP_*), in either process mode ------------------
+
+CORE_ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
+              "COMPUTE_END", "REQUEST_END"]
+GRPC_ORDER = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *CORE_ORDER, "GRPC_SEND_START", "GRPC_SEND_END"]
+HTTP_ORDER = ["HTTP_RECV_START", "HTTP_RECV_END", *CORE_ORDER, "HTTP_SEND_START", "HTTP_SEND_END"]
+# A checkout or bare mirror of triton-inference-server/server: its qa/common/trace_summary.py reads the file.
+TRITON_SERVER_REPO = os.environ.get("TRITON_SERVER_REPO", "")
+
+
+def _trace_summary(trace_file) -> str | None:
+    """Triton's own trace_summary.py run over ``trace_file``, or None without the repository."""
+    if not TRITON_SERVER_REPO:
+        return None
+    source = pathlib.Path(TRITON_SERVER_REPO)
+    script = source / "qa" / "common" / "trace_summary.py"
+    if script.is_file():
+        code = script.read_text()
+    else:
+        proc = subprocess.run(["git", "--git-dir", str(source), "show", "HEAD:qa/common/trace_summary.py"],
+                              capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            return None
+        code = proc.stdout
+    copy = pathlib.Path(str(trace_file) + ".summary.py")
+    copy.write_text(code)
+    proc = subprocess.run([sys.executable, str(copy), str(trace_file)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+# A Python model whose BLS call to simple is traced with its request (trace=request.trace()); it
+# answers simple's OUTPUT0 and its trace's context (get_context(), "" when not traced).
+BLS_TRACED = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            call = pb_utils.InferenceRequest(
+                model_name="simple", requested_output_names=["OUTPUT0"], trace=request.trace(),
+                inputs=[pb_utils.Tensor("INPUT0", x), pb_utils.Tensor("INPUT1", x)])
+            response = call.exec()
+            if response.has_error():
+                raise pb_utils.TritonModelException(response.error().message())
+            context = request.trace().get_context() or ""
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.get_output_tensor_by_name(response, "OUTPUT0"),
+                pb_utils.Tensor("CONTEXT", np.array([context.encode()], np.object_))]))
+        return out
+'''
+
+
+def _bls_repo(tmp_path):
+    repo = _repo(tmp_path)
+    (repo / "bls" / "1").mkdir(parents=True)
+    (repo / "bls" / "1" / "model.py").write_text(BLS_TRACED)
+    (repo / "bls" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }, '
+        '{ name: "CONTEXT" data_type: TYPE_STRING dims: [ 1 ] } ]\n')
+    return repo
+
+
+def test_an_untraced_requests_trace_has_no_context():
+    import triton_python_backend_utils as pb_utils
+
+    assert pb_utils.InferenceTrace().get_context() is None
+    with pytest.raises(pb_utils.TritonModelException, match="trace must be a pb_utils.InferenceTrace"):
+        pb_utils.InferenceRequest(model_name="m", trace="00-abc")
+
+
+@pytest.mark.server
+def test_frontend_timestamps_reach_the_trace_file(tmp_path):
+    import tritonclient.http as httpclient
+
+    trace_file = tmp_path / "trace.json"
+    args = ["--trace-config", f"triton,file={trace_file}", "--trace-config", "rate=1",
+            "--trace-config", "level=TIMESTAMPS"]  # log-frequency 0: the whole file when the server stops
+    a = np.ones((1, 16), dtype=np.int32)
+    with running(_bls_repo(tmp_path), extra_args=args) as server:
+        g = grpcclient.InferenceServerClient(server.url)
+        inputs = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+        for i in inputs:
+            i.set_data_from_numpy(a)
+        g.infer("simple", inputs, request_id="via-grpc")
+        g.close()
+        with httpclient.InferenceServerClient(server.http_url) as h:
+            inputs = [httpclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+            for i in inputs:
+                i.set_data_from_numpy(a)
+            h.infer("simple", inputs, request_id="via-http")
+            # A refused request's trace ends too (its error is what the frontend sends).
+            bad = [httpclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "NOT_AN_INPUT")]
+            for i in bad:
+                i.set_data_from_numpy(a)
+            with pytest.raises(InferenceServerException):
+                h.infer("simple", bad, request_id="bad-http")
+            bls_in = httpclient.InferInput("IN", [1, 16], "INT32")
+            bls_in.set_data_from_numpy(a)
+            answer = h.infer("bls", [bls_in], request_id="via-bls", headers={"traceparent": TRACEPARENT})
+    assert answer.as_numpy("OUTPUT0").tolist() == (a + a).tolist()
+    context = json.loads(answer.as_numpy("CONTEXT")[0])
+    # The request's span is a child of the HTTP header's W3C parent: same trace id, its own span id.
+    assert re.fullmatch(rf"00-{TRACE_ID}-[0-9a-f]{{16}}-[0-9a-f]{{2}}", context["traceparent"]), context
+    assert PARENT_ID not in context["traceparent"], context
+    all_traces = _triton_traces(json.loads(trace_file.read_text()))
+    traces = {t.get("request_id"): t for t in all_traces.values() if "parent_id" not in t}
+    assert set(traces) == {"via-grpc", "via-http", "bad-http", "via-bls"}, traces
+    # The BLS call: a child trace of the bls request's, with simple's own queue and compute.
+    (bls_id,) = [i for i, t in all_traces.items() if t.get("request_id") == "via-bls"]
+    children = [t for t in all_traces.values() if t.get("parent_id") == bls_id]
+    assert [c["model_name"] for c in children] == ["simple"], children
+    assert list(children[0]["timestamps"]) == CORE_ORDER
+    for request_id, order in (("via-grpc", GRPC_ORDER), ("via-http", HTTP_ORDER)):
+        stamps = traces[request_id]["timestamps"]
+        assert list(stamps) == order, (request_id, stamps)
+        values = [stamps[name] for name in order]
+        assert values == sorted(values), (request_id, stamps)  # as they happened, on one clock
+    failed = traces["bad-http"]["timestamps"]
+    assert list(failed) == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "REQUEST_END",
+                            "HTTP_SEND_START", "HTTP_SEND_END"], failed
+    summary = _trace_summary(trace_file)
+    if summary is not None:  # Triton's per-protocol summary finds each frontend's requests
+        assert "HTTP infer request (avg)" in summary and "GRPC infer request (avg)" in summary, summary
+        assert "Infer (avg)" in summary, summary  # the compute split: input, infer, output
+
+
+def test_a_frontends_request_is_written_once_its_answer_is_sent(tmp_path):
+    from inferd.types import FrontendStamps
+
+    path = tmp_path / "trace.json"
+    tracing = Tracing(TraceConfig(level=("TIMESTAMPS",), rate=1, file=str(path), log_frequency=1))
+    sent = tracing.start("simple", "sent")
+    t0 = time.monotonic_ns()
+    stamps = FrontendStamps("http", t0, t0 + 1000)
+    sent.frontend(stamps)
+    sent.end()
+    never = tracing.start("simple", "never")
+    gone = FrontendStamps("grpc", t0, t0 + 1000)
+    never.frontend(gone)
+    never.end()
+    tracing._provider.force_flush()
+    assert not (tmp_path / "trace.json.0").exists()  # both wait for their frontend
+    t1 = time.monotonic_ns()
+    stamps.sent(t1, t1 + 500)
+    stamps.sent(1, 2)  # once only
+    gone.sent(None, None)  # the client went away before an answer: no send stamps
+    tracing.shutdown()
+    traces = {}
+    for name in ("trace.json.0", "trace.json.1"):
+        traces.update({t["request_id"]: t for t in _triton_traces(json.loads((tmp_path / name).read_text())).values()})
+    http = traces["sent"]["timestamps"]
+    assert list(http) == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "REQUEST_END",
+                          "HTTP_SEND_START", "HTTP_SEND_END"]
+    assert http["HTTP_RECV_END"] - http["HTTP_RECV_START"] == 1000
+    assert http["HTTP_SEND_END"] - http["HTTP_SEND_START"] == 500
+    assert http["REQUEST_END"] <= http["HTTP_SEND_START"]
+    assert list(traces["never"]["timestamps"]) == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "REQUEST_START",
+                                                   "REQUEST_END"]

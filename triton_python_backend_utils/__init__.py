@@ -39,7 +39,7 @@ __all__ = [
     "TritonModelException", "deserialize_bytes_tensor", "get_input_config_by_name", "get_input_tensor_by_name",
     "get_output_config_by_name", "get_output_tensor_by_name", "numpy_to_triton_type", "serialize_byte_tensor",
     "triton_string_to_numpy", "triton_to_numpy_type", "using_decoupled_model_transaction_policy",
-    "MetricFamily", "Metric", "ResponseIterator", "get_model_dir",
+    "InferenceTrace", "MetricFamily", "Metric", "ResponseIterator", "get_model_dir", "is_model_ready", "load_model", "unload_model",
 ]
 
 TRITON_STRING_TO_NUMPY: dict[str, Any] = {
@@ -359,6 +359,23 @@ class InferenceResponseSender:
             return was_open
 
 
+class InferenceTrace:
+    """A request's trace (``request.trace()``), to hand to a BLS request (``InferenceRequest(...,
+    trace=request.trace())``) so the call is traced as part of it; empty when the request is not
+    traced. ``get_context()``: its W3C trace context as a JSON string (``{"traceparent": ...}``),
+    or None when not traced."""
+
+    def __init__(self, _trace: Any = None) -> None:
+        self._trace = _trace  # inferd's RequestTrace of the request, or None
+
+    def get_context(self) -> str | None:
+        if self._trace is None:
+            return None
+        from inferd.observability.tracing import trace_context
+
+        return trace_context(self._trace)
+
+
 class InferenceRequest:
     """A request to this model (``execute`` receives a list of them), or a
     BLS request to another model built by the model itself::
@@ -403,6 +420,10 @@ class InferenceRequest:
         self._cancelled: Any = None  # the server's request, for is_cancelled()
         self._sender: InferenceResponseSender | None = None
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        if trace is not None and not isinstance(trace, InferenceTrace):
+            raise TritonModelException(
+                f"InferenceRequest: trace must be a pb_utils.InferenceTrace (request.trace()), got {type(trace).__name__}")
+        self._trace = trace if trace is not None else InferenceTrace()
 
     @classmethod
     def _of_server(cls, inputs: list[Tensor], request_id: str, requested: list[str],
@@ -420,6 +441,7 @@ class InferenceRequest:
         r._cancelled = source
         r._sender = None
         r._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        r._trace = InferenceTrace(getattr(source, "trace", None))
         if source is not None:
             r._correlation_id = getattr(source, "correlation_id", 0)
             r._flags = getattr(source, "flags", 0)
@@ -446,6 +468,10 @@ class InferenceRequest:
 
     def timeout(self) -> int:
         return self._timeout
+
+    def trace(self) -> InferenceTrace:
+        """This request's trace: give it to a BLS request (``trace=``) to trace the call with it."""
+        return self._trace
 
     def parameters(self) -> str:
         """The request's parameters as a JSON string (as Triton gives them)."""
@@ -701,6 +727,35 @@ class Logger:
     @staticmethod
     def log_verbose(message: str) -> None:
         Logger.log(message, LogLevel.VERBOSE)
+
+
+# -- the model loading API -----------------------------------------------------------------
+
+
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Load (or reload) ``model_name`` from the model repository; ``config``: a JSON model config
+    used instead of its config.pbtxt; ``files`` (``"file:<path>"`` -> bytes, with ``config``): the
+    folder to load it from instead. Returns once it serves; raises TritonModelException why not.
+    Explicit (and on_demand) model control mode only, as RepositoryModelLoad."""
+    from inferd.backends.python import load_model as load
+
+    load(model_name, config, files, sys._getframe(1).f_globals)
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Unload every version of ``model_name`` (``unload_dependents``: the ensembles that use it
+    too): new requests are refused once it returns, accepted ones finish."""
+    from inferd.backends.python import unload_model as unload
+
+    unload(model_name, unload_dependents, sys._getframe(1).f_globals)
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether ``model_name`` (version ``model_version``, a string; "" = as its policy chooses)
+    is loaded and serving."""
+    from inferd.backends.python import is_model_ready as ready
+
+    return ready(model_name, model_version, sys._getframe(1).f_globals)
 
 
 from triton_python_backend_utils._metrics import Metric, MetricFamily  # noqa: E402  (they raise TritonModelException)

@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Protocol, Sequence
+from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -99,6 +99,24 @@ class InferenceDispatcher(Protocol):
         the request."""
         ...
 
+    # The model loading API (pb_utils.load_model / unload_model / is_model_ready), on ``loop`` only;
+    # each raises the domain error a RepositoryModelLoad / Unload client would see.
+
+    async def load_model(self, name: str, config: str, files: dict[str, bytes]) -> None:
+        """Load or reload ``name`` (``config``: a JSON ModelConfig or ""; ``files``: ``file:<path>`` ->
+        bytes, an override model folder); returns once it serves."""
+        ...
+
+    async def unload_model(self, name: str, unload_dependents: bool) -> None:
+        """Start unloading ``name``: new requests are refused at once; returns without waiting
+        for the accepted ones (as Triton's TRITONSERVER_ServerUnloadModel)."""
+        ...
+
+    async def model_is_ready(self, name: str, version: int) -> bool:
+        """Whether ``name`` (``version``; 0 = as its policy chooses) is loaded, serving and (its
+        own ``is_ready``, if it has one) ready by its own word."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class InstanceSpec:
@@ -144,6 +162,9 @@ class ModelInstance(abc.ABC):
     # Instances running user code that may block (or call other models) must
     # never execute inline on the event loop, whatever ``inferd.execution`` says.
     thread_only: bool = False
+    # The model's own readiness check (a Python model's ``is_ready``): blocking, called off the loop
+    # when a client asks whether the model is ready (inferd.model.readiness); None: no check of its own.
+    ready_check: Callable[[], bool] | None = None
 
     def __init__(self, spec: ModelSpec, instance: InstanceSpec) -> None:
         self.model = spec

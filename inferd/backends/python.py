@@ -88,6 +88,7 @@ from inferd.errors import (
     Unavailable, Unimplemented,
 )
 from inferd.gpu.inventory import default_inventory
+from inferd.observability.tracing import bls_call
 from inferd.streaming import ResponseSink, StreamEvent
 from inferd.types import InferenceRequest, RequestedOutput
 
@@ -257,6 +258,25 @@ class PythonInstance(ModelInstance):
         # iterative_sequence: a request released with RESCHEDULE runs again at the next step.
         self._iterative = bool(spec.sequence is not None and spec.sequence.iterative)
         self._warned_return = False
+        if callable(getattr(self._model, "is_ready", None)):
+            self.ready_check = self._user_ready
+
+    def _user_ready(self) -> bool:
+        """The model's ``is_ready()`` (sync or ``async def``), on a thread of the server's pool: it may
+        run while ``execute`` does, as in Triton's stub. An ``async def`` one runs on a loop of its own
+        (the instance's loop may be busy executing). Anything but True or False is not ready."""
+        name = self.model.name
+        _enter(name, self._dispatcher, self._model_dir)
+        try:
+            answer = self._model.is_ready()
+            if inspect.isawaitable(answer):
+                answer = asyncio.run(_awaited(answer))
+        finally:
+            _leave()
+        if not isinstance(answer, (bool, np.bool_)):
+            raise ModelExecutionError(
+                f"model '{name}': TritonPythonModel.is_ready must return a bool, got {type(answer).__name__}")
+        return bool(answer)
 
     # -- execution -------------------------------------------------------------------
 
@@ -500,6 +520,10 @@ def _triton_error(exc: BaseException) -> pb_utils.TritonError:
     return pb_utils.TritonError(f"{type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
 
 
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
 # -- BLS -----------------------------------------------------------------------------------
 
 
@@ -561,6 +585,8 @@ def _internal_request(request: pb_utils.InferenceRequest) -> InferenceRequest:
         parameters=parameters,
         priority=int(parameters.get("priority", 0) or 0),
         timeout_us=int(request.timeout() or 0),
+        # trace=request.trace(): the call is a child of the calling request's trace (ended by its model path).
+        trace=bls_call(request.trace()._trace, request.model_name, version or 0),
     )
 
 
@@ -747,3 +773,79 @@ def bls_async_stream(request: pb_utils.InferenceRequest, caller_globals: dict[st
         return it
 
     return loop.create_task(ready())
+
+
+# -- the model loading API (pb_utils.load_model / unload_model / is_model_ready) ------------
+
+
+def _on_loop(what: str, caller_globals: dict[str, Any], call: Any) -> Any:
+    """Run ``call(server)`` (a coroutine) on the server's loop and wait for it on this thread;
+    errors as Triton's stub raises them: TritonModelException, prefixed with ``what``."""
+    server = _dispatcher(caller_globals)
+    if server is None or server.loop is None:
+        raise pb_utils.TritonModelException(f"{what}: the model loading API needs a running inferd server")
+    if _on_server_loop(server.loop):
+        raise pb_utils.TritonModelException(f"{what}: called on the server's event loop, where waiting would deadlock")
+    try:
+        future = asyncio.run_coroutine_threadsafe(call(server), server.loop)
+    except RuntimeError as exc:  # the loop is closed: the server stopped
+        raise pb_utils.TritonModelException(f"{what}: the server is stopping ({exc})") from None
+    try:
+        return future.result()
+    except InferdError as exc:
+        raise pb_utils.TritonModelException(f"{what}: {exc.message}") from None
+    except (Exception, asyncio.CancelledError) as exc:
+        raise pb_utils.TritonModelException(f"{what}: {type(exc).__name__}: {exc}") from None
+
+
+def load_model(model_name: str, config: str, files: Any, caller_globals: dict[str, Any]) -> None:
+    """``pb_utils.load_model``: (re)load a model of the repository, or one made of ``files``."""
+    if not isinstance(config, str):
+        raise pb_utils.TritonModelException(
+            f"failed to load model '{model_name}', config should be a JSON string, got {type(config).__name__}")
+    given: dict[str, bytes] = {}
+    if files is not None:
+        if not isinstance(files, dict):
+            raise pb_utils.TritonModelException(
+                f"failed to load model '{model_name}', files should be a dictionary of file paths and file contents")
+        for key, value in files.items():
+            if not isinstance(key, str) or not isinstance(value, (bytes, bytearray)):
+                raise pb_utils.TritonModelException(
+                    f"failed to load model '{model_name}', files should map a 'file:<path>' string to the "
+                    f"file's bytes, got {key!r}: {type(value).__name__}")
+            given[key] = bytes(value)
+
+    async def call(server: InferenceDispatcher) -> None:
+        await server.load_model(model_name, config, given)
+
+    _on_loop("Failed to load model", caller_globals, call)
+
+
+def unload_model(model_name: str, unload_dependents: bool, caller_globals: dict[str, Any]) -> None:
+    """``pb_utils.unload_model``: new requests to the model are refused when it returns."""
+
+    async def call(server: InferenceDispatcher) -> None:
+        await server.unload_model(model_name, bool(unload_dependents))
+
+    _on_loop("Failed to unload model", caller_globals, call)
+
+
+def is_model_ready(model_name: str, model_version: str, caller_globals: dict[str, Any]) -> bool:
+    """``pb_utils.is_model_ready``: ``model_version`` a string ("" = as the model's policy chooses)."""
+    version = 0
+    if model_version != "":
+        try:
+            version = int(model_version)
+        except (TypeError, ValueError):
+            raise pb_utils.TritonModelException(
+                f"Failed to check model readiness: failed to get model version from specified version string "
+                f"'{model_version}', version should be an integral value > 0") from None
+        if version < 0:
+            raise pb_utils.TritonModelException(
+                f"Failed to check model readiness: failed to get model version from specified version string "
+                f"'{model_version}', version should be an integral value > 0")
+
+    async def call(server: InferenceDispatcher) -> bool:
+        return await server.model_is_ready(model_name, version)
+
+    return bool(_on_loop("Failed to check model readiness", caller_globals, call))

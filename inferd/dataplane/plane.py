@@ -11,6 +11,7 @@ its lifecycle (:meth:`DataPlane.load_models`, :meth:`DataPlane.drain`,
 
 from __future__ import annotations
 
+import asyncio
 import time
 from contextlib import aclosing
 from functools import partial
@@ -31,6 +32,7 @@ from inferd.facade import (
 )
 from inferd.model import Model, ModelRun, find, response, run_model, submit_model
 from inferd.model import infer_stream as model_infer_stream
+from inferd.model.readiness import user_ready
 from inferd.observability.log_settings import LogSettings
 from inferd.observability.stats import ModelStatistics
 from inferd.observability.tracing import Tracing
@@ -117,14 +119,22 @@ class DataPlane:
         return self.live
 
     async def server_ready(self) -> bool:
-        return self.ready_now()
+        """:meth:`ready_now`, and every loaded model with a check of its own (a Python model's
+        ``is_ready``) ready by its word, as Triton's strict readiness asks them."""
+        if not self.ready_now():
+            return False
+        answers = await asyncio.gather(*(user_ready(m) for m in self.manager.models()))
+        return all(answers)
 
     def ready_now(self) -> bool:
         """:meth:`server_ready`, for code in this process that cannot await (the metrics scrape)."""
         return self.live and not self.draining and not self.loading and self.manager.all_ready()
 
     async def model_ready(self, name: str, version: int = 0) -> bool:
-        return not self.draining and self.manager.is_ready(name, version)
+        """Loaded, serving, and (a Python model's ``is_ready``) ready by its own word."""
+        if self.draining or not self.manager.is_ready(name, version):
+            return False
+        return await user_ready(self.manager.get(name, version))
 
     async def server_metadata(self) -> ServerMetadata:
         cuda = ["cuda_shared_memory"] if self.manager.gpus.gpus() else []  # as a GPU build of Triton lists it
@@ -345,6 +355,8 @@ class DataPlane:
                 self.shared_memory.resolve(request)
             if self.tracing.enabled and request.trace is None:
                 request.trace = self.tracing.start(request.model_name, request.id, trace_carrier, request.model_version)
+                if request.trace is not None and request.frontend is not None:
+                    request.trace.frontend(request.frontend)  # its span waits for the frontend's send
             model = find(self.manager.get, request, decoupled_error)
             try:
                 self._shed(model, request)

@@ -8,7 +8,7 @@ the layouts below are the whole protocol.
 Frontend -> core::
 
     [HELLO, index, pid]                    the worker has bound its ports and serves
-    [INFER, rid, model, version, id, parameters, inputs, outputs, flags, deadline, trace, received]
+    [INFER, rid, model, version, id, parameters, inputs, outputs, flags, deadline, trace, received(, frontend)]
         rid         the frontend's request number, unique among its requests in flight
         version     the wire's version string ("" for the policy's choice)
         parameters  the request's parameters as plain values (dict) or None
@@ -21,6 +21,11 @@ Frontend -> core::
         trace       the W3C trace context carrier ({"traceparent": ...}) or None
         received    when the frontend received the request: CLOCK_MONOTONIC nanoseconds (an int;
                     0: not stamped); the core counts the request's whole wait from it
+        frontend    only while tracing is on, for a unary gRPC / HTTP request: [protocol, received_end]
+                    ("grpc" | "http", CLOCK_MONOTONIC ns when it was decoded): Triton's frontend
+                    trace timestamps; the frontend then sends SENT once it has answered
+    [SENT, rid, start, end]                that request's answer was sent between these moments
+                                           (CLOCK_MONOTONIC ns; None: it never was)
     [CANCEL, rid]                          the client went away; the core answers it anyway
     [CREDIT, rid, n]                       a stream's client has taken n more of its responses
     [FREE, [block, ...]]                   output blocks the frontend is done reading
@@ -68,6 +73,7 @@ CANCEL = 2
 FREE = 3
 CALL = 4
 CREDIT = 5
+SENT = 6
 # core -> frontend
 CONFIG = 16
 RESPONSE = 17
@@ -101,6 +107,7 @@ CALLS = frozenset({
 # positions in an INFER message
 I_RID, I_MODEL, I_VERSION, I_ID, I_PARAMS, I_INPUTS, I_OUTPUTS, I_FLAGS, I_DEADLINE, I_TRACE, I_RECEIVED, I_OPENAI = (
     range(1, 13))
+I_FRONTEND = 13  # present only while tracing is on
 # positions in a tensor entry
 T_NAME, T_DATATYPE, T_SHAPE, T_OFFSET, T_NBYTES, T_PARAMS = range(6)
 # positions in a RESPONSE message

@@ -8,14 +8,16 @@ handed (the repository's ``ModelManager.get``), refuses a decoupled model
 a stream's request, decoupled or not. :class:`ModelDispatcher` binds a
 lookup to the event loop the models run on; it implements the backends'
 :class:`~inferd.backends.base.InferenceDispatcher`, which is how the Python
-backend reaches other models without importing anything above it.
+backend reaches other models without importing anything above it. Its
+model loading calls go to the :class:`ModelControl` the repository gives it
+(``inferd.repository.control.ModelLoading``: the model control mode's rules).
 """
 
 from __future__ import annotations
 
 import asyncio
 from contextlib import aclosing
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Protocol
 
 from inferd.clock import Clock, MonotonicClock
 from inferd.errors import InferdError, Unimplemented
@@ -27,6 +29,16 @@ from inferd.types import InferenceRequest, InferenceResponse
 
 # (name, version; 0 = as the version policy chooses) -> the loaded model, or the domain error a client sees.
 ModelLookup = Callable[[str, int], Model]
+
+
+class ModelControl(Protocol):
+    """Loading and unloading models from inside the server (pb_utils' model loading API)."""
+
+    async def load(self, name: str, config: str, files: dict[str, bytes]) -> None: ...
+
+    async def unload(self, name: str, unload_dependents: bool) -> None: ...
+
+    async def is_ready(self, name: str, version: int) -> bool: ...
 
 
 def find(lookup: ModelLookup, request: InferenceRequest, decoupled_error: str = DECOUPLED_UNARY) -> Model:
@@ -80,9 +92,11 @@ class ModelDispatcher:
     server drains: they serve requests already accepted.
     """
 
-    def __init__(self, lookup: ModelLookup, clock: Clock | None = None) -> None:
+    def __init__(self, lookup: ModelLookup, clock: Clock | None = None,
+                 control: ModelControl | None = None) -> None:
         self._lookup = lookup
         self._clock = clock or MonotonicClock()
+        self._control = control
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -96,3 +110,19 @@ class ModelDispatcher:
         """Every response to ``request`` (a BLS call with ``decoupled=True``); on :attr:`loop` only.
         Bounded by the default :class:`StreamLimits`: a caller that stops reading stalls the model."""
         return infer_stream(self._lookup, request, self._clock)
+
+    # -- the model loading API -----------------------------------------------------
+
+    def _controller(self, what: str) -> ModelControl:
+        if self._control is None:
+            raise Unimplemented(f"{what}: this server has no model repository to load models from")
+        return self._control
+
+    async def load_model(self, name: str, config: str, files: dict[str, bytes]) -> None:
+        await self._controller(f"failed to load '{name}'").load(name, config, files)
+
+    async def unload_model(self, name: str, unload_dependents: bool) -> None:
+        await self._controller(f"failed to unload '{name}'").unload(name, unload_dependents)
+
+    async def model_is_ready(self, name: str, version: int) -> bool:
+        return self._control is not None and await self._control.is_ready(name, version)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
@@ -331,11 +332,29 @@ class Tracing:
 # -- one request's trace ------------------------------------------------------------------
 
 
+# Triton's frontend timestamp names: (receive start, receive end, send start, send end).
+FRONTEND_TIMESTAMPS = {
+    "grpc": ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "GRPC_SEND_START", "GRPC_SEND_END"),
+    "http": ("HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END"),
+}
+TIMESTAMP_PREFIX = "triton.timestamp."  # a root span attribute: one more of Triton's timestamps (wall ns)
+
+
+def _wall_offset() -> int:
+    """What to add to a CLOCK_MONOTONIC moment to put it on the spans' clock (OpenTelemetry stamps
+    spans with time.time_ns()); taken once per trace, so its frontend's intervals stay exact."""
+    return time.time_ns() - time.monotonic_ns()
+
+
 class RequestTrace:
     """The spans of one sampled request. The scheduler records its queue waits
-    and executions with :meth:`record`; whoever started it calls :meth:`end`."""
+    and executions with :meth:`record`; whoever started it calls :meth:`end`.
 
-    __slots__ = ("_tracer", "span", "context", "tensors")
+    A request from a gRPC / HTTP frontend (:meth:`frontend`) keeps its span open past
+    :meth:`end` (REQUEST_END, as an attribute) until the frontend reports the send
+    (:meth:`sent`), so one trace holds Triton's frontend timestamps too."""
+
+    __slots__ = ("_tracer", "span", "context", "tensors", "_send", "_ended", "_error", "_offset")
 
     def __init__(self, tracer: Any, span: Any, tensors: bool) -> None:
         from opentelemetry.trace import set_span_in_context
@@ -344,6 +363,10 @@ class RequestTrace:
         self.span = span
         self.context = set_span_in_context(span)
         self.tensors = tensors  # trace_level TENSORS: record tensor names, types and shapes
+        self._send: tuple[str, str] | None = None  # the frontend's send names, until it reports
+        self._ended = False  # end() was called (the model path is done)
+        self._error: BaseException | None = None
+        self._offset = 0  # monotonic -> span clock, for the frontend's stamps
 
     def record(self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, Any] | None = None) -> None:
         """A finished child span (a queue wait, an execution)."""
@@ -366,10 +389,43 @@ class RequestTrace:
         span = self._tracer.start_span(name, context=self.context, attributes=attributes)
         return RequestTrace(self._tracer, span, self.tensors)
 
+    def frontend(self, stamps: Any) -> None:
+        """The request came through a frontend (an :class:`inferd.types.FrontendStamps`): record
+        its receive moments and wait for its send (``stamps.on_sent``) before the span ends."""
+        names = FRONTEND_TIMESTAMPS.get(stamps.protocol)
+        if names is None:
+            return
+        self._offset = offset = _wall_offset()
+        self.span.set_attribute(TIMESTAMP_PREFIX + names[0], stamps.recv_start_ns + offset)
+        self.span.set_attribute(TIMESTAMP_PREFIX + names[1], stamps.recv_end_ns + offset)
+        self._send = (names[2], names[3])
+        stamps.on_sent = self.sent
+
+    def sent(self, start_ns: int | None, end_ns: int | None) -> None:
+        """The frontend sent the answer (CLOCK_MONOTONIC ns; None: it never did). Ends the
+        span if :meth:`end` was called; else :meth:`end` will."""
+        names, self._send = self._send, None
+        if names is not None and start_ns is not None and end_ns is not None:
+            self.span.set_attribute(TIMESTAMP_PREFIX + names[0], start_ns + self._offset)
+            self.span.set_attribute(TIMESTAMP_PREFIX + names[1], end_ns + self._offset)
+        if self._ended:
+            self._finish()
+
     def end(self, error: BaseException | None = None) -> None:
-        if error is not None:
+        if self._ended:
+            return
+        self._ended = True
+        self._error = error
+        if self._send is not None:  # the frontend still sends: REQUEST_END is now, the span ends at sent()
+            self.span.set_attribute(TIMESTAMP_PREFIX + "REQUEST_END", time.time_ns())  # the spans' own clock
+            return
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._error is not None:
             from opentelemetry.trace import Status, StatusCode
 
+            error = self._error
             self.span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         self.span.end()
 
@@ -387,12 +443,34 @@ def ensemble_step(trace: RequestTrace | None, step: str, model: str, version: in
     return trace.child(f"ensemble step {step}", {"triton.model_name": model, "triton.model_version": version})
 
 
+def bls_call(trace: RequestTrace | None, model: str, version: int = 0) -> RequestTrace | None:
+    """The hook for a Python model's BLS call made with ``trace=request.trace()``: a span under
+    the calling request's (the callee's queue and compute spans nest under it; the triton file
+    writes it as a child trace, ``parent_id`` the caller's). None in, None out."""
+    if trace is None:
+        return None
+    return trace.child(f"{BLS_PREFIX}{model}", {"triton.model_name": model,
+                                               "triton.model_version": version if version > 0 else -1})
+
+
+def trace_context(trace: RequestTrace) -> str:
+    """The W3C trace context of ``trace``'s span as a JSON string (pb_utils' ``get_context()``)."""
+    import json
+
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier, context=trace.context)
+    return json.dumps(carrier)
+
+
 # -- the triton-mode file destination: Triton's JSON trace format ------------------------------
 
 # Span names -> Triton's timestamp names (start, end).
 _TIMESTAMPS = {"queue": ("QUEUE_START", None), "compute": ("COMPUTE_START", "COMPUTE_END")}
 _ACTIVITY = {"input": "TENSOR_QUEUE_INPUT", "output": "TENSOR_BACKEND_OUTPUT"}
 STEP_PREFIX = "ensemble step "
+BLS_PREFIX = "BLS "  # a Python model's traced BLS call: a child trace, as an ensemble step
 
 
 def _tensor_json(array: Any) -> str:
@@ -413,12 +491,27 @@ def _tensor_json(array: Any) -> str:
                        "dtype": dtype})
 
 
+def _compute_split(span: Any) -> list[dict]:
+    """COMPUTE_INPUT_END and COMPUTE_OUTPUT_START of one execution, from the durations the backend
+    measured (``input_ns``, ``infer_ns``, ``output_ns``: Triton's split), counted back from
+    COMPUTE_END: what is left before them is the hand-over to the instance's thread, which Triton's
+    COMPUTE_START does not see. None when the execution reported no times (it failed)."""
+    attrs = span.attributes or {}
+    if "output_ns" not in attrs:
+        return []
+    output_start = max(span.start_time, span.end_time - int(attrs["output_ns"]))
+    input_end = max(span.start_time, output_start - int(attrs["infer_ns"]))
+    return [{"name": "COMPUTE_INPUT_END", "ns": input_end}, {"name": "COMPUTE_OUTPUT_START", "ns": output_start}]
+
+
 class TritonTraceFile:
     """The ``triton`` mode's file, in Triton's trace format (docs/user_guide/trace.md): a JSON
     array of entries, per traced request (and per ensemble step, with ``parent_id``) one
     ``{"id", "model_name", "model_version", "request_id"}``, one ``{"id", "timestamps":
     [{"name", "ns"}]}`` per activity (REQUEST_START, QUEUE_START, COMPUTE_START, COMPUTE_END,
-    REQUEST_END), and at TENSORS level one ``{"id", "activity", "tensor"}`` per tensor.
+    REQUEST_END; for a request from the gRPC frontend GRPC_WAITREAD_START/END and
+    GRPC_SEND_START/END, from HTTP HTTP_RECV_START/END and HTTP_SEND_START/END), and at TENSORS
+    level one ``{"id", "activity", "tensor"}`` per tensor.
 
     The spans of a request are held until its root span ends, then turned into entries.
     ``log_frequency`` 0: the whole array is written to ``path`` when the server stops; N: every
@@ -455,8 +548,10 @@ class TritonTraceFile:
     def _convert(self, root: Any, spans: list[Any]) -> list[dict]:
         """One request's spans as Triton's entries (its ensemble steps as child traces)."""
         ids: dict[int, int] = {}  # span id -> trace entry id, for the root and each step
+        sends: dict[int, list[tuple[str, int]]] = {}  # trace entry id -> its frontend's send stamps
         entries: list[dict] = []
-        ordered = [root] + sorted((s for s in spans if s.name.startswith(STEP_PREFIX)), key=lambda s: s.start_time)
+        ordered = [root] + sorted((s for s in spans if s.name.startswith((STEP_PREFIX, BLS_PREFIX))),
+                                  key=lambda s: s.start_time)
         for span in ordered:
             tid = ids[span.context.span_id] = next(self._ids)
             attrs = span.attributes or {}
@@ -467,6 +562,14 @@ class TritonTraceFile:
             else:
                 head["parent_id"] = ids[root.context.span_id]
             entries.append(head)
+            # The frontend's receive stamps (GRPC_WAITREAD_*, HTTP_RECV_*) before REQUEST_START, its send
+            # stamps after REQUEST_END (below), as they happened.
+            frontend = [(key[len(TIMESTAMP_PREFIX):], int(value)) for key, value in attrs.items()
+                        if key.startswith(TIMESTAMP_PREFIX) and key != TIMESTAMP_PREFIX + "REQUEST_END"]
+            for name, ns in frontend:
+                if "_SEND_" not in name:
+                    entries.append({"id": tid, "timestamps": [{"name": name, "ns": ns}]})
+            sends[tid] = [(name, ns) for name, ns in frontend if "_SEND_" in name]
             entries.append({"id": tid, "timestamps": [{"name": "REQUEST_START", "ns": span.start_time}]})
             for kind in ("input", "output"):
                 for key, value in attrs.items():
@@ -483,11 +586,16 @@ class TritonTraceFile:
                 continue
             start, end = names
             entries.append({"id": owner, "timestamps": [{"name": start, "ns": span.start_time}]})
+            if span.name == "compute":
+                entries.extend({"id": owner, "timestamps": [stamp]} for stamp in _compute_split(span))
             if end is not None:
                 entries.append({"id": owner, "timestamps": [{"name": end, "ns": span.end_time}]})
-        for span in ordered:
-            entries.append({"id": ids[span.context.span_id],
-                            "timestamps": [{"name": "REQUEST_END", "ns": span.end_time}]})
+        for span in ordered:  # REQUEST_END: when the model path ended (a frontend's send may come after)
+            end = (span.attributes or {}).get(TIMESTAMP_PREFIX + "REQUEST_END", span.end_time)
+            tid = ids[span.context.span_id]
+            entries.append({"id": tid, "timestamps": [{"name": "REQUEST_END", "ns": int(end)}]})
+            for name, ns in sends[tid]:
+                entries.append({"id": tid, "timestamps": [{"name": name, "ns": ns}]})
         return entries
 
     def _write(self, path: str) -> None:

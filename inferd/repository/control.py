@@ -11,19 +11,26 @@ loads everything and rescans the repositories every
 (files added, removed or modified: a new version, a new config) is reloaded,
 a removed one is unloaded. A failed (re)load is reported in the index and
 retried only when the folder changes again; the poller keeps going.
+
+:class:`ModelLoading` is the same control for a Python model's model loading
+API (``pb_utils.load_model`` / ``unload_model`` / ``is_model_ready``), under
+the same rules: explicit and on_demand modes only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from inferd.config import ModelConfig, config_from_json
-from inferd.errors import InferdError, InvalidArgument, Unimplemented
+from inferd.errors import InferdError, InvalidArgument, NotFound, Unimplemented
+from inferd.model.readiness import user_ready
 from inferd.repository.overrides import FILE_PREFIX
 from inferd.repository.layout import fingerprint, scan
-from inferd.repository.manager import ModelManager
+
+if TYPE_CHECKING:  # the manager builds a ModelLoading for its dispatcher: no import at run time
+    from inferd.repository.manager import ModelManager
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +90,56 @@ def unload_parameters(name: str, params: Mapping[str, object]) -> bool:
         else:
             raise InvalidArgument(f"failed to unload '{name}': unknown parameter '{key}' (known: unload_dependents)")
     return dependents
+
+
+class ModelLoading:
+    """The model loading API of Python models (the manager's dispatcher holds one): what
+    RepositoryModelLoad / Unload do, with the same mode rules and errors."""
+
+    def __init__(self, manager: ModelManager) -> None:
+        self.manager = manager
+        self._unloads: set[asyncio.Task] = set()
+
+    async def load(self, name: str, config: str, files: dict[str, bytes]) -> None:
+        """``pb_utils.load_model``: returns once the model serves; raises why not."""
+        require_explicit(self.manager, f"failed to load '{name}'")
+        params: dict[str, object] = dict(files)
+        if config:
+            params["config"] = config
+        parsed, folder = load_parameters(name, params)
+        if self.manager.demand is not None:
+            await self.manager.demand.load_pinned(name, parsed, folder)
+        else:
+            await self.manager.load_model(name, parsed, folder)
+
+    async def unload(self, name: str, unload_dependents: bool) -> None:
+        """``pb_utils.unload_model``: refuses new requests to ``name`` at once and returns; the
+        accepted ones finish in the background (the caller may be one of them: waiting for them
+        here would wait for itself)."""
+        require_explicit(self.manager, f"failed to unload '{name}'")
+        if name not in self.manager.entries():
+            raise NotFound(f"failed to unload '{name}': no such model")
+        demand = self.manager.demand
+        work = (demand.unload(name, unload_dependents) if demand is not None
+                else self.manager.unload_model(name, unload_dependents))
+        task = asyncio.get_running_loop().create_task(work, name=f"inferd-unload-{name}")
+        self._unloads.add(task)
+        task.add_done_callback(self._unloaded)
+        await asyncio.sleep(0)  # let it take the model's lock and refuse new requests, if it can at once
+
+    def _unloaded(self, task: asyncio.Task) -> None:
+        self._unloads.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            log.error("unloading a model for a Python model failed: %s",
+                      exc.message if isinstance(exc, InferdError) else repr(exc))
+
+    async def is_ready(self, name: str, version: int) -> bool:
+        """``pb_utils.is_model_ready``: as ModelReady answers (Triton's ServerModelIsReady asks the
+        model's own check too)."""
+        if not self.manager.is_ready(name, version):
+            return False
+        return await user_ready(self.manager.get(name, version))
 
 
 class RepositoryPoller:

@@ -38,6 +38,7 @@ from inferd.gpu.inventory import GpuInventory, default_inventory
 from inferd.model import ModelDispatcher
 from inferd.model.cache import ResponseCache
 from inferd.repository import ensembles as ensemble_loader
+from inferd.repository.control import ModelLoading
 from inferd.repository.demand import OnDemand
 from inferd.repository.footprint import Measure
 from inferd.repository.overrides import OverrideFolders
@@ -124,7 +125,7 @@ class ModelManager:
         self._entries: dict[str, _Entry] = {}
         self.overrides = OverrideFolders()  # RepositoryModelLoad's file: parameters
         # Handed to every instance it builds: a Python model's BLS calls reach the other models through it.
-        self.dispatcher = ModelDispatcher(self.get, clock)
+        self.dispatcher = ModelDispatcher(self.get, clock, control=ModelLoading(self))
         # The GPUs instance groups are placed on (torch's view; a fake one in tests).
         self.gpus = gpus or default_inventory()
         # on_demand (inferd/repository/demand.py): loads on first request, evicts under memory_budget.

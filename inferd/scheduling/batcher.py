@@ -433,9 +433,14 @@ def _trace_queued(batch: _Batch) -> None:
 
 def _trace_executed(batch: _Batch) -> None:
     now = time.time_ns()
-    attributes = {"batch_size": batch.rows, "batch_requests": len(batch.items), "instance": batch.instance}
+    attributes: dict[str, object] = {"batch_size": batch.rows, "batch_requests": len(batch.items),
+                                     "instance": batch.instance}
     if isinstance(batch.result, BaseException):
         attributes["error"] = f"{type(batch.result).__name__}: {batch.result}"
+    elif batch.result is not None:  # the backend's own input / infer / output times (Triton's COMPUTE_* split)
+        times = batch.result.times
+        attributes["input_ns"], attributes["infer_ns"], attributes["output_ns"] = (
+            times.input_ns, times.infer_ns, times.output_ns)
     for item in batch.items:
         job = item.payload
         if job.traced_ns:

@@ -23,6 +23,7 @@ from inferd.facade import DataPlaneAPI, GrpcFastPath
 from inferd.observability.stats import RESPONSE_FIELDS
 from inferd.server import codec
 from inferd.server.status import grpc_status
+from inferd.types import FrontendStamps
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
         received_ns = time.monotonic_ns()  # the request's wait counts from here
+        stamps = None  # Triton's GRPC_* trace timestamps (the fast path's proxy stamps its own)
         try:
             remaining = context.time_remaining()
             deadline = None if remaining is None else self.clock.now() + remaining
@@ -152,10 +154,20 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             req.received_ns = received_ns
             if deadline is not None:
                 req.deadline = deadline
+            req.frontend = stamps = FrontendStamps("grpc", received_ns, time.monotonic_ns())
             response = await self.dp.infer(req, trace_carrier=lambda: _metadata(context))
-            return codec.encode_infer_response(response, req.requested_outputs)
+            send_ns = time.monotonic_ns()
+            encoded = codec.encode_infer_response(response, req.requested_outputs)
+            stamps.sent(send_ns, time.monotonic_ns())  # handed to gRPC, which writes it as the handler returns
+            return encoded
         except Exception as exc:
+            if stamps is not None:
+                now = time.monotonic_ns()
+                stamps.sent(now, now)  # the error status is what is sent
             return await self._abort(context, exc)
+        finally:
+            if stamps is not None:
+                stamps.sent(None, None)  # cancelled: the trace ends without a send (a no-op once sent)
 
     # -- owned by later features ---------------------------------------------------
 

@@ -41,6 +41,7 @@ from inferd.server.codec import parse_version
 from inferd.server.openai import OpenAIFrontend, OpenAIOptions
 from inferd.server.restrictions import Restrictions
 from inferd.server.status import http_status
+from inferd.types import FrontendStamps
 
 log = logging.getLogger(__name__)
 
@@ -589,13 +590,27 @@ class HttpFrontend:
             body = _decompress(body, encoding, self.max_input)
         decoded = http_codec.decode_infer_request(name, version, body, headers.get(http_codec.HEADER_LENGTH))
         decoded.request.received_ns = received_ns
-        # A W3C traceparent (and tracestate) header makes the request span a child of the caller's.
-        response = await self.dp.infer(decoded.request, decoupled_error=DECOUPLED_HTTP, trace_carrier=lambda: headers)
-        content, header_length = http_codec.encode_infer_response(response, decoded)
-        out_headers = {}
-        if header_length is not None:
-            out_headers["Inference-Header-Content-Length"] = str(header_length)
-        content, compressed = _compress(content, headers.get("accept-encoding"))
-        if compressed:
-            out_headers["Content-Encoding"] = compressed
-        return content, out_headers, JSON if header_length is None else "application/octet-stream"
+        # Triton's HTTP_* trace timestamps: RECV from the call's start to its body decoded, SEND from
+        # the answer back to its body encoded (what the route hands to the ASGI server); an error is
+        # stamped as it leaves here for the error handler.
+        stamps = decoded.request.frontend = FrontendStamps("http", received_ns, time.monotonic_ns())
+        try:
+            # A W3C traceparent (and tracestate) header makes the request span a child of the caller's.
+            response = await self.dp.infer(decoded.request, decoupled_error=DECOUPLED_HTTP,
+                                           trace_carrier=lambda: headers)
+            send_ns = time.monotonic_ns()
+            content, header_length = http_codec.encode_infer_response(response, decoded)
+            out_headers = {}
+            if header_length is not None:
+                out_headers["Inference-Header-Content-Length"] = str(header_length)
+            content, compressed = _compress(content, headers.get("accept-encoding"))
+            if compressed:
+                out_headers["Content-Encoding"] = compressed
+            stamps.sent(send_ns, time.monotonic_ns())
+            return content, out_headers, JSON if header_length is None else "application/octet-stream"
+        except Exception:
+            now = time.monotonic_ns()
+            stamps.sent(now, now)
+            raise
+        finally:
+            stamps.sent(None, None)  # cancelled: the trace ends without a send (a no-op once sent)

@@ -142,7 +142,7 @@ def _stream_message(rid: int) -> list[Any]:
 
 @pytest.fixture
 async def stream_core(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(ep, "request_from", lambda msg, inputs: SimpleNamespace(cancelled=False))
+    monkeypatch.setattr(ep, "request_from", lambda msg, inputs: SimpleNamespace(cancelled=False, frontend=None))
     channel = Recorder()
     link = SimpleNamespace(channel=channel, inputs=None, outputs=None, index=0)
     return DataPlaneEndpoint(link, _StreamPlane(), lambda *a: None), channel  # type: ignore[arg-type]

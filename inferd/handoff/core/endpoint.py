@@ -39,7 +39,7 @@ from inferd.handoff.arena import Arena, ArenaWriter
 from inferd.handoff.core.supervisor import WorkerProcess
 from inferd.model import ModelRun
 from inferd.server import codec
-from inferd.types import InferenceRequest, RequestedOutput, SharedTensor
+from inferd.types import FrontendStamps, InferenceRequest, RequestedOutput, SharedTensor
 
 log = logging.getLogger(__name__)
 CANCELLED = "the request was cancelled"  # the final answer to a CANCEL: the worker's client has gone
@@ -77,6 +77,9 @@ def request_from(msg: list[Any], inputs: Arena) -> InferenceRequest:
                                model_version=codec.parse_version(model, msg[wire.I_VERSION]),
                                id=msg[wire.I_ID], deadline=msg[wire.I_DEADLINE], shared_memory=shared,
                                received_ns=msg[wire.I_RECEIVED], openai_prompt_tokens=msg[wire.I_OPENAI])
+    if len(msg) > wire.I_FRONTEND:  # tracing is on: the frontend's receive stamps (it sends SENT later)
+        protocol, decoded_ns = msg[wire.I_FRONTEND]
+        request.frontend = FrontendStamps(protocol, msg[wire.I_RECEIVED], decoded_ns)
     params = msg[wire.I_PARAMS]
     if params:
         request.parameters = params
@@ -187,6 +190,8 @@ class DataPlaneEndpoint:
         self.tasks: dict[int, asyncio.Task] = {}  # stream requests
         self.credits: dict[int, Credit] = {}  # their pacing
         self.runs: dict[int, ModelRun] = {}  # one-response requests
+        # Requests that came with frontend stamps (tracing on) until the frontend's SENT: their traces end then.
+        self.sending: dict[int, FrontendStamps] = {}
         self._loop = asyncio.get_running_loop()
         self._gone = False
 
@@ -209,6 +214,10 @@ class DataPlaneEndpoint:
             task = self.tasks.get(rid)
             if task is not None:
                 task.cancel()
+        elif kind == wire.SENT:
+            stamps = self.sending.pop(msg[1], None)
+            if stamps is not None:
+                stamps.sent(msg[2], msg[3])
         elif kind == wire.CREDIT:
             credit = self.credits.get(msg[1])
             if credit is not None:
@@ -221,6 +230,9 @@ class DataPlaneEndpoint:
     def lost(self) -> None:
         """The worker died: its requests are dropped (queued ones never run)."""
         self._gone = True
+        sending, self.sending = self.sending, {}
+        for stamps in sending.values():
+            stamps.sent(None, None)
         runs, self.runs = self.runs, {}
         for run in runs.values():
             run.cancel()
@@ -233,6 +245,8 @@ class DataPlaneEndpoint:
         rid = msg[wire.I_RID]
         try:
             request = request_from(msg, self.inputs)
+            if request.frontend is not None:
+                self.sending[rid] = request.frontend
             flags = msg[wire.I_FLAGS]
             if flags & wire.STREAM:
                 task = self.tasks[rid] = self._loop.create_task(self._stream(rid, request))

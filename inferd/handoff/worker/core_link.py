@@ -120,6 +120,11 @@ class InFlight:
             entry[0].abandoned = True
         self.channel.send([wire.CANCEL, rid])
 
+    def sent(self, rid: int, start_ns: int | None, end_ns: int | None) -> None:
+        """A traced request's answer was sent (its frontend trace timestamps; None: it never was)."""
+        if self.lost is None:
+            self.channel.send([wire.SENT, rid, start_ns, end_ns])
+
     def credit(self, rid: int, n: int) -> None:
         """A stream's client took ``n`` more responses: the core may send as many more."""
         if self.lost is None and rid in self._entries:

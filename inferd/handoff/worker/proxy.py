@@ -161,6 +161,11 @@ class RemoteDataPlane:
         message = [wire.INFER, rid, request.model_name, str(request.model_version or ""), request.id,
                    request.parameters or None, tensors, outputs, flags, request.deadline, trace,
                    request.received_ns or time.monotonic_ns(), request.openai_prompt_tokens]
+        stamps = request.frontend
+        if stamps is not None and link.tracing:  # the core may trace it: its frontend stamps travel too
+            message.append([stamps.protocol, stamps.recv_end_ns])
+            in_flight = link.in_flight
+            stamps.on_sent = lambda start, end: in_flight.sent(rid, start, end)
         return rid, block, message
 
     def _response(self, reply: list[Any]) -> InferenceResponse:
@@ -200,17 +205,28 @@ class RemoteDataPlane:
         link.refuse_if_draining()
         link.refuse_if_full(message.model_name)
         rid = in_flight.next_rid()
-        trace = dict(trace_carrier()) if link.tracing and trace_carrier is not None else None
+        traced = link.tracing
+        trace = dict(trace_carrier()) if traced and trace_carrier is not None else None
         block, infer = infer_message(rid, message, link.inputs, 0, deadline, trace, received_ns)
+        if traced:  # Triton's GRPC_* trace timestamps: the core may sample it
+            infer.append(["grpc", time.monotonic_ns()])
         fut = in_flight.unary(rid, infer, block)
+        send_ns: int | None = None
         try:
             reply = await fut
+            send_ns = time.monotonic_ns()
+            response = pb.ModelInferResponse()
+            fill_response(response, reply, link.outputs)
+            in_flight.release(reply)
         except asyncio.CancelledError:
             in_flight.cancel(rid)
+            if traced:
+                in_flight.sent(rid, None, None)  # never answered: the trace ends without a send
+                traced = False
             raise
-        response = pb.ModelInferResponse()
-        fill_response(response, reply, link.outputs)
-        in_flight.release(reply)
+        finally:
+            if traced:  # an error is stamped as it leaves for the servicer's abort
+                in_flight.sent(rid, send_ns or time.monotonic_ns(), time.monotonic_ns())
         return response
 
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
