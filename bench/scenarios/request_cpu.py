@@ -161,6 +161,9 @@ def _flames(label: str, proc, url: str) -> list[str]:  # type: ignore[no-untyped
         except subprocess.TimeoutExpired:
             recorder.kill()
         if out.exists():
+            # py-spy titles the graph with its command line: this machine's paths, not the repository's.
+            root = str(FLAMES.parent.parent.parent) + "/"
+            out.write_text(out.read_text().replace(spy, "py-spy").replace(root, ""))
             written.append(str(out.relative_to(FLAMES.parent.parent.parent)))
     return written
 
