@@ -75,6 +75,7 @@ def _client_error(exc: BaseException) -> None:
         raise AssertionError(f"{type(exc).__name__} ({getattr(exc, 'kind', '?')}): {exc}") from exc
 
 
+@pytest.mark.fixed_mode  # in process: no server, so no process mode to run it in twice
 @FUZZ
 @given(data=hostile.grpc_requests())
 def test_grpc_requests_in_process(plane, data: bytes) -> None:  # type: ignore[no-untyped-def]
@@ -91,6 +92,7 @@ def test_grpc_requests_in_process(plane, data: bytes) -> None:  # type: ignore[n
         _client_error(exc)
 
 
+@pytest.mark.fixed_mode  # in process: no server, so no process mode to run it in twice
 @FUZZ
 @given(case=hostile.http_bodies())
 def test_http_bodies_in_process(plane, case: tuple[str, bytes, dict[str, str]]) -> None:  # type: ignore[no-untyped-def]

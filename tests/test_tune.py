@@ -169,6 +169,7 @@ def test_written_config_loads_and_the_old_one_is_kept(example_repository: Path, 
 
 
 @pytest.mark.server
+@pytest.mark.fixed_mode  # the run chooses its server's mode (--frontend-workers 0)
 def test_a_short_real_run_measures_loads_and_reports(example_repository: Path, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     shutil.copytree(example_repository / "simple", repo / "simple")
