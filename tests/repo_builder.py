@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -63,3 +64,8 @@ class TritonPythonModel:
             pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
             for r in requests]
 '''
+
+
+def add_python_model(repo: Path, name: str, source: str, config_text: str) -> Path:
+    """A Python model: ``source`` as ``repo/name/1/model.py`` and the (dedented) config beside it."""
+    return add_model(repo, name, source.encode(), textwrap.dedent(config_text), filename="model.py")

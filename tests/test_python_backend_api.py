@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from conftest import running
+from repo_builder import add_python_model
 
 pytestmark = pytest.mark.server
 
@@ -184,34 +184,28 @@ class TritonPythonModel:
 '''
 
 
-def _model(repo: Path, name: str, source: str, config: str) -> None:
-    (repo / name / "1").mkdir(parents=True)
-    (repo / name / "1" / "model.py").write_text(source)
-    (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("python_api")
-    _model(repo, "counter", COUNTER, '''
+    add_python_model(repo, "counter", COUNTER, '''
         backend: "python"
         model_transaction_policy { decoupled: true }
         input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
         output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
     ''')
-    _model(repo, "caller", CALLER, '''
+    add_python_model(repo, "caller", CALLER, '''
         backend: "python"
         input [ { name: "IN" data_type: TYPE_INT32 dims: [ 2 ] } ]
         output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
     ''')
-    _model(repo, "stateful", STATEFUL, '''
+    add_python_model(repo, "stateful", STATEFUL, '''
         backend: "python"
         max_batch_size: 4
         sequence_batching { }
         input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
         output [ { name: "OUT" data_type: TYPE_INT64 dims: [ 2 ] } ]
     ''')
-    _model(repo, "metrics", METRICS, '''
+    add_python_model(repo, "metrics", METRICS, '''
         backend: "python"
         input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
         output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]

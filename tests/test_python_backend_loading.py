@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
 from conftest import running
+from repo_builder import add_python_model
 
 # Runs the call named in its JSON input: {"op": "ready" | "load" | "unload", ...the call's arguments}.
 LOADER = '''
@@ -112,23 +111,17 @@ ADDER_JSON = json.dumps({
 })
 
 
-def _model(repo: Path, name: str, source: str, config: str) -> None:
-    (repo / name / "1").mkdir(parents=True)
-    (repo / name / "1" / "model.py").write_text(source)
-    (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("python_loading")
-    _model(repo, "loader", LOADER, '''
+    add_python_model(repo, "loader", LOADER, '''
         backend: "python"
         input [ { name: "CALL" data_type: TYPE_STRING dims: [ 1 ] } ]
         output [ { name: "ANSWER" data_type: TYPE_STRING dims: [ 1 ] } ]
     ''')
-    _model(repo, "adder", ADDER.format(add=1), ADDER_CONFIG)
+    add_python_model(repo, "adder", ADDER.format(add=1), ADDER_CONFIG)
     for kind in ("sync", "async"):
-        _model(repo, f"moody_{kind}", MOODY.format(kind=kind), ADDER_CONFIG)
+        add_python_model(repo, f"moody_{kind}", MOODY.format(kind=kind), ADDER_CONFIG)
         (repo / f"moody_{kind}" / "1" / "state").write_text("yes")
     loads = ["--load-model", "loader", "--load-model", "moody_sync", "--load-model", "moody_async"]
     with running(repo, extra_args=["--model-control-mode", "explicit", *loads]) as s:
