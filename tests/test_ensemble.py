@@ -31,6 +31,7 @@ from inferd.config import ensemble_config as plain_wiring
 from inferd.config import model_spec, parse_config_text
 from inferd.ensemble import EnsembleScheduler, build_graph
 from inferd.errors import DeadlineExceeded, InvalidArgument, ModelExecutionError, Unavailable
+from inferd.examples import build
 from inferd.examples import onnx_models as om
 from inferd.observability.stats import ModelStats
 from inferd.types import InferenceRequest
@@ -577,10 +578,12 @@ def identity_fn(delay: float = 0.0):  # type: ignore[no-untyped-def]
     return fn
 
 
-def make_ensemble(models: dict, steps, max_inflight: int = 0, clock=None):  # type: ignore[no-untyped-def]
+def make_ensemble(models: dict, steps, max_inflight: int = 0, clock=None, rules=None, problem=None):  # type: ignore[no-untyped-def]
+    """An EnsembleScheduler over fake models (``rules``: step rules, as parameters; ``problem``:
+    the manager's question whether the ensemble can serve) and its statistics."""
     text = 'name: "ens" platform: "ensemble" max_batch_size: 8\n' + io(
         inputs=(("INPUT0", "TYPE_FP32", [4]),), outputs=(("OUTPUT0", "TYPE_FP32", [4]),))
-    config = parse_config_text(text + steps_text(steps, max_inflight), model="ens")
+    config = parse_config_text(text + build.parameters(rules or {}) + steps_text(steps, max_inflight), model="ens")
 
     def resolve(name: str, version: int):  # type: ignore[no-untyped-def]
         if name not in models:
@@ -588,7 +591,8 @@ def make_ensemble(models: dict, steps, max_inflight: int = 0, clock=None):  # ty
         return models[name]
 
     stats = ModelStats("ens", 1)
-    return EnsembleScheduler(model_spec(config), build_graph(plain_wiring(config)), resolve, stats, clock), stats
+    return EnsembleScheduler(model_spec(config), build_graph(plain_wiring(config)), resolve, stats, clock,
+                             problem), stats
 
 
 def request(x: np.ndarray, **kw) -> InferenceRequest:  # type: ignore[no-untyped-def]
