@@ -202,30 +202,35 @@ def test_invalid_rules_are_refused_naming_the_step_and_tensor(server):
 
 
 async def test_max_inflight_requests_bounds_the_slow_step(client, server, gates):
-    """Twenty requests through a fast step into a held slow one: every one passes the fast step,
-    yet at most LIMIT are ever inside the slow step (queued or executing); the others wait before
-    it with their one intermediate tensor, so the slow step's queue does not grow with the fast
-    step's rate (Triton's unbounded growth, server #8458)."""
+    """Twenty requests through a fast step into a held slow one: at most LIMIT are ever inside the
+    slow step (queued or executing), LIMIT more wait before it with their intermediate tensor, and
+    the other sixteen wait before the fast step, holding only their inputs; so neither the slow
+    step's queue nor the tensors between the steps grow with the fast step's rate (Triton's
+    unbounded growth, server #8458). Then every one of them is answered."""
     before = await count(client, "to_de")
     calls = [asyncio.ensure_future(infer(client, "fast_slow", rows([True]))) for _ in range(20)]
     await wait_started_async(gates / "slow")
-    for _ in range(6000):  # a bound on a hang (60 s), not a timing claim
-        if await count(client, "to_de") - before == 20:
-            break
-        await asyncio.sleep(0.01)
-    assert await count(client, "to_de") - before == 20  # the fast step ran for all of them
-    with urllib.request.urlopen(server.metrics_url, timeout=30) as r:
-        text = r.read().decode()
 
-    def inflight(model: str) -> float:
+    async def inflight(model: str) -> float:
+        def scrape() -> str:
+            with urllib.request.urlopen(server.metrics_url, timeout=30) as r:
+                return r.read().decode()
+        text = await asyncio.to_thread(scrape)
         m = re.search(rf'^inferd_inference_inflight_request_count\{{model="{model}",version="1"\}} (\S+)$', text, re.M)
         assert m, model
         return float(m.group(1))
 
-    assert inflight("slow") == LIMIT and inflight("fast_slow") == 20
+    for _ in range(6000):  # a bound on a hang (60 s), not a timing claim
+        if await inflight("fast_slow") == 20 and await count(client, "to_de") - before >= 2 * LIMIT:
+            break
+        await asyncio.sleep(0.01)
+    assert await inflight("fast_slow") == 20  # the server holds all twenty
+    assert await count(client, "to_de") - before == 2 * LIMIT  # ... but only 2 * LIMIT passed the fast step
+    assert await inflight("slow") == LIMIT
     release(gates / "slow")
     results = await asyncio.gather(*calls)
     np.testing.assert_allclose(results[0], 2 * rows([True]))
+    assert await count(client, "to_de") - before == 20
 
 
 async def test_a_full_step_queue_fails_the_ensemble_request_at_once(client, server, gates):

@@ -8,6 +8,11 @@ numpy arrays, or, between steps whose models run on one torch device (two
 TorchScript models on cuda:0), as the device tensors themselves (DLPack-able
 DeviceTensors), never copied through the host. Independent steps run concurrently as asyncio tasks; a chain
 runs inline in the request's own task.
+
+With ``max_inflight_requests`` N (Triton's field), at most N of the ensemble's requests are inside
+each step, and at most N per step inside the ensemble at all: a request past that waits before its
+first step, within its deadline, so neither a step's queue nor the intermediate tensors between
+steps grow with a fast step's rate (docs/ENSEMBLES.md, "Bounded in-flight work").
 """
 
 from __future__ import annotations
@@ -52,8 +57,13 @@ class EnsembleScheduler(Scheduler):
         self._inflight = Inflight(stats)
         self._stopped = False
         limit = graph.max_inflight_requests
-        # Back-pressure: at most ``limit`` of this ensemble's requests inside each step at once.
+        # Back-pressure, as Triton's per-step limiter: at most ``limit`` of this ensemble's requests
+        # inside each step at once. And at most ``limit`` per step inside the ensemble at all (running
+        # a step, or holding intermediate tensors between two): past that a request waits before its
+        # first step, holding only its inputs, so a fast step cannot pile tensors up before a slow one.
         self._slots = [asyncio.Semaphore(limit) for _ in graph.steps] if limit else None
+        self._places = limit * len(graph.steps)
+        self._admission = asyncio.Semaphore(self._places) if limit else None
         self._requested = [[RequestedOutput(key) for key, _ in s.output_map] for s in graph.steps]
         self._describe_step = [partial(self._describe, s) for s in graph.steps]
         # The statistics key each plain step counts a run under: (step, model, outcome).
@@ -86,17 +96,47 @@ class EnsembleScheduler(Scheduler):
             self._output_device = self._output_devices(models)
             self._devices_for = models
         self._inflight.enter()
-        # An ensemble does not queue (its steps queue at their models): a queue stage of
-        # zero length per request, which perf_analyzer also uses to find the version served.
-        self._stats.record_queue(0)
         try:
-            outputs = await (self._run_sequence(request) if graph.sequence else self._run(request))
+            if self._admission is None:
+                # No limit, no queue (its steps queue at their models): a queue stage of zero
+                # length per request, which perf_analyzer also uses to find the version served.
+                self._stats.record_queue(0)
+                outputs = await (self._run_sequence(request) if graph.sequence else self._run(request))
+            else:
+                outputs = await self._admitted(request)
         finally:
             self._inflight.leave()
         stats = self._stats
         stats.inference_count += rows
         stats.execution_count += 1
         return outputs
+
+    async def _admitted(self, request: InferenceRequest) -> dict[str, np.ndarray]:
+        """The request, after one of the ensemble's places (max_inflight_requests per step); the
+        wait before its first step is the ensemble's queue stage."""
+        assert self._admission is not None
+        start = self._clock.now()
+        await self._acquire(self._admission, request, lambda: (
+            f"while it waited before its first step for one of the ensemble's {self._places} places "
+            f"(max_inflight_requests {self.graph.max_inflight_requests} for each of its {len(self.graph.steps)} steps)"))
+        try:
+            self._stats.record_queue(max(0, int((self._clock.now() - start) * 1e9)))
+            return await (self._run_sequence(request) if self.graph.sequence else self._run(request))
+        finally:
+            self._admission.release()
+
+    async def _acquire(self, slot: asyncio.Semaphore, request: InferenceRequest, waited: Callable[[], str]) -> None:
+        """``slot``, within the request's deadline (DeadlineExceeded saying what ``waited`` for).
+        A cancelled request stops waiting at once (CancelledError) and holds nothing."""
+        deadline = request.deadline
+        if deadline is None or not slot.locked():  # free now: no timer needed
+            await slot.acquire()
+            return
+        try:
+            async with asyncio.timeout(max(0.0, deadline - self._clock.now())):
+                await slot.acquire()
+        except TimeoutError:
+            raise DeadlineExceeded(f"ensemble '{self.graph.name}': the request's deadline passed {waited()}") from None
 
     # -- the graph -----------------------------------------------------------
 
@@ -186,17 +226,8 @@ class EnsembleScheduler(Scheduler):
         """One step, after one of its max_inflight_requests slots."""
         assert self._slots is not None
         slot = self._slots[step.index]
-        deadline = request.deadline
-        if deadline is None or not slot.locked():  # free now: no timer needed
-            await slot.acquire()
-        else:
-            try:
-                async with asyncio.timeout(max(0.0, deadline - self._clock.now())):
-                    await slot.acquire()
-            except TimeoutError:
-                raise DeadlineExceeded(
-                    f"ensemble '{self.graph.name}': the request's deadline passed while {step.label} waited "
-                    f"for one of its {self.graph.max_inflight_requests} max_inflight_requests slots") from None
+        await self._acquire(slot, request, lambda: (
+            f"while {step.label} waited for one of its {self.graph.max_inflight_requests} max_inflight_requests slots"))
         try:
             return await self._call(step, tensors, request)
         finally:
