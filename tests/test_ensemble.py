@@ -874,6 +874,32 @@ async def test_a_request_cancelled_while_it_waits_for_a_place_frees_it():
     assert [c.inputs["INPUT0"][0, 0] for c in a.scheduler.calls] == [0, 2] and sched.inflight() == 0
 
 
+async def test_a_reloaded_route_model_is_checked_again_before_the_next_request():
+    """The per-request check that the composing models are the ones the wiring was checked against
+    covers every model a routed step may run, not only its default."""
+    models = {"a": fake_model("a", identity_fn()), "b": fake_model("b", identity_fn())}
+    asked: list[str | None] = []
+    answer: list[str | None] = [None]
+
+    def problem() -> str | None:
+        asked.append(answer[0])
+        return answer[0]
+
+    sched, _ = make_ensemble(models, [("a", {"INPUT0": "INPUT0"}, {"OUTPUT0": "OUTPUT0"})], problem=problem,
+                             rules={"inferd.step.0.route_by": "parameter:variant", "inferd.step.0.route": "x=a,y=b"})
+    x = np.ones((1, 4), np.float32)
+    for _ in range(2):
+        await sched.infer(request(x, parameters={"variant": "x"}), 1)
+    assert len(asked) == 1  # asked once, while the models stay the ones it answered for
+    models["b"] = fake_model("b", identity_fn())  # b reloaded (another Model); the default, a, unchanged
+    answer[0] = "a composing model changed since the ensemble was loaded: model 'b'"
+    with pytest.raises(Unavailable) as info:
+        await sched.infer(request(x, parameters={"variant": "x"}), 1)
+    assert info.value.message == ("ensemble 'ens' is not ready: a composing model changed since the ensemble was "
+                                  "loaded: model 'b'")
+    assert len(asked) == 2 and len(models["a"].scheduler.calls) == 2
+
+
 async def test_stop_waits_for_in_flight_requests_and_refuses_new_ones():
     gate = asyncio.Event()
 

@@ -47,7 +47,7 @@ class EnsembleScheduler(Scheduler):
         # composing model, ...): asked until it answers None, then again only when
         # the composing models change (a nested ensemble checks its own).
         self._problem = problem
-        self._fits: tuple = ()  # the composing models _problem last found no problem with
+        self._fits: tuple = ()  # the composing models (route candidates too) _problem last found no problem with
         # Per step, the device its outputs stay on (its model's and every consumer's), for the
         # composing models _devices_for holds; None: the outputs come back to the host.
         self._devices_for: tuple = ()
@@ -64,6 +64,9 @@ class EnsembleScheduler(Scheduler):
         self._slots = [asyncio.Semaphore(limit) for _ in graph.steps] if limit else None
         self._places = limit * len(graph.steps)
         self._admission = asyncio.Semaphore(self._places) if limit else None
+        # Every model a routed step may run besides its default: with the steps' models, those whose
+        # identity says whether _problem must be asked again (a reloaded route model too).
+        self._candidates = [(s, name) for s in graph.steps for name in s.candidates if name != s.model_name]
         self._requested = [[RequestedOutput(key) for key, _ in s.output_map] for s in graph.steps]
         self._describe_step = [partial(self._describe, s) for s in graph.steps]
         # The statistics key each plain step counts a run under: (step, model, outcome).
@@ -86,12 +89,14 @@ class EnsembleScheduler(Scheduler):
         graph = self.graph
         # Fail fast, before any step runs, when a composing model is gone or no longer fits.
         models = tuple(self._model(step) for step in graph.steps)
-        fits = self._fits
-        if self._problem is not None and (len(fits) != len(models) or any(a is not b for a, b in zip(models, fits))):
-            problem = self._problem()
-            if problem:
-                raise Unavailable(f"ensemble '{graph.name}' is not ready: {problem}")
-            self._fits = models
+        if self._problem is not None:
+            used = models + self._route_models()
+            fits = self._fits
+            if len(fits) != len(used) or any(a is not b for a, b in zip(used, fits)):
+                problem = self._problem()
+                if problem:
+                    raise Unavailable(f"ensemble '{graph.name}' is not ready: {problem}")
+                self._fits = used
         if len(self._devices_for) != len(models) or any(a is not b for a, b in zip(models, self._devices_for)):
             self._output_device = self._output_devices(models)
             self._devices_for = models
@@ -357,6 +362,16 @@ class EnsembleScheduler(Scheduler):
         if name is None:
             raise InvalidArgument(f"{where}: no route for key '{key}' (from {route.by}); routes: {route.keys()}")
         return name
+
+    def _route_models(self) -> tuple[Model | None, ...]:
+        """The routed steps' other candidates, as loaded now (None: gone, which _problem explains)."""
+        found: list[Model | None] = []
+        for step, name in self._candidates:
+            try:
+                found.append(self._resolve(name, step.model_version))
+            except InferdError:
+                found.append(None)
+        return tuple(found)
 
     def _routed_model(self, step: Step, name: str) -> Model:
         if name == step.model_name:
