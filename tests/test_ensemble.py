@@ -31,6 +31,7 @@ from inferd.config import ensemble_config as plain_wiring
 from inferd.config import model_spec, parse_config_text
 from inferd.ensemble import EnsembleScheduler, build_graph
 from inferd.errors import DeadlineExceeded, InvalidArgument, ModelExecutionError, Unavailable
+from inferd.examples import build
 from inferd.examples import onnx_models as om
 from inferd.observability.stats import ModelStats
 from inferd.types import InferenceRequest
@@ -577,10 +578,12 @@ def identity_fn(delay: float = 0.0):  # type: ignore[no-untyped-def]
     return fn
 
 
-def make_ensemble(models: dict, steps, max_inflight: int = 0, clock=None):  # type: ignore[no-untyped-def]
+def make_ensemble(models: dict, steps, max_inflight: int = 0, clock=None, rules=None, problem=None):  # type: ignore[no-untyped-def]
+    """An EnsembleScheduler over fake models (``rules``: step rules, as parameters; ``problem``:
+    the manager's question whether the ensemble can serve) and its statistics."""
     text = 'name: "ens" platform: "ensemble" max_batch_size: 8\n' + io(
         inputs=(("INPUT0", "TYPE_FP32", [4]),), outputs=(("OUTPUT0", "TYPE_FP32", [4]),))
-    config = parse_config_text(text + steps_text(steps, max_inflight), model="ens")
+    config = parse_config_text(text + build.parameters(rules or {}) + steps_text(steps, max_inflight), model="ens")
 
     def resolve(name: str, version: int):  # type: ignore[no-untyped-def]
         if name not in models:
@@ -588,7 +591,8 @@ def make_ensemble(models: dict, steps, max_inflight: int = 0, clock=None):  # ty
         return models[name]
 
     stats = ModelStats("ens", 1)
-    return EnsembleScheduler(model_spec(config), build_graph(plain_wiring(config)), resolve, stats, clock), stats
+    return EnsembleScheduler(model_spec(config), build_graph(plain_wiring(config)), resolve, stats, clock,
+                             problem), stats
 
 
 def request(x: np.ndarray, **kw) -> InferenceRequest:  # type: ignore[no-untyped-def]
@@ -799,23 +803,101 @@ async def test_max_inflight_requests_applies_back_pressure():
     assert a.scheduler.peak == 2 and len(a.scheduler.calls) == 5
 
 
-async def test_waiting_for_a_slot_honours_the_deadline():
-    gate = asyncio.Event()
-
+def held_fn(gate: asyncio.Event):  # type: ignore[no-untyped-def]
+    """Identity, once the test sets ``gate``."""
     async def held(request):  # type: ignore[no-untyped-def]
         await gate.wait()
         return {"OUTPUT0": request.inputs["INPUT0"]}
+    return held
 
-    a = fake_model("a", held)
-    sched, _ = make_ensemble({"a": a}, chain("a"), max_inflight=1)
+
+async def settle() -> None:
+    """Let every task the test started run until it waits (fake models only await the test's events)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_past_its_places_a_request_waits_before_its_first_step():
+    """A fast step a feeding a held step b, max_inflight_requests 1: one request in b, one past a
+    waiting for b's slot with its intermediate tensor, and the other three wait before a, holding
+    nothing of a's: the tensors between the steps do not grow with a's rate."""
+    gate = asyncio.Event()
+    a, b = fake_model("a", identity_fn()), fake_model("b", held_fn(gate))
+    sched, stats = make_ensemble({"a": a, "b": b}, chain("a", "b"), max_inflight=1)
+    tasks = [asyncio.ensure_future(sched.infer(request(np.full((1, 4), i, np.float32)), 1)) for i in range(5)]
+    await settle()
+    assert len(a.scheduler.calls) == 2 and b.scheduler.active == 1 and sched.inflight() == 5
+    gate.set()
+    results = await asyncio.gather(*tasks)
+    assert [r["OUTPUT0"][0, 0] for r in results] == [0, 1, 2, 3, 4]
+    assert a.scheduler.peak == 1 and b.scheduler.peak == 1 and len(b.scheduler.calls) == 5
+    assert stats.queue.count == 5 and sched.inflight() == 0  # the wait before the first step: the queue stage
+
+
+async def test_waiting_for_a_slot_or_a_place_honours_the_deadline():
+    gate = asyncio.Event()
+    a, b = fake_model("a", identity_fn()), fake_model("b", held_fn(gate))
+    sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"), max_inflight=1)
     first = asyncio.ensure_future(sched.infer(request(np.ones((1, 4), np.float32)), 1))
-    await asyncio.sleep(0)
-    with pytest.raises(DeadlineExceeded) as info:
-        await sched.infer(request(np.ones((1, 4), np.float32), deadline=time.monotonic() + 0.05), 1)
-    assert "waited for one of its 1 max_inflight_requests slots" in info.value.message
+    await settle()  # in b
+    deadline = time.monotonic() + 0.05
+    late = [asyncio.ensure_future(sched.infer(request(np.ones((1, 4), np.float32), deadline=deadline), 1))
+            for _ in range(2)]
+    errors = await asyncio.gather(*late, return_exceptions=True)
+    assert all(isinstance(e, DeadlineExceeded) for e in errors), errors
+    assert errors[0].message == ("ensemble 'ens': the request's deadline passed while step 1 (model 'b') waited for "  # type: ignore[union-attr]
+                                 "one of its 1 max_inflight_requests slots")
+    assert errors[1].message == ("ensemble 'ens': the request's deadline passed while it waited before its first step "  # type: ignore[union-attr]
+                                 "for one of the ensemble's 2 places (max_inflight_requests 1 for each of its 2 steps)")
     gate.set()
     await first
-    assert len(a.scheduler.calls) == 1
+    assert len(a.scheduler.calls) == 2 and len(b.scheduler.calls) == 1  # the second never reached b, the third not a
+    await sched.infer(request(np.ones((1, 4), np.float32)), 1)  # nothing was left holding a place or a slot
+    assert sched.inflight() == 0
+
+
+async def test_a_request_cancelled_while_it_waits_for_a_place_frees_it():
+    gate = asyncio.Event()
+    a = fake_model("a", held_fn(gate))
+    sched, _ = make_ensemble({"a": a}, chain("a"), max_inflight=1)
+    first = asyncio.ensure_future(sched.infer(request(np.zeros((1, 4), np.float32)), 1))
+    await settle()
+    waiting = asyncio.ensure_future(sched.infer(request(np.ones((1, 4), np.float32)), 1))
+    after = asyncio.ensure_future(sched.infer(request(np.full((1, 4), 2, np.float32)), 1))
+    await settle()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    gate.set()
+    assert (await after)["OUTPUT0"][0, 0] == 2
+    await first
+    assert [c.inputs["INPUT0"][0, 0] for c in a.scheduler.calls] == [0, 2] and sched.inflight() == 0
+
+
+async def test_a_reloaded_route_model_is_checked_again_before_the_next_request():
+    """The per-request check that the composing models are the ones the wiring was checked against
+    covers every model a routed step may run, not only its default."""
+    models = {"a": fake_model("a", identity_fn()), "b": fake_model("b", identity_fn())}
+    asked: list[str | None] = []
+    answer: list[str | None] = [None]
+
+    def problem() -> str | None:
+        asked.append(answer[0])
+        return answer[0]
+
+    sched, _ = make_ensemble(models, [("a", {"INPUT0": "INPUT0"}, {"OUTPUT0": "OUTPUT0"})], problem=problem,
+                             rules={"inferd.step.0.route_by": "parameter:variant", "inferd.step.0.route": "x=a,y=b"})
+    x = np.ones((1, 4), np.float32)
+    for _ in range(2):
+        await sched.infer(request(x, parameters={"variant": "x"}), 1)
+    assert len(asked) == 1  # asked once, while the models stay the ones it answered for
+    models["b"] = fake_model("b", identity_fn())  # b reloaded (another Model); the default, a, unchanged
+    answer[0] = "a composing model changed since the ensemble was loaded: model 'b'"
+    with pytest.raises(Unavailable) as info:
+        await sched.infer(request(x, parameters={"variant": "x"}), 1)
+    assert info.value.message == ("ensemble 'ens' is not ready: a composing model changed since the ensemble was "
+                                  "loaded: model 'b'")
+    assert len(asked) == 2 and len(models["a"].scheduler.calls) == 2
 
 
 async def test_stop_waits_for_in_flight_requests_and_refuses_new_ones():

@@ -16,12 +16,14 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ServerProcess, running
+from conftest import ServerProcess
 from gated_model import add_gated_model, release, wait_pending_async, wait_started_async
 from inferd.examples import build
 from inferd.examples import onnx_models as om
 from repo_builder import add_model
-from test_ensemble import add_ensemble, fake_model, identity_fn, io, make_ensemble, onnx_config, request, steps_text
+# server and client: test_ensemble's fixtures, here over this module's repo
+from test_ensemble import (add_ensemble, client, fake_model, identity_fn, io, make_ensemble, onnx_config, request,
+                           server, steps_text)
 
 D = build.CASCADE_D
 LIMIT = 2  # the slow chain's max_inflight_requests
@@ -82,19 +84,6 @@ def repo(tmp_path_factory: pytest.TempPathFactory, gates: Path) -> Path:
         "inferd.step.0.route_by": "LANG", "inferd.step.0.route": "de=to_de,en=narrow"},
         inputs=(("INPUT0", "TYPE_FP32", [D]), LANG)))
     return repo
-
-
-@pytest.fixture(scope="module")
-def server(repo: Path):
-    with running(repo, exit_zero=False, no_traceback=False) as srv:
-        yield srv
-
-
-@pytest.fixture
-async def client(server: ServerProcess):
-    c = aioclient.InferenceServerClient(server.url)
-    yield c
-    await c.close()
 
 
 def rows(sure: list[bool]) -> np.ndarray:
@@ -213,30 +202,35 @@ def test_invalid_rules_are_refused_naming_the_step_and_tensor(server):
 
 
 async def test_max_inflight_requests_bounds_the_slow_step(client, server, gates):
-    """Twenty requests through a fast step into a held slow one: every one passes the fast step,
-    yet at most LIMIT are ever inside the slow step (queued or executing); the others wait before
-    it with their one intermediate tensor, so the slow step's queue does not grow with the fast
-    step's rate (Triton's unbounded growth, server #8458)."""
+    """Twenty requests through a fast step into a held slow one: at most LIMIT are ever inside the
+    slow step (queued or executing), LIMIT more wait before it with their intermediate tensor, and
+    the other sixteen wait before the fast step, holding only their inputs; so neither the slow
+    step's queue nor the tensors between the steps grow with the fast step's rate (Triton's
+    unbounded growth, server #8458). Then every one of them is answered."""
     before = await count(client, "to_de")
     calls = [asyncio.ensure_future(infer(client, "fast_slow", rows([True]))) for _ in range(20)]
     await wait_started_async(gates / "slow")
-    for _ in range(6000):  # a bound on a hang (60 s), not a timing claim
-        if await count(client, "to_de") - before == 20:
-            break
-        await asyncio.sleep(0.01)
-    assert await count(client, "to_de") - before == 20  # the fast step ran for all of them
-    with urllib.request.urlopen(server.metrics_url, timeout=30) as r:
-        text = r.read().decode()
 
-    def inflight(model: str) -> float:
+    async def inflight(model: str) -> float:
+        def scrape() -> str:
+            with urllib.request.urlopen(server.metrics_url, timeout=30) as r:
+                return r.read().decode()
+        text = await asyncio.to_thread(scrape)
         m = re.search(rf'^inferd_inference_inflight_request_count\{{model="{model}",version="1"\}} (\S+)$', text, re.M)
         assert m, model
         return float(m.group(1))
 
-    assert inflight("slow") == LIMIT and inflight("fast_slow") == 20
+    for _ in range(6000):  # a bound on a hang (60 s), not a timing claim
+        if await inflight("fast_slow") == 20 and await count(client, "to_de") - before >= 2 * LIMIT:
+            break
+        await asyncio.sleep(0.01)
+    assert await inflight("fast_slow") == 20  # the server holds all twenty
+    assert await count(client, "to_de") - before == 2 * LIMIT  # ... but only 2 * LIMIT passed the fast step
+    assert await inflight("slow") == LIMIT
     release(gates / "slow")
     results = await asyncio.gather(*calls)
     np.testing.assert_allclose(results[0], 2 * rows([True]))
+    assert await count(client, "to_de") - before == 20
 
 
 async def test_a_full_step_queue_fails_the_ensemble_request_at_once(client, server, gates):
@@ -266,21 +260,9 @@ def doubling():  # type: ignore[no-untyped-def]
     return fn
 
 
-def with_rules(models, steps, rules):  # type: ignore[no-untyped-def]
-    """make_ensemble with the step rules as parameters."""
-    import test_ensemble
-
-    original = test_ensemble.steps_text
-    test_ensemble.steps_text = lambda s, m=0: build.parameters(rules) + original(s, m)
-    try:
-        return make_ensemble(models, steps)
-    finally:
-        test_ensemble.steps_text = original
-
-
 async def test_split_rows_run_in_one_request_and_merge_in_order():
     a, b = fake_model("a", identity_fn()), fake_model("b", doubling())
-    sched, stats = with_rules({"a": a, "b": b}, two_steps(), {
+    sched, stats = make_ensemble({"a": a, "b": b}, two_steps(), rules={
         "inferd.step.1.when_row": "max(x) > 0", "inferd.step.1.otherwise": "OUTPUT0=INPUT0"})
     x = np.array([[1, 1, 1, 1], [-1, -1, -1, -1], [2, 2, 2, 2]], np.float32)
     out = await sched.infer(request(x), 3)
@@ -302,7 +284,7 @@ async def test_a_skipped_step_is_traced_as_skipped():
     exporter = InMemorySpanExporter()
     tracing = Tracing(TraceConfig(level=("TIMESTAMPS",), rate=1), processor=SimpleSpanProcessor(exporter))
     a, b = fake_model("a", identity_fn()), fake_model("b", doubling())
-    sched, _ = with_rules({"a": a, "b": b}, two_steps(), {
+    sched, _ = make_ensemble({"a": a, "b": b}, two_steps(), rules={
         "inferd.step.1.when": "min(x) > 0", "inferd.step.1.otherwise": "OUTPUT0=INPUT0"})
     trace = tracing.start("ens")
     x = -np.ones((1, 4), np.float32)
@@ -317,7 +299,7 @@ async def test_a_skipped_step_is_traced_as_skipped():
 
 async def test_a_route_by_request_parameter_and_a_missing_one():
     a, b = fake_model("a", identity_fn()), fake_model("b", doubling())
-    sched, stats = with_rules({"a": a, "b": b}, [("a", {"INPUT0": "INPUT0"}, {"OUTPUT0": "OUTPUT0"})], {
+    sched, stats = make_ensemble({"a": a, "b": b}, [("a", {"INPUT0": "INPUT0"}, {"OUTPUT0": "OUTPUT0"})], rules={
         "inferd.step.0.route_by": "parameter:variant", "inferd.step.0.route": "plain=a,*=b"})
     x = np.ones((1, 4), np.float32)
     assert (await sched.infer(request(x, parameters={"variant": "plain"}), 1))["OUTPUT0"].tolist() == [[1] * 4]

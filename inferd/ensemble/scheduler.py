@@ -8,6 +8,11 @@ numpy arrays, or, between steps whose models run on one torch device (two
 TorchScript models on cuda:0), as the device tensors themselves (DLPack-able
 DeviceTensors), never copied through the host. Independent steps run concurrently as asyncio tasks; a chain
 runs inline in the request's own task.
+
+With ``max_inflight_requests`` N (Triton's field), at most N of the ensemble's requests are inside
+each step, and at most N per step inside the ensemble at all: a request past that waits before its
+first step, within its deadline, so neither a step's queue nor the intermediate tensors between
+steps grow with a fast step's rate (docs/ENSEMBLES.md, "Bounded in-flight work").
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ class EnsembleScheduler(Scheduler):
         # composing model, ...): asked until it answers None, then again only when
         # the composing models change (a nested ensemble checks its own).
         self._problem = problem
-        self._fits: tuple = ()  # the composing models _problem last found no problem with
+        self._fits: tuple = ()  # the composing models (route candidates too) _problem last found no problem with
         # Per step, the device its outputs stay on (its model's and every consumer's), for the
         # composing models _devices_for holds; None: the outputs come back to the host.
         self._devices_for: tuple = ()
@@ -52,8 +57,16 @@ class EnsembleScheduler(Scheduler):
         self._inflight = Inflight(stats)
         self._stopped = False
         limit = graph.max_inflight_requests
-        # Back-pressure: at most ``limit`` of this ensemble's requests inside each step at once.
+        # Back-pressure, as Triton's per-step limiter: at most ``limit`` of this ensemble's requests
+        # inside each step at once. And at most ``limit`` per step inside the ensemble at all (running
+        # a step, or holding intermediate tensors between two): past that a request waits before its
+        # first step, holding only its inputs, so a fast step cannot pile tensors up before a slow one.
         self._slots = [asyncio.Semaphore(limit) for _ in graph.steps] if limit else None
+        self._places = limit * len(graph.steps)
+        self._admission = asyncio.Semaphore(self._places) if limit else None
+        # Every model a routed step may run besides its default: with the steps' models, those whose
+        # identity says whether _problem must be asked again (a reloaded route model too).
+        self._candidates = [(s, name) for s in graph.steps for name in s.candidates if name != s.model_name]
         self._requested = [[RequestedOutput(key) for key, _ in s.output_map] for s in graph.steps]
         self._describe_step = [partial(self._describe, s) for s in graph.steps]
         # The statistics key each plain step counts a run under: (step, model, outcome).
@@ -76,27 +89,59 @@ class EnsembleScheduler(Scheduler):
         graph = self.graph
         # Fail fast, before any step runs, when a composing model is gone or no longer fits.
         models = tuple(self._model(step) for step in graph.steps)
-        fits = self._fits
-        if self._problem is not None and (len(fits) != len(models) or any(a is not b for a, b in zip(models, fits))):
-            problem = self._problem()
-            if problem:
-                raise Unavailable(f"ensemble '{graph.name}' is not ready: {problem}")
-            self._fits = models
+        if self._problem is not None:
+            used = models + self._route_models()
+            fits = self._fits
+            if len(fits) != len(used) or any(a is not b for a, b in zip(used, fits)):
+                problem = self._problem()
+                if problem:
+                    raise Unavailable(f"ensemble '{graph.name}' is not ready: {problem}")
+                self._fits = used
         if len(self._devices_for) != len(models) or any(a is not b for a, b in zip(models, self._devices_for)):
             self._output_device = self._output_devices(models)
             self._devices_for = models
         self._inflight.enter()
-        # An ensemble does not queue (its steps queue at their models): a queue stage of
-        # zero length per request, which perf_analyzer also uses to find the version served.
-        self._stats.record_queue(0)
         try:
-            outputs = await (self._run_sequence(request) if graph.sequence else self._run(request))
+            if self._admission is None:
+                # No limit, no queue (its steps queue at their models): a queue stage of zero
+                # length per request, which perf_analyzer also uses to find the version served.
+                self._stats.record_queue(0)
+                outputs = await (self._run_sequence(request) if graph.sequence else self._run(request))
+            else:
+                outputs = await self._admitted(request)
         finally:
             self._inflight.leave()
         stats = self._stats
         stats.inference_count += rows
         stats.execution_count += 1
         return outputs
+
+    async def _admitted(self, request: InferenceRequest) -> dict[str, np.ndarray]:
+        """The request, after one of the ensemble's places (max_inflight_requests per step); the
+        wait before its first step is the ensemble's queue stage."""
+        assert self._admission is not None
+        start = self._clock.now()
+        await self._acquire(self._admission, request, lambda: (
+            f"while it waited before its first step for one of the ensemble's {self._places} places "
+            f"(max_inflight_requests {self.graph.max_inflight_requests} for each of its {len(self.graph.steps)} steps)"))
+        try:
+            self._stats.record_queue(max(0, int((self._clock.now() - start) * 1e9)))
+            return await (self._run_sequence(request) if self.graph.sequence else self._run(request))
+        finally:
+            self._admission.release()
+
+    async def _acquire(self, slot: asyncio.Semaphore, request: InferenceRequest, waited: Callable[[], str]) -> None:
+        """``slot``, within the request's deadline (DeadlineExceeded saying what ``waited`` for).
+        A cancelled request stops waiting at once (CancelledError) and holds nothing."""
+        deadline = request.deadline
+        if deadline is None or not slot.locked():  # free now: no timer needed
+            await slot.acquire()
+            return
+        try:
+            async with asyncio.timeout(max(0.0, deadline - self._clock.now())):
+                await slot.acquire()
+        except TimeoutError:
+            raise DeadlineExceeded(f"ensemble '{self.graph.name}': the request's deadline passed {waited()}") from None
 
     # -- the graph -----------------------------------------------------------
 
@@ -186,17 +231,8 @@ class EnsembleScheduler(Scheduler):
         """One step, after one of its max_inflight_requests slots."""
         assert self._slots is not None
         slot = self._slots[step.index]
-        deadline = request.deadline
-        if deadline is None or not slot.locked():  # free now: no timer needed
-            await slot.acquire()
-        else:
-            try:
-                async with asyncio.timeout(max(0.0, deadline - self._clock.now())):
-                    await slot.acquire()
-            except TimeoutError:
-                raise DeadlineExceeded(
-                    f"ensemble '{self.graph.name}': the request's deadline passed while {step.label} waited "
-                    f"for one of its {self.graph.max_inflight_requests} max_inflight_requests slots") from None
+        await self._acquire(slot, request, lambda: (
+            f"while {step.label} waited for one of its {self.graph.max_inflight_requests} max_inflight_requests slots"))
         try:
             return await self._call(step, tensors, request)
         finally:
@@ -326,6 +362,16 @@ class EnsembleScheduler(Scheduler):
         if name is None:
             raise InvalidArgument(f"{where}: no route for key '{key}' (from {route.by}); routes: {route.keys()}")
         return name
+
+    def _route_models(self) -> tuple[Model | None, ...]:
+        """The routed steps' other candidates, as loaded now (None: gone, which _problem explains)."""
+        found: list[Model | None] = []
+        for step, name in self._candidates:
+            try:
+                found.append(self._resolve(name, step.model_version))
+            except InferdError:
+                found.append(None)
+        return tuple(found)
 
     def _routed_model(self, step: Step, name: str) -> Model:
         if name == step.model_name:
