@@ -1,8 +1,8 @@
 """``--model-control-mode on_demand`` through tritonclient, what goes wrong: a Python model's BLS call into a
 model that is not loaded loads it; a model whose ``initialize`` BLS-calls a cold model (its own load would
 wait for itself) fails at once with both models named; a broken model is not loaded again on every request
-(its failure is remembered until a backoff passes or its files change). One server for the module (both
-process modes: `make test`)."""
+(its failure is remembered until a backoff passes or its files change); ``--model-gpu-memory-budget``'s
+refusals at start-up and its help. One server for the module (both process modes: `make test`)."""
 
 from __future__ import annotations
 
@@ -150,3 +150,26 @@ def test_a_broken_model_is_not_loaded_again_on_every_request(server: ServerProce
     # Its files change: the next request loads it, whatever is left of the backoff.
     (repo / "broken" / "1" / "model.onnx").write_bytes((repo.parent / (repo.name + "-good.onnx")).read_bytes())
     assert ask(client, "broken", 6) == expected(5, 6)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--model-gpu-memory-budget", "0:1GiB"], "--model-gpu-memory-budget needs --model-control-mode on_demand"),
+    (["--model-control-mode", "on_demand", "--model-gpu-memory-budget", "0=1GiB"],
+     "--model-gpu-memory-budget takes GPU:SIZE items such as 0:8GiB,1:4GiB (a GPU index, a colon, a size), "
+     "got '0=1GiB'"),
+    (["--model-control-mode", "on_demand", "--model-gpu-memory-budget", "0:1G", "--model-gpu-memory-budget", "0:2G"],
+     "gives GPU 0 twice")])
+def test_serve_refuses_a_bad_gpu_budget_before_starting(repo: Path, args: list[str], words: str) -> None:
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "inferd.cli", "serve", "--model-repository", str(repo), *args],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and words in done.stderr, done.stderr
+
+
+def test_serve_help_documents_the_gpu_budget() -> None:
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "inferd.cli", "serve", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert "--model-gpu-memory-budget GPU:SIZE[,GPU:SIZE]" in done.stdout and "0:8GiB,1:4GiB" in done.stdout
