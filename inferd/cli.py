@@ -83,6 +83,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="on_demand: host memory the loaded models may hold, by their footprints measured at load "
                         "(512MiB, 2G, bytes); a load past it evicts idle models first, or is refused "
                         "RESOURCE_EXHAUSTED (default: no limit)")
+    p.add_argument("--model-gpu-memory-budget", action="append", default=[], metavar="GPU:SIZE[,GPU:SIZE]",
+                   help="on_demand: GPU memory the loaded models may hold, per device (e.g. 0:8GiB,1:4GiB; "
+                        "repeatable), by what torch's allocator gained on each GPU during their loads; a load "
+                        "needing memory on GPU k evicts idle models holding memory there, or is refused "
+                        "RESOURCE_EXHAUSTED naming the device (default: no limit)")
     p.add_argument("--model-warmup-on-demand", type=_flag, default=True, metavar="true|false",
                    help="on_demand: run a model's model_warmup on a demand load before the requests waiting for "
                         "it (default true; false answers them sooner, the first executions slower)")
@@ -344,14 +349,16 @@ def _serve(args: argparse.Namespace) -> int:
     logs = LogSettings(verbose=args.log_verbose, info=args.log_info, warning=args.log_warning,
                        error=args.log_error, format=args.log_format)
     logs.apply()
-    from inferd.repository.residency import parse_size
+    from inferd.repository.residency import parse_gpu_budgets, parse_size
 
     try:
         budget = None if args.model_memory_budget is None else parse_size(args.model_memory_budget)
+        gpu_budgets = parse_gpu_budgets(args.model_gpu_memory_budget)
     except ValueError as exc:
         print(f"inferd: {exc}", file=sys.stderr)
         return 2
-    problem = check_arguments(args.model_control_mode, args.load_models, args.repository_poll_secs, budget)
+    problem = check_arguments(args.model_control_mode, args.load_models, args.repository_poll_secs, budget,
+                              gpu_budgets)
     if problem is None:
         problem = _repository_problem(args.model_repository)
     if problem:
@@ -434,6 +441,7 @@ def _serve(args: argparse.Namespace) -> int:
         load_models=args.load_models,
         repository_poll_secs=args.repository_poll_secs,
         model_memory_budget=budget,
+        model_gpu_memory_budget=gpu_budgets,
         model_warmup_on_demand=args.model_warmup_on_demand,
         tracing=tracer,
         log_settings=logs,

@@ -252,6 +252,10 @@ class InferdCollector:
              lambda c: c.loads),
             (CounterMetricFamily("inferd_model_load_failures", "Demand loads of the model that failed", labels=M),
              lambda c: c.load_failures),
+            (CounterMetricFamily("inferd_model_load_backoffs",
+                                 "Requests answered at once with the model's last load failure (not loaded again "
+                                 "before its backoff passes)", labels=M),
+             lambda c: c.backoffs),
             (CounterMetricFamily("inferd_model_evictions",
                                  "Times the model was unloaded to make room under --model-memory-budget", labels=M),
              lambda c: c.evictions),
@@ -284,6 +288,19 @@ class InferdCollector:
             budget = GaugeMetricFamily("inferd_model_memory_budget_bytes", "--model-memory-budget")
             budget.add_metric([], demand.budget)
             yield budget
+        gpu_used = demand.gpu_used()
+        if gpu_used:
+            used_gpu = GaugeMetricFamily("inferd_model_gpu_memory_used_bytes",
+                                         "Footprints of the loaded models on the GPU, summed", labels=["gpu"])
+            for device, n in sorted(gpu_used.items()):
+                used_gpu.add_metric([str(device)], n)
+            yield used_gpu
+        if demand.gpu_budgets:
+            budget_gpu = GaugeMetricFamily("inferd_model_gpu_memory_budget_bytes", "--model-gpu-memory-budget",
+                                           labels=["gpu"])
+            for device, n in sorted(demand.gpu_budgets.items()):
+                budget_gpu.add_metric([str(device)], n)
+            yield budget_gpu
 
 
 

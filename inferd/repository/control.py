@@ -36,12 +36,16 @@ log = logging.getLogger(__name__)
 
 
 def check_arguments(mode: str, load_models: list[str], poll_secs: float,
-                    memory_budget: int | None = None) -> str | None:
+                    memory_budget: int | None = None,
+                    gpu_memory_budget: Mapping[int, int] | None = None) -> str | None:
     """Why the options do not fit together, or None."""
     if load_models and mode not in ("explicit", "on_demand"):
         return "--load-model needs --model-control-mode explicit (or on_demand, where it pins the model)"
     if memory_budget is not None and mode != "on_demand":
         return ("--model-memory-budget needs --model-control-mode on_demand (the other modes never unload a "
+                f"model on their own), got --model-control-mode {mode}")
+    if gpu_memory_budget and mode != "on_demand":
+        return ("--model-gpu-memory-budget needs --model-control-mode on_demand (the other modes never unload a "
                 f"model on their own), got --model-control-mode {mode}")
     if mode == "poll" and not poll_secs > 0:
         return f"--repository-poll-secs must be > 0, got {poll_secs}"
@@ -100,14 +104,15 @@ class ModelLoading:
         self.manager = manager
         self._unloads: set[asyncio.Task] = set()
 
-    async def load(self, name: str, config: str, files: dict[str, bytes]) -> None:
-        """``pb_utils.load_model``: returns once the model serves; raises why not."""
+    async def load(self, name: str, config: str, files: dict[str, bytes], caller: str = "") -> None:
+        """``pb_utils.load_model`` (made by model ``caller``): returns once the model serves; raises why not."""
         require_explicit(self.manager, f"failed to load '{name}'")
         params: dict[str, object] = dict(files)
         if config:
             params["config"] = config
         parsed, folder = load_parameters(name, params)
         if self.manager.demand is not None:
+            self.manager.demand.check_nested(name, caller, "asked (pb_utils.load_model) to load")
             await self.manager.demand.load_pinned(name, parsed, folder)
         else:
             await self.manager.load_model(name, parsed, folder)

@@ -65,3 +65,36 @@ def fingerprint(model_dir: Path) -> tuple[tuple[str, int, int], ...]:
             key = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
             items.append((key, st.st_size, st.st_mtime_ns))
     return tuple(items)
+
+
+def change_stamp(model_dir: Path) -> tuple[tuple[str, int, int], ...]:
+    """What tells that a model folder changed, cheaply (a few stat calls, asked on the event loop for
+    every request to a model whose load failed): the folder, its direct entries (config.pbtxt, the
+    version folders) and what each version folder holds directly, by size and modification time.
+    Deeper files are not looked at (:func:`fingerprint` walks them all); replacing one changes the
+    modification time of the folder it is in only when it is renamed into place."""
+    items: list[tuple[str, int, int]] = []
+
+    def add(key: str, path: str) -> os.stat_result | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        items.append((key, st.st_size, st.st_mtime_ns))
+        return st
+
+    add(".", str(model_dir))
+    try:
+        top = sorted(os.scandir(model_dir), key=lambda e: e.name)
+    except OSError:
+        return tuple(items)
+    for entry in top:
+        add(entry.name, entry.path)
+        if entry.name.isdigit() and entry.is_dir():
+            try:
+                inner = sorted(os.scandir(entry.path), key=lambda e: e.name)
+            except OSError:
+                continue
+            for item in inner:
+                add(f"{entry.name}/{item.name}", item.path)
+    return tuple(items)

@@ -112,7 +112,8 @@ class ModelManager:
                  startup_models: list[str] | None = None, auto_complete: bool = True,
                  gpus: GpuInventory | None = None, cache: ResponseCache | None = None,
                  limiter: RateLimiter | None = None, memory_budget: int | None = None,
-                 demand_warmup: bool = True, measure_footprints: bool = False) -> None:
+                 demand_warmup: bool = True, measure_footprints: bool = False,
+                 gpu_memory_budget: dict[int, int] | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"model control mode must be one of {MODES}, got '{mode}'")
         self.repositories = repositories
@@ -128,8 +129,12 @@ class ModelManager:
         self.dispatcher = ModelDispatcher(self.get, clock, control=ModelLoading(self))
         # The GPUs instance groups are placed on (torch's view; a fake one in tests).
         self.gpus = gpus or default_inventory()
-        # on_demand (inferd/repository/demand.py): loads on first request, evicts under memory_budget.
-        self.demand = OnDemand(self, memory_budget, clock, demand_warmup) if mode == "on_demand" else None
+        # on_demand (inferd/repository/demand.py): loads on first request, evicts under the memory budgets;
+        # a BLS call into a model that is not loaded loads it too.
+        self.demand = (OnDemand(self, memory_budget, clock, demand_warmup, gpu_memory_budget)
+                       if mode == "on_demand" else None)
+        if self.demand is not None:
+            self.dispatcher.cold = self.demand.call_from
         # Each version's footprint (malloc / RSS delta around its build, ModelStatistics' memory_usage) is
         # measured where loads do not overlap: on_demand loads one at a time, ``inferd check`` too.
         self.measure_footprints = measure_footprints or mode == "on_demand"
@@ -297,7 +302,8 @@ class ModelManager:
                     first_built = not any(m is not old.get(v) for v, m in models.items())
                     with Measure(since=reading if first_built else None) as measured:
                         models[version] = build_model(prepared.spec, prepared.backend, path, version, file,
-                                                      self.clock, self.dispatcher, cache=self.cache,
+                                                      self.clock, self.dispatcher.for_model(entry.name),
+                                                      cache=self.cache,
                                                       limiter=self.limiter)
                     if self.measure_footprints:
                         runtime = prepared.spec.platform or prepared.spec.backend

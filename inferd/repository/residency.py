@@ -6,7 +6,7 @@ recently used models that can go. This module decides which, and nothing else:
 :func:`plan_load` is a function of plain data (the resident models with their
 footprints, last use, whether anything is queued or in flight for them, pins
 and keep-warm times; the budget; ``now``) and returns a :class:`Plan`, so it is
-tested as a state machine on made-up times (tests/test_residency.py), like the
+tested as a state machine on made-up times (tests/repository/test_residency.py), like the
 batch decision. The driver that measures, loads and unloads is
 :mod:`inferd.repository.demand`.
 
@@ -23,13 +23,22 @@ The rules:
 - if even evicting all of them leaves too little room, nothing is evicted and
   the load is refused (:attr:`Plan.refusal` says why, naming the budget, the
   footprint and what holds the memory).
+
+Per GPU (``--model-gpu-memory-budget 0:8GiB,1:4GiB``) the same rules hold for
+each device on its own: a load that needs bytes on GPU k (its footprint there,
+as its last load measured it) evicts the least recently used idle models that
+hold memory on GPU k, and is refused naming the device, its budget, the
+footprint and what holds it. Host and GPU budgets are one decision: a single
+pass in least-recently-used order evicts a model when it frees memory
+somewhere the load is still short of room, so a model is never evicted for a
+device it does not use.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +46,18 @@ class Resident:
     """One loaded model, as the decision sees it."""
 
     name: str
-    footprint: int  # bytes it holds (measured at its load)
+    footprint: int  # host bytes it holds (measured at its load)
     last_use: float  # clock seconds of the last request that asked for it
     busy: bool = False  # queued, in flight, waiting for its load, or needed by an ensemble in use
     pinned: bool = False
     keep_warm_until: float = 0.0  # not evicted before this time (last use + inferd.keep_warm_seconds)
+    gpus: tuple[tuple[int, int], ...] = ()  # (GPU index, bytes it holds there), as measured at its load
+
+    def holds(self, device: int | None) -> int:
+        """Bytes held on ``device``: None is host memory, an int a GPU index."""
+        if device is None:
+            return self.footprint
+        return sum(n for i, n in self.gpus if i == device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,37 +69,58 @@ class Plan:
     refusal: str | None = None
 
 
-def plan_load(name: str, footprint: int, budget: int, residents: Sequence[Resident], now: float) -> Plan:
-    """Make room for ``name`` (``footprint`` bytes) under ``budget`` bytes among ``residents``
-    (``name`` itself must not be among them). Pure: reads only its arguments."""
-    used = sum(r.footprint for r in residents)
-    if used + footprint <= budget:
+def plan_load(name: str, footprint: int, budget: int | None, residents: Sequence[Resident], now: float,
+              gpu_footprint: Mapping[int, int] | None = None, gpu_budgets: Mapping[int, int] | None = None) -> Plan:
+    """Make room for ``name`` (``footprint`` host bytes, ``gpu_footprint`` bytes per GPU index) under
+    ``budget`` host bytes (None: no limit) and ``gpu_budgets`` (GPU index -> bytes; a GPU without one
+    has no limit) among ``residents`` (``name`` itself must not be among them). One pass in least
+    recently used order evicts an idle model only when it holds memory somewhere the load is still
+    short of room (a model on GPU 0 alone is not evicted for GPU 1). Pure: reads only its arguments."""
+    needs = _needs(footprint, budget, gpu_footprint or {}, gpu_budgets or {})
+    used = {device: sum(r.holds(device) for r in residents) for device, _, _ in needs}
+    short = [d for d, need, limit in needs if used[d] + need > limit]
+    if not short:
         return Plan()
-    if footprint > budget:
-        return Plan(refusal=f"model '{name}' needs {format_size(footprint)} (its footprint), more than the whole "
-                            f"model memory budget of {format_size(budget)}; raise --model-memory-budget")
-    candidates = sorted((r for r in residents if evictable(r, now)), key=lambda r: (r.last_use, r.name))
+    for device, need, limit in needs:
+        if need > limit:
+            return Plan(refusal=_too_large(name, device, need, limit))
+    limits = {d: (need, limit) for d, need, limit in needs}
     evict: list[str] = []
-    for r in candidates:
-        if used + footprint <= budget:
+    for r in sorted((r for r in residents if evictable(r, now)), key=lambda r: (r.last_use, r.name)):
+        if not short:
             break
+        if not any(r.holds(d) for d in short):
+            continue
         evict.append(r.name)
-        used -= r.footprint
-    if used + footprint > budget:
-        return Plan(refusal=_refusal(name, footprint, budget, residents, now))
+        for d in used:
+            used[d] -= r.holds(d)
+        short = [d for d in short if used[d] + limits[d][0] > limits[d][1]]
+    if short:
+        device = short[0]
+        need, limit = limits[device]
+        return Plan(refusal=_refusal(name, device, need, limit, residents, now))
     return Plan(tuple(evict))
 
 
-def over_budget(budget: int, residents: Sequence[Resident], now: float) -> tuple[str, ...]:
+def over_budget(budget: int | None, residents: Sequence[Resident], now: float,
+                gpu_budgets: Mapping[int, int] | None = None) -> tuple[str, ...]:
     """After a load measured more than it was expected to: the idle models to unload (least
-    recently used first) to bring the residents back within ``budget``, as far as they can."""
-    used = sum(r.footprint for r in residents)
+    recently used first, only those holding memory where a budget is passed) to bring the residents
+    back within ``budget`` and ``gpu_budgets``, as far as they can."""
+    limits = _needs(0, budget, {}, gpu_budgets or {}, every_gpu=True)
+    used = {d: sum(r.holds(d) for r in residents) for d, _, _ in limits}
+    over = [d for d, _, limit in limits if used[d] > limit]
+    bound = {d: limit for d, _, limit in limits}
     out: list[str] = []
     for r in sorted((r for r in residents if evictable(r, now)), key=lambda r: (r.last_use, r.name)):
-        if used <= budget:
+        if not over:
             break
+        if not any(r.holds(d) for d in over):
+            continue
         out.append(r.name)
-        used -= r.footprint
+        for d in used:
+            used[d] -= r.holds(d)
+        over = [d for d in over if used[d] > bound[d]]
     return tuple(out)
 
 
@@ -91,18 +128,52 @@ def evictable(r: Resident, now: float) -> bool:
     return not (r.busy or r.pinned or now < r.keep_warm_until)
 
 
-def _refusal(name: str, footprint: int, budget: int, residents: Sequence[Resident], now: float) -> str:
-    used = sum(r.footprint for r in residents)
+def _needs(footprint: int, budget: int | None, gpu_footprint: Mapping[int, int], gpu_budgets: Mapping[int, int],
+           every_gpu: bool = False) -> list[tuple[int | None, int, int]]:
+    """(device, bytes the load needs there, budget there) for every budget the load touches: the host
+    (None) when there is a host budget, each GPU with a budget the load needs bytes on (``every_gpu``:
+    every GPU with a budget)."""
+    out: list[tuple[int | None, int, int]] = []
+    if budget is not None:
+        out.append((None, footprint, budget))
+    for device in sorted(gpu_budgets):
+        need = gpu_footprint.get(device, 0)
+        if need > 0 or every_gpu:
+            out.append((device, need, gpu_budgets[device]))
+    return out
+
+
+def _where(device: int | None) -> tuple[str, str]:
+    """How a refusal names the memory and the flag that sizes it."""
+    if device is None:
+        return "the model memory budget", "--model-memory-budget"
+    return f"GPU {device}'s model memory budget", f"--model-gpu-memory-budget {device}:SIZE"
+
+
+def _too_large(name: str, device: int | None, need: int, limit: int) -> str:
+    budget, flag = _where(device)
+    there = "" if device is None else f" on GPU {device}"
+    whole = "the whole model memory budget" if device is None else f"the whole of {budget}"
+    return (f"model '{name}' needs {format_size(need)}{there} (its footprint), more than {whole} of "
+            f"{format_size(limit)}; raise {flag}")
+
+
+def _refusal(name: str, device: int | None, need: int, limit: int, residents: Sequence[Resident],
+             now: float) -> str:
+    budget, flag = _where(device)
+    holders = [r for r in residents if r.holds(device)]
+    used = sum(r.holds(device) for r in holders)
     groups: dict[str, list[Resident]] = {"pinned": [], "in use": [], "kept warm": [], "idle": []}
-    for r in residents:
+    for r in holders:
         key = "pinned" if r.pinned else "in use" if r.busy else "kept warm" if now < r.keep_warm_until else "idle"
         groups[key].append(r)
     held = "; ".join(
-        f"{key}: " + ", ".join(f"'{r.name}' {format_size(r.footprint)}" for r in sorted(rs, key=lambda r: r.name))
+        f"{key}: " + ", ".join(f"'{r.name}' {format_size(r.holds(device))}" for r in sorted(rs, key=lambda r: r.name))
         for key, rs in groups.items() if rs)
-    return (f"model '{name}' needs {format_size(footprint)} (its footprint) and the model memory budget of "
-            f"{format_size(budget)} has {format_size(max(0, budget - used))} free; the models holding it cannot be "
-            f"unloaded now ({held}); try again once they are idle, or raise --model-memory-budget")
+    there = "" if device is None else f" on GPU {device}"
+    return (f"model '{name}' needs {format_size(need)}{there} (its footprint) and {budget} of "
+            f"{format_size(limit)} has {format_size(max(0, limit - used))} free; the models holding it cannot be "
+            f"unloaded now ({held or 'none'}); try again once they are idle, or raise {flag}")
 
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -123,6 +194,24 @@ def parse_size(text: str, what: str = "--model-memory-budget") -> int:
     if size <= 0:
         raise ValueError(f"{what} must be > 0, got '{text}'")
     return size
+
+
+def parse_gpu_budgets(texts: Sequence[str], what: str = "--model-gpu-memory-budget") -> dict[int, int]:
+    """``["0:8GiB,1:4GiB"]`` (the flag, repeatable, each a comma-separated list of ``GPU:SIZE``, as
+    Triton's ``--cuda-memory-pool-byte-size <GPU>:<bytes>`` names a device) -> {GPU index: bytes}.
+    Raises ValueError naming ``what``, the offending item and what would be valid."""
+    out: dict[int, int] = {}
+    for text in texts:
+        for item in (p.strip() for p in text.split(",")):
+            device, sep, size = item.partition(":")
+            if not sep or not device.strip().isdigit():
+                raise ValueError(f"{what} takes GPU:SIZE items such as 0:8GiB,1:4GiB (a GPU index, a colon, a "
+                                 f"size), got '{item}'")
+            index = int(device)
+            if index in out:
+                raise ValueError(f"{what} gives GPU {index} twice ('{text}'): one budget per GPU")
+            out[index] = parse_size(size, f"{what} {index}:SIZE")
+    return out
 
 
 def format_size(n: int) -> str:

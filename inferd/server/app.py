@@ -83,6 +83,8 @@ class ServerOptions:
     load_models: list[str] = field(default_factory=list)  # explicit mode, at start-up ("*": all)
     repository_poll_secs: float = 15.0
     model_memory_budget: int | None = None  # on_demand: host bytes the loaded models may hold (None: no limit)
+    # on_demand: GPU index -> bytes the loaded models may hold there (a GPU not named: no limit)
+    model_gpu_memory_budget: dict[int, int] = field(default_factory=dict)
     model_warmup_on_demand: bool = True  # on_demand: a demand load runs model_warmup before its requests
     tracing: Tracing | None = None  # None: off
     log_settings: LogSettings | None = None
@@ -111,6 +113,7 @@ class InferenceServer:
                                     startup_models=options.load_models,
                                     auto_complete=not options.strict_model_config, cache=cache, limiter=limiter,
                                     memory_budget=options.model_memory_budget,
+                                    gpu_memory_budget=options.model_gpu_memory_budget,
                                     demand_warmup=options.model_warmup_on_demand)
         self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings,
                                    server_name=options.server_name,

@@ -139,3 +139,193 @@ async def test_a_model_just_loaded_for_a_request_is_the_freshest_not_the_coldest
         assert evicted[:1] == ["t0"], (evicted, demand.footprints)  # the least recently used went first
     finally:
         await dp.close()
+
+
+# -- a failed load is remembered (backoff), on a fake clock -----------------------------------
+
+
+def _broken_same_size(folder: Path) -> bytes:
+    """Replace the model file by garbage of the same size; return the good bytes."""
+    good = (folder / "1" / "model.onnx").read_bytes()
+    (folder / "1" / "model.onnx").write_bytes(b"x" * len(good))
+    return good
+
+
+async def test_a_failed_load_is_not_retried_before_its_backoff_passes(tmp_path: Path) -> None:
+    from inferd.clock import FakeClock
+
+    folder = add_table_model(tmp_path, "broken", 0, 10)
+    _broken_same_size(folder)
+    dp = await plane(tmp_path)
+    demand = dp.manager.demand
+    clock = demand.clock = FakeClock()
+    counters = lambda: demand.counters["broken"]  # noqa: E731
+    try:
+        with pytest.raises(InferdError, match="(?s)model 'broken' failed to load on demand: .*tried again on a "
+                                              "request after 1 s"):
+            await dp.infer(table_request("broken"))
+        assert counters().load_failures == 1
+        for _ in range(3):  # answered at once, with the reason and when it is tried again: no load
+            with pytest.raises(InferdError) as info:
+                await dp.infer(table_request("broken"))
+            assert "failed to load on demand 0.0 s ago" in info.value.message
+            assert "not loaded again for 1.0 s (failure 1 in a row" in info.value.message
+        assert counters().load_failures == 1 and counters().backoffs == 3
+        clock.advance(1.0)  # the backoff passed: loaded again, fails again, the wait doubles
+        with pytest.raises(InferdError, match="after 2 s"):
+            await dp.infer(table_request("broken"))
+        assert counters().load_failures == 2
+        clock.advance(1.5)
+        with pytest.raises(InferdError, match=r"not loaded again for 0\.5 s \(failure 2 in a row"):
+            await dp.infer(table_request("broken"))
+        for _ in range(6):  # failures in a row: 2, 4, ... up to 60 s, never more
+            clock.advance(60.0)
+            with pytest.raises(InferdError):
+                await dp.infer(table_request("broken"))
+        assert demand.failures["broken"].retry_at - clock.now() == 60.0
+        assert counters().load_failures == 8
+        (entry,) = [e for e in dp.manager.index() if e.name == "broken"]
+        assert entry.state == "UNAVAILABLE" and "tried again on a request after 60 s" in entry.reason
+    finally:
+        await dp.close()
+
+
+async def test_changed_files_or_an_explicit_load_end_the_backoff(tmp_path: Path) -> None:
+    import os
+
+    from inferd.clock import FakeClock
+
+    folder = add_table_model(tmp_path, "broken", 5, 10)
+    good = _broken_same_size(folder)
+    other = add_table_model(tmp_path, "other", 6, 10)
+    good_other = _broken_same_size(other)
+    dp = await plane(tmp_path)
+    demand = dp.manager.demand
+    demand.clock = FakeClock()
+    model_file = folder / "1" / "model.onnx"
+    try:
+        with pytest.raises(InferdError, match="failed to load on demand"):
+            await dp.infer(table_request("broken"))
+        # Fixed in place with the same size and modification time: nothing tells, it stays refused ...
+        st = model_file.stat()
+        model_file.write_bytes(good)
+        os.utime(model_file, ns=(st.st_atime_ns, st.st_mtime_ns))
+        with pytest.raises(InferdError, match="not loaded again for"):
+            await dp.infer(table_request("broken"))
+        # ... until RepositoryModelLoad asks: tried at once (and pinned).
+        await dp.load_model("broken")
+        assert float((await dp.infer(table_request("broken", 2))).outputs["Y"][0]) == expected(5, 2)
+        assert "broken" not in demand.failures
+
+        # Another broken model whose files then change: the next request loads it at once.
+        with pytest.raises(InferdError, match="failed to load on demand"):
+            await dp.infer(table_request("other"))
+        other_file = other / "1" / "model.onnx"
+        st = other_file.stat()
+        other_file.write_bytes(good_other)
+        os.utime(other_file, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        assert float((await dp.infer(table_request("other", 4))).outputs["Y"][0]) == expected(6, 4)
+        assert demand.counters["other"].load_failures == 1 and demand.counters["other"].backoffs == 0
+    finally:
+        await dp.close()
+
+
+# -- --model-gpu-memory-budget through the driver, with fake GPU footprints -------------------
+
+
+def _fake_gpu_footprints(manager: ModelManager, gpu_mb: dict[str, int]) -> None:
+    """Each build of a model named in ``gpu_mb`` reports that many MiB on GPU 0 (as torch's allocator
+    delta would, in ModelStatistics' memory_usage), which is what the driver reads."""
+    build = manager._load_blocking
+
+    def with_gpu(entry, config):  # type: ignore[no-untyped-def]
+        models, sources = build(entry, config)
+        for model in models.values():
+            if entry.name in gpu_mb:  # a version kept by a reload has its entry already
+                host = tuple(u for u in model.stats.memory_usage if u[0] != "GPU")
+                model.stats.memory_usage = host + (("GPU", 0, gpu_mb[entry.name] * 2**20),)
+        return models, sources
+
+    manager._load_blocking = with_gpu  # type: ignore[method-assign]
+
+
+async def test_a_gpu_budget_evicts_models_on_that_gpu_and_refuses_naming_it(tmp_path: Path) -> None:
+    from inferd.errors import ResourceExhausted
+
+    for i, name in enumerate(("cpu", "g0", "g1", "g2", "big")):
+        add_table_model(tmp_path, name, i, 10)
+    manager = ModelManager([tmp_path], mode="on_demand", gpu_memory_budget={0: 100 * 2**20})
+    _fake_gpu_footprints(manager, {"g0": 40, "g1": 40, "g2": 40, "big": 120})
+    dp = DataPlane(manager)
+    await dp.load_models()
+    demand = manager.demand
+    loaded = lambda: {e.name for e in manager.index() if e.state == "READY"}  # noqa: E731
+    try:
+        for name in ("cpu", "g0", "g1"):
+            await dp.infer(table_request(name))
+        assert demand.gpu_used() == {0: 80 * 2**20}
+        # g2's GPU footprint is not known before its first load: it loads, then the coldest model on
+        # GPU 0 goes (the host-only model, colder still, stays).
+        await dp.infer(table_request("g2"))
+        assert loaded() == {"cpu", "g1", "g2"} and demand.counters["g0"].evictions == 1
+        # Now known: g0's next load makes room first.
+        await dp.infer(table_request("g0"))
+        assert loaded() == {"cpu", "g2", "g0"} and demand.gpu_used() == {0: 80 * 2**20}
+        # 'big' measures 120 MiB: more than GPU 0's budget; once known, its load is refused at once.
+        await dp.infer(table_request("big"))
+        await dp.infer(table_request("g1"))  # evicts 'big' (idle, the coldest on GPU 0)
+        assert "big" not in loaded()
+        with pytest.raises(ResourceExhausted, match=r"model 'big' needs 120\.0 MiB on GPU 0 \(its footprint\), "
+                                                    r"more than the whole of GPU 0's model memory budget of "
+                                                    r"100\.0 MiB; raise --model-gpu-memory-budget 0:SIZE"):
+            await dp.infer(table_request("big"))
+        assert demand.counters["big"].refusals == 1
+        # Pinned models hold GPU 0: a load that needs room there is refused naming them.
+        await dp.load_model("g0")
+        await dp.load_model("g1")
+        with pytest.raises(ResourceExhausted) as info:
+            await dp.infer(table_request("g2", 1))  # evicted by 'big' earlier; its 40 MiB known
+        for words in ("model 'g2' needs 40.0 MiB on GPU 0",
+                      "GPU 0's model memory budget of 100.0 MiB has 20.0 MiB free",
+                      "pinned: 'g0' 40.0 MiB, 'g1' 40.0 MiB", "--model-gpu-memory-budget 0:SIZE"):
+            assert words in info.value.message, info.value.message
+        assert "cpu" in loaded()  # never evicted for GPU room
+    finally:
+        await dp.close()
+
+
+# -- a model that, while it loads, asks for another load --------------------------------------
+
+LOADS_IN_INITIALIZE = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        pb_utils.load_model(model_name="callee")  # raises TritonModelException when refused
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[]) for _ in requests]
+'''
+
+
+async def test_pb_utils_load_model_from_initialize_fails_fast_instead_of_waiting_for_itself(tmp_path: Path) -> None:
+    from repo_builder import add_python_model
+
+    add_table_model(tmp_path, "callee", 1, 10)
+    add_python_model(tmp_path, "loader", LOADS_IN_INITIALIZE, '''
+        name: "loader"
+        backend: "python"
+        max_batch_size: 0
+        input [ { name: "I" data_type: TYPE_INT64 dims: [ 1 ] } ]
+        output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+    ''')
+    dp = await plane(tmp_path)
+    try:
+        with pytest.raises(InferdError) as info:
+            await asyncio.wait_for(dp.infer(table_request("loader")), 60)  # a deadlock would time out
+        assert ("model 'loader' asked (pb_utils.load_model) to load model 'callee' while 'loader' itself was loading"
+                in info.value.message), info.value.message
+        assert float((await dp.infer(table_request("callee", 2))).outputs["Y"][0]) == expected(1, 2)
+    finally:
+        await dp.close()

@@ -1,11 +1,13 @@
 """The residency decision (inferd/repository/residency.py) as a state machine on made-up
-times: which models a load evicts, which it never may, and when it is refused."""
+times: which models a load evicts, which it never may, and when it is refused; per GPU too
+(``--model-gpu-memory-budget``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from inferd.repository.residency import Resident, format_size, over_budget, parse_size, plan_load
+from inferd.repository.residency import (Resident, format_size, over_budget, parse_gpu_budgets, parse_size,
+                                        plan_load)
 
 MB = 2**20
 
@@ -85,3 +87,87 @@ def test_parse_size_refuses(text: str) -> None:
 
 def test_format_size() -> None:
     assert format_size(512) == "512 B" and format_size(3 * MB // 2) == "1.5 MiB" and format_size(2**31) == "2.0 GiB"
+
+
+# -- per GPU ------------------------------------------------------------------------------
+
+
+def g(name: str, last: float, host: int = 1, **gpus_mb: int) -> Resident:
+    """A resident holding ``host`` MiB on the host and ``gpu<k>=MiB`` on GPU k."""
+    kw = {k: v for k, v in gpus_mb.items() if not k.startswith("gpu")}
+    held = tuple(sorted((int(k[3:]), v * MB) for k, v in gpus_mb.items() if k.startswith("gpu")))
+    return Resident(name, host * MB, last, gpus=held, **kw)  # type: ignore[arg-type]
+
+
+def test_a_gpu_load_evicts_only_models_holding_memory_on_that_gpu() -> None:
+    residents = [g("cpu_only", 0.0), g("other_gpu", 1.0, gpu1=60), g("on0_old", 2.0, gpu0=40),
+                 g("on0_new", 3.0, gpu0=40)]
+    plan = plan_load("new", MB, None, residents, now=4.0, gpu_footprint={0: 30 * MB},
+                     gpu_budgets={0: 100 * MB, 1: 64 * MB})
+    assert plan.evict == ("on0_old",)  # the least recently used on GPU 0; the colder ones hold nothing there
+
+
+def test_a_load_needing_nothing_on_a_gpu_ignores_that_gpus_budget() -> None:
+    residents = [g("full", 0.0, gpu0=100)]
+    assert plan_load("cpu", MB, None, residents, now=1.0, gpu_budgets={0: 100 * MB}) == plan_load("x", 0, 0, [], 0.0)
+
+
+def test_gpu_rules_are_the_hosts_pinned_busy_and_kept_warm_stay() -> None:
+    residents = [g("pin", 0.0, gpu0=30, pinned=True), g("busy", 0.0, gpu0=30, busy=True),
+                 g("warm", 0.0, gpu0=30, keep_warm_until=9.0), g("idle", 5.0, gpu0=10)]
+    plan = plan_load("new", MB, None, residents, now=6.0, gpu_footprint={0: 10 * MB}, gpu_budgets={0: 100 * MB})
+    assert plan.evict == ("idle",)  # GPU 0 is full: 'idle' is the only one that may go
+    plan = plan_load("new", MB, None, residents, now=6.0, gpu_footprint={0: 25 * MB}, gpu_budgets={0: 100 * MB})
+    assert plan.evict == () and plan.refusal is not None  # 'idle' alone frees 10 of the 25 needed: nothing goes
+    for words in ("'new' needs 25.0 MiB on GPU 0 (its footprint)", "GPU 0's model memory budget of 100.0 MiB",
+                  "0 B free", "pinned: 'pin' 30.0 MiB", "in use: 'busy' 30.0 MiB", "kept warm: 'warm' 30.0 MiB",
+                  "idle: 'idle' 10.0 MiB", "--model-gpu-memory-budget 0:SIZE"):
+        assert words in plan.refusal, (words, plan.refusal)
+
+
+def test_the_refusal_names_only_what_holds_that_gpu() -> None:
+    residents = [g("on1", 0.0, gpu1=50, pinned=True), g("on0", 0.0, gpu0=90, pinned=True)]
+    plan = plan_load("new", MB, None, residents, now=1.0, gpu_footprint={1: 20 * MB},
+                     gpu_budgets={0: 100 * MB, 1: 60 * MB})
+    assert plan.refusal is not None and "on GPU 1" in plan.refusal and "'on1' 50.0 MiB" in plan.refusal
+    assert "'on0'" not in plan.refusal
+
+
+def test_a_model_larger_than_a_gpus_budget_is_refused_naming_the_device() -> None:
+    plan = plan_load("huge", MB, 100 * MB, [], now=0.0, gpu_footprint={1: 9 * 2**30}, gpu_budgets={1: 8 * 2**30})
+    assert plan.refusal == ("model 'huge' needs 9.0 GiB on GPU 1 (its footprint), more than the whole of GPU 1's "
+                            "model memory budget of 8.0 GiB; raise --model-gpu-memory-budget 1:SIZE")
+
+
+def test_host_and_gpu_budgets_are_one_pass_in_lru_order() -> None:
+    # The host is short by 20 MiB, GPU 0 by 30: 'a' (coldest) frees host only, 'b' both.
+    residents = [g("a", 0.0, host=30), g("b", 1.0, host=10, gpu0=40), g("c", 2.0, host=50, gpu0=40)]
+    plan = plan_load("new", 30 * MB, 100 * MB, residents, now=3.0, gpu_footprint={0: 50 * MB},
+                     gpu_budgets={0: 100 * MB})
+    assert plan.evict == ("a", "b")
+    # Only GPU 0 is short: 'a' holds nothing there and stays.
+    plan = plan_load("new", MB, 1000 * MB, residents, now=3.0, gpu_footprint={0: 50 * MB}, gpu_budgets={0: 100 * MB})
+    assert plan.evict == ("b",)
+
+
+def test_over_budget_trims_each_gpu_past_its_budget() -> None:
+    residents = [g("cold_cpu", 0.0, host=5), g("a", 1.0, gpu0=60), g("b", 2.0, gpu0=60), g("c", 3.0, gpu1=60)]
+    assert over_budget(None, residents, now=4.0, gpu_budgets={0: 100 * MB, 1: 100 * MB}) == ("a",)
+    assert over_budget(None, residents, now=4.0, gpu_budgets={0: 100 * MB, 1: 50 * MB}) == ("a", "c")
+    assert over_budget(None, residents, now=4.0) == ()
+
+
+@pytest.mark.parametrize("texts,budgets", [
+    (["0:8GiB"], {0: 8 * 2**30}), (["0:8GiB,1:4GiB"], {0: 8 * 2**30, 1: 4 * 2**30}),
+    (["0:1G", "3:512MiB"], {0: 10**9, 3: 512 * MB}), ([], {})])
+def test_parse_gpu_budgets(texts: list[str], budgets: dict[int, int]) -> None:
+    assert parse_gpu_budgets(texts) == budgets
+
+
+@pytest.mark.parametrize("text,words", [
+    ("8GiB", "GPU:SIZE items such as 0:8GiB,1:4GiB"), ("gpu0:8G", "got 'gpu0:8G'"), ("0:8G,0:4G", "gives GPU 0 twice"),
+    ("1:lots", "1:SIZE must be a size"), ("0:0", "0:SIZE must be > 0")])
+def test_parse_gpu_budgets_refuses(text: str, words: str) -> None:
+    with pytest.raises(ValueError, match="--model-gpu-memory-budget") as info:
+        parse_gpu_budgets([text])
+    assert words in str(info.value)
