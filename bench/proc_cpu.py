@@ -27,46 +27,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
-PROC = Path("/proc")
-TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# The /proc reader is inferd's own (inferd tune reads it too); re-exported for the benchmarks.
+from inferd.observability.procfs import PROC, TICK, Stat, all_stats, parse_stat, read_stat, server_tree
+
+__all__ = ["PROC", "TICK", "Stat", "all_stats", "parse_stat", "read_stat", "server_tree", "voluntary_switches",
+           "role", "CpuMeter", "CpuReport", "Snapshot", "report", "statistics_count"]
+
 CORE = "core"
 WORKER_MODULE = "inferd.handoff.worker"  # a frontend worker's command line names this module
-
-
-@dataclass(frozen=True, slots=True)
-class Stat:
-    """The fields of /proc/<pid>/stat this tool reads."""
-
-    pid: int
-    ppid: int
-    pgrp: int
-    ticks: int  # utime + stime: every thread of the process, since it started
-    start: int  # start time in ticks after boot: with the pid, names one process even if the pid is reused
-
-
-def read_stat(pid: int, proc: Path = PROC) -> Stat | None:
-    """The process's stat, or None when it is gone (or not readable)."""
-    try:
-        text = (proc / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    return parse_stat(text)
-
-
-def parse_stat(text: str) -> Stat:
-    # The command name (field 2) is in parentheses and may itself hold spaces or ')'.
-    pid = int(text[:text.index(" ")])
-    fields = text[text.rindex(")") + 2:].split()
-    # fields[0] is field 3 (state): ppid is field 4, pgrp 5, utime 14, stime 15, starttime 22.
-    return Stat(pid=pid, ppid=int(fields[1]), pgrp=int(fields[2]),
-                ticks=int(fields[11]) + int(fields[12]), start=int(fields[19]))
 
 
 def voluntary_switches(pid: int, proc: Path = PROC) -> int:
@@ -86,40 +60,6 @@ def voluntary_switches(pid: int, proc: Path = PROC) -> int:
         except OSError:  # a thread that ended meanwhile
             continue
     return total
-
-
-def all_stats(proc: Path = PROC) -> list[Stat]:
-    out = []
-    for entry in proc.iterdir():
-        if entry.name.isdigit():
-            stat = read_stat(int(entry.name), proc)
-            if stat is not None:
-                out.append(stat)
-    return out
-
-
-def server_tree(root: int, stats: Iterable[Stat]) -> list[Stat]:
-    """``root``, every process below it, and its process group's members when it leads one."""
-    stats = list(stats)
-    children: dict[int, list[Stat]] = {}
-    by_pid = {}
-    for s in stats:
-        children.setdefault(s.ppid, []).append(s)
-        by_pid[s.pid] = s
-    if root not in by_pid:
-        return []
-    found = {root: by_pid[root]}
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            if child.pid not in found:
-                found[child.pid] = child
-                todo.append(child.pid)
-    if by_pid[root].pgrp == root:
-        for s in stats:
-            if s.pgrp == root:
-                found.setdefault(s.pid, s)
-    return sorted(found.values(), key=lambda s: s.pid)
 
 
 def role(pid: int, root: int, proc: Path = PROC) -> str:

@@ -162,7 +162,8 @@ def _stream_arguments(p: argparse.ArgumentParser) -> None:
                    help="bytes of output those responses may hold, as --stream-max-responses "
                         f"(default {STREAM_BYTES // 2**20} MiB)")
     p.add_argument("--stream-stall-timeout", type=float, default=DEFAULT_STALL_SECONDS, metavar="SECONDS",
-                   help="how long a model's send waits for a client that reads nothing before the stream ends "
+                   help="how long a model's send (or a paused continuous-batching sequence) waits for a client "
+                        "that reads nothing before the stream ends "
                         f"with RESOURCE_EXHAUSTED (default {DEFAULT_STALL_SECONDS:g})")
 
 

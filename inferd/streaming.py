@@ -15,6 +15,12 @@ model sends. The frontends pull a response from the sink only once the one
 before it is on its way to the client, so the bound reaches back from the
 client's socket to the model. Once the client has gone (``cancel``), puts
 return at once and drop what they carry, and a waiting one is released.
+
+A producer on the loop that can hold itself back (the iterative scheduler,
+which pauses a sequence instead of stepping it) asks :meth:`ResponseSink.resume_when_room`
+after each step and puts with ``paced=True``: it then never waits nor fails, the
+stream passes its bound by at most what one step sent, and the reader calls it
+back once the client has read below the bound.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -93,7 +99,7 @@ class ResponseSink:
     not once per response, so a model sending in a tight loop cannot flood it."""
 
     __slots__ = ("_loop", "limits", "_lock", "_room", "_events", "_bytes", "_waiter", "closed", "cancelled",
-                 "model", "request", "started_ns")
+                 "model", "request", "started_ns", "_resume")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, limits: StreamLimits | None = None, model: str = "",
                  request: Any = None) -> None:
@@ -109,6 +115,7 @@ class ResponseSink:
         self.model = model
         self.request = request  # an InferenceRequest: marked cancelled with the stream, for the model to see
         self.started_ns = 0  # when the request reached its model (the backend sets it)
+        self._resume: Callable[[], None] | None = None  # a paced producer held back: called once there is room
 
     def __len__(self) -> int:
         return len(self._events)
@@ -118,24 +125,43 @@ class ResponseSink:
         events = self._events
         return bool(events) and (len(events) >= limits.max_responses or self._bytes + nbytes > limits.max_bytes)
 
-    def put(self, event: StreamEvent) -> None:
+    def at_bound(self, responses: int = 0, nbytes: int = 0) -> bool:
+        """Whether the stream holds its bound of unread responses or bytes, counting ``responses``
+        more of ``nbytes`` about to be put."""
+        limits = self.limits
+        return len(self._events) + responses >= limits.max_responses or self._bytes + nbytes >= limits.max_bytes
+
+    def resume_when_room(self, responses: int, nbytes: int, resume: Callable[[], None]) -> bool:
+        """For a producer that holds itself back (on the loop): True if the stream is at its
+        bound, counting ``responses`` more of ``nbytes`` it is about to put; ``resume`` is then
+        called once, on the loop, by the reader that takes the stream below the bound (never
+        if the stream is cancelled or ended first). False: there is room, and nothing will be called."""
+        with self._lock:
+            if self.cancelled or self.closed or not self.at_bound(responses, nbytes):
+                return False
+            self._resume = resume
+            return True
+
+    def put(self, event: StreamEvent, *, paced: bool = False) -> None:
         """Deliver ``event``; callable from any thread. Waits (off the loop) while the stream
         holds its limit of unread responses; on the loop, a full stream fails instead
-        (RESOURCE_EXHAUSTED). A final event is never held back. Events after the final one,
-        and every event once the stream is cancelled, are dropped."""
+        (RESOURCE_EXHAUSTED). A final event is never held back, nor one put ``paced`` by a
+        producer that holds itself back (:meth:`resume_when_room`). Events after the final
+        one, and every event once the stream is cancelled, are dropped."""
         if not event.sent_ns:
             event.sent_ns = time.perf_counter_ns()
         nbytes = event_bytes(event)
         with self._lock:
             if self.closed or self.cancelled:
                 return
-            if not event.final and self._full(nbytes):
+            if not event.final and not paced and self._full(nbytes):
                 event = self._wait_for_room(event, nbytes)
                 if event is None:
                     return
                 nbytes = event_bytes(event)
             if event.final:
                 self.closed = True
+                self._resume = None  # nothing more to produce
             self._events.append((event, nbytes))
             self._bytes += nbytes
             waiter, self._waiter = self._waiter, None
@@ -162,9 +188,13 @@ class ResponseSink:
         return StreamEvent(error=self._exhausted(on_loop), final=True, sent_ns=event.sent_ns)
 
     def _exhausted(self, on_loop: bool) -> ResourceExhausted:
-        limits = self.limits
         why = ("and the model sent another from the server's event loop, where it cannot wait" if on_loop else
-               f"and it read none for {limits.stall_seconds:g} s (--stream-stall-timeout)")
+               f"and it read none for {self.limits.stall_seconds:g} s (--stream-stall-timeout)")
+        return self.exhausted(why)
+
+    def exhausted(self, why: str) -> ResourceExhausted:
+        """The error that ends a stream whose client fell behind: what waits, the limits, and ``why``."""
+        limits = self.limits
         return ResourceExhausted(
             f"model '{self.model}': the stream's client fell behind: {len(self._events)} responses "
             f"({self._bytes} bytes) were waiting to be read, the limit is {limits.max_responses} responses "
@@ -188,9 +218,15 @@ class ResponseSink:
                     event, nbytes = self._events.popleft()
                     self._bytes -= nbytes
                     self._room.notify()
-                    return event
+                    resume = self._resume
+                    if resume is None or self.at_bound(0, 0):
+                        return event
+                    self._resume = None
+                    break
                 waiter = self._waiter = self._loop.create_future()
             await waiter
+        resume()  # the lock released: it may put at once
+        return event
 
     def cancel(self) -> None:
         """The client went away: drop what waits, release a waiting put, refuse the rest."""
@@ -198,6 +234,7 @@ class ResponseSink:
             self._mark_cancelled()
             self._events.clear()
             self._bytes = 0
+            self._resume = None
 
     def _mark_cancelled(self) -> None:
         self.cancelled = True

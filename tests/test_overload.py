@@ -113,6 +113,16 @@ def _metric(server, name: str, labels: str = "") -> float:  # type: ignore[no-un
     return float(found.group(1))
 
 
+def _wait_metric(server, name: str, least: float, timeout: float = 30) -> bool:  # type: ignore[no-untyped-def]
+    """Until the metric is at least ``least`` (a frontend worker's count reaches the core on its next write)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while _metric(server, name) < least and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return _metric(server, name) >= least
+
+
 def _request():  # type: ignore[no-untyped-def]
     from tritonclient.grpc import service_pb2 as pb
 
@@ -161,9 +171,8 @@ def test_a_grpc_burst_far_beyond_capacity_is_shed_unavailable_never_cancelled(se
     # Recovery: nothing left inside, the refusals counted, and a normal request is served.
     assert _metric(server, "inferd_server_queued_requests") == 0
     assert _metric(server, "nv_inference_pending_request_count", '{model="slow",version="1"}') == 0
-    # A frontend worker's refusals past its share of the cap are not in the core's counter (yet).
-    if not any("frontend worker" in d for d in details):
-        assert _metric(server, "inferd_server_overload_rejected_total") >= codes["UNAVAILABLE"]
+    # Every refusal is counted, the frontend workers' (past their share of the cap) with the core's.
+    assert _wait_metric(server, "inferd_server_overload_rejected_total", codes["UNAVAILABLE"])
     codes, _ = asyncio.run(_burst(server.url, 1))
     assert codes == {"OK": 1}
 
@@ -187,3 +196,44 @@ def test_an_http_burst_is_shed_503_with_the_reason(server) -> None:  # type: ign
     client.close()
     assert outcomes["503"] > 0 and outcomes["OK"] >= 1, outcomes
     assert _metric(server, "inferd_server_queued_requests") == 0
+
+
+@pytest.mark.fixed_mode
+def test_a_frontend_workers_own_refusal_is_counted_by_the_cores_metric(tmp_path: Path) -> None:
+    """Default process mode: a worker at its share of the cap refuses by itself, before the core sees
+    the request; the server-wide counter the core serves counts it all the same."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pbg
+
+    from conftest import ServerProcess
+    from gated_model import add_gated_model, release, wait_started
+
+    gate = tmp_path / "gate"
+    add_gated_model(tmp_path / "repo", "gated", gate)
+    # Two workers, a cap of 2: each worker's share is 1, and the core alone would take 2.
+    server = ServerProcess(tmp_path / "repo", ["--frontend-workers", "2", "--max-queued-requests", "2", "--no-shed"])
+    channel = grpc.insecure_channel(server.url)  # one connection: one worker serves both calls
+    try:
+        stub = pbg.GRPCInferenceServiceStub(channel)
+        msg = pb.ModelInferRequest(model_name="gated")
+        t = msg.inputs.add(name="INPUT0", datatype="FP32")
+        t.shape.append(1)
+        msg.raw_input_contents.append(np.ones(1, np.float32).tobytes())
+        assert _metric(server, "inferd_server_overload_rejected_total") == 0
+        held = stub.ModelInfer.future(msg, timeout=120)
+        wait_started(gate)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(msg, timeout=120)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "this frontend worker" in info.value.details(), info.value.details()
+        assert _wait_metric(server, "inferd_server_overload_rejected_total", 1)
+        assert _metric(server, "inferd_server_queued_requests") == 1  # the core held one: the refusal was the worker's
+        release(gate)
+        assert held.result(timeout=120) is not None
+        assert _metric(server, "inferd_server_overload_rejected_total") == 1
+    finally:
+        channel.close()
+        code = server.stop()
+    assert code == 0, server.log()
+    assert "Traceback" not in server.log(), server.log()

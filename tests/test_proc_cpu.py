@@ -1,4 +1,5 @@
-"""bench/proc_cpu.py: /proc parsing, the process tree, per-window reports, and a live process tree."""
+"""bench/proc_cpu.py: /proc parsing, the process tree (inferd/observability/procfs.py's, which inferd
+tune reads too), per-window reports, and a live process tree."""
 
 from __future__ import annotations
 
@@ -23,6 +24,28 @@ def _stat_line(pid: int, comm: str, ppid: int, pgrp: int, utime: int, stime: int
 def test_parse_stat_reads_ticks_past_a_command_name_with_spaces_and_parentheses() -> None:
     s = parse_stat(_stat_line(41, "python (x) y", ppid=7, pgrp=7, utime=120, stime=30, start=999))
     assert s == Stat(pid=41, ppid=7, pgrp=7, ticks=150, start=999)
+
+
+def test_parse_stat_reads_the_resident_pages() -> None:
+    line = _stat_line(41, "x", ppid=7, pgrp=7, utime=1, stime=2, start=3).split(" ")
+    line[23] = "777"  # field 24: rss, in pages
+    assert parse_stat(" ".join(line)).rss_pages == 777
+
+
+def test_tree_usage_sums_cpu_and_memory_over_a_live_tree() -> None:
+    from inferd.observability.procfs import PAGE, tree_usage
+
+    me = proc_cpu.read_stat(os.getpid())
+    assert me is not None and me.rss_pages > 0
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        cpu, rss_mib = tree_usage(os.getpid())
+        assert cpu >= me.ticks / proc_cpu.TICK
+        assert rss_mib > me.rss_pages * PAGE / 2**20  # this process and its child
+    finally:
+        child.kill()
+        child.wait()
+    assert tree_usage(2**22 + 1) == (0.0, 0.0)  # no such process
 
 
 def test_parse_stat_of_this_process_matches_os_times() -> None:

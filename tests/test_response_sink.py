@@ -190,3 +190,23 @@ def test_limits_are_checked():
         StreamLimits(max_responses=0)
     with pytest.raises(ValueError, match="--stream-stall-timeout"):
         StreamLimits(stall_seconds=0)
+
+
+async def test_a_paced_producer_is_called_back_once_the_reader_takes_it_below_the_bound():
+    sink = ResponseSink(asyncio.get_running_loop(), StreamLimits(max_responses=2))
+    resumed: list[int] = []
+    assert not sink.resume_when_room(1, 4, lambda: resumed.append(1))  # room for one more
+    sink.put(_event(0), paced=True)
+    assert sink.resume_when_room(1, 4, lambda: resumed.append(len(sink)))  # the next would reach the bound
+    sink.put(_event(1), paced=True)
+    sink.put(_event(2), paced=True)  # past it, on the loop, and neither refused nor failed
+    assert len(sink) == 3
+    assert _value(await sink.get()) == 0 and resumed == []  # two left: still at the bound
+    assert _value(await sink.get()) == 1 and resumed == [1]  # below it: called back, once
+    assert _value(await sink.get()) == 2 and resumed == [1]
+    # A cancelled stream calls nobody back.
+    sink.put(_event(3), paced=True)
+    sink.put(_event(4), paced=True)
+    assert sink.resume_when_room(0, 0, lambda: resumed.append(99))
+    sink.cancel()
+    assert not sink.resume_when_room(0, 0, lambda: resumed.append(99)) and resumed == [1]

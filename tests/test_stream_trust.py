@@ -1,6 +1,7 @@
 """Streams a client can trust, on a real server in each process mode: a model that
 sends faster than its client reads is held back (its send waits) instead of filling
-the server; a client that leaves cancels its stream down to the model
+the server (a continuous-batching sequence is paused while the rest of its batch
+steps on); a client that leaves cancels its stream down to the model
 (``response_sender.is_cancelled()``); health answers meanwhile and SIGTERM ends the
 process tree; a completed stream is one success, with ``response_stats`` per
 response index, as Triton counts them.
@@ -110,6 +111,43 @@ class TritonPythonModel:
 '''
 
 
+# An iterative (continuous-batching) step model: each step sends one response of FLOATS FP32 values,
+# all equal to the sequence's step number, and reschedules itself until IN steps are done. It counts
+# each sequence's steps in <dir>/steps.<sequence id>.
+ITER_FLOOD = '''
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.dir = args["model_repository"]
+        self.steps = {}
+
+    def execute(self, requests):
+        for request in requests:
+            key = request.correlation_id()
+            step = self.steps.get(key, 0)
+            self.steps[key] = step + 1
+            tmp = os.path.join(self.dir, "steps.tmp")
+            with open(tmp, "w") as f:
+                f.write(str(step + 1))
+            os.replace(tmp, os.path.join(self.dir, "steps.%d" % key))
+            count = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().reshape(-1)[0])
+            done = step + 1 >= count
+            if not done:
+                request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+            out = np.full([1, FLOATS], step, dtype=np.float32)
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if done else 0)
+        return None
+'''
+ITER_STEPS = 600  # steps of each iterative stream: well past what the bounds hold
+
+
 def _python(repo: Path, name: str, source: str, out_dims: list[int], decoupled: bool = True) -> None:
     folder = repo / name
     (folder / "1").mkdir(parents=True)
@@ -126,6 +164,13 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _python(repo, "flood", flood_source(FLOAT_COUNT), [FLOAT_COUNT])
     _python(repo, "three", THREE, [1])
     _python(repo, "plain", PLAIN, [1], decoupled=False)
+    folder = repo / "iter_flood"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.py").write_text(ITER_FLOOD.replace("FLOATS", str(FLOAT_COUNT)))
+    (folder / "config.pbtxt").write_text(triton_config(
+        "iter_flood", [("IN", "TYPE_INT32", [1])], [("OUT", "TYPE_FP32", [FLOAT_COUNT])], max_batch_size=4,
+        platform=None, backend="python",
+        extra="model_transaction_policy { decoupled: true }\nsequence_batching { iterative_sequence: true }\n"))
     return repo
 
 
@@ -135,9 +180,13 @@ def server(repo: Path) -> Iterator:
         yield server
 
 
-def _request(model: str, value: int) -> pb.ModelInferRequest:
+def _request(model: str, value: int, sequence_id: int = 0) -> pb.ModelInferRequest:
     request = pb.ModelInferRequest(model_name=model)
-    tensor = request.inputs.add(name="IN", datatype="INT32", shape=[1])
+    if sequence_id:
+        request.parameters["sequence_id"].int64_param = sequence_id
+        request.parameters["sequence_start"].bool_param = True
+    shape = [1, 1] if model.startswith("iter") else [1]
+    tensor = request.inputs.add(name="IN", datatype="INT32", shape=shape)
     request.raw_input_contents.append(np.array([value], dtype=np.int32).tobytes())
     del tensor
     return request
@@ -309,3 +358,43 @@ def test_an_http_generate_stream_client_that_leaves_cancels_the_model(server, re
     assert _wait_for(lambda: any((repo / "flood").glob("cancelled.*"))), "the model never saw is_cancelled()"
     sent = int(next((repo / "flood").glob("cancelled.*")).name.split(".")[1])
     assert sent < FLOOD_COUNT
+
+
+def _steps(repo: Path, sequence_id: int) -> int:
+    try:
+        return int((repo / "iter_flood" / f"steps.{sequence_id}").read_text() or 0)
+    except FileNotFoundError:
+        return 0
+
+
+def _value(response: pb.ModelStreamInferResponse) -> float:
+    assert not response.error_message, response.error_message
+    return float(np.frombuffer(response.infer_response.raw_output_contents[0], np.float32)[0])
+
+
+def test_an_iterative_stream_whose_client_reads_slowly_is_paused_while_its_batch_goes_on(server, repo):
+    slow = SlowStream(server.url, _request("iter_flood", ITER_STEPS, sequence_id=101))
+    fast = SlowStream(server.url, _request("iter_flood", ITER_STEPS, sequence_id=102))
+    try:
+        assert _value(slow.read()) == 0  # the slow stream's sequence is running; its client now reads nothing
+        # The other sequence, on the same instance, runs all its steps meanwhile, its client reading each.
+        assert [_value(fast.read()) for _ in range(ITER_STEPS)] == list(range(ITER_STEPS))
+        # The slow one was held back: paused after what the server's bounds and its client's 64 KiB
+        # window hold (the sink (4), the stream's write window (64), the hand-off's credit (64), a few in
+        # transit), not stepped on to fail RESOURCE_EXHAUSTED or to fill the server.
+        bound = STREAM_LIMIT + 2 * 64 + 100
+        held = _steps(repo, 101)
+        assert 0 < held < bound, f"the model stepped {held} times for a client that read one response"
+        assert _steps(repo, 102) == ITER_STEPS
+        # Read at last, it resumes and gets every response, in order, none refused.
+        assert [_value(slow.read()) for _ in range(1, ITER_STEPS)] == list(range(1, ITER_STEPS))
+        assert _steps(repo, 101) == ITER_STEPS
+    finally:
+        slow.cancel()
+        fast.cancel()
+    client = grpcclient.InferenceServerClient(server.url)
+    try:
+        stats = client.get_inference_statistics("iter_flood").model_stats[0]
+        assert stats.inference_stats.success.count == 2 and stats.inference_stats.fail.count == 0
+    finally:
+        client.close()

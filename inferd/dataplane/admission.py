@@ -68,7 +68,7 @@ class Admission:
         self.max_bytes = max_bytes
         self.requests = 0
         self.bytes = 0
-        self.refused = 0  # requests refused by a cap, since start
+        self.refused = 0  # requests refused by a cap, since start (a frontend worker's refusals too)
         self._idle: asyncio.Event | None = None
 
     def admit(self, nbytes: int, model: str) -> None:
@@ -86,6 +86,11 @@ class Admission:
                 "now); retry later")
         self.requests += 1
         self.bytes += nbytes
+
+    def count_refused(self, n: int) -> None:
+        """``n`` requests a frontend worker refused itself for overload (its share of the requests
+        cap, its hand-off arena full): counted with this server's own refusals."""
+        self.refused += n
 
     def release(self, nbytes: int) -> None:
         """A request admitted with ``nbytes`` was answered (or failed)."""

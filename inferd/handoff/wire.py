@@ -29,6 +29,9 @@ Frontend -> core::
     [CANCEL, rid]                          the client went away; the core answers it anyway
     [CREDIT, rid, n]                       a stream's client has taken n more of its responses
     [FREE, [block, ...]]                   output blocks the frontend is done reading
+    [REFUSED, n]                           the frontend refused n more requests itself for overload (its
+                                           share of --max-queued-requests, a full input arena): the core
+                                           counts them with its own (inferd_server_overload_rejected_total)
     [CALL, cid, method, payload]           a control-plane call (metadata, statistics, a forwarded
                                            RPC or HTTP route); payload: pickle of (args, kwargs),
                                            between our own two processes, never per inference
@@ -74,6 +77,7 @@ FREE = 3
 CALL = 4
 CREDIT = 5
 SENT = 6
+REFUSED = 7
 # core -> frontend
 CONFIG = 16
 RESPONSE = 17

@@ -232,7 +232,8 @@ class InferdCollector:
         queued_bytes.add_metric([], admission.bytes)
         rejected = CounterMetricFamily("inferd_server_overload_rejected",
                                        "Requests refused because the server held --max-queued-requests or "
-                                       "--max-queued-bytes already")
+                                       "--max-queued-bytes already (by the core, or by a frontend worker at its "
+                                       "share of the requests cap or with its hand-off arena full)")
         rejected.add_metric([], admission.refused)
 
         yield from (failure, real, padded, waste, inflight, request_h, queue_h, compute_h, batch_h, first_h, inter_h,

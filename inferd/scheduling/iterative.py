@@ -26,6 +26,15 @@ How a sequence goes on or ends, and where its responses go:
 - a request's ``max_tokens`` parameter ends its sequence after that many
   steps, whatever the model says; a cancelled request (its client went away)
   leaves at its instance's next step.
+- a decoupled sequence whose client has not read its stream's bound
+  (``--stream-max-responses`` / ``--stream-max-bytes``, the request's
+  :class:`~inferd.streaming.ResponseSink` limits) is paused: it takes no step,
+  keeping its slot and its state, while the other rows of its instance go on;
+  the sink resumes it as soon as its client reads below the bound. A client that
+  reads nothing for ``--stream-stall-timeout`` (or past the request's deadline)
+  ends it there, RESOURCE_EXHAUSTED (DEADLINE_EXCEEDED), as a model held back
+  by a stalled client is ended on the other paths: its slot is then free for
+  the sequences waiting for one.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import itertools
 import logging
 import math
 import threading
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -42,18 +52,19 @@ import numpy as np
 from inferd.backends.base import BatchResult, RequestInputs
 from inferd.clock import Clock
 from inferd.config._sequence import SequencePolicy
-from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
+from inferd.errors import DeadlineExceeded, InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
 from inferd.scheduling.base import PumpedScheduler
 from inferd.scheduling.instances import InstanceWorker
 from inferd.scheduling.iterative_queue import CANCELLED, ENDED, LEFT, WAITING, IterativeQueue, IterSeq
 from inferd.scheduling.sequence import FLAG_START, SequenceControls, SequenceId, _shape_key, sequence_params
-from inferd.streaming import StreamEvent
+from inferd.streaming import ResponseSink, StreamEvent, event_bytes
 from inferd.types import InferenceRequest
 
 log = logging.getLogger(__name__)
 
 MAX_TOKENS = "max_tokens"
+STALLED, DEADLINE = "stalled", "deadline"  # why a paused sequence may run out of time
 
 
 def max_tokens(model: str, parameters: dict[str, Any]) -> int:
@@ -75,9 +86,12 @@ class _RowSink:
     model's thread then never wakes the loop once per response, and the loop's
     work on a step's responses overlaps the next step's. ``put`` is called on
     the instance's thread; ``captured``, ``take`` and ``deliver`` are used on the loop
-    once the execution returned."""
+    once the execution returned. A step that sends as many responses as the
+    client's stream may hold has them passed on from its thread, which then
+    waits for the client as a model does on the other paths: what is held here
+    stays within the stream's bound."""
 
-    __slots__ = ("client", "state_outputs", "captured", "final", "held", "_lock")
+    __slots__ = ("client", "state_outputs", "captured", "final", "held", "_held_bytes", "_lock")
 
     def __init__(self, client: Any, state_outputs: frozenset[str]) -> None:
         self.client = client
@@ -85,6 +99,7 @@ class _RowSink:
         self.captured: dict[str, np.ndarray] = {}
         self.final = False  # the model sent its final response
         self.held: list[StreamEvent] | None = None  # a list while a step runs
+        self._held_bytes = 0
         self._lock = threading.Lock()
 
     def put(self, event: StreamEvent) -> None:
@@ -99,14 +114,23 @@ class _RowSink:
         if event.final:
             self.final = True
         with self._lock:
-            if self.held is not None:
-                self.held.append(event)
-                return
-        self.client.put(event)  # sent after its step, from a thread of the model's own
+            held = self.held
+            if held is None:
+                flush = [event]  # sent after its step, from a thread of the model's own
+            else:
+                held.append(event)
+                self._held_bytes += event_bytes(event)
+                limits = self.client.limits
+                if len(held) < limits.max_responses and self._held_bytes < limits.max_bytes:
+                    return
+                flush, self.held, self._held_bytes = held, [], 0
+        for one in flush:
+            self.client.put(one)
 
     def hold(self) -> None:
         """Its step is about to run."""
         self.held = []
+        self._held_bytes = 0
 
     def take(self) -> list[StreamEvent]:
         """On the loop, when the step is back: what it sent (from now on, sends go straight on)."""
@@ -115,8 +139,10 @@ class _RowSink:
         return held or []
 
     def deliver(self, events: list[StreamEvent]) -> None:
+        """Hand a step's responses to the client's sink, past its bound if need be: the step
+        ran because the stream had room, and the driver pauses the sequence while it has none."""
         for event in events:
-            self.client.put(event)
+            self.client.put(event, paced=True)
 
 
 class _Job:
@@ -175,6 +201,15 @@ class IterativeScheduler(PumpedScheduler):
 
     def active_sequences(self) -> int:
         return self._queue.active()
+
+    def paused_sequences(self) -> int:
+        """Sequences holding a slot but taking no step: their clients have not read their streams' bound."""
+        return self._queue.paused()
+
+    @property
+    def stream_pauses(self) -> int:
+        """Times a sequence was paused for its client, since the model loaded."""
+        return self._queue.pauses
 
     @property
     def background_over_foreground(self) -> int:
@@ -261,6 +296,8 @@ class IterativeScheduler(PumpedScheduler):
             step = self._queue.step(now, [i for i, busy in enumerate(self._busy) if not busy])
             for seq in step.left:
                 self._leave(seq, CANCELLED)
+            for seq in step.expired:
+                self._expired(seq)
             for instance, rows in step.batches:
                 self._dispatch(instance, rows, now, loop)
             if any(not self._busy[i] for i, _ in step.batches):
@@ -303,7 +340,7 @@ class IterativeScheduler(PumpedScheduler):
                 f"model '{self.model}' failed to execute: {type(result).__name__}: {result}")
             outputs, again = [error] * len(rows), None
         ended = []
-        held = []
+        held: list[tuple[_RowSink, list[StreamEvent]]] = []
         for i, seq in enumerate(rows):
             out = outputs[i] if i < len(outputs) else ModelExecutionError(
                 f"model '{self.model}' returned {len(outputs)} responses for a step of {len(rows)} rows")
@@ -311,7 +348,10 @@ class IterativeScheduler(PumpedScheduler):
             sink = seq.payload.rows
             if sink is not None:
                 held.append((sink, sink.take()))
-        left = self._queue.complete(instance, rows, ended, self._clock.now())
+        now = self._clock.now()
+        left = self._queue.complete(instance, rows, ended, now)
+        if self._decoupled:
+            self._pause_behind(rows, held, now)
         if not self._pumping:
             self._pump()  # the next step starts before this one's responses go out
         for sink, events in held:
@@ -353,9 +393,57 @@ class IterativeScheduler(PumpedScheduler):
             return ended
         last = ended or seq.cancelled or (seq.max_steps > 0 and seq.steps + 1 >= seq.max_steps)
         if not seq.cancelled:
-            job.sink.put(StreamEvent(outputs=client, final=last))
+            job.sink.put(StreamEvent(outputs=client, final=last), paced=True)  # paused at its bound: _pause_behind
             job.final_sent = last
         return ended
+
+    # -- a client behind its stream: pause, resume, run out -------------------------------
+
+    def _pause_behind(self, rows: list[IterSeq], held: list[tuple[_RowSink, list[StreamEvent]]],
+                      now: float) -> None:
+        """After a step: pause each row that goes on while its client's stream is at its bound
+        (counting the responses of this step still to be handed over); its sink resumes it."""
+        waiting = {id(sink): events for sink, events in held}
+        loop = asyncio.get_running_loop()
+        for seq in rows:
+            if seq.state == LEFT:
+                continue
+            job: _Job = seq.payload
+            sink = job.sink
+            if not isinstance(sink, ResponseSink):
+                continue
+            events = waiting.get(id(job.rows), ())
+            responses, nbytes = len(events), sum(map(event_bytes, events))
+            # The callback is made only at the bound, and the sink drops it once called, cancelled or
+            # ended, so no request's objects outlive it in a cycle.
+            if not sink.at_bound(responses, nbytes) or not sink.resume_when_room(
+                    responses, nbytes, partial(self._resume, seq, loop)):
+                continue
+            until, reason = now + sink.limits.stall_seconds, STALLED
+            deadline = job.request.deadline
+            if deadline is not None and deadline < until:
+                until, reason = deadline, DEADLINE
+            self._queue.pause(seq, until, reason)  # a resume after it left finds nothing to resume
+
+    def _resume(self, seq: IterSeq, loop: asyncio.AbstractEventLoop) -> None:
+        """``seq``'s client has read below its stream's bound (called on the loop by the sink's reader)."""
+        if self._queue.resume(seq):
+            self._schedule_pump(loop)
+
+    def _expired(self, seq: IterSeq) -> None:
+        """A paused sequence's client read nothing until its pause ran out: end its stream."""
+        job: _Job = seq.payload
+        sink = job.sink
+        if seq.pause_reason == DEADLINE:
+            job.error = DeadlineExceeded(
+                f"model '{self.model}': sequence {seq.key}: the request's deadline passed while its stream "
+                "was paused, its client not reading")
+        else:
+            limits = sink.limits
+            job.error = sink.exhausted(
+                f"and it read none for {limits.stall_seconds:g} s (--stream-stall-timeout), so the sequence "
+                f"leaves after {seq.steps} steps")
+        self._leave(seq, ENDED)
 
     def _leave(self, seq: IterSeq, reason: str) -> None:
         """``seq`` left the batch: answer its client."""

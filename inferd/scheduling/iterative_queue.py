@@ -28,6 +28,11 @@ reports each step back with :meth:`IterativeQueue.complete`.
   resumes on the same instance when a slot is free again.
 - A cancelled sequence leaves at the instance's next step (``IterStep.left``);
   one cancelled while its step runs leaves when the step completes.
+- A sequence whose client has fallen behind is *paused* (:meth:`IterativeQueue.pause`):
+  it keeps its slot, its state and its place, and takes no step until it is
+  resumed, while the instance's other sequences go on stepping. A pause has an
+  end (``until``): still paused then, the sequence leaves (``IterStep.expired``,
+  with the reason it was paused with); cancelled, it leaves as any other.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ class IterSeq:
     """One iterative sequence: a client request run step after step."""
 
     __slots__ = ("key", "level", "background", "shape_key", "max_steps", "payload", "arrival", "serial",
-                 "instance", "steps", "ready_at", "state", "cancelled")
+                 "instance", "steps", "ready_at", "state", "cancelled", "paused_until", "pause_reason")
 
     def __init__(self, key: Any = None, *, level: int = 1, background: bool = False, shape_key: Hashable = None,
                  max_steps: int = 0, payload: Any = None) -> None:
@@ -62,6 +67,8 @@ class IterSeq:
         self.ready_at = 0.0  # since when it waits for its next step
         self.state = WAITING
         self.cancelled = False
+        self.paused_until: float | None = None  # paused: takes no step, and leaves if still paused then
+        self.pause_reason = ""  # why it leaves if its pause runs out
 
     def order(self) -> tuple[bool, int, float, int, int]:
         return (self.background, self.level, self.ready_at, self.steps, self.serial)
@@ -75,6 +82,7 @@ class IterStep:
     batches: list[tuple[int, list[IterSeq]]] = field(default_factory=list)  # (instance, rows) to run now
     joined: list[IterSeq] = field(default_factory=list)  # took a slot for the first time in this step
     left: list[IterSeq] = field(default_factory=list)  # cancelled, left without running again
+    expired: list[IterSeq] = field(default_factory=list)  # paused past their pause's end: left (pause_reason)
     wake_at: float | None = None  # step again then, if nothing else happens first
 
 
@@ -99,6 +107,7 @@ class IterativeQueue:
         # Steps that ran batch-job rows while interactive work waited for a slot:
         # the accounting behind "batch work runs on idle capacity only".
         self.background_over_foreground = 0
+        self.pauses = 0  # sequences paused (their client behind), since start
 
     def __len__(self) -> int:
         """Sequences waiting for a slot (new or parked)."""
@@ -133,6 +142,28 @@ class IterativeQueue:
                 self._parked[seq.instance].remove(seq)
         return True
 
+    def pause(self, seq: IterSeq, until: float, reason: str) -> bool:
+        """Hold a resident sequence back (its client reads slower than it steps): no step until
+        :meth:`resume`; if still paused at ``until``, it leaves (``IterStep.expired``). False if it
+        cannot be paused (it left, waits, or is paused already)."""
+        if seq.state != RESIDENT or seq.cancelled or seq.paused_until is not None:
+            return False
+        seq.paused_until = until
+        seq.pause_reason = reason
+        self.pauses += 1
+        return True
+
+    def resume(self, seq: IterSeq) -> bool:
+        """A paused sequence may step again, in the place it held. False if it was not paused."""
+        if seq.paused_until is None:
+            return False
+        seq.paused_until = None
+        return seq.state == RESIDENT and not seq.cancelled
+
+    def paused(self) -> int:
+        """Resident sequences paused now."""
+        return sum(1 for r in self._resident for s in r if s.paused_until is not None)
+
     # -- the decision -------------------------------------------------------------------
 
     def step(self, now: float, free: Iterable[int]) -> IterStep:
@@ -147,6 +178,7 @@ class IterativeQueue:
                 resident.remove(seq)
                 seq.state = LEFT
                 out.left.append(seq)
+            self._expire(instance, now, out)
             self._join(instance, now, out)
             rows = self._rows(instance, now, out)
             if rows:
@@ -157,6 +189,20 @@ class IterativeQueue:
                     self.background_over_foreground += 1
                 out.batches.append((instance, rows))
         return out
+
+    def _expire(self, instance: int, now: float, out: IterStep) -> None:
+        """Paused sequences whose pause ran out leave; the next pause to run out is a wake-up."""
+        resident = self._resident[instance]
+        for seq in [s for s in resident if s.paused_until is not None]:
+            until = seq.paused_until
+            assert until is not None
+            if until <= now:
+                resident.remove(seq)
+                seq.state = LEFT
+                seq.paused_until = None
+                out.expired.append(seq)
+            else:
+                out.wake_at = until if out.wake_at is None else min(out.wake_at, until)
 
     def _next_waiting(self, instance: int) -> IterSeq | None:
         """The best sequence that may join ``instance``: a new one or one parked there."""
@@ -205,7 +251,7 @@ class IterativeQueue:
         return any(s.state == WAITING and not s.background for _, s in self._waiting)
 
     def _rows(self, instance: int, now: float, out: IterStep) -> list[IterSeq]:
-        resident = self._resident[instance]
+        resident = [s for s in self._resident[instance] if s.paused_until is None]
         if not resident:
             return []
         ordered = sorted(resident, key=IterSeq.order)

@@ -3,7 +3,7 @@ model-control mode), each candidate loaded with RepositoryModelLoad's ``config``
 load client (:func:`inferd.perf.measure`) with its stabilisation at each level.
 
 On a server started here the server's CPU per inference and memory come from /proc over its
-process tree (the core and its frontend workers); the client's own CPU is reported next to them,
+process tree (the core and its frontend workers: ``inferd.observability.procfs``); the client's own CPU is reported next to them,
 because here the load client and the server share the machine's cores.
 """
 
@@ -25,46 +25,13 @@ from google.protobuf import json_format
 from inferd._proto import grpc_service_pb2 as pb
 from inferd._proto import grpc_service_pb2_grpc as pb_grpc
 from inferd._proto import model_config_pb2 as mc
+from inferd.observability.procfs import tree_usage
 from inferd.tune.search import Measurement
 from inferd.tune.space import Candidate
-
-TICK = os.sysconf("SC_CLK_TCK")
-PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 class TuneError(Exception):
     """Something the user has to fix (a model that does not load, a server that does not start)."""
-
-
-def _tree(root: int) -> list[int]:
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                text = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(text.rsplit(")", 1)[1].split()[1])
-            parents.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += parents.get(pid, [])
-    return out
-
-
-def tree_usage(root: int) -> tuple[float, float]:
-    """(CPU seconds, RSS MiB) of ``root`` and its descendants."""
-    cpu = rss = 0.0
-    for pid in _tree(root):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        cpu += (int(fields[11]) + int(fields[12])) / TICK
-        rss += int(fields[21]) * PAGE / 2**20
-    return cpu, rss
 
 
 @dataclass

@@ -52,6 +52,11 @@ class _Link:
     def refuse_if_full(self, model: str) -> None:
         pass
 
+    refused = 0
+
+    def count_refused(self) -> None:
+        self.refused += 1
+
 
 def test_the_proxy_sends_the_frontends_stamp_or_stamps_one_itself() -> None:
     proxy = RemoteDataPlane(_Link())  # type: ignore[arg-type]
@@ -65,11 +70,25 @@ def test_the_proxy_sends_the_frontends_stamp_or_stamps_one_itself() -> None:
 
 
 def test_a_worker_refuses_past_its_share_of_the_request_cap() -> None:
-    link = SimpleNamespace(max_pending=2, max_queued=4, in_flight=[1])
+    refusals: list[None] = []
+    link = SimpleNamespace(max_pending=2, max_queued=4, in_flight=[1], count_refused=lambda: refusals.append(None))
     CoreLink.refuse_if_full(link, "simple")  # type: ignore[arg-type]
+    assert refusals == []
     link.in_flight.append(2)
     with pytest.raises(Unavailable) as info:
         CoreLink.refuse_if_full(link, "simple")  # type: ignore[arg-type]
+    assert len(refusals) == 1  # told to the core, for the server-wide overload counter
     m = info.value.message
     assert "model 'simple'" in m and "overloaded" in m and "2 requests" in m and "--max-queued-requests 4" in m
     CoreLink.refuse_if_full(SimpleNamespace(max_pending=0, in_flight=[1, 2, 3]), "simple")  # type: ignore[arg-type]
+
+
+def test_a_request_the_input_arena_cannot_hold_is_refused_and_counted() -> None:
+    from inferd.handoff.arena import ArenaFull
+
+    link = _Link()
+    proxy = RemoteDataPlane(link)  # type: ignore[arg-type]
+    big = np.ones((1, 1 << 15), np.float32)  # 128 KiB: more than the 64 KiB arena
+    with pytest.raises(ArenaFull):
+        proxy._send(InferenceRequest("simple", {"INPUT0": big}), 0, None)
+    assert link.refused == 1

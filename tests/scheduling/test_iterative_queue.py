@@ -205,3 +205,47 @@ def test_batch_rows_beside_waiting_interactive_work_are_counted():
 def test_sizes_must_be_positive(bad):
     with pytest.raises(ValueError):
         IterativeQueue(*bad)
+
+
+def test_a_paused_sequence_keeps_its_slot_and_place_while_the_others_step():
+    q = IterativeQueue(1, slots=2, max_rows=2)
+    a, b, c = seq("a"), seq("b"), seq("c")
+    for s in (a, b, c):
+        q.admit(s, 0.0)
+    assert run(q, 0.0) == ["a", "b"]
+    assert q.pause(a, until=10.0, reason="stalled") and q.paused() == 1
+    assert not q.pause(a, until=10.0, reason="stalled")  # paused already
+    assert run(q, 0.1) == ["b"]  # a takes no step, and c does not get its slot
+    assert run(q, 0.2) == ["b"]
+    assert len(q) == 1 and q.active() == 2 and a.steps == 1
+    assert q.resume(a) and not q.resume(a)
+    assert run(q, 0.3) == ["a", "b"]  # back in the place it held
+    assert a.steps == 2 and q.pauses == 1
+
+
+def test_a_pause_that_runs_out_ends_the_sequence_and_frees_its_slot():
+    q = IterativeQueue(1, slots=1, max_rows=1)
+    a, b = seq("a"), seq("b")
+    q.admit(a, 0.0)
+    q.admit(b, 0.0)
+    assert run(q, 0.0) == ["a"]
+    q.pause(a, until=5.0, reason="stalled")
+    step = q.step(1.0, [0])
+    assert step.batches == [] and step.expired == [] and step.wake_at == 5.0  # wakes when the pause runs out
+    step = q.step(5.0, [0])
+    assert step.expired == [a] and a.pause_reason == "stalled"
+    assert keys(only(step)) == ["b"]  # b took the slot at once
+    assert not q.resume(a)  # a resume arriving after it left changes nothing
+
+
+def test_a_paused_sequence_still_leaves_when_cancelled():
+    q = IterativeQueue(1, slots=2, max_rows=2)
+    a, b = seq("a"), seq("b")
+    q.admit(a, 0.0)
+    q.admit(b, 0.0)
+    run(q, 0.0)
+    q.pause(a, until=5.0, reason="stalled")
+    assert q.cancel(a)
+    step = q.step(0.1, [0])
+    assert step.left == [a] and step.expired == [] and keys(only(step)) == ["b"]
+    assert q.active() == 1 and not q.pause(a, until=9.0, reason="stalled")

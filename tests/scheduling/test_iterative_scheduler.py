@@ -339,3 +339,97 @@ async def test_an_execution_error_ends_every_row_of_the_step():
         assert "boom" in exc.value.message
     assert sched.active_sequences() == 0
     await sched.stop()
+
+
+async def test_a_stream_at_its_bound_pauses_its_sequence_while_the_others_step():
+    from inferd.streaming import StreamLimits
+
+    model = Countdown()
+    sched, worker, _ = make(model, decoupled=True)
+    loop = asyncio.get_running_loop()
+    slow, fast = request(6), request(6)
+    slow.responder = ResponseSink(loop, StreamLimits(max_responses=2), "countdown", slow)
+    fast.responder = ResponseSink(loop, StreamLimits(max_responses=2), "countdown", fast)
+    a = asyncio.ensure_future(sched.infer(slow, 1))
+    b = asyncio.ensure_future(sched.infer(fast, 1))
+    await settle()
+    fast_got: list[int] = []
+    for _ in range(5):  # the fast stream's client reads each response; the slow one's reads none
+        assert worker.release() in (1, 2)
+        await settle()
+        fast_got.append(int((await asyncio.wait_for(fast.responder.get(), WAIT)).outputs["OUT"][0, 0]))
+    assert fast_got == [5, 4, 3, 2, 1]
+    # The slow stream holds its bound (2 responses) and its sequence took no step since:
+    assert len(slow.responder) == 2 and sched.paused_sequences() == 1
+    assert [len(s) for s in model.steps] == [2, 2, 1, 1, 1]
+    slow_got = [int((await asyncio.wait_for(slow.responder.get(), WAIT)).outputs["OUT"][0, 0])]
+    await settle()  # below its bound: resumed, for the step after fast's last (already running)
+    assert worker.release() == 1
+    await settle()
+    assert b.done() and (await asyncio.wait_for(fast.responder.get(), WAIT)).final
+    for _ in range(20):
+        if a.done() and not len(slow.responder):
+            break
+        if worker.pending:
+            worker.release()
+        await settle()
+        while len(slow.responder):
+            event = await slow.responder.get()
+            assert event.error is None, event.error
+            slow_got.append(int(event.outputs["OUT"][0, 0]))
+    assert slow_got == [5, 4, 3, 2, 1, 0]  # every response, in order, none refused
+    assert sched.stream_pauses >= 1
+    await sched.stop()
+
+
+async def test_a_paused_stream_whose_client_reads_nothing_ends_after_the_stall_timeout():
+    from inferd.errors import ResourceExhausted
+    from inferd.streaming import StreamLimits
+
+    model = Countdown()
+    sched, worker, _ = make(model, decoupled=True)
+    clock = sched._clock
+    assert isinstance(clock, FakeClock)
+    req = request(100)
+    req.responder = ResponseSink(asyncio.get_running_loop(), StreamLimits(max_responses=1, stall_seconds=30),
+                                 "countdown", req)
+    task = asyncio.ensure_future(sched.infer(req, 1))
+    await settle()
+    worker.release()
+    await settle()
+    assert worker.pending == [] and sched.paused_sequences() == 1  # one response unread: paused
+    clock.advance(29)
+    await settle()
+    assert not task.done()
+    clock.advance(1)
+    await settle()
+    with pytest.raises(ResourceExhausted) as exc:
+        await asyncio.wait_for(task, WAIT)
+    assert "--stream-stall-timeout" in exc.value.message and "--stream-max-responses" in exc.value.message
+    assert sched.active_sequences() == 0 and len(model.steps) == 1
+    await sched.stop()
+
+
+async def test_a_paused_stream_still_ends_at_its_deadline():
+    from inferd.errors import DeadlineExceeded
+    from inferd.streaming import StreamLimits
+
+    sched, worker, _ = make(Countdown(), decoupled=True)
+    clock = sched._clock
+    assert isinstance(clock, FakeClock)
+    req = request(100)
+    req.deadline = clock.now() + 5
+    req.responder = ResponseSink(asyncio.get_running_loop(), StreamLimits(max_responses=1, stall_seconds=30),
+                                 "countdown", req)
+    task = asyncio.ensure_future(sched.infer(req, 1))
+    await settle()
+    worker.release()
+    await settle()
+    assert sched.paused_sequences() == 1
+    clock.advance(5)
+    await settle()
+    with pytest.raises(DeadlineExceeded) as exc:
+        await asyncio.wait_for(task, WAIT)
+    assert "deadline" in exc.value.message and "paused" in exc.value.message
+    assert sched.active_sequences() == 0
+    await sched.stop()

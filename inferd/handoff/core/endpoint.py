@@ -224,6 +224,8 @@ class DataPlaneEndpoint:
                 credit.grant(msg[2])
         elif kind == wire.CALL:
             self._loop.create_task(self._call(msg[1], msg[2], msg[3]))
+        elif kind == wire.REFUSED:
+            self.dp.admission.count_refused(msg[1])
         else:
             log.warning("frontend %d sent an unknown message kind %r", self.worker.index, kind)
 

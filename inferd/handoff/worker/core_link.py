@@ -226,6 +226,8 @@ class CoreLink:
         self.drain_requested: asyncio.Future = asyncio.get_running_loop().create_future()
         self.core_draining = False  # the core sent DRAIN: it will say CLOSE when the whole server is drained
         self.close_requested: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._refused = 0  # refused here for overload, not yet told to the core
+        channel.before_flush(self._send_refused)
         self.update_state(config.get("state") or {})
 
     @classmethod
@@ -322,10 +324,23 @@ class CoreLink:
         """Refuse (UNAVAILABLE) a request past this worker's share of the server-wide request cap,
         before its tensors are copied or anything is sent."""
         if self.max_pending and len(self.in_flight) >= self.max_pending:
+            self.count_refused()
             raise Unavailable(
                 f"model '{model}': request rejected: the server is overloaded: this frontend worker already "
                 f"holds {len(self.in_flight)} requests in flight, its share ({self.max_pending}) of "
                 f"--max-queued-requests {self.max_queued} over the --frontend-workers; retry later")
+
+    def count_refused(self) -> None:
+        """A request this worker refused itself for overload (past its share of the cap, or with its
+        input arena full): the core counts it with its own refusals, told in a REFUSED message that
+        rides on this turn's write."""
+        self._refused += 1
+        self.channel.wake()
+
+    def _send_refused(self) -> None:
+        if self._refused and self.in_flight.lost is None:
+            self.channel.send([wire.REFUSED, self._refused])
+            self._refused = 0
 
     def hello(self) -> None:
         import os

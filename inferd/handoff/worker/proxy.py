@@ -32,6 +32,7 @@ from inferd.facade import (
     DECOUPLED_UNARY, CudaRegionStatus, IndexEntry, ModelMetadata, RegionStatus, ServerMetadata, TraceCarrier,
 )
 from inferd.handoff import wire
+from inferd.handoff.arena import ArenaFull
 from inferd.handoff.worker.core_link import CoreLink, error_from
 from inferd.handoff.worker.grpc_codec import fill_response, infer_message
 from inferd.facade import OpenAIModel
@@ -148,7 +149,11 @@ class RemoteDataPlane:
             parts.append(data)
         block = wire.NO_BLOCK
         if parts:
-            block, offsets = link.inputs.put(parts)
+            try:
+                block, offsets = link.inputs.put(parts)
+            except ArenaFull:
+                link.count_refused()
+                raise
             at = iter(offsets)
             for t in tensors:
                 if t[wire.T_OFFSET] is None:
@@ -207,7 +212,11 @@ class RemoteDataPlane:
         rid = in_flight.next_rid()
         traced = link.tracing
         trace = dict(trace_carrier()) if traced and trace_carrier is not None else None
-        block, infer = infer_message(rid, message, link.inputs, 0, deadline, trace, received_ns)
+        try:
+            block, infer = infer_message(rid, message, link.inputs, 0, deadline, trace, received_ns)
+        except ArenaFull:
+            link.count_refused()
+            raise
         if traced:  # Triton's GRPC_* trace timestamps: the core may sample it
             infer.append(["grpc", time.monotonic_ns()])
         fut = in_flight.unary(rid, infer, block)
