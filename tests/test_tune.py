@@ -180,7 +180,12 @@ def test_a_short_real_run_measures_loads_and_reports(example_repository: Path, t
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode in (0, 3), proc.stdout + proc.stderr  # 3: no recommendation (noise), said why
     doc = json.loads((out / "tune.json").read_text())
-    assert doc["measured"] >= 2 and doc["space"] > doc["sampled"] >= 2
+    assert doc["measured"] >= 1 and doc["space"] > doc["sampled"] >= 2
+    # How many candidates 20 s measures depends on the machine's load; every sampled candidate is either
+    # measured or says why it was not (its share of the budget spent, pruned, dominated).
+    labels = {m["label"] for m in doc["measurements"]}
+    assert len(labels | set(doc["pruned"])) >= doc["sampled"], doc
+    assert doc["measured"] >= 2 or doc["stopped_by_budget"], doc
     measured = [m for m in doc["measurements"] if not m["error"]]
     assert measured and all(m["throughput"] > 0 and m["server_cpu_us"] > 0 for m in measured)
     assert {m["label"] for m in doc["measurements"]} >= {"no batching, 1xCPU, workers 0"}
