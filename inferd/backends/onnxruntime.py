@@ -273,7 +273,13 @@ class OnnxInstance(TensorInstance):
         return out
 
     def close(self) -> None:
-        del self.session
+        # The bound run method holds the C session as much as the wrapper does: both go here, so the
+        # session is destroyed on the thread that closes the instance (a scheduler's stop closes its
+        # workers off the event loop) and not wherever the instance happens to be dropped last (an
+        # eviction dropped it on the loop). Destroying a session joins its intra-op pool threads
+        # while holding the GIL: measured 0.9 ms median, 6 ms p90 on the table model with 2 threads.
+        self.__dict__.pop("_session_run", None)
+        self.__dict__.pop("session", None)
 
 
 def _to_str(model: str, name: str, array: np.ndarray) -> np.ndarray:
