@@ -14,6 +14,7 @@ import functools
 import logging
 import math
 import os
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -310,10 +311,13 @@ def _build_session(backend: OnnxRuntimeBackend, spec: ModelSpec, instance: Insta
             discard(stored)
             options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     staged = cache.staging(key)
+    if staged is None:  # too quick to build to gain from a stored copy
+        return backend._session(instance.model_file, spec.name, options, providers)
     options.optimized_model_filepath = str(staged)
     # Saving at ORT_ENABLE_ALL warns that the file may hold this CPU's optimisations: the key has the CPU.
     severity = options.log_severity_level
     options.log_severity_level = max(severity, 3)
+    start = time.thread_time_ns()
     try:
         session = backend._session(instance.model_file, spec.name, options, providers)
     except ConfigError:  # perhaps only the saving failed (a model over ORT format's 2 GB): without it
@@ -321,7 +325,7 @@ def _build_session(backend: OnnxRuntimeBackend, spec: ModelSpec, instance: Insta
         options.optimized_model_filepath = ""
         options.log_severity_level = severity
         return backend._session(instance.model_file, spec.name, options, providers)
-    cache.store(key, staged)
+    cache.store(key, staged, time.thread_time_ns() - start)
     return session
 
 

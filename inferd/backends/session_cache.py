@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".ort"
 DEFAULT_MAX_BYTES = 1 << 30
+# Measured (bench/load_gil.py): the 2 MB table model builds in 0.5-2 ms either way, the example text
+# encoder in 10-17 ms from its .onnx and 3-5 ms from the stored model.
+MIN_BUILD_MS = 4.0
 
 
 @functools.cache
@@ -59,9 +62,12 @@ class SessionCache:
     """A folder of optimised models (ORT format); safe to share between threads and processes.
 
     ``folder``: where the entries live (created if missing); None makes a temporary folder of
-    this cache's own, removed by :meth:`close`. ``max_bytes``: what the entries may hold together."""
+    this cache's own, removed by :meth:`close`. ``max_bytes``: what the entries may hold together;
+    ``min_build_ms``: a build that took less CPU time than this is not stored (nor staged again):
+    loading the stored model costs about as much, plus the file's writing and bookkeeping."""
 
-    def __init__(self, folder: Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, folder: Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
+                 min_build_ms: float = MIN_BUILD_MS) -> None:
         if max_bytes < 1:
             raise ValueError(f"the session cache's size must be >= 1 byte, got {max_bytes}")
         self._owned = folder is None
@@ -69,6 +75,8 @@ class SessionCache:
         if self._folder is not None:
             self._folder.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
+        self.min_build_ns = int(min_build_ms * 1e6)
+        self._cheap: set[str] = set()  # keys whose build was under min_build_ms: built from the file
         self.hits = 0
         self.stores = 0
         self._lock = threading.Lock()
@@ -113,14 +121,23 @@ class SessionCache:
             self.hits += 1
         return path
 
-    def staging(self, key: str) -> Path:
-        """A fresh temporary path in the folder to build ``key``'s entry at (then :meth:`store` it)."""
+    def staging(self, key: str) -> Path | None:
+        """A fresh temporary path in the folder to build ``key``'s entry at (then :meth:`store` it);
+        None when its build was found too cheap to be worth storing."""
+        if key in self._cheap:
+            return None
         return self.folder / f"{key}.{os.getpid()}.{threading.get_ident()}.tmp{SUFFIX}"
 
-    def store(self, key: str, staged: Path) -> None:
-        """Move a staged entry into place; drop the entries of the same file's older contents, and the
-        least recently used ones while the folder holds more than ``max_bytes``."""
+    def store(self, key: str, staged: Path, build_ns: int) -> None:
+        """Move a staged entry into place (``build_ns``: the CPU time its build took; under
+        ``min_build_ms`` it is dropped instead); drop the entries of the same file's older contents,
+        and the least recently used ones while the folder holds more than ``max_bytes``."""
         where = key.split("-", 1)[0]
+        if build_ns < self.min_build_ns:
+            with self._lock:
+                self._cheap.add(key)
+            discard(staged)
+            return
         try:
             os.replace(staged, self.folder / (key + SUFFIX))
         except OSError as exc:

@@ -39,7 +39,7 @@ def _rewrite(path: Path, data: bytes) -> None:
 
 
 def test_a_second_load_of_a_file_builds_from_the_stored_optimised_model(tmp_path: Path) -> None:
-    cache = SessionCache(tmp_path / "cache")
+    cache = SessionCache(tmp_path / "cache", min_build_ms=0)
     folder = add_table_model(tmp_path / "repo", "m00", 0, 1000)
     first = _instance(folder, cache)
     assert _answer(first) == expected(0, 3)
@@ -49,7 +49,7 @@ def test_a_second_load_of_a_file_builds_from_the_stored_optimised_model(tmp_path
     # Put another model's optimised graph in the entry: the next load answers with it, so it is what
     # was loaded (the model file itself was not read).
     other = add_table_model(tmp_path / "other", "m07", 7, 1000)
-    scratch = SessionCache(tmp_path / "scratch")
+    scratch = SessionCache(tmp_path / "scratch", min_build_ms=0)
     _instance(other, scratch).close()
     os.replace(_entries(scratch)[0], entry)
     again = _instance(folder, cache)
@@ -59,7 +59,7 @@ def test_a_second_load_of_a_file_builds_from_the_stored_optimised_model(tmp_path
 
 
 def test_a_changed_model_file_is_not_served_from_its_old_entry(tmp_path: Path) -> None:
-    cache = SessionCache(tmp_path / "cache")
+    cache = SessionCache(tmp_path / "cache", min_build_ms=0)
     folder = add_table_model(tmp_path / "repo", "m00", 0, 1000)
     _instance(folder, cache).close()
     old = _entries(cache)
@@ -73,7 +73,7 @@ def test_a_changed_model_file_is_not_served_from_its_old_entry(tmp_path: Path) -
 
 
 def test_a_damaged_entry_is_built_again_from_the_model_file(tmp_path: Path) -> None:
-    cache = SessionCache(tmp_path / "cache")
+    cache = SessionCache(tmp_path / "cache", min_build_ms=0)
     folder = add_table_model(tmp_path / "repo", "m00", 0, 1000)
     _instance(folder, cache).close()
     _entries(cache)[0].write_bytes(b"not an ORT model")
@@ -84,10 +84,10 @@ def test_a_damaged_entry_is_built_again_from_the_model_file(tmp_path: Path) -> N
 
 
 def test_the_folder_stays_under_its_size_and_a_temporary_one_goes_at_close(tmp_path: Path) -> None:
-    probe = SessionCache(tmp_path / "probe")
+    probe = SessionCache(tmp_path / "probe", min_build_ms=0)
     _instance(add_table_model(tmp_path / "repo", "m00", 0, 20_000), probe).close()
     one = probe.size()
-    cache = SessionCache(max_bytes=int(one * 2.5))  # a temporary folder: two entries fit
+    cache = SessionCache(max_bytes=int(one * 2.5), min_build_ms=0)  # a temporary folder: two entries fit
     names = []
     for i in range(1, 6):
         folder = add_table_model(tmp_path / "repo", f"m{i:02d}", i, 20_000)
@@ -101,3 +101,16 @@ def test_the_folder_stays_under_its_size_and_a_temporary_one_goes_at_close(tmp_p
     assert not folder.exists()
     with pytest.raises(ValueError, match="must be >= 1 byte, got 0"):
         SessionCache(tmp_path / "x", max_bytes=0)
+
+
+def test_a_build_too_quick_to_gain_is_not_stored_nor_staged_again(tmp_path: Path) -> None:
+    cache = SessionCache(tmp_path / "cache", min_build_ms=10_000)  # no build here takes 10 s of CPU
+    folder = add_table_model(tmp_path / "repo", "m00", 0, 1000)
+    for _ in range(2):
+        instance = _instance(folder, cache)
+        assert _answer(instance) == expected(0, 3)
+        instance.close()
+    assert _entries(cache) == [] and not list(cache.folder.iterdir())
+    assert (cache.stores, cache.hits) == (0, 0)
+    key = cache.key(folder / "1" / "model.onnx", folder / "1", "ORT_ENABLE_ALL", __import__("onnxruntime").__version__)
+    assert key is not None and cache.staging(key) is None
