@@ -291,7 +291,7 @@ def _build_session(backend: OnnxRuntimeBackend, spec: ModelSpec, instance: Insta
                    providers: list, level: str):
     """The instance's session; through the instance's session cache (:mod:`inferd.backends.session_cache`)
     for a CPU session that optimises: from the stored optimised model with optimisation off, or built
-    from the model file and stored for the next load."""
+    from the model file (timed; stored as it builds when an earlier build was slow)."""
     cache = instance.session_cache
     if cache is None or providers != ["CPUExecutionProvider"] or level == "ORT_DISABLE_ALL":
         return backend._session(instance.model_file, spec.name, options, providers)
@@ -311,13 +311,15 @@ def _build_session(backend: OnnxRuntimeBackend, spec: ModelSpec, instance: Insta
             discard(stored)
             options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     staged = cache.staging(key)
-    if staged is None:  # too quick to build to gain from a stored copy
-        return backend._session(instance.model_file, spec.name, options, providers)
+    if staged is None:  # not known to be slow to build: built from the file, and timed
+        start = time.thread_time_ns()
+        session = backend._session(instance.model_file, spec.name, options, providers)
+        cache.timed(key, time.thread_time_ns() - start)
+        return session
     options.optimized_model_filepath = str(staged)
     # Saving at ORT_ENABLE_ALL warns that the file may hold this CPU's optimisations: the key has the CPU.
     severity = options.log_severity_level
     options.log_severity_level = max(severity, 3)
-    start = time.thread_time_ns()
     try:
         session = backend._session(instance.model_file, spec.name, options, providers)
     except ConfigError:  # perhaps only the saving failed (a model over ORT format's 2 GB): without it
@@ -325,7 +327,7 @@ def _build_session(backend: OnnxRuntimeBackend, spec: ModelSpec, instance: Insta
         options.optimized_model_filepath = ""
         options.log_severity_level = severity
         return backend._session(instance.model_file, spec.name, options, providers)
-    cache.store(key, staged, time.thread_time_ns() - start)
+    cache.store(key, staged)
     return session
 
 

@@ -5,7 +5,8 @@ call that holds the GIL the whole time (onnxruntime's Python binding releases it
 while a session is built), so the event loop waits for each load's build. ``on_demand`` loads the
 same files again and again (an evicted model comes back), so the first build of a file saves the
 optimised graph in ORT format (``SessionOptions.optimized_model_filepath``) and later builds load
-that with optimisation off: no protobuf parse, no optimiser.
+that with optimisation off: no protobuf parse, no optimiser. Only files that are slow to build
+from the model are stored, by their second build (the first is timed).
 
 An entry is keyed by everything that decides what the optimiser wrote: the model file's identity
 (its path, device, inode, size, modification and change times, and those of every file in its
@@ -33,8 +34,8 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".ort"
 DEFAULT_MAX_BYTES = 1 << 30
-# Measured (bench/load_gil.py): the 2 MB table model builds in 0.5-2 ms either way, the example text
-# encoder in 10-17 ms from its .onnx and 3-5 ms from the stored model.
+# Measured (bench/load_gil.py): the 2 MB table model builds in 0.5-2 ms either way (and its saving
+# build took 9 ms), the example text encoder in 10-17 ms from its .onnx and 3-5 ms from the stored model.
 MIN_BUILD_MS = 4.0
 
 
@@ -63,8 +64,9 @@ class SessionCache:
 
     ``folder``: where the entries live (created if missing); None makes a temporary folder of
     this cache's own, removed by :meth:`close`. ``max_bytes``: what the entries may hold together;
-    ``min_build_ms``: a build that took less CPU time than this is not stored (nor staged again):
-    loading the stored model costs about as much, plus the file's writing and bookkeeping."""
+    ``min_build_ms``: only a file whose build from the model took this much CPU time or more is
+    stored, by its next build (which saves the optimised graph as it builds): for a quicker one the
+    stored model loads no faster, and the saving costs more than it gives back."""
 
     def __init__(self, folder: Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
                  min_build_ms: float = MIN_BUILD_MS) -> None:
@@ -76,7 +78,7 @@ class SessionCache:
             self._folder.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self.min_build_ns = int(min_build_ms * 1e6)
-        self._cheap: set[str] = set()  # keys whose build was under min_build_ms: built from the file
+        self._slow: set[str] = set()  # keys whose build from the model took min_build_ms or more
         self.hits = 0
         self.stores = 0
         self._lock = threading.Lock()
@@ -121,23 +123,23 @@ class SessionCache:
             self.hits += 1
         return path
 
+    def timed(self, key: str, build_ns: int) -> None:
+        """A build of ``key`` from the model file took ``build_ns`` of CPU time."""
+        if build_ns >= self.min_build_ns:
+            with self._lock:
+                self._slow.add(key)
+
     def staging(self, key: str) -> Path | None:
         """A fresh temporary path in the folder to build ``key``'s entry at (then :meth:`store` it);
-        None when its build was found too cheap to be worth storing."""
-        if key in self._cheap:
+        None until a build of it from the model was timed slow enough to be worth storing."""
+        if key not in self._slow:
             return None
         return self.folder / f"{key}.{os.getpid()}.{threading.get_ident()}.tmp{SUFFIX}"
 
-    def store(self, key: str, staged: Path, build_ns: int) -> None:
-        """Move a staged entry into place (``build_ns``: the CPU time its build took; under
-        ``min_build_ms`` it is dropped instead); drop the entries of the same file's older contents,
-        and the least recently used ones while the folder holds more than ``max_bytes``."""
+    def store(self, key: str, staged: Path) -> None:
+        """Move a staged entry into place; drop the entries of the same file's older contents, and the
+        least recently used ones while the folder holds more than ``max_bytes``."""
         where = key.split("-", 1)[0]
-        if build_ns < self.min_build_ns:
-            with self._lock:
-                self._cheap.add(key)
-            discard(staged)
-            return
         try:
             os.replace(staged, self.folder / (key + SUFFIX))
         except OSError as exc:
