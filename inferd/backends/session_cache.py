@@ -3,10 +3,10 @@
 Building an ONNX Runtime session parses the model and runs the graph optimisations inside one
 call that holds the GIL the whole time (onnxruntime's Python binding releases it in ``run``, not
 while a session is built), so the event loop waits for each load's build. ``on_demand`` loads the
-same files again and again (an evicted model comes back), so the first build of a file saves the
-optimised graph in ORT format (``SessionOptions.optimized_model_filepath``) and later builds load
-that with optimisation off: no protobuf parse, no optimiser. Only files that are slow to build
-from the model are stored, by their second build (the first is timed).
+same files again and again (an evicted model comes back), so a file whose first build was slow
+(timed: ``min_build_ms``) has its second build save the optimised graph in ORT format
+(``SessionOptions.optimized_model_filepath``), and later builds load that with optimisation off:
+no protobuf parse, no optimiser.
 
 An entry is keyed by everything that decides what the optimiser wrote: the model file's identity
 (its path, device, inode, size, modification and change times, and those of every file in its
