@@ -7,11 +7,15 @@ the warm requests meanwhile; what they lose is the GIL that the loader holds (ON
 session without releasing it) and the loop's own part of each load and eviction. Reported: warm
 p50/p99 alone and during the loads (same run, the two phases alternated twice), and the loads done
 during the loaded phase (more loads in the same number of warm requests: cheaper loads). The
-machine is shared: compare the ratios within one run, not the microseconds across runs."""
+machine is shared: compare the ratios within one run, not the microseconds across runs. The GIL switch
+interval is `inferd serve`'s (100 us; INFERD_BENCH_SWITCH_INTERVAL_US sets another): at Python's own 5 ms
+the loop waited up to 5 ms behind any Python on the loader thread, which the server does not."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +26,9 @@ from bench.bench import OUT
 
 NEEDS_PERF_ANALYZER = False
 HOT, COLD, FLOATS = 4, 40, 500_000
+# As `inferd serve` sets it (--gil-switch-interval-us): at Python's own 5 ms a thread waiting for the GIL
+# (the loop, behind a loader running Python) asks for it only after 5 ms, which measured that instead.
+SWITCH_INTERVAL = float(os.environ.get("INFERD_BENCH_SWITCH_INTERVAL_US", "100")) * 1e-6
 
 
 def _request(name: str, k: int):  # type: ignore[no-untyped-def]
@@ -80,7 +87,12 @@ async def _measure(n: int) -> dict:
 
 def run(quick: bool) -> dict:
     n = 200 if quick else 600
-    got = asyncio.run(_measure(n))
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    try:
+        got = asyncio.run(_measure(n))
+    finally:
+        sys.setswitchinterval(before)
     pct = lambda xs, q: float(np.percentile(xs, q))  # noqa: E731
     measures = [
         {"label": "warm, no loads", "concurrency": 1, "batch": 1, "infer_per_s": 0.0,
@@ -89,7 +101,24 @@ def run(quick: bool) -> dict:
          "p50_us": pct(got["during"], 50), "p99_us": pct(got["during"], 99),
          "note": f"{len(got['during'])} requests; {got['loads']} loads in {got['seconds']:.1f} s"},
     ]
-    return {"measures": measures, "loads": got["loads"], "loads_per_s": got["loads"] / got["seconds"]}
+    return {"measures": measures, "loads": got["loads"], "loads_per_s": got["loads"] / got["seconds"],
+            "notes": NOTES}
+
+
+NOTES = """Where a load's time goes, for the warm requests (issue 28; `python -m bench.load_gil`, and
+`py-spy record --gil` over this scenario). onnxruntime's Python binding holds the GIL for the whole of a
+session's build (its `InferenceSession` constructor parses, `initialize_session` optimises and places the
+initializers, neither releases it; only `run` does), so the loop waits for each build: about 0.5-2 ms on
+this table model, 10-17 ms on the example text encoder at ORT_ENABLE_ALL. Destroying a session joins its
+intra-op pool thread, also holding the GIL (0.9 ms median, 6 ms p90 with 2 threads on this shared
+machine): an evicted model's session was destroyed on the loop itself, when the eviction dropped the
+model's last reference (`OnnxInstance.close` left the bound `run` holding it), 0.39 s of the loop's GIL
+time in one profile; it is now freed at close, on the thread that stops the scheduler. A stored optimised
+model (the on_demand session cache, ORT format, loaded with optimisation off) cuts the text encoder's
+build to 3-5 ms; the table model has nothing to optimise, gains nothing, and is not stored. What is left: each build's
+and each destruction's single GIL hold (a request arriving meanwhile waits for it), and the loop's own
+part of a load and an eviction. Figures on this 2-core machine, shared with other engineers' tests
+while this ran, move by 2x between runs: the ratio below is one run's."""
 
 
 def ratios(result: dict) -> dict:

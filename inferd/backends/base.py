@@ -20,6 +20,7 @@ import numpy as np
 
 from inferd.backends.batching import Joined, join, request_rows, split
 from inferd.backends.pool import BufferPool
+from inferd.backends.session_cache import SessionCache
 from inferd.config import BackendCapabilities, ModelConfig, ModelSignature, ModelSpec
 from inferd.errors import ConfigError, InferdError, ModelExecutionError
 from inferd.streaming import StreamResponse
@@ -132,6 +133,9 @@ class InstanceSpec:
     threads: int  # intra-op threads this instance may use (cores / instances)
     group: int = 0  # the index of its instance_group in the config
     dispatcher: InferenceDispatcher | None = field(default=None, compare=False, repr=False)
+    # Where the backend may keep what it derives from the model file for the next load of the same
+    # file (the ONNX backend: the optimised model); None: nothing is kept.
+    session_cache: SessionCache | None = field(default=None, compare=False, repr=False)
 
 
 class RequestInputs(dict):

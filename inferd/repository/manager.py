@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from inferd import backends
+from inferd.backends.session_cache import SessionCache
 from inferd.clock import Clock
 from inferd.config import ModelConfig, ModelSpec, ensemble_config, is_ensemble, prepare_config
 from inferd.ensemble.graph import EnsembleGraph, build_graph, dependents, find_cycle, load_order
@@ -113,7 +114,8 @@ class ModelManager:
                  gpus: GpuInventory | None = None, cache: ResponseCache | None = None,
                  limiter: RateLimiter | None = None, memory_budget: int | None = None,
                  demand_warmup: bool = True, measure_footprints: bool = False,
-                 gpu_memory_budget: dict[int, int] | None = None) -> None:
+                 gpu_memory_budget: dict[int, int] | None = None,
+                 session_cache: SessionCache | None | bool = True) -> None:
         if mode not in MODES:
             raise ValueError(f"model control mode must be one of {MODES}, got '{mode}'")
         self.repositories = repositories
@@ -140,6 +142,12 @@ class ModelManager:
         self.measure_footprints = measure_footprints or mode == "on_demand"
         self._skip_warmup = self.demand is not None and not demand_warmup
         self._runtimes_loaded: set[str] = set()  # platforms/backends loaded once (their set-up is paid)
+        # What a load of a file leaves for the next load of the same file (the ONNX backend's optimised
+        # models): on_demand loads the same files again and again, so it gets a temporary folder of its
+        # own unless handed one (``--model-cache-dir``); False, or another mode without one: none.
+        if session_cache is True:
+            session_cache = SessionCache() if mode == "on_demand" else None
+        self.session_cache: SessionCache | None = session_cache or None
 
     # -- lookup (hot path) ---------------------------------------------------
 
@@ -303,8 +311,8 @@ class ModelManager:
                     with Measure(since=reading if first_built else None) as measured:
                         models[version] = build_model(prepared.spec, prepared.backend, path, version, file,
                                                       self.clock, self.dispatcher.for_model(entry.name),
-                                                      cache=self.cache,
-                                                      limiter=self.limiter)
+                                                      cache=self.cache, limiter=self.limiter,
+                                                      session_cache=self.session_cache)
                     if self.measure_footprints:
                         runtime = prepared.spec.platform or prepared.spec.backend
                         first = runtime not in self._runtimes_loaded  # its set-up grew the resident set too
@@ -517,6 +525,8 @@ class ModelManager:
             entry.set_versions({})
             entry.state, entry.reason = UNAVAILABLE, "unloaded"
         self.overrides.close()
+        if self.session_cache is not None:
+            self.session_cache.close()  # a temporary folder goes; an operator's stays
 
 
 def _release_memory() -> None:

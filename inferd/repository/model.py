@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from inferd.backends import Backend, Device, InferenceDispatcher, InstanceSpec, ModelInstance
+from inferd.backends.session_cache import SessionCache
 from inferd.clock import Clock
 from inferd.config import ModelSpec, ignored_line, placements
 from inferd.errors import ConfigError
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 
 
 def instance_specs(spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path,
-                   dispatcher: InferenceDispatcher | None = None) -> list[InstanceSpec]:
+                   dispatcher: InferenceDispatcher | None = None,
+                   session_cache: SessionCache | None = None) -> list[InstanceSpec]:
     """One InstanceSpec per instance of the (settled, config/_placement.py) instance groups."""
     devices = [(name, Device("cpu") if gpu is None else Device("cuda", gpu), gi)
                for gi, group in enumerate(spec.instance_groups) for name, gpu in placements([group])]
@@ -43,7 +45,8 @@ def instance_specs(spec: ModelSpec, backend: Backend, model_dir: Path, version: 
     threads = max(1, cpu_budget() // cpu_instances)
     return [
         InstanceSpec(name=name, device=device, model_dir=model_dir, version_dir=model_dir / str(version),
-                     version=version, model_file=model_file, threads=threads, group=group, dispatcher=dispatcher)
+                     version=version, model_file=model_file, threads=threads, group=group, dispatcher=dispatcher,
+                     session_cache=session_cache)
         for name, device, group in devices
     ]
 
@@ -64,16 +67,17 @@ def sample_inputs(spec: ModelSpec) -> dict[str, np.ndarray]:
 def build_model(
     spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path, clock: Clock | None = None,
     dispatcher: InferenceDispatcher | None = None, *, cache: ResponseCache | None = None,
-    limiter: RateLimiter | None = None,
+    limiter: RateLimiter | None = None, session_cache: SessionCache | None = None,
 ) -> Model:
     """Create every instance and the scheduler; blocking (runtimes load here).
     ``dispatcher``: how the instances reach other models (BLS); None outside a server.
     ``cache``: the server's response cache (used when the config enables it);
-    ``limiter``: the server's rate limiter (None: ``--rate-limit off``)."""
+    ``limiter``: the server's rate limiter (None: ``--rate-limit off``);
+    ``session_cache``: where backends keep what a later load of the same file reuses (None: nothing)."""
     params = spec.params
     policy = batching_policy(spec)
     sequence = spec.sequence  # None without sequence_batching
-    ispecs = instance_specs(spec, backend, model_dir, version, model_file, dispatcher)
+    ispecs = instance_specs(spec, backend, model_dir, version, model_file, dispatcher, session_cache)
     instances = []
     samples = warmup_samples(spec, model_dir) if spec.warmup else None
 

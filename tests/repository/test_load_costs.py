@@ -1,6 +1,7 @@
 """What a load costs and counts (issue 28): a model's footprint is close to what its eviction gives back
 (the reading and the build measured as one span, not the reading's transient buffers added to the
-build), and the ONNX signature kept for an unchanged file is read again when the file changes."""
+build), the ONNX signature kept for an unchanged file is read again when the file changes, and closing
+an ONNX instance frees its session then, off the event loop (not wherever the instance is dropped last)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import pytest
 
 from inferd.backends.onnxruntime import OnnxRuntimeBackend
 from inferd.dataplane import DataPlane
-from inferd.examples.many_models import build_many
+from inferd.examples.many_models import add_table_model, build_many
 from inferd.examples.onnx_models import identity, save
 from inferd.repository import ModelManager
 from inferd.repository.footprint import heap_bytes
+from inferd.repository.manager import prepare
+from inferd.repository.model import instance_specs
 from inferd.types import InferenceRequest
 
 MiB = 2**20
@@ -66,3 +69,21 @@ def test_the_signature_cache_does_not_hide_a_broken_file(tmp_path: Path) -> None
     for _ in range(2):  # an error is not kept: each load reports it
         with pytest.raises(Exception, match="model 'm': onnxruntime cannot load"):
             backend.signature(path, "m")
+
+
+THREADS_2 = 'parameters { key: "intra_op_thread_count" value: { string_value: "2" } }\n'
+
+
+def test_closing_an_instance_frees_its_session_then(tmp_path: Path) -> None:
+    tasks = Path("/proc/self/task")
+    if not tasks.exists():
+        pytest.skip("counts this process's threads in /proc")
+    folder = add_table_model(tmp_path, "m00", 0, 1000, extra=THREADS_2)
+    before = len(list(tasks.iterdir()))
+    prepared = prepare("m00", folder)
+    instance = prepared.backend.create_instance(
+        prepared.spec, instance_specs(prepared.spec, prepared.backend, folder, 1, folder / "1" / "model.onnx")[0])
+    assert len(list(tasks.iterdir())) == before + 1  # ONNX Runtime's intra-op pool thread
+    instance.close()
+    assert len(list(tasks.iterdir())) == before  # joined at close, while the instance is still referenced
+    del instance
