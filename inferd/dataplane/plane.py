@@ -246,6 +246,9 @@ class DataPlane:
 
     # -- inference -----------------------------------------------------------------
 
+    def tracing_on(self) -> bool:
+        return self.tracing.enabled
+
     async def infer(self, request: InferenceRequest, decoupled_error: str = DECOUPLED_UNARY,
                     trace_carrier: TraceCarrier | None = None) -> InferenceResponse:
         demand = self.manager.demand
