@@ -18,7 +18,7 @@ import asyncio
 import math
 import time
 from collections import deque
-from typing import Callable
+from typing import Any, Callable, Coroutine
 
 import numpy as np
 
@@ -116,10 +116,13 @@ class BatchScheduler(PumpedScheduler):
 
     # -- Scheduler ---------------------------------------------------------
 
-    async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
+    def infer(self, request: InferenceRequest, rows: int) -> Coroutine[Any, Any, dict[str, np.ndarray]]:
+        """:meth:`Scheduler.infer`, not a coroutine itself: a refusal raises here, and otherwise the
+        coroutine that runs the request is returned, so a waiting request resumes one frame fewer
+        (its caller awaits it at once: the data plane, the lane, an ensemble step)."""
         if self._must_split(rows):
-            return await self._infer_split(request, rows)
-        return await self._infer_one(request, rows)
+            return self._infer_split(request, rows)
+        return self._infer_one(request, rows)
 
     def submit(self, request: InferenceRequest, rows: int, completion: Completion,
                more: bool = False) -> Callable[[], None]:
@@ -376,12 +379,14 @@ class BatchScheduler(PumpedScheduler):
         traced = False
         for item in items:
             job = item.payload
+            request = job.request
             stats.record_queue(int((now - job.enqueued) * 1e9))
             # Its queueing delay ends (the data plane's controller reads it), less the batching wait the
             # model's config asks for: waiting out max_queue_delay is not overload.
-            job.request.dispatched = now - min(self._bound_s, now - item.arrival)
+            request.dispatched = now - min(self._bound_s, now - item.arrival)
             rows += item.rows
-            inputs.append(_entry(job.request, wants_requests))
+            # _entry(), written out: once per request of every batch
+            inputs.append(RequestInputs(request) if wants_requests or request.output_device else request.inputs)
             if job.traced_ns:
                 traced = True
         start = max(now, worker.free_at) if worker.busy else now
