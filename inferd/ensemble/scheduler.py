@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 from functools import partial
-from typing import Any, Callable
+from operator import is_
+from typing import Any, Callable, Coroutine
 
 import numpy as np
 
@@ -75,14 +76,15 @@ class EnsembleScheduler(Scheduler):
             raise Unavailable(f"ensemble '{self.graph.name}' is unloading and takes no new requests")
         graph = self.graph
         # Fail fast, before any step runs, when a composing model is gone or no longer fits.
-        models = tuple(self._model(step) for step in graph.steps)
+        models = tuple([self._model(step) for step in graph.steps])
+        # Compared by identity with map(operator.is_): no Python call per step, on every request.
         fits = self._fits
-        if self._problem is not None and (len(fits) != len(models) or any(a is not b for a, b in zip(models, fits))):
+        if self._problem is not None and (len(fits) != len(models) or not all(map(is_, models, fits))):
             problem = self._problem()
             if problem:
                 raise Unavailable(f"ensemble '{graph.name}' is not ready: {problem}")
             self._fits = models
-        if len(self._devices_for) != len(models) or any(a is not b for a, b in zip(models, self._devices_for)):
+        if len(self._devices_for) != len(models) or not all(map(is_, models, self._devices_for)):
             self._output_device = self._output_devices(models)
             self._devices_for = models
         self._inflight.enter()
@@ -202,23 +204,32 @@ class EnsembleScheduler(Scheduler):
         finally:
             slot.release()
 
-    async def _call(self, step: Step, tensors: dict[str, np.ndarray], request: InferenceRequest) -> dict[str, np.ndarray]:
+    def _call(self, step: Step, tensors: dict[str, np.ndarray],
+              request: InferenceRequest) -> Coroutine[Any, Any, dict[str, np.ndarray]]:
         """One step through its composing model's own path, as the data plane runs a request;
-        a conditional or routed step decides first (:meth:`_decide`)."""
+        a conditional or routed step decides first (:meth:`_decide`). Not a coroutine itself
+        (neither is :meth:`_execute`): it checks and builds the step's request now and returns
+        the awaitable of its path (a refusal raises here), so a step resumes one frame fewer
+        each time it waits; the step starts when the caller awaits it, in the caller's task."""
         deadline = request.deadline
         if deadline is not None and self._clock.now() >= deadline:
             raise DeadlineExceeded(
                 f"ensemble '{self.graph.name}': the request's deadline passed before {step.label} could start")
         if not step.plain:
-            return await self._decide(step, tensors, request)
+            return self._decide(step, tensors, request)
         steps = self._stats.steps
         key = self._ran[step.index]
         steps[key] = steps.get(key, 0) + 1
-        return await self._execute(step, self._model(step), {k: tensors[t] for k, t in step.input_map}, request,
-                                   "ran", self._describe_step[step.index])
+        try:
+            model = self._resolve(step.model_name, step.model_version)
+        except InferdError as exc:
+            raise self._wrap(step, exc) from None
+        return self._execute(step, model, {k: tensors[t] for k, t in step.input_map}, request,
+                             "ran", self._describe_step[step.index])
 
-    async def _execute(self, step: Step, model: Model, inputs: dict[str, np.ndarray], request: InferenceRequest,
-                       outcome: str, describe: Callable[[Exception], InferdError]) -> dict[str, np.ndarray]:
+    def _execute(self, step: Step, model: Model, inputs: dict[str, np.ndarray], request: InferenceRequest,
+                 outcome: str, describe: Callable[[Exception], InferdError]) -> Coroutine[Any, Any, dict[str, np.ndarray]]:
+        """The step's request to ``model``, as :func:`run_model`'s awaitable (see :meth:`_call`)."""
         trace = request.trace
         if trace is not None:
             # A span per step; the composing model's queue/compute spans nest under it.
@@ -238,7 +249,7 @@ class EnsembleScheduler(Scheduler):
             trace=trace,
             output_device=self._output_device[step.index],
         )
-        return await run_model(model, sub, self._clock, describe)
+        return run_model(model, sub, self._clock, describe)
 
     # -- conditional and routed steps --------------------------------------------------
 
