@@ -56,6 +56,10 @@ class EnsembleScheduler(Scheduler):
         # Back-pressure: at most ``limit`` of this ensemble's requests inside each step at once.
         self._slots = [asyncio.Semaphore(limit) for _ in graph.steps] if limit else None
         self._requested = [[RequestedOutput(key) for key, _ in s.output_map] for s in graph.steps]
+        # What each step's request asks for, for the composing models _devices_for holds: None (every
+        # output, the same thing, with nothing to check or look for in shared memory per request) for a
+        # plain step that maps all of its model's outputs; else its mapped outputs.
+        self._asks: list[list[RequestedOutput] | None] = list(self._requested)
         self._describe_step = [partial(self._describe, s) for s in graph.steps]
         # The statistics key each plain step counts a run under: (step, model, outcome).
         self._ran = [(s.index, s.model_name, "ran") for s in graph.steps]
@@ -86,6 +90,8 @@ class EnsembleScheduler(Scheduler):
             self._fits = models
         if len(self._devices_for) != len(models) or not all(map(is_, models, self._devices_for)):
             self._output_device = self._output_devices(models)
+            self._asks = [None if step.plain and {k for k, _ in step.output_map} == set(model.spec.outputs) else asks
+                          for step, model, asks in zip(graph.steps, models, self._requested)]
             self._devices_for = models
         self._inflight.enter()
         # An ensemble does not queue (its steps queue at their models): a queue stage of
@@ -241,7 +247,7 @@ class EnsembleScheduler(Scheduler):
             inputs=inputs,
             model_version=step.model_version,
             id=request.id,
-            requested_outputs=self._requested[step.index],
+            requested_outputs=self._asks[step.index],
             parameters=request.parameters,
             priority=request.priority,
             timeout_us=request.timeout_us,
