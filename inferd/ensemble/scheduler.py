@@ -63,6 +63,7 @@ class EnsembleScheduler(Scheduler):
         self._describe_step = [partial(self._describe, s) for s in graph.steps]
         # The statistics key each plain step counts a run under: (step, model, outcome).
         self._ran = [(s.index, s.model_name, "ran") for s in graph.steps]
+        self._plain = [s.plain for s in graph.steps]  # read per step: the property's call, once
         # A step runs through _call directly, or through _limited when max_inflight_requests is set.
         self._run_step = self._call if self._slots is None else self._limited
 
@@ -221,7 +222,7 @@ class EnsembleScheduler(Scheduler):
         if deadline is not None and self._clock.now() >= deadline:
             raise DeadlineExceeded(
                 f"ensemble '{self.graph.name}': the request's deadline passed before {step.label} could start")
-        if not step.plain:
+        if not self._plain[step.index]:
             return self._decide(step, tensors, request)
         steps = self._stats.steps
         key = self._ran[step.index]

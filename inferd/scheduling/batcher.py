@@ -113,6 +113,7 @@ class BatchScheduler(PumpedScheduler):
         self._defer_misses = 0  # deferred steps in a row that found their request alone
         self._defer_probe = 0
         self._ordered: deque[_Batch] | None = deque() if policy.preserve_ordering else None
+        self._plain_groups = policy.grouping.plain  # read per request: the property's call, once
 
     # -- Scheduler ---------------------------------------------------------
 
@@ -178,11 +179,11 @@ class BatchScheduler(PumpedScheduler):
         free = self._free
         p = self.policy
         group = None
-        if p.batching and not p.grouping.plain:
+        if p.batching and not self._plain_groups:
             # Refuses a request no batch could hold (too long for the buckets or the
             # budget), on the fast path too.
             group = p.grouping.describe(self.model, request.inputs, rows)
-        if (not more and not self._queue and free and free[0].inline and free[0].ticket is None
+        if (not more and not self._queue.size and free and free[0].inline and free[0].ticket is None
                 and request.trace is None and not self._ordered and not p.slo_us and self._alone(loop, free[0], rows)):
             # The idle fast path: nothing is queued, a free instance executes
             # inline, no other request follows in this loop turn (``more``), and
@@ -258,8 +259,11 @@ class BatchScheduler(PumpedScheduler):
         stats.record_queue(time.perf_counter_ns() - arrived_ns)  # the time it took to get here: no wait
         start = request.dispatched = self._clock.now()
         try:
-            result = worker.run_inline([_entry(request, getattr(worker.instance, "wants_requests", False))],
-                                       self._outputs)
+            # What execute() gets for a request: its inputs, or the request with them (RequestInputs) when
+            # the instance reads the request or its outputs should stay on a device. Written out here and
+            # in _dispatch: once per request.
+            wants = getattr(worker.instance, "wants_requests", False) or request.output_device
+            result = worker.run_inline([RequestInputs(request) if wants else request.inputs], self._outputs)
         finally:
             self._free.append(worker)
         worker.estimate.observe(rows, self._clock.now() - start)
@@ -385,7 +389,7 @@ class BatchScheduler(PumpedScheduler):
             # model's config asks for: waiting out max_queue_delay is not overload.
             request.dispatched = now - min(self._bound_s, now - item.arrival)
             rows += item.rows
-            # _entry(), written out: once per request of every batch
+            # Its inputs, or the request with them (see _run_now)
             inputs.append(RequestInputs(request) if wants_requests or request.output_device else request.inputs)
             if job.traced_ns:
                 traced = True
@@ -481,9 +485,3 @@ def _nothing_else_ready(loop: asyncio.AbstractEventLoop) -> bool:
     # loop without it (uvloop) we always defer, which is merely slower.
     ready = getattr(loop, "_ready", None)
     return ready is not None and not ready
-
-
-def _entry(request: InferenceRequest, wants_requests: bool) -> dict[str, np.ndarray]:
-    """What an instance's execute() gets for one request: its inputs, or the request with them
-    (RequestInputs) when the instance reads the request or its outputs should stay on a device."""
-    return RequestInputs(request) if wants_requests or request.output_device else request.inputs
