@@ -22,11 +22,11 @@ from bench import request_counts
 # inline), c=16 queues 16 requests started in one loop turn into one batch. Before the cuts: 87
 # and 85 (counted the same way, on the code of commit 170d87d); 62 and 67.4 before the second
 # round's (on commit 492c231's code).
-PINNED = {1: 55.0, 16: 58.4}
+PINNED = {1: 51.0, 16: 55.4}
 # The same for ensemble_mlp (issue 30: scale -> mlp -> relu, each step through its model's path), its
 # composing models forced to execute inline so that no measured time decides the count. Before the
 # cuts (commit 492c231's code, counted the same way): 195 and 226.3.
-PINNED_ENSEMBLE = {1: 167.0, 16: 186.3}
+PINNED_ENSEMBLE = {1: 154.0, 16: 176.3}
 MARGIN = 1.10
 REQUESTS = 480  # enough that the loop's and the runtime's few constant blocks stay far below one per request
 INLINE = '\nparameters { key: "inferd.execution" value { string_value: "inline" } }\n'
