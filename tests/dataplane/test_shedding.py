@@ -123,10 +123,11 @@ def test_a_fresh_controller_has_the_settings_and_none_of_the_state():
 
 
 def test_a_delay_is_settled_only_below_the_configured_target_with_no_overload_building():
+    slow = controller(target_ms=20)
+    slow.follow(1.0)  # a slow model: its target is 5 s, but "settled" asks the configured 20 ms
+    assert slow.settled(19 * MS)
+    assert not slow.settled(20 * MS)  # may start one: observed (and the target followed first)
     c = controller(target_ms=20)
-    c.follow(1.0)  # a slow model: its target is 5 s, but "settled" asks the configured 20 ms
-    assert c.settled(19 * MS)
-    assert not c.settled(20 * MS)  # may start one: observed (and the target followed first)
     c.observe(30 * MS, T0)  # above the target: an overload is building
     assert c.above_since is not None and not c.settled(1 * MS)  # the short one must end it
     c.observe(1 * MS, T0 + 10 * MS)
