@@ -2,10 +2,14 @@
 
     python -m bench.request_counts [--requests 400] [--concurrency 1 16] [--json]
 
-A real DataPlane (identity_fp32 from the benchmark repository, ``dynamic_batching {}``) behind the
+A real DataPlane (identity_fp32 from the example repository, ``dynamic_batching {}``) behind the
 real gRPC servicer (``InferenceServicer.ModelInfer``), handed protobuf requests as grpc.aio would
 hand them, with a context that only answers what ModelInfer asks; the bare echo servicer
-(bench/echo_server.py) is driven the same way. Counted over ``--requests`` requests after a warm-up,
+(bench/echo_server.py) is driven the same way, and so are two more models of the same data plane
+(issue 30): "ensemble", ensemble_mlp (scale -> mlp -> relu, three batching ONNX models), and
+"fused", mlp_fused (the same computation as one model). Their counts include the runtime's calls,
+and which of its batches run on the loop or on an instance thread follows the executions' measured
+times, so they are exact only for one such choice. Counted over ``--requests`` requests after a warm-up,
 ``--concurrency`` of them started together in one loop turn (as one socket read brings them):
 
 - ``python_calls``: Python function calls (``sys.setprofile`` 'call' events, every thread; a
@@ -33,6 +37,7 @@ import asyncio
 import gc
 import json
 import sys
+import tempfile
 import threading
 import tracemalloc
 from collections.abc import Awaitable, Callable
@@ -46,6 +51,10 @@ import inferd
 from inferd._proto import grpc_service_pb2 as pb
 
 MODEL = "identity_fp32"
+# The ensemble these counts also drive (issue 30): scale -> mlp -> relu, three batching ONNX models, and
+# mlp_fused, the same computation as one model; FP32 [1, 256] in.
+ENSEMBLE, FUSED = "ensemble_mlp", "mlp_fused"
+ENSEMBLE_MODELS = ("ens_scale", "ens_mlp", "ens_relu", ENSEMBLE, FUSED)
 
 
 class _Context:
@@ -64,19 +73,23 @@ class _Context:
         pass
 
 
-def infer_request(rid: int = 0) -> Any:
-    request = pb.ModelInferRequest(model_name=MODEL, id=str(rid))
-    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 16])
-    request.raw_input_contents.append(np.arange(16, dtype=np.float32).tobytes())
+def infer_request(rid: int = 0, model: str = MODEL) -> Any:
+    """One ModelInferRequest: identity_fp32's 16 floats, or the ensemble's (and the fused model's) 256."""
+    size = 16 if model == MODEL else 256
+    request = pb.ModelInferRequest(model_name=model, id=str(rid))
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, size])
+    request.raw_input_contents.append(np.arange(size, dtype=np.float32).tobytes())
     return request
 
 
 Call = Callable[[Any, Any], Awaitable[Any]]
+# Which model each servicer path is handed requests for.
+PATH_MODELS = {"inferd": MODEL, "echo": MODEL, "ensemble": ENSEMBLE, "fused": FUSED}
 
 
-async def _drive(call: Call, requests: int, concurrency: int) -> None:
+async def _drive(call: Call, requests: int, concurrency: int, model: str = MODEL) -> None:
     context = _Context()
-    message = infer_request()
+    message = infer_request(model=model)
     for _ in range(requests // concurrency):
         replies = await asyncio.gather(*(call(message, context) for _ in range(concurrency)))
         if len(replies[0].raw_output_contents) != 1:
@@ -113,37 +126,45 @@ def never_shed() -> Any:
     return QueueDelay(target_us=3_600_000_000)
 
 
-def repository(folder: Path) -> Path:
-    """The one model these counts drive, identity_fp32 (16 floats, dynamic_batching {}), built in ``folder``."""
+def repository(folder: Path, ensemble: bool = False) -> Path:
+    """The model these counts drive, identity_fp32 (16 floats, dynamic_batching {}), built in ``folder``;
+    ``ensemble``: and ensemble_mlp, its three models and mlp_fused."""
     from inferd.examples import build as b
 
-    b.build_repository(folder, models=[s for s in b.MODELS if s.name == MODEL], log=None)
+    names = {MODEL, *ENSEMBLE_MODELS} if ensemble else {MODEL}
+    b.build_repository(folder, models=[s for s in b.MODELS if s.name in names], log=None)
     return folder
 
 
 async def servicers(repo: Path | None = None) -> tuple[dict[str, Call], Callable[[], Awaitable[None]]]:
     """inferd's ModelInfer over a loaded DataPlane (``repo``: the benchmark repository by default)
-    and the echo's; and the coroutine function that closes the data plane."""
+    and the echo's; and the coroutine function that closes the data plane. Where the repository
+    holds ensemble_mlp, "ensemble" and "fused" are inferd's ModelInfer too, to be driven with
+    requests for it and for mlp_fused (:data:`PATH_MODELS`)."""
     from bench.bench import bench_repository
     from bench.echo_server import EchoServicer
     from inferd.dataplane import DataPlane
     from inferd.repository import ModelManager
     from inferd.server.grpc_service import InferenceServicer
 
-    dp = DataPlane(ModelManager([repo or bench_repository(big=False)]), shedding=never_shed())
+    folder = repo or bench_repository(big=False)
+    dp = DataPlane(ModelManager([folder]), shedding=never_shed())
     await dp.load_models()
-    calls: dict[str, Call] = {"inferd": InferenceServicer(dp).ModelInfer, "echo": EchoServicer().ModelInfer}
+    infer = InferenceServicer(dp).ModelInfer
+    calls: dict[str, Call] = {"inferd": infer, "echo": EchoServicer().ModelInfer}
+    if (folder / ENSEMBLE).is_dir():
+        calls.update(ensemble=infer, fused=infer)
     return calls, dp.close
 
 
-async def count(call: Call, requests: int, concurrency: int) -> dict[str, float]:
-    """Per request, the counts above for ``requests`` requests through ``call``."""
-    await _drive(call, 64 * concurrency, concurrency)  # warm: caches, lazily built objects, the probe's state
+async def count(call: Call, requests: int, concurrency: int, model: str = MODEL) -> dict[str, float]:
+    """Per request, the counts above for ``requests`` requests for ``model`` through ``call``."""
+    await _drive(call, 64 * concurrency, concurrency, model)  # warm: caches, lazily built objects, the probe's state
     counter = _Counter()
     threading.setprofile(counter)
     sys.setprofile(counter)
     try:
-        await _drive(call, requests, concurrency)
+        await _drive(call, requests, concurrency, model)
     finally:
         sys.setprofile(None)
         threading.setprofile(None)  # type: ignore[arg-type]
@@ -160,7 +181,7 @@ async def count(call: Call, requests: int, concurrency: int) -> dict[str, float]
     gc.callbacks.append(on_gc)
     before = gc.get_count()[0]
     try:
-        await _drive(call, requests, concurrency)
+        await _drive(call, requests, concurrency, model)
         created = gc.get_count()[0] - before
     finally:
         gc.callbacks.remove(on_gc)
@@ -171,10 +192,10 @@ async def count(call: Call, requests: int, concurrency: int) -> dict[str, float]
     # Two runs under tracing, compared: what the first leaves (the last batch's objects, caches
     # filled once) is in both snapshots, so only what grows with the requests remains.
     tracemalloc.start()
-    await _drive(call, requests, concurrency)
+    await _drive(call, requests, concurrency, model)
     gc.collect()
     start = tracemalloc.take_snapshot()
-    await _drive(call, requests, concurrency)
+    await _drive(call, requests, concurrency, model)
     gc.collect()
     end = tracemalloc.take_snapshot()
     tracemalloc.stop()
@@ -189,20 +210,22 @@ async def measure(requests: int, levels: list[int], only: str | None = None,
                   plain: bool = False) -> dict[str, dict[str, dict[str, float]]]:
     """The counts for each path and concurrency; ``plain``: only drive the requests (after the
     warm-up), counting nothing, for an outside counter such as callgrind."""
-    calls, close = await servicers()
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    try:
-        for name, call in calls.items():
-            if only and name != only:
-                continue
-            if plain:
-                for c in levels:
-                    await _drive(call, 64 * c, c)
-                    await _drive(call, requests, c)
-                continue
-            out[name] = {f"c={c}": await count(call, requests, c) for c in levels}
-    finally:
-        await close()
+    with tempfile.TemporaryDirectory() as tmp:
+        calls, close = await servicers(repository(Path(tmp) / "repo", ensemble=True))
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        try:
+            for name, call in calls.items():
+                if only and name != only:
+                    continue
+                model = PATH_MODELS[name]
+                if plain:
+                    for c in levels:
+                        await _drive(call, 64 * c, c, model)
+                        await _drive(call, requests, c, model)
+                    continue
+                out[name] = {f"c={c}": await count(call, requests, c, model) for c in levels}
+        finally:
+            await close()
     return out
 
 
@@ -210,7 +233,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--only", choices=("inferd", "echo"))
+    parser.add_argument("--only", choices=tuple(PATH_MODELS))
     parser.add_argument("--instructions", action="store_true",
                         help="count nothing: drive the requests for valgrind --tool=callgrind")
     parser.add_argument("--json", action="store_true")

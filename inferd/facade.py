@@ -227,6 +227,12 @@ class DataPlaneAPI(Protocol):
 
     # -- inference -----------------------------------------------------------------
 
+    def tracing_on(self) -> bool:
+        """Whether a request could be traced now (tracing is on for some model): a frontend builds
+        its trace stamps (``InferenceRequest.frontend``) only then. Synchronous and cheap, asked
+        on every request; a request racing a change of the settings is merely traced without them."""
+        ...
+
     async def infer(self, request: InferenceRequest, decoupled_error: str = DECOUPLED_UNARY,
                     trace_carrier: TraceCarrier | None = None) -> InferenceResponse:
         """Run one request (refused with UNAVAILABLE while the server drains). Outputs

@@ -4,8 +4,9 @@ bench/request_counts.py drives the real gRPC servicer's ModelInfer over a real D
 (identity_fp32, dynamic_batching {}) with protobuf requests and no sockets, and counts, through
 ``sys.setprofile``, the calls whose code is inferd's. The count is exact for one path and input
 (no clock, no machine load in it), so a change that adds work to every request fails here, and one
-that removes work lowers the pin. The pins are the counts when issue 32's cuts were made, with a
-margin of 10% for small honest additions; raise one only with the reason in the commit.
+that removes work lowers the pin; the ensemble_mlp ensemble (issue 30) is pinned the same way. The
+pins are the counts when issue 32's and 30's cuts were made, with a margin of 10% for small honest
+additions; raise one only with the reason in the commit.
 """
 
 from __future__ import annotations
@@ -19,10 +20,16 @@ from bench import request_counts
 
 # inferd's own Python calls per request (issue 32): c=1 takes the idle fast path (one request run
 # inline), c=16 queues 16 requests started in one loop turn into one batch. Before the cuts: 87
-# and 85 (counted the same way, on the code of commit 170d87d).
-PINNED = {1: 60.0, 16: 65.4}
+# and 85 (counted the same way, on the code of commit 170d87d); 62 and 67.4 before the second
+# round's (on commit 492c231's code).
+PINNED = {1: 51.0, 16: 55.4}
+# The same for ensemble_mlp (issue 30: scale -> mlp -> relu, each step through its model's path), its
+# composing models forced to execute inline so that no measured time decides the count. Before the
+# cuts (commit 492c231's code, counted the same way): 195 and 226.3.
+PINNED_ENSEMBLE = {1: 154.0, 16: 176.3}
 MARGIN = 1.10
 REQUESTS = 480  # enough that the loop's and the runtime's few constant blocks stay far below one per request
+INLINE = '\nparameters { key: "inferd.execution" value { string_value: "inline" } }\n'
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +44,36 @@ def counts(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, floa
             await close()
 
     return asyncio.run(measure())
+
+
+@pytest.fixture(scope="module")
+def ensemble_counts(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, float]]:
+    repo = request_counts.repository(tmp_path_factory.mktemp("ensemble") / "repo", ensemble=True)
+    for step in ("ens_scale", "ens_mlp", "ens_relu"):
+        with (repo / step / "config.pbtxt").open("a") as f:
+            f.write(INLINE)
+
+    async def measure() -> dict[int, dict[str, float]]:
+        calls, close = await request_counts.servicers(repo)
+        try:
+            return {c: await request_counts.count(calls["ensemble"], REQUESTS, c, request_counts.ENSEMBLE)
+                    for c in PINNED_ENSEMBLE}
+        finally:
+            await close()
+
+    return asyncio.run(measure())
+
+
+@pytest.mark.parametrize("concurrency", sorted(PINNED_ENSEMBLE))
+def test_ensemble_calls_per_request_stay_pinned(ensemble_counts: dict[int, dict[str, float]],
+                                                concurrency: int) -> None:
+    got = ensemble_counts[concurrency]["inferd_calls"]
+    pinned = PINNED_ENSEMBLE[concurrency]
+    assert got <= pinned * MARGIN, (
+        f"c={concurrency}: {got:.1f} calls of inferd's code per ensemble_mlp request, pinned at {pinned} (+10%): "
+        "something now runs on every request or step; `python -m bench.request_counts --only ensemble` says how many")
+    # Three steps, each through its model's path, besides the ensemble's own: far more than one model's.
+    assert got >= 2 * PINNED[concurrency], f"c={concurrency}: only {got:.1f}: the counter missed the steps"
 
 
 @pytest.mark.parametrize("concurrency", sorted(PINNED))

@@ -661,3 +661,46 @@ def test_a_frontends_request_is_written_once_its_answer_is_sent(tmp_path):
     assert http["REQUEST_END"] <= http["HTTP_SEND_START"]
     assert list(traces["never"]["timestamps"]) == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "REQUEST_START",
                                                    "REQUEST_END"]
+
+
+class _Context:
+    """What the one-process ModelInfer asks of a grpc.aio context on its success path."""
+
+    def time_remaining(self) -> None:
+        return None
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+
+async def test_the_grpc_frontend_stamps_a_request_only_while_tracing_is_on(plane):
+    # Untraced, a request carries no FrontendStamps (the façade's tracing_on, asked per request);
+    # traced, its stamps reach the trace, whose root span waits for the send.
+    from inferd._proto import grpc_service_pb2 as pb
+    from inferd.server.grpc_service import InferenceServicer
+
+    dp, exporter = plane
+    seen = []
+    infer = dp.infer
+
+    async def recording(request, **kw):  # type: ignore[no-untyped-def]
+        seen.append(request.frontend)
+        return await infer(request, **kw)
+
+    dp.infer = recording
+    message = pb.ModelInferRequest(model_name="simple", id="via-grpc")
+    for name in ("INPUT0", "INPUT1"):
+        message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        message.raw_input_contents.append(np.arange(16, dtype=np.int32).tobytes())
+    servicer = InferenceServicer(dp)
+    traced = await servicer.ModelInfer(message, _Context())
+    assert len(traced.raw_output_contents) == 2
+    assert seen[0] is not None and seen[0].protocol == "grpc"
+    assert [s.name for s in exporter.get_finished_spans() if s.name == ROOT_SPAN] == [ROOT_SPAN]  # ended on the send
+    tracing, dp.tracing = dp.tracing, Tracing()  # off
+    try:
+        untraced = await servicer.ModelInfer(message, _Context())
+    finally:
+        dp.tracing = tracing
+    assert untraced.raw_output_contents == traced.raw_output_contents
+    assert seen[1] is None

@@ -215,7 +215,9 @@ def _summary(text: str) -> int:
 
 ANALYSIS = """Before issue 32's cuts (the first run of this scenario, on commit 170d87d's inferd code, the same machine an
 hour earlier): one process 675 / 572 us CPU per inference at c=1 / c=16 against the echo's 464 / 368 (1.46x / 1.55x);
-inferd's own Python calls per request 87 / 85 (bench.request_counts on commit 170d87d's code), now 60 / 65.
+inferd's own Python calls per request 87 / 85 (bench.request_counts on commit 170d87d's code), 62 / 67.4 on
+commit 492c231's, 51 / 55.4 after the second round of cuts (admission, lookup and shedding in one step, settled
+queue delays not fed, frontend trace stamps only while tracing is on, shallower coroutines).
 The HTTP infer route through Starlette cost ~40 us and 55 Python calls per request more than a bare ASGI path;
 InferRoute now answers it (python -m bench.http_counts: the served app within 5 calls of the bare path).
 Target one process <= 1.3x the echo: missed (1.39x-1.58x in the runs here; served ratios move by +-0.1 between runs
@@ -225,7 +227,7 @@ request: 170d87d's code gave 216k in a run after this one, so these counts do no
 counts do), spread over the interpreter (its eval loop alone a third), frames, dict lookups
 and allocation: no single C function dominates, and ONNX Runtime's call for identity is a small part; what is left
 is the count of Python steps a request takes (decode, admission, lookup, shedding, validation, the background lane,
-the batcher's future, assemble/execute/split, shaping, statistics, encode: ~60-65 calls of inferd's). Voluntary
+the batcher's future, assemble/execute/split, shaping, statistics, encode: ~51-55 calls of inferd's). Voluntary
 switches per inference (~9.5) are the same for the echo and one process: grpc.aio's own threads.
 --gil-switch-interval-us 5000 against the default 100 changed nothing (one process 422 vs 427 us at c=16, one run)."""
 

@@ -30,7 +30,7 @@ from inferd.facade import (
     DECOUPLED_UNARY, DRAINING, CudaRegionStatus, IndexEntry, ModelMetadata, RegionStatus, ServerMetadata, TensorMetadata,
     TraceCarrier,
 )
-from inferd.model import Model, ModelRun, find, response, run_model, submit_model
+from inferd.model import Model, ModelRun, run_model, submit_model
 from inferd.model import infer_stream as model_infer_stream
 from inferd.model.readiness import user_ready
 from inferd.observability.log_settings import LogSettings
@@ -67,6 +67,7 @@ class DataPlane:
         # The bound on queueing delay (--queue-delay-*; target 0: off): these settings, one controller
         # per model (by name) made from them.
         self.shedding = shedding or QueueDelay()
+        self._shedding_on = self.shedding.enabled  # read per request: the property's call, once
         self._delays: dict[str, QueueDelay] = {}
         self.clock = clock or MonotonicClock()
         # Batch jobs (POST /v2/batches), kept in batch_dir; None: off.
@@ -245,6 +246,9 @@ class DataPlane:
 
     # -- inference -----------------------------------------------------------------
 
+    def tracing_on(self) -> bool:
+        return self.tracing.enabled
+
     async def infer(self, request: InferenceRequest, decoupled_error: str = DECOUPLED_UNARY,
                     trace_carrier: TraceCarrier | None = None) -> InferenceResponse:
         demand = self.manager.demand
@@ -252,10 +256,13 @@ class DataPlane:
             await self._wait_loaded(request)
         model, nbytes = self._admit(request, decoupled_error, trace_carrier)
         try:
-            return response(model, request, await run_model(model, request, self.clock))
+            outputs = await run_model(model, request, self.clock)
+            # model.path.response(), written out: once per request
+            return InferenceResponse(model_name=model.spec.name, model_version=model.version, outputs=outputs,
+                                     id=request.id)
         finally:
             self.admission.release(nbytes)
-            if request.dispatched:
+            if request.dispatched and self._shedding_on:
                 self._observe(model, request)
 
     def submit(self, request: InferenceRequest, on_done: Callable[[ModelRun], None],
@@ -304,7 +311,7 @@ class DataPlane:
 
     def _answered(self, nbytes: int, on_done: Callable[[ModelRun], None], run: ModelRun) -> None:
         self.admission.release(nbytes)
-        if run.request.dispatched:
+        if run.request.dispatched and self._shedding_on:
             self._observe(run.model, run.request)
         on_done(run)
 
@@ -316,23 +323,24 @@ class DataPlane:
         return delay
 
     def _observe(self, model: Model, request: InferenceRequest) -> None:
-        """A request its scheduler handed to an instance has ended: its queueing delay, from its
-        frontend receiving it to that hand-over, feeds its model's controller, whose target
-        follows the model's mean execution."""
-        if self.shedding.enabled:
-            delay = self._delays.get(model.spec.name) or self.queue_delay(model.spec.name)
-            infer = model.stats.compute_infer
-            if infer.count:
-                delay.follow(infer.ns / infer.count * 1e-9)
-            received = (request.received_ns + request.load_wait_ns) * 1e-9 if request.received_ns else request.dispatched
-            delay.observe(request.dispatched - received, self.clock.now())
-
-    def _shed(self, model: Model, request: InferenceRequest) -> None:
-        """While the model sheds: refuse a request that already waited past its target since its
-        frontend received it (before it costs anything more), and bound the wait of one admitted."""
-        delay = self._delays.get(model.spec.name)
-        if delay is None or not delay.dropping:
+        """A request its scheduler handed to an instance has ended (shedding on): its queueing delay,
+        from its frontend receiving it to that hand-over, feeds its model's controller, whose target
+        follows the model's mean execution. A delay that leaves the controller as it is (the common
+        case: well under target, no overload building) is not fed, nor the target followed."""
+        delay = self._delays.get(model.spec.name) or self.queue_delay(model.spec.name)
+        received = (request.received_ns + request.load_wait_ns) * 1e-9 if request.received_ns else request.dispatched
+        waited = request.dispatched - received
+        if delay.settled(waited):
             return
+        infer = model.stats.compute_infer
+        if infer.count:
+            delay.follow(infer.ns / infer.count * 1e-9)
+        delay.observe(waited, self.clock.now())
+
+    def _shed(self, delay: QueueDelay, request: InferenceRequest) -> None:
+        """While ``request``'s model sheds (``delay`` is dropping): refuse a request that already waited
+        past its target since its frontend received it (before it costs anything more), and bound the
+        wait of one admitted."""
         now = self.clock.now()
         received = min((request.received_ns + request.load_wait_ns) * 1e-9, now) if request.received_ns else now
         refused = delay.refusal(request.model_name, now - received, now)
@@ -344,7 +352,9 @@ class DataPlane:
                trace_carrier: TraceCarrier | None) -> tuple[Model, int]:
         """Refuse while draining or full, resolve shared memory, start the trace, find the model,
         shed while it is overloaded: the model and the bytes admitted, which the caller releases
-        once the request has ended."""
+        once the request has ended. One step, on every request: the lookup (as
+        :func:`~inferd.model.dispatch.find`, a decoupled model refused) and the shedding test are
+        written out here."""
         if self.draining:
             raise Unavailable(DRAINING)
         nbytes = request_bytes(request.inputs)
@@ -357,10 +367,14 @@ class DataPlane:
                 request.trace = self.tracing.start(request.model_name, request.id, trace_carrier, request.model_version)
                 if request.trace is not None and request.frontend is not None:
                     request.trace.frontend(request.frontend)  # its span waits for the frontend's send
-            model = find(self.manager.get, request, decoupled_error)
             try:
-                self._shed(model, request)
-            except Unavailable as exc:
+                model = self.manager.get(request.model_name, request.model_version)
+                if model.decoupled:
+                    raise Unimplemented(decoupled_error)
+                delay = self._delays.get(model.spec.name)
+                if delay is not None and delay.dropping:
+                    self._shed(delay, request)
+            except InferdError as exc:
                 if request.trace is not None:
                     request.trace.end(exc)
                 raise

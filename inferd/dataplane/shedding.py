@@ -84,7 +84,7 @@ class QueueDelay:
         self.dropping = False
         self.left_at: float | None = None  # when the last overload ended
         self.shed = 0  # requests refused by refusal(), since start
-        self.last_delay = 0.0  # the last delay observed (seconds), for the messages
+        self.last_delay = 0.0  # the last delay observed and not settled (seconds), for the messages
 
     @property
     def enabled(self) -> bool:
@@ -98,6 +98,14 @@ class QueueDelay:
         """The model's mean execution is ``execution_s`` seconds: its target is at least that many
         times the multiple (and never below the configured target)."""
         self.target_s = max(self.base_s, self.execution_multiple * execution_s)
+
+    def settled(self, delay: float) -> bool:
+        """Whether observing ``delay`` would leave the decision as it is: below the configured target
+        (so below the model's, which is never lower), with no overload started or building. The
+        data plane then neither follows the executions nor observes it (on nearly every request):
+        ``target_s`` and ``last_delay`` are current whenever an overload can start or is on, the
+        only times they are read."""
+        return delay < self.base_s and self.above_since is None and not self.dropping
 
     def observe(self, delay: float, now: float) -> None:
         """A request was handed to an instance ``delay`` seconds after its frontend received it

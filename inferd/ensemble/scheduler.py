@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 from functools import partial
-from typing import Any, Callable
+from operator import is_
+from typing import Any, Callable, Coroutine
 
 import numpy as np
 
@@ -68,9 +69,14 @@ class EnsembleScheduler(Scheduler):
         # identity says whether _problem must be asked again (a reloaded route model too).
         self._candidates = [(s, name) for s in graph.steps for name in s.candidates if name != s.model_name]
         self._requested = [[RequestedOutput(key) for key, _ in s.output_map] for s in graph.steps]
+        # What each step's request asks for, for the composing models _devices_for holds: None (every
+        # output, the same thing, with nothing to check or look for in shared memory per request) for a
+        # plain step that maps all of its model's outputs; else its mapped outputs.
+        self._asks: list[list[RequestedOutput] | None] = list(self._requested)
         self._describe_step = [partial(self._describe, s) for s in graph.steps]
         # The statistics key each plain step counts a run under: (step, model, outcome).
         self._ran = [(s.index, s.model_name, "ran") for s in graph.steps]
+        self._plain = [s.plain for s in graph.steps]  # read per step: the property's call, once
         # A step runs through _call directly, or through _limited when max_inflight_requests is set.
         self._run_step = self._call if self._slots is None else self._limited
 
@@ -88,17 +94,20 @@ class EnsembleScheduler(Scheduler):
             raise Unavailable(f"ensemble '{self.graph.name}' is unloading and takes no new requests")
         graph = self.graph
         # Fail fast, before any step runs, when a composing model is gone or no longer fits.
-        models = tuple(self._model(step) for step in graph.steps)
+        models = tuple([self._model(step) for step in graph.steps])
+        # Compared by identity with map(operator.is_): no Python call per step, on every request.
         if self._problem is not None:
-            used = models + self._route_models()
+            used = models + self._route_models() if self._candidates else models
             fits = self._fits
-            if len(fits) != len(used) or any(a is not b for a, b in zip(used, fits)):
+            if len(fits) != len(used) or not all(map(is_, used, fits)):
                 problem = self._problem()
                 if problem:
                     raise Unavailable(f"ensemble '{graph.name}' is not ready: {problem}")
                 self._fits = used
-        if len(self._devices_for) != len(models) or any(a is not b for a, b in zip(models, self._devices_for)):
+        if len(self._devices_for) != len(models) or not all(map(is_, models, self._devices_for)):
             self._output_device = self._output_devices(models)
+            self._asks = [None if step.plain and {k for k, _ in step.output_map} == set(model.spec.outputs) else asks
+                          for step, model, asks in zip(graph.steps, models, self._requested)]
             self._devices_for = models
         self._inflight.enter()
         try:
@@ -238,23 +247,32 @@ class EnsembleScheduler(Scheduler):
         finally:
             slot.release()
 
-    async def _call(self, step: Step, tensors: dict[str, np.ndarray], request: InferenceRequest) -> dict[str, np.ndarray]:
+    def _call(self, step: Step, tensors: dict[str, np.ndarray],
+              request: InferenceRequest) -> Coroutine[Any, Any, dict[str, np.ndarray]]:
         """One step through its composing model's own path, as the data plane runs a request;
-        a conditional or routed step decides first (:meth:`_decide`)."""
+        a conditional or routed step decides first (:meth:`_decide`). Not a coroutine itself
+        (neither is :meth:`_execute`): it checks and builds the step's request now and returns
+        the awaitable of its path (a refusal raises here), so a step resumes one frame fewer
+        each time it waits; the step starts when the caller awaits it, in the caller's task."""
         deadline = request.deadline
         if deadline is not None and self._clock.now() >= deadline:
             raise DeadlineExceeded(
                 f"ensemble '{self.graph.name}': the request's deadline passed before {step.label} could start")
-        if not step.plain:
-            return await self._decide(step, tensors, request)
+        if not self._plain[step.index]:
+            return self._decide(step, tensors, request)
         steps = self._stats.steps
         key = self._ran[step.index]
         steps[key] = steps.get(key, 0) + 1
-        return await self._execute(step, self._model(step), {k: tensors[t] for k, t in step.input_map}, request,
-                                   "ran", self._describe_step[step.index])
+        try:
+            model = self._resolve(step.model_name, step.model_version)
+        except InferdError as exc:
+            raise self._wrap(step, exc) from None
+        return self._execute(step, model, {k: tensors[t] for k, t in step.input_map}, request,
+                             "ran", self._describe_step[step.index])
 
-    async def _execute(self, step: Step, model: Model, inputs: dict[str, np.ndarray], request: InferenceRequest,
-                       outcome: str, describe: Callable[[Exception], InferdError]) -> dict[str, np.ndarray]:
+    def _execute(self, step: Step, model: Model, inputs: dict[str, np.ndarray], request: InferenceRequest,
+                 outcome: str, describe: Callable[[Exception], InferdError]) -> Coroutine[Any, Any, dict[str, np.ndarray]]:
+        """The step's request to ``model``, as :func:`run_model`'s awaitable (see :meth:`_call`)."""
         trace = request.trace
         if trace is not None:
             # A span per step; the composing model's queue/compute spans nest under it.
@@ -266,7 +284,7 @@ class EnsembleScheduler(Scheduler):
             inputs=inputs,
             model_version=step.model_version,
             id=request.id,
-            requested_outputs=self._requested[step.index],
+            requested_outputs=self._asks[step.index],
             parameters=request.parameters,
             priority=request.priority,
             timeout_us=request.timeout_us,
@@ -274,7 +292,7 @@ class EnsembleScheduler(Scheduler):
             trace=trace,
             output_device=self._output_device[step.index],
         )
-        return await run_model(model, sub, self._clock, describe)
+        return run_model(model, sub, self._clock, describe)
 
     # -- conditional and routed steps --------------------------------------------------
 

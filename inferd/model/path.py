@@ -38,13 +38,14 @@ class ModelRun:
     are recorded, its trace is ended, :attr:`outputs` (shaped as the client asked,
     those requested into shared memory written there) or :attr:`error` is set and
     ``on_done(run)`` is called, once, on the loop (maybe before :func:`submit_model`
-    returns). :meth:`cancel` ends it early, counted as cancelled, ``on_done`` still called.
+    returns; None: nobody is told, :func:`run_model` reads the run once it has ended).
+    :meth:`cancel` ends it early, counted as cancelled, ``on_done`` still called.
     """
 
     __slots__ = ("model", "request", "clock", "describe", "on_done", "start", "finished", "outputs", "error",
                  "hit_ns", "_cancel")
 
-    def __init__(self, model: Model, request: InferenceRequest, clock: Clock, on_done: Callable[["ModelRun"], None],
+    def __init__(self, model: Model, request: InferenceRequest, clock: Clock, on_done: Callable[["ModelRun"], None] | None,
                  describe: Callable[[Exception], Exception] | None) -> None:
         self.model = model
         self.request = request
@@ -82,7 +83,8 @@ class ModelRun:
         if trace is not None:
             trace.tensors_attributes("output", outputs)
             trace.end()
-        self.on_done(self)
+        if self.on_done is not None:
+            self.on_done(self)
 
     def set_exception(self, exception: BaseException) -> None:
         """The request failed: counted under its reason; ``describe`` says what the caller sees."""
@@ -99,7 +101,8 @@ class ModelRun:
             else:
                 error.__cause__ = exception
         self.error = error
-        self.on_done(self)
+        if self.on_done is not None:
+            self.on_done(self)
 
     def cancel(self) -> None:
         """The caller has gone: drop the request if it has not started (one that has runs on,
@@ -115,7 +118,8 @@ class ModelRun:
         cancelled = asyncio.CancelledError()
         _record_failure(self.model, self.request, self.clock, self.start, cancelled, cancelled)
         self.error = cancelled
-        self.on_done(self)
+        if self.on_done is not None:
+            self.on_done(self)
 
 
 def submit_model(model: Model, request: InferenceRequest, clock: Clock, on_done: Callable[[ModelRun], None],
@@ -149,7 +153,7 @@ async def run_model(
     The same steps as :func:`submit_model` (a :class:`ModelRun`), awaiting the
     scheduler's ``infer`` (or the response cache) in the caller's task: no task
     of its own, whatever the scheduler. Cancelling the awaiting task cancels the request."""
-    run = ModelRun(model, request, clock, _awaited, describe)
+    run = ModelRun(model, request, clock, None, describe)
     try:
         rows = _admit(model, request)
         if model.cache is None:
@@ -164,10 +168,6 @@ async def run_model(
         raise run.error
     assert run.outputs is not None
     return run.outputs
-
-
-def _awaited(run: ModelRun) -> None:
-    """run_model's on_done: its caller reads the run once it has ended."""
 
 
 async def _run_cached(run: ModelRun, rows: int) -> None:

@@ -18,7 +18,7 @@ import asyncio
 import math
 import time
 from collections import deque
-from typing import Callable
+from typing import Any, Callable, Coroutine
 
 import numpy as np
 
@@ -113,13 +113,17 @@ class BatchScheduler(PumpedScheduler):
         self._defer_misses = 0  # deferred steps in a row that found their request alone
         self._defer_probe = 0
         self._ordered: deque[_Batch] | None = deque() if policy.preserve_ordering else None
+        self._plain_groups = policy.grouping.plain  # read per request: the property's call, once
 
     # -- Scheduler ---------------------------------------------------------
 
-    async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
+    def infer(self, request: InferenceRequest, rows: int) -> Coroutine[Any, Any, dict[str, np.ndarray]]:
+        """:meth:`Scheduler.infer`, not a coroutine itself: a refusal raises here, and otherwise the
+        coroutine that runs the request is returned, so a waiting request resumes one frame fewer
+        (its caller awaits it at once: the data plane, the lane, an ensemble step)."""
         if self._must_split(rows):
-            return await self._infer_split(request, rows)
-        return await self._infer_one(request, rows)
+            return self._infer_split(request, rows)
+        return self._infer_one(request, rows)
 
     def submit(self, request: InferenceRequest, rows: int, completion: Completion,
                more: bool = False) -> Callable[[], None]:
@@ -175,11 +179,11 @@ class BatchScheduler(PumpedScheduler):
         free = self._free
         p = self.policy
         group = None
-        if p.batching and not p.grouping.plain:
+        if p.batching and not self._plain_groups:
             # Refuses a request no batch could hold (too long for the buckets or the
             # budget), on the fast path too.
             group = p.grouping.describe(self.model, request.inputs, rows)
-        if (not more and not self._queue and free and free[0].inline and free[0].ticket is None
+        if (not more and not self._queue.size and free and free[0].inline and free[0].ticket is None
                 and request.trace is None and not self._ordered and not p.slo_us and self._alone(loop, free[0], rows)):
             # The idle fast path: nothing is queued, a free instance executes
             # inline, no other request follows in this loop turn (``more``), and
@@ -255,8 +259,11 @@ class BatchScheduler(PumpedScheduler):
         stats.record_queue(time.perf_counter_ns() - arrived_ns)  # the time it took to get here: no wait
         start = request.dispatched = self._clock.now()
         try:
-            result = worker.run_inline([_entry(request, getattr(worker.instance, "wants_requests", False))],
-                                       self._outputs)
+            # What execute() gets for a request: its inputs, or the request with them (RequestInputs) when
+            # the instance reads the request or its outputs should stay on a device. Written out here and
+            # in _dispatch: once per request.
+            wants = getattr(worker.instance, "wants_requests", False) or request.output_device
+            result = worker.run_inline([RequestInputs(request) if wants else request.inputs], self._outputs)
         finally:
             self._free.append(worker)
         worker.estimate.observe(rows, self._clock.now() - start)
@@ -376,12 +383,14 @@ class BatchScheduler(PumpedScheduler):
         traced = False
         for item in items:
             job = item.payload
+            request = job.request
             stats.record_queue(int((now - job.enqueued) * 1e9))
             # Its queueing delay ends (the data plane's controller reads it), less the batching wait the
             # model's config asks for: waiting out max_queue_delay is not overload.
-            job.request.dispatched = now - min(self._bound_s, now - item.arrival)
+            request.dispatched = now - min(self._bound_s, now - item.arrival)
             rows += item.rows
-            inputs.append(_entry(job.request, wants_requests))
+            # Its inputs, or the request with them (see _run_now)
+            inputs.append(RequestInputs(request) if wants_requests or request.output_device else request.inputs)
             if job.traced_ns:
                 traced = True
         start = max(now, worker.free_at) if worker.busy else now
@@ -476,9 +485,3 @@ def _nothing_else_ready(loop: asyncio.AbstractEventLoop) -> bool:
     # loop without it (uvloop) we always defer, which is merely slower.
     ready = getattr(loop, "_ready", None)
     return ready is not None and not ready
-
-
-def _entry(request: InferenceRequest, wants_requests: bool) -> dict[str, np.ndarray]:
-    """What an instance's execute() gets for one request: its inputs, or the request with them
-    (RequestInputs) when the instance reads the request or its outputs should stay on a device."""
-    return RequestInputs(request) if wants_requests or request.output_device else request.inputs

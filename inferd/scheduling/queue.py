@@ -98,18 +98,18 @@ class BatchQueue:
         self._levels = [_Level(policy.queue_policy(i + 1)) for i in range(policy.priority_levels)]
         self._timers: list[tuple[float, int, int, Pending]] = []  # timeouts and deadlines, lazily deleted
         self._next_seq = 0
-        self._size = 0
+        self.size = 0  # the requests queued (len(queue), read as an attribute on the hot path: no call)
         self._aging_s = policy.aging_us / 1e6
         self._wait = policy.wait
         # Rows arriving while requests are queued: the company a waiting batch can expect.
         self.arrivals = ArrivalRate()
 
     def __len__(self) -> int:
-        return self._size
+        return self.size
 
     def depth(self, level: int | None = None) -> int:
         if level is None:
-            return self._size
+            return self.size
         return self._levels[level - 1].count
 
     # -- admission ---------------------------------------------------------
@@ -154,17 +154,17 @@ class BatchQueue:
             # The batching wait the model's config asks for (max_queue_delay) is not overload: on top.
             item.shed_at += self._wait.bound_s
             heapq.heappush(self._timers, (item.shed_at, item.seq, 2, item))
-        self.arrivals.arrived(now, item.rows, self._size)
+        self.arrivals.arrived(now, item.rows, self.size)
         level.main.append(item)
         level.count += 1
         level.rows += item.rows
-        self._size += 1
+        self.size += 1
 
     def lone_runs_now(self, now: float, rows: int, model: ExecutionModel) -> bool:
         """Whether a request of ``rows`` rows arriving at an empty queue would run at once
         (no company expected): the driver then runs it without queueing it. It takes a
         sequence number (probes are every PROBE_EVERY-th) and adds no queued time."""
-        if self._size or not self.policy.batching:
+        if self.size or not self.policy.batching:
             return False
         if wait_until(self._wait, now, self._next_seq, rows, now, self.arrivals, model) is not None:
             return False
@@ -183,7 +183,7 @@ class BatchQueue:
         level = self._levels[item.level - 1]
         level.count -= 1
         level.rows -= item.rows
-        self._size -= 1
+        self.size -= 1
 
     # -- the decision ------------------------------------------------------
 
@@ -196,13 +196,13 @@ class BatchQueue:
         to start as soon as it is (assembled meanwhile): only a batch that cannot
         grow (full, a preferred size, blocked) is formed for it."""
         out = Step()
-        if not self._size and not self._timers:
+        if not self.size and not self._timers:
             return out  # nothing queued, nothing to expire
         self._expire(now, out)
         self._compact()
-        if self._size and (can_dispatch or stage_at is not None):
+        if self.size and (can_dispatch or stage_at is not None):
             self._decide(now, out, model or ExecutionModel(), None if can_dispatch else stage_at)
-        self.arrivals.queued(now, self._size > 0)
+        self.arrivals.queued(now, self.size > 0)
         timers = self._prune_timers()
         if timers:
             out.wake_at = timers[0][0] if out.wake_at is None else min(out.wake_at, timers[0][0])
@@ -215,7 +215,7 @@ class BatchQueue:
         timers = self._timers
         while timers and timers[0][3].state == DONE:
             heapq.heappop(timers)
-        if len(timers) > 64 and len(timers) > 4 * self._size:
+        if len(timers) > 64 and len(timers) > 4 * self.size:
             self._timers = timers = [t for t in timers if t[3].state != DONE]
             heapq.heapify(timers)
         return timers

@@ -153,9 +153,9 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
             if ref is not None:
                 in_shm[t.name] = ref
     if raw:  # before the count: a client mixing the two is told so (Triton's words, clients match them)
-        mixed = next((t.name for t in msg.inputs if t.HasField("contents") and t.name not in in_shm), None)
-        if mixed is not None:
-            raise InvalidArgument(mixed_contents(mixed, model))
+        for t in msg.inputs:  # a loop, not next(<genexpr>): no generator per request
+            if t.HasField("contents") and t.name not in in_shm:
+                raise InvalidArgument(mixed_contents(t.name, model))
     if raw and len(raw) != len(msg.inputs) - len(in_shm):
         raise InvalidArgument(
             f"model '{model}': {len(raw)} raw_input_contents for {len(msg.inputs) - len(in_shm)} inputs"

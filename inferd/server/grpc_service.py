@@ -145,7 +145,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
         received_ns = time.monotonic_ns()  # the request's wait counts from here
-        stamps = None  # Triton's GRPC_* trace timestamps (the fast path's proxy stamps its own)
+        stamps: FrontendStamps | None = None  # Triton's GRPC_* trace timestamps, only while tracing is
+        # on (the fast path's proxy stamps its own)
         try:
             remaining = context.time_remaining()
             deadline = None if remaining is None else self.clock.now() + remaining
@@ -157,8 +158,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             req.received_ns = received_ns
             if deadline is not None:
                 req.deadline = deadline
-            req.frontend = stamps = FrontendStamps("grpc", received_ns, time.monotonic_ns())
+            if self.dp.tracing_on():
+                req.frontend = stamps = FrontendStamps("grpc", received_ns, time.monotonic_ns())
             response = await self.dp.infer(req, trace_carrier=lambda: _metadata(context))
+            if stamps is None:
+                return codec.encode_infer_response(response, req.requested_outputs)
             send_ns = time.monotonic_ns()
             encoded = codec.encode_infer_response(response, req.requested_outputs)
             stamps.sent(send_ns, time.monotonic_ns())  # handed to gRPC, which writes it as the handler returns

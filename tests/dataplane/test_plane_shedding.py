@@ -98,3 +98,19 @@ async def test_target_zero_never_sheds(tmp_path):
         await dp.infer(_request(time.monotonic_ns() - 10 * SECOND_NS))
     finally:
         await dp.close()
+
+
+async def test_a_request_served_well_within_the_target_leaves_the_controller_as_it_was(tmp_path):
+    # The data plane skips feeding it (QueueDelay.settled): nothing about the decision changes.
+    dp = await _plane(tmp_path, QueueDelay(5_000_000, 100_000))  # 5 s: no load makes a fresh request wait so long
+    try:
+        delay = dp.queue_delay("simple")
+        request = _request(time.monotonic_ns())
+        await dp.infer(request)
+        assert request.dispatched > 0  # handed to an instance: observed, were it not settled
+        assert delay.last_delay == 0.0 and delay.above_since is None and not delay.dropping
+        late = _request(time.monotonic_ns() - 10 * SECOND_NS)
+        await dp.infer(late)
+        assert delay.last_delay >= 10.0 and delay.above_since is not None  # one past the target is fed
+    finally:
+        await dp.close()

@@ -120,3 +120,28 @@ def test_a_fresh_controller_has_the_settings_and_none_of_the_state():
     assert (fresh.base_s, fresh.interval_s, fresh.execution_multiple) == (0.02, 0.1, 3)
     with pytest.raises(ValueError, match="--queue-delay-execution-multiple must be >= 0"):
         QueueDelay(execution_multiple=-1)
+
+
+def test_a_delay_is_settled_only_below_the_configured_target_with_no_overload_building():
+    slow = controller(target_ms=20)
+    slow.follow(1.0)  # a slow model: its target is 5 s, but "settled" asks the configured 20 ms
+    assert slow.settled(19 * MS)
+    assert not slow.settled(20 * MS)  # may start one: observed (and the target followed first)
+    c = controller(target_ms=20)
+    c.observe(30 * MS, T0)  # above the target: an overload is building
+    assert c.above_since is not None and not c.settled(1 * MS)  # the short one must end it
+    c.observe(1 * MS, T0 + 10 * MS)
+    assert c.above_since is None and c.settled(1 * MS)
+    c.observe(30 * MS, T0 + 20 * MS)
+    c.observe(30 * MS, T0 + 130 * MS)
+    assert c.dropping and not c.settled(1 * MS)  # shedding: every delay counts (and ends it)
+
+
+def test_observing_a_settled_delay_would_change_nothing_but_the_last_delay():
+    # What the data plane relies on when it skips one: the decision's state is the same after it.
+    c = controller()
+    c.observe(5 * MS, T0)
+    before = (c.target_s, c.above_since, c.dropping, c.left_at, c.shed)
+    assert c.settled(3 * MS)
+    c.observe(3 * MS, T0 + 1)
+    assert (c.target_s, c.above_since, c.dropping, c.left_at, c.shed) == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from types import SimpleNamespace
 
 from inferd.dataplane.plane import DataPlane
 from inferd.facade import DataPlaneAPI, GrpcFastPath
@@ -37,5 +38,7 @@ def test_the_proxy_offers_the_grpc_fast_path_the_servicer_takes_and_the_core_doe
 
 def test_the_core_answers_every_control_call_and_nothing_else() -> None:
     api = set(_methods(DataPlaneAPI))
-    assert CALLS == api - {"infer", "infer_stream"}
+    # tracing_on is the worker's own answer (the core's flag, pushed to it in STATE messages): no hop.
+    assert CALLS == api - {"infer", "infer_stream", "tracing_on"}
     assert all(hasattr(DataPlane, name) for name in CALLS)
+    assert RemoteDataPlane.tracing_on(RemoteDataPlane(SimpleNamespace(tracing=True))) is True  # type: ignore[arg-type]

@@ -190,6 +190,9 @@ class RemoteDataPlane:
         return InferenceResponse(model_name=reply[wire.R_MODEL], model_version=reply[wire.R_VERSION],
                                  outputs=arrays, id=reply[wire.R_ID], parameters=reply[wire.R_PARAMS] or {})
 
+    def tracing_on(self) -> bool:
+        return self.link.tracing  # the core's, pushed in STATE messages
+
     async def infer(self, request: InferenceRequest, decoupled_error: str = DECOUPLED_UNARY,
                     trace_carrier: TraceCarrier | None = None) -> InferenceResponse:
         flags = 0 if decoupled_error == DECOUPLED_UNARY else wire.HTTP
