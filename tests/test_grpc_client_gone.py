@@ -47,6 +47,9 @@ class DataPlane:
                  cancel: bool = False) -> None:
         self.context, self.error, self.remaining, self.cancel = context, error, remaining, cancel
 
+    def tracing_on(self) -> bool:
+        return False
+
     async def infer(self, request, trace_carrier=None):  # type: ignore[no-untyped-def]
         await asyncio.sleep(0)
         self.context.remaining = self.remaining
