@@ -161,12 +161,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if self.dp.tracing_on():
                 req.frontend = stamps = FrontendStamps("grpc", received_ns, time.monotonic_ns())
             response = await self.dp.infer(req, trace_carrier=lambda: _metadata(context))
+            _unless_client_gone(context)
             if stamps is None:
                 return codec.encode_infer_response(response, req.requested_outputs)
             send_ns = time.monotonic_ns()
             encoded = codec.encode_infer_response(response, req.requested_outputs)
             stamps.sent(send_ns, time.monotonic_ns())  # handed to gRPC, which writes it as the handler returns
-            _unless_client_gone(context)
             return encoded
         except Exception as exc:
             if stamps is not None:
