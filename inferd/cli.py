@@ -403,6 +403,7 @@ def _serve(args: argparse.Namespace) -> int:
     memtrace.install("core" if workers else "server")  # INFERD_TRACEMALLOC: a leak hunt's snapshots
     from inferd.observability import heap
 
+    heap.limit_arenas()  # 2 malloc arenas, not 8 per core (INFERD_MALLOC_ARENA_MAX): a flat heap
     heap.start()  # freed heap memory back to the system every 30 s (INFERD_MALLOC_TRIM_INTERVAL)
     if workers < 0:
         print(f"inferd: --frontend-workers must be >= 0, got {workers}", file=sys.stderr)

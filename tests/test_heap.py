@@ -55,3 +55,57 @@ def test_the_thread_runs_as_a_daemon_and_stops() -> None:
     thread.stop.set()  # type: ignore[attr-defined]
     thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+# In a fresh process: eight threads allocate at once (malloc'd bytes, above pymalloc's limit) after the
+# arenas were capped (or not); glibc's malloc_stats() then lists one "Arena N:" per arena on stderr.
+_THREADS = """
+import ctypes, sys, threading
+from inferd.observability import heap
+
+print(heap.limit_arenas(int(sys.argv[1])) if sys.argv[1] != "none" else None, flush=True)
+start = threading.Barrier(8)
+
+def work():
+    start.wait()
+    for _ in range(2000):
+        kept = [bytes(4096) for _ in range(16)]
+        del kept
+
+threads = [threading.Thread(target=work) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+ctypes.CDLL(None).malloc_stats()
+"""
+
+
+def _arenas(arg: str) -> tuple[str, int]:
+    env = {k: v for k, v in __import__("os").environ.items() if k != "MALLOC_ARENA_MAX"}
+    proc = subprocess.run([sys.executable, "-c", _THREADS, arg], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip(), sum(line.startswith("Arena ") for line in proc.stderr.splitlines())
+
+
+@pytest.mark.skipif(heap.malloc_trim() is None, reason="not glibc: no mallopt")
+def test_the_arena_cap_holds_threads_to_that_many_arenas() -> None:
+    capped, arenas = _arenas("2")
+    assert capped == "2" and 1 <= arenas <= 2, arenas
+    # The control: the same threads without the cap get arenas of their own (8 per core allowed).
+    assert _arenas("none")[1] > 2
+
+
+def test_the_arena_cap_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    monkeypatch.setenv(heap.ARENA_ENV, "0")
+    assert heap.limit_arenas() is None  # 0: glibc's default kept
+    monkeypatch.setenv(heap.ARENA_ENV, "many")
+    with pytest.raises(SystemExit, match="INFERD_MALLOC_ARENA_MAX must be a whole number"):
+        heap.limit_arenas()
+    monkeypatch.setenv(heap.ARENA_ENV, "-1")
+    with pytest.raises(SystemExit, match=">= 0"):
+        heap.limit_arenas()
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")  # glibc's own: the operator's choice, already applied
+    monkeypatch.setenv(heap.ARENA_ENV, "2")
+    assert heap.limit_arenas() is None

@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     memtrace.install(f"frontend{args.index}")  # INFERD_TRACEMALLOC: a leak hunt's snapshots
     from inferd.observability import heap
 
+    heap.limit_arenas()  # before grpc starts its threads (INFERD_MALLOC_ARENA_MAX)
     heap.start()  # freed heap memory back to the system (INFERD_MALLOC_TRIM_INTERVAL)
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s %(levelname)s frontend {args.index} %(name)s: %(message)s")
