@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     unsent = server_log.count("ExecuteBatchError raised in core by servicer method")
     tracebacks = server_log.count("Traceback") - unsent
     if tracebacks or unsent:  # kept next to the results: what went wrong must be readable after the run
-        (args.out / "soak-server.log").write_text(server_log)
+        (args.out / "soak-server.log").write_text(_without_machine_paths(server_log, work))
     result["notes"] += (f"\n\nServer exit status after SIGTERM: {code}; tracebacks in its log: {tracebacks}, "
                         f"besides {unsent} of gRPC's own logs of an answer to a call the client had already "
                         "cancelled or timed out (ExecuteBatchError, logged by grpc.aio since grpc/grpc#32551).")
@@ -390,6 +390,15 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     print(result["notes"])
     return 0 if code == 0 and not tracebacks else 1
+
+
+def _without_machine_paths(text: str, work: Path) -> str:
+    """The log as kept in the repository: this checkout's, this Python's and the run's folders named,
+    not spelled out (tracebacks carry absolute paths)."""
+    for path, name in ((str(work), "<soak folder>"), (str(ROOT) + "/", ""), (sys.base_prefix, "<python>"),
+                       (sys.prefix, "<venv>")):
+        text = text.replace(path, name)
+    return text
 
 
 def _machine() -> str:

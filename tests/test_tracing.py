@@ -669,6 +669,9 @@ class _Context:
     def time_remaining(self) -> None:
         return None
 
+    def cancelled(self) -> bool:
+        return False
+
     def invocation_metadata(self) -> tuple:
         return ()
 
