@@ -11,6 +11,7 @@ read nothing, files the model writes at the moments that matter, and counts."""
 
 from __future__ import annotations
 
+import re
 import threading
 import textwrap
 import time
@@ -367,6 +368,14 @@ def _steps(repo: Path, sequence_id: int) -> int:
         return 0
 
 
+def _metric(url: str, family: str, model: str) -> float:
+    """One model's value of ``family`` in one scrape of the server's /metrics."""
+    text = requests.get(url, timeout=30).text
+    match = re.search(rf'^{family}\{{model="{model}",version="1"\}} (\S+)$', text, re.MULTILINE)
+    assert match, f"/metrics has no {family} for model '{model}'"
+    return float(match.group(1))
+
+
 def _value(response: pb.ModelStreamInferResponse) -> float:
     assert not response.error_message, response.error_message
     return float(np.frombuffer(response.infer_response.raw_output_contents[0], np.float32)[0])
@@ -386,12 +395,17 @@ def test_an_iterative_stream_whose_client_reads_slowly_is_paused_while_its_batch
         held = _steps(repo, 101)
         assert 0 < held < bound, f"the model stepped {held} times for a client that read one response"
         assert _steps(repo, 102) == ITER_STEPS
+        # /metrics shows it: the slow sequence is paused now (its client still reads nothing), and was paused
+        # at least once.
+        assert _metric(server.metrics_url, "inferd_stream_paused_sequences", "iter_flood") == 1
+        assert _metric(server.metrics_url, "inferd_stream_pauses_total", "iter_flood") >= 1
         # Read at last, it resumes and gets every response, in order, none refused.
         assert [_value(slow.read()) for _ in range(1, ITER_STEPS)] == list(range(1, ITER_STEPS))
         assert _steps(repo, 101) == ITER_STEPS
     finally:
         slow.cancel()
         fast.cancel()
+    assert _metric(server.metrics_url, "inferd_stream_paused_sequences", "iter_flood") == 0  # both streams ended
     client = grpcclient.InferenceServerClient(server.url)
     try:
         stats = client.get_inference_statistics("iter_flood").model_stats[0]

@@ -188,9 +188,21 @@ class InferdCollector:
             "(a predicate did not hold: fallback tensors), split (it ran for some rows)",
             labels=[*L, "step", "step_model", "outcome"])
 
+        paused = GaugeMetricFamily(
+            "inferd_stream_paused_sequences",
+            "Continuous-batching models: sequences holding a slot but taking no step, because their client has "
+            "not read what their stream's bound holds (--stream-max-responses, --stream-max-bytes)", labels=L)
+        pauses = CounterMetricFamily("inferd_stream_pauses",
+                                     "Continuous-batching models: times a sequence was paused for its client "
+                                     "since the model loaded", labels=L)
+
         for model in self.dp.manager.models():
             s = model.stats
             lv = [model.name, str(model.version)]
+            paused_now = getattr(model.scheduler, "paused_sequences", None)  # an IterativeScheduler's
+            if paused_now is not None:
+                paused.add_metric(lv, paused_now())
+                pauses.add_metric(lv, model.scheduler.stream_pauses)
             reasons = dict.fromkeys(FAILURE_REASONS, 0)
             for reason, n in s.fail_reasons.items():
                 reason = _REASON_ALIASES.get(reason, reason)
@@ -238,7 +250,7 @@ class InferdCollector:
 
         yield from (failure, real, padded, waste, inflight, request_h, queue_h, compute_h, batch_h, first_h, inter_h,
                     state, ready,
-                    queued, queued_bytes, rejected, memory, steps, prompt_tokens, completion_tokens)
+                    queued, queued_bytes, rejected, memory, steps, prompt_tokens, completion_tokens, paused, pauses)
         yield from self._residency()
 
     def _residency(self) -> Iterator[Metric]:
