@@ -9,7 +9,8 @@ offers an open-loop gRPC load at ``--rate`` requests/s until ``--requests`` were
 
 - 35% mlp_prio at priority 1 or 2; 20% mlp; 15% simple; 10% identity_fp32; 5% add_sub;
   5% simple_string (BYTES);
-- 5% cancelled by the client 0-3 ms after they were sent;
+- 5% cancelled by the client 0-3 ms after they were sent (``--no-client-cancels``: sent as the
+  rest, to tell what the cancels cost from what the rest does; write that run elsewhere with ``--out``);
 - 5% with a queue timeout of 1-200 us (``timeout`` parameter; REJECT, UNAVAILABLE when it passes),
   and a client deadline of 2-20 ms on one request in three of those (DEADLINE_EXCEEDED).
 
@@ -164,7 +165,7 @@ def rss_slopes(rows: list[dict], warm_up_s: float) -> dict[str, float]:
 
 
 async def drive(url: str, metrics_url: str, pid: int, total: int, rate: float, window_s: float,
-                seed: int) -> list[dict]:
+                seed: int, cancels: bool = True) -> list[dict]:
     import grpc
     from tritonclient.grpc import service_pb2_grpc as pbg
 
@@ -204,7 +205,7 @@ async def drive(url: str, metrics_url: str, pid: int, total: int, rate: float, w
         t0 = time.monotonic()
         call = stub.ModelInfer(msg, timeout=timeout)
         try:
-            if 0.90 <= roll < 0.95:  # cancelled by the client
+            if cancels and 0.90 <= roll < 0.95:  # cancelled by the client
                 await asyncio.sleep(rng.uniform(0, 0.003))
                 call.cancel()
             await call
@@ -343,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=10.0, help="seconds per sample")
     parser.add_argument("--seed", type=int, default=16)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--no-client-cancels", action="store_true",
+                        help="send the mix's 5%% of client cancels as ordinary requests")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="inferd-soak-"))
     repo = work / "repo"
@@ -363,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         url = f"127.0.0.1:{ports['grpc']}"
         metrics_url = f"http://127.0.0.1:{ports['metrics']}/metrics"
         began = time.monotonic()
-        rows = asyncio.run(drive(url, metrics_url, server.pid, args.requests, args.rate, args.window, args.seed))
+        rows = asyncio.run(drive(url, metrics_url, server.pid, args.requests, args.rate, args.window, args.seed,
+                                 cancels=not args.no_client_cancels))
         elapsed = time.monotonic() - began
     finally:
         os.killpg(server.pid, signal.SIGTERM)
