@@ -6,12 +6,14 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -97,6 +99,13 @@ class ServerProcess:
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"inferd did not start within {timeout}s:\n{self.log()}")
+
+    def metric(self, name: str, labels: str = "") -> float | None:
+        """One series of one scrape of /metrics: ``name`` with exactly ``labels`` (``'{model="m",version="1"}'``,
+        or "" for a series without labels); None when the scrape has no such series."""
+        text = urllib.request.urlopen(self.metrics_url, timeout=10).read().decode()
+        found = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M)
+        return float(found.group(1)) if found else None
 
     def log(self) -> str:
         if not self._log.closed:

@@ -11,11 +11,9 @@
 
 from __future__ import annotations
 
-import re
 import signal
 import socket
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -90,9 +88,7 @@ def _infer(client, model: str, values: list[float], timeout: float | None = 60):
 
 
 def _metric(server, name: str, labels: str) -> float | None:  # type: ignore[no-untyped-def]
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    found = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M)
-    return float(found.group(1)) if found else None
+    return server.metric(name, labels)
 
 
 def test_an_execution_past_its_timeout_fails_and_its_instance_is_replaced(server, client) -> None:  # type: ignore[no-untyped-def]

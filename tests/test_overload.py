@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import re
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -107,10 +105,9 @@ def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
 
 
 def _metric(server, name: str, labels: str = "") -> float:  # type: ignore[no-untyped-def]
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    found = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M)
-    assert found, f"{name}{labels} not in /metrics"
-    return float(found.group(1))
+    value = server.metric(name, labels)
+    assert value is not None, f"{name}{labels} not in /metrics"
+    return value
 
 
 def _wait_metric(server, name: str, least: float, timeout: float = 30) -> bool:  # type: ignore[no-untyped-def]

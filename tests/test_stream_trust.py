@@ -11,7 +11,6 @@ read nothing, files the model writes at the moments that matter, and counts."""
 
 from __future__ import annotations
 
-import re
 import threading
 import textwrap
 import time
@@ -368,12 +367,11 @@ def _steps(repo: Path, sequence_id: int) -> int:
         return 0
 
 
-def _metric(url: str, family: str, model: str) -> float:
+def _metric(server, family: str, model: str) -> float:  # type: ignore[no-untyped-def]
     """One model's value of ``family`` in one scrape of the server's /metrics."""
-    text = requests.get(url, timeout=30).text
-    match = re.search(rf'^{family}\{{model="{model}",version="1"\}} (\S+)$', text, re.MULTILINE)
-    assert match, f"/metrics has no {family} for model '{model}'"
-    return float(match.group(1))
+    value = server.metric(family, f'{{model="{model}",version="1"}}')
+    assert value is not None, f"/metrics has no {family} for model '{model}'"
+    return value
 
 
 def _value(response: pb.ModelStreamInferResponse) -> float:
@@ -397,15 +395,15 @@ def test_an_iterative_stream_whose_client_reads_slowly_is_paused_while_its_batch
         assert _steps(repo, 102) == ITER_STEPS
         # /metrics shows it: the slow sequence is paused now (its client still reads nothing), and was paused
         # at least once.
-        assert _metric(server.metrics_url, "inferd_stream_paused_sequences", "iter_flood") == 1
-        assert _metric(server.metrics_url, "inferd_stream_pauses_total", "iter_flood") >= 1
+        assert _metric(server, "inferd_stream_paused_sequences", "iter_flood") == 1
+        assert _metric(server, "inferd_stream_pauses_total", "iter_flood") >= 1
         # Read at last, it resumes and gets every response, in order, none refused.
         assert [_value(slow.read()) for _ in range(1, ITER_STEPS)] == list(range(1, ITER_STEPS))
         assert _steps(repo, 101) == ITER_STEPS
     finally:
         slow.cancel()
         fast.cancel()
-    assert _metric(server.metrics_url, "inferd_stream_paused_sequences", "iter_flood") == 0  # both streams ended
+    assert _metric(server, "inferd_stream_paused_sequences", "iter_flood") == 0  # both streams ended
     client = grpcclient.InferenceServerClient(server.url)
     try:
         stats = client.get_inference_statistics("iter_flood").model_stats[0]

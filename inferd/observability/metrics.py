@@ -199,10 +199,10 @@ class InferdCollector:
         for model in self.dp.manager.models():
             s = model.stats
             lv = [model.name, str(model.version)]
-            paused_now = getattr(model.scheduler, "paused_sequences", None)  # an IterativeScheduler's
-            if paused_now is not None:
-                paused.add_metric(lv, paused_now())
-                pauses.add_metric(lv, model.scheduler.stream_pauses)
+            scheduler = model.scheduler
+            if hasattr(scheduler, "stream_pauses"):  # an IterativeScheduler
+                paused.add_metric(lv, scheduler.paused_sequences())
+                pauses.add_metric(lv, scheduler.stream_pauses)
             reasons = dict.fromkeys(FAILURE_REASONS, 0)
             for reason, n in s.fail_reasons.items():
                 reason = _REASON_ALIASES.get(reason, reason)
