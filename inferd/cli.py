@@ -115,6 +115,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="processes that serve the gRPC and HTTP ports (SO_REUSEPORT) and hand each request to "
                         "this process, which runs the models: 0 serves everything in one process. Default: "
                         f"one process on a single core, else half the cores, at least 2 (here {default_frontend_workers()})")
+    p.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+                   help="the event loop every server process runs: uvloop (its transports and loop in C: less "
+                        "CPU per request), asyncio (the standard library's), or auto (default: uvloop when it "
+                        "is installed)")
     p.add_argument("--batch-dir", type=Path, default=None, metavar="DIR",
                    help="where batch jobs (POST /v2/batches) keep their state and results, and resume from after "
                         "a restart (default: <first repository>.batches, next to it)")
@@ -416,6 +420,13 @@ def _serve(args: argparse.Namespace) -> int:
     if not (args.allow_grpc or args.allow_http):
         print("inferd: --allow-grpc and --allow-http are both false: nothing would take requests", file=sys.stderr)
         return 2
+    from inferd import event_loop
+
+    try:
+        loop_kind = event_loop.resolve(args.event_loop)
+    except ValueError as exc:
+        print(f"inferd: {exc}", file=sys.stderr)
+        return 2
     options = ServerOptions(
         model_repositories=args.model_repository,
         grpc_port=args.grpc_port,
@@ -476,7 +487,7 @@ def _serve(args: argparse.Namespace) -> int:
         await server.serve_forever()
 
     try:
-        asyncio.run(run())
+        event_loop.run(run(), loop_kind)
     except SystemExit as exc:
         if exc.code not in (None, 0):
             print(f"inferd: {exc.code}", file=sys.stderr)

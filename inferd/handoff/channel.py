@@ -67,14 +67,29 @@ class Channel(asyncio.Protocol):
         # may hold work back to do it once for all of them).
         self.more = False
         self._delivering = False  # in data_received: what its handlers send is written as it ends
+        # While open() runs, what arrives waits in the unpacker: uvloop reads the socket before
+        # connect_accepted_socket returns, and the caller's handler may need the channel.
+        self._opening = False
 
     @classmethod
     async def open(cls, sock: socket.socket, on_message: Callable[[list[Any]], None],
                    name: str = "channel") -> "Channel":
         loop = asyncio.get_running_loop()
         sock.setblocking(False)
-        _, channel = await loop.connect_accepted_socket(lambda: cls(on_message, name), sock)
+
+        def opening() -> Channel:
+            channel = cls(on_message, name)
+            channel._opening = True
+            return channel
+
+        _, channel = await loop.connect_accepted_socket(opening, sock)
+        loop.call_soon(channel._opened)  # after the caller has the channel in hand
         return channel
+
+    def _opened(self) -> None:
+        self._opening = False
+        if self._transport is not None:
+            self._deliver()
 
     # -- asyncio.Protocol -----------------------------------------------------------
 
@@ -85,6 +100,10 @@ class Channel(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._unpacker.feed(data)
+        if not self._opening:
+            self._deliver()
+
+    def _deliver(self) -> None:
         handle = self.on_message
         self._delivering = True
         try:

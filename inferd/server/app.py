@@ -24,6 +24,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from inferd import event_loop
 from inferd.dataplane import SERVER_NAME, DataPlane
 from inferd.dataplane.admission import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS, Admission
 from inferd.dataplane.shedding import DEFAULT_EXECUTION_MULTIPLE, DEFAULT_INTERVAL_US, DEFAULT_TARGET_US, QueueDelay
@@ -266,7 +267,7 @@ class InferenceServer:
         ready = await self.dataplane.server_ready()
         status = "ready" if ready else "NOT ready"
         table = format_table(rows) or "no models"
-        return f"{table}\ninferd: {status}, {readiness(rows, ready)}; serving {where}"
+        return f"{table}\ninferd: {status}, {readiness(rows, ready)}; serving {where}; event loop {event_loop.running()}"
 
     def request_stop(self) -> None:
         self._stopping.set()

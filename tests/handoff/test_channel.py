@@ -138,3 +138,41 @@ async def test_answers_to_one_read_go_out_in_one_write_as_its_handling_ends() ->
     assert len(transport.written) == 1
     await asyncio.sleep(0)
     assert len(transport.written) == 2 and channel.writes == 2
+
+
+@pytest.mark.parametrize("kind", ["asyncio", "uvloop"])
+def test_what_arrives_before_open_returns_waits_until_the_caller_holds_the_channel(kind: str) -> None:
+    # uvloop reads the socket inside connect_accepted_socket: a handler that uses the channel
+    # open() returns (the worker's, answering the core's CONFIG) must not run before it has it.
+    if kind == "uvloop":
+        pytest.importorskip("uvloop")
+    from inferd import event_loop
+
+    async def scenario() -> tuple[list, list]:
+        ours, peer = socket_pair()
+        peer.sendall(msgpack.packb(["config", 1]) + msgpack.packb(["state", 2]))
+        seen: list = []
+        channel: Channel | None = None
+
+        def handle(msg) -> None:  # type: ignore[no-untyped-def]
+            assert channel is not None, f"{msg} delivered before open() returned"
+            seen.append(msg)
+            channel.send(["ack", msg[1]])
+
+        channel = await Channel.open(ours, handle, "early")
+        for _ in range(200):  # both delivered, within 2 s
+            if len(seen) == 2:
+                break
+            await asyncio.sleep(0.01)
+        peer.settimeout(5)
+        unpacker, acks = msgpack.Unpacker(), []
+        while len(acks) < 2:  # the handler's answers reached the peer
+            unpacker.feed(peer.recv(1024))
+            acks.extend(unpacker)
+        channel.close()
+        peer.close()
+        return seen, acks
+
+    seen, acks = event_loop.run(scenario(), kind)
+    assert seen == [["config", 1], ["state", 2]]  # none lost to the handler's failure, in order
+    assert acks == [["ack", 1], ["ack", 2]]

@@ -40,6 +40,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
 
+from inferd import event_loop
 from inferd.clock import Clock, MonotonicClock
 from inferd.handoff import wire
 from inferd.handoff.arena import Arena, ArenaWriter
@@ -114,8 +115,9 @@ class WorkerFailed(Exception):
 
 
 def worker_command(index: int, channel_fd: int) -> list[str]:
+    """The worker's command line; called on the core's loop, whose kind the worker runs too."""
     return [sys.executable, "-m", WORKER_MODULE, "--index", str(index), "--channel-fd", str(channel_fd),
-            "--parent", str(os.getpid())]
+            "--parent", str(os.getpid()), "--event-loop", event_loop.running()]
 
 
 @dataclass(eq=False)

@@ -32,6 +32,7 @@ import socket
 import sys
 from typing import Any
 
+from inferd import event_loop
 from inferd.handoff.worker.core_link import CoreLink
 from inferd.handoff.worker.proxy import RemoteDataPlane
 from inferd.observability import memtrace
@@ -153,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--channel-fd", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--event-loop", choices=["uvloop", "asyncio"], default="asyncio")
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
     memtrace.install(f"frontend{args.index}")  # INFERD_TRACEMALLOC: a leak hunt's snapshots
@@ -162,5 +164,5 @@ def main(argv: list[str] | None = None) -> int:
     heap.start()  # freed heap memory back to the system (INFERD_MALLOC_TRIM_INTERVAL)
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s %(levelname)s frontend {args.index} %(name)s: %(message)s")
-    return asyncio.run(serve(args.index, args.channel_fd))
+    return event_loop.run(serve(args.index, args.channel_fd), args.event_loop)
 
