@@ -89,9 +89,10 @@ def start_inferd(repo: Path, http_port: int = 0, cpus: str | None = None) -> tup
     return proc, f"127.0.0.1:{port}"
 
 
-def start_echo() -> tuple[Proc, str]:
+def start_echo(loop: str = "asyncio") -> tuple[Proc, str]:
     port = free_port()
-    proc = Proc([sys.executable, "-m", "bench.echo_server", "--port", str(port)], "echo server on", "echo")
+    proc = Proc([sys.executable, "-m", "bench.echo_server", "--port", str(port), "--event-loop", loop],
+                "echo server on", f"echo-{loop}")
     return proc, f"127.0.0.1:{port}"
 
 

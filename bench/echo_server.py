@@ -5,16 +5,19 @@ config, statistics) and answers ModelInfer by echoing its inputs back as
 outputs: no model, no batching, no validation. inferd's request path is
 measured against it in the same run (bench/bench.py).
 
-    python -m bench.echo_server --port 8101
+    python -m bench.echo_server --port 8101 [--event-loop asyncio|uvloop]
+
+On asyncio's own loop (the default) it is the issue's floor, bare grpc.aio; on uvloop, the floor
+for a server on the loop inferd serves on by default.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 
 import grpc
 
+from inferd import event_loop
 from inferd._proto import grpc_service_pb2 as pb
 from inferd._proto import grpc_service_pb2_grpc as pb_grpc
 from inferd._proto import model_config_pb2 as mc
@@ -78,7 +81,9 @@ async def serve(port: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=8101)
-    asyncio.run(serve(parser.parse_args().port))
+    parser.add_argument("--event-loop", choices=["asyncio", "uvloop"], default="asyncio")
+    args = parser.parse_args()
+    event_loop.run(serve(args.port), args.event_loop)
 
 
 if __name__ == "__main__":

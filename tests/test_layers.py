@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("proto", ("inferd._proto",)),
     # inferd.facade: the data plane's façade and the plain data it speaks, importing only the core types,
     # so that a frontend worker process (which loads it) loads nothing of the models.
-    ("core", ("inferd.types", "inferd.errors", "inferd.clock", "inferd.dtypes", "inferd.streaming",
+    ("core", ("inferd.types", "inferd.errors", "inferd.clock", "inferd.event_loop", "inferd.dtypes", "inferd.streaming",
               "inferd.observability", "inferd.suggest", "inferd.gpu", "inferd.host", "inferd.facade")),
     ("config", ("inferd.config",)),
     ("backends", ("inferd.backends", "triton_python_backend_utils")),

@@ -1,7 +1,8 @@
 """The request path's CPU, counted (issue 32): perf_analyzer over gRPC on loopback against the bare
 grpc.aio echo servicer (bench/echo_server.py), inferd in one process (--frontend-workers 0), inferd
-in its default mode (a core and frontend workers) and Triton when a tritonserver is on PATH
-(skipped otherwise), identity_fp32 (16 floats, dynamic_batching {}) at concurrency 1 and 16, every
+in its default mode (a core and frontend workers), each of the three also on the other event loop
+(the echo on uvloop, inferd on asyncio's: --event-loop, inferd/event_loop.py), and Triton when a
+tritonserver is on PATH (skipped otherwise), identity_fp32 (16 floats, dynamic_batching {}) at concurrency 1 and 16, every
 server up for the whole run. Per inference and per process: CPU (/proc utime+stime,
 bench/proc_cpu.py), voluntary context switches (/proc/PID/task/*/status) and, in a separate shorter
 run under ``strace -c -f`` (which slows the process it traces several times, so no throughput is
@@ -31,8 +32,13 @@ from pathlib import Path
 from bench.proc_cpu import PROC, CpuMeter, all_stats, role, server_tree, statistics_count
 
 ECHO = "echo servicer"
+ECHO_UV = "echo servicer on uvloop"
 ONE = "inferd one process"
 DEFAULT = "inferd default mode"
+ONE_ASYNCIO = "inferd one process on asyncio's loop"
+DEFAULT_ASYNCIO = "inferd default mode on asyncio's loop"
+# Measured for the loop's share only: no strace run or flame graph of their own.
+LOOP_VARIANTS = (ECHO_UV, ONE_ASYNCIO, DEFAULT_ASYNCIO)
 TRITON = "Triton"
 MODEL, SHAPE = "identity_fp32", "INPUT0:16"
 LEVELS = (1, 16)
@@ -46,7 +52,8 @@ def _inferd(repo: Path, label: str, extra: list[str]):  # type: ignore[no-untype
     port = free_port()
     proc = Proc([sys.executable, "-m", "inferd.cli", "serve", "--model-repository", str(repo),
                  "--grpc-address", "127.0.0.1", "--grpc-port", str(port), "--http-address", "127.0.0.1",
-                 "--http-port", "0", "--metrics-port", "0", *extra], "inferd: ready", label.replace(" ", "_"))
+                 "--http-port", "0", "--metrics-port", "0", *extra], "inferd: ready",
+                re.sub(r"[^a-z0-9]+", "_", label.lower()))
     return proc, f"127.0.0.1:{port}"
 
 
@@ -62,9 +69,11 @@ def _triton(repo: Path):  # type: ignore[no-untyped-def]
 def _servers(repo: Path) -> list[tuple[str, object, str]]:
     from bench.bench import start_echo
 
-    servers: list[tuple[str, object, str]] = [(ECHO, *start_echo())]
+    servers: list[tuple[str, object, str]] = [(ECHO, *start_echo()), (ECHO_UV, *start_echo("uvloop"))]
     servers.append((ONE, *_inferd(repo, ONE, ["--frontend-workers", "0"])))
     servers.append((DEFAULT, *_inferd(repo, DEFAULT, [])))
+    servers.append((ONE_ASYNCIO, *_inferd(repo, ONE_ASYNCIO, ["--frontend-workers", "0", "--event-loop", "asyncio"])))
+    servers.append((DEFAULT_ASYNCIO, *_inferd(repo, DEFAULT_ASYNCIO, ["--event-loop", "asyncio"])))
     if shutil.which("tritonserver"):
         servers.append((TRITON, *_triton(repo)))
     return servers
@@ -244,6 +253,8 @@ def run(quick: bool) -> dict:
             for label, proc, url in servers:
                 out["measures"].append(_measure(label, proc, url, c))
         for label, proc, url in servers:
+            if label in LOOP_VARIANTS:
+                continue
             out["syscalls"][label] = _strace(label, proc, url)
             out["flames"][label] = _flames(label, proc, url)
     finally:
@@ -302,9 +313,19 @@ def ratios(result: dict) -> dict:
         if echo and one and echo["cpu_us"]:
             out[f"identity c={c}: one process CPU per inference / echo's (target <= 1.3x)"] = (
                 f"{one['cpu_us'] / echo['cpu_us']:.2f}x ({one['cpu_us']:.0f} vs {echo['cpu_us']:.0f} us)")
+        echo_uv = by.get((ECHO_UV, c))
+        if echo_uv and one and echo_uv["cpu_us"]:
+            out[f"identity c={c}: one process CPU per inference / the echo's on uvloop, the same loop"] = (
+                f"{one['cpu_us'] / echo_uv['cpu_us']:.2f}x ({one['cpu_us']:.0f} vs {echo_uv['cpu_us']:.0f} us)")
         if one and default and one["cpu_us"]:
             out[f"identity c={c}: default mode CPU per inference / one process (target <= 1.1x)"] = (
                 f"{default['cpu_us'] / one['cpu_us']:.2f}x ({default['cpu_us']:.0f} vs {one['cpu_us']:.0f} us)")
+        for label, plain in ((ONE, ONE_ASYNCIO), (DEFAULT, DEFAULT_ASYNCIO)):
+            uv, std = by.get((label, c)), by.get((plain, c))
+            if uv and std and std["cpu_us"]:
+                out[f"identity c={c}: {label} CPU per inference, uvloop / asyncio's loop"] = (
+                    f"{uv['cpu_us'] / std['cpu_us']:.2f}x ({uv['cpu_us']:.0f} vs {std['cpu_us']:.0f} us; "
+                    f"{uv['infer_per_s']:.0f} vs {std['infer_per_s']:.0f} infer/s)")
         if c == 1 and one and default:
             out["identity c=1: default mode p50 - one process p50 (target <= 100 us)"] = (
                 f"{default['p50_us'] - one['p50_us']:+.0f} us ({default['p50_us']:.0f} vs {one['p50_us']:.0f} us)")

@@ -34,6 +34,8 @@ import grpc
 import grpc.aio
 import numpy as np
 
+from inferd import event_loop
+
 from .options import SequenceOptions, TlsOptions
 from .transport import GrpcTransport, HttpStatusError, HttpTransport, StreamError
 
@@ -100,7 +102,9 @@ def worker_main(conn, config: WorkerConfig) -> None:  # type: ignore[no-untyped-
     """Process entry point (must stay importable without side effects: spawn imports this module)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controlling process handles Ctrl-C
     try:
-        asyncio.run(_Worker(conn, config).serve())
+        # The server's loop choice (uvloop where installed): the load client's own CPU comes out of
+        # the cores the server under test shares.
+        event_loop.run(_Worker(conn, config).serve(), event_loop.resolve())
     finally:
         conn.close()
 

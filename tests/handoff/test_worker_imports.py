@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # What a worker may load of inferd: the core layer, the façade, the wire (generated code), the frontends and
 # the hand-off's shared protocol and worker side. (inferd.config comes with the HTTP frontend, which renders
 # a ModelConfig as Triton's JSON through config.message_to_dict.)
-ALLOWED = ("inferd._proto", "inferd.types", "inferd.errors", "inferd.clock", "inferd.dtypes", "inferd.streaming",
+ALLOWED = ("inferd._proto", "inferd.types", "inferd.errors", "inferd.clock", "inferd.event_loop", "inferd.dtypes",
+           "inferd.streaming",
            "inferd.suggest", "inferd.host", "inferd.gpu", "inferd.observability", "inferd.facade", "inferd.config",
            "inferd.server", "inferd.handoff.wire", "inferd.handoff.channel", "inferd.handoff.arena",
            "inferd.handoff.worker")
