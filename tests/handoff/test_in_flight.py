@@ -12,19 +12,23 @@ from inferd.handoff.worker.core_link import FREE_BATCH, InFlight
 
 
 class Core:
-    """The core's end: the messages it receives, by read."""
+    """The core's end: the messages it receives, and for each whether others of its read followed."""
 
     def __init__(self) -> None:
         self.messages: list[list] = []
+        self.more: list[bool] = []
+        self.channel: Channel | None = None
 
     def __call__(self, msg: list) -> None:
         self.messages.append(msg)
+        assert self.channel is not None
+        self.more.append(self.channel.more)
 
 
 async def _frontend():  # type: ignore[no-untyped-def]
     a, b = socket_pair()
     core = Core()
-    core_end = await Channel.open(b, core, "core")
+    core_end = core.channel = await Channel.open(b, core, "core")
     frontend_pending: list[InFlight] = []
     channel = await Channel.open(a, lambda msg: frontend_pending[0].on_response(msg), "frontend")
     pending = InFlight(channel, ArenaWriter(Arena.create(1 << 20)))
@@ -53,8 +57,11 @@ async def test_an_idle_frontend_holds_small_freed_blocks_until_its_next_request(
     writes = channel.writes
     pending.unary(2, wire.infer(2, "m", "", "", None, [], None), wire.NO_BLOCK)
     await turns()
-    assert core.messages[1:] == [wire.infer(2, "m", "", "", None, [], None), [wire.FREE, [4096]]]
-    assert channel.writes == writes + 1  # in the request's own write
+    # In the request's own write and ahead of it: the request ends its read (Channel.more false
+    # there), so the core's batcher may run a lone request at once instead of waiting for company.
+    assert core.messages[1:] == [[wire.FREE, [4096]], wire.infer(2, "m", "", "", None, [], None)]
+    assert core.more[1:] == [True, False]
+    assert channel.writes == writes + 1
     channel.close()
     core_end.close()
 

@@ -106,6 +106,10 @@ class InFlight:
         entries = self._entries
         entries[rid] = [waiter, block]
         self._idle.clear()
+        # Blocks freed since the last write go ahead of the request, not behind it: the core then reads
+        # a lone request as its read's last message (Channel.more false) and runs it on its idle fast
+        # path; with a FREE behind it every lone request waited a loop turn there for company.
+        self._send_frees()
         # The only request in flight, and not sent by a handler that answers just woke (a lone client's next
         # request, or the first after a quiet spell): no other request of this turn is likely to join its
         # write, so it goes at once (with any FREE) instead of a loop turn later.
