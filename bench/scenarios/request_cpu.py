@@ -238,7 +238,28 @@ and allocation: no single C function dominates, and ONNX Runtime's call for iden
 is the count of Python steps a request takes (decode, admission, lookup, shedding, validation, the background lane,
 the batcher's future, assemble/execute/split, shaping, statistics, encode: ~51-55 calls of inferd's). Voluntary
 switches per inference (~9.5) are the same for the echo and one process: grpc.aio's own threads.
---gil-switch-interval-us 5000 against the default 100 changed nothing (one process 422 vs 427 us at c=16, one run)."""
+--gil-switch-interval-us 5000 against the default 100 changed nothing (one process 422 vs 427 us at c=16, one run).
+
+The event loop (inferd/event_loop.py: uvloop by default, commit 4bc45f6) and a worker's FREE written ahead of its
+request (commit 202fb17), measured on a machine about 2x slower than the runs above (a pure-Python loop of 10^7
+adds took 1.7 s), so only the ratios within one run mean anything. On uvloop the default mode spends 0.75x / 0.80x
+of its CPU per inference on asyncio's loop at c=1 / c=16 (1,245 vs 1,655 and 730 vs 909 us) and serves 1.21x as
+much at c=16 (2,150 vs 1,779/s); in the run before the FREE change 0.78x / 0.72x and 1.59x. One process moves within
+this machine's noise (0.77x / 1.08x in this run, 1.01x / 0.99x in the one before). The echo itself spends 0.77x /
+0.91x on uvloop. Before the FREE change every lone request reached the core with Channel.more set, because
+the FREE for the last answer's block followed it in the same write, so the core's batcher made it wait a loop
+turn for company (7,276 of 7,301 requests at c=1 took the pumped path); now 94% take the idle fast path, and
+the core's CPU per inference at c=1 went from 419 to 332 us between the two runs.
+Targets in this run: one process against the echo on asyncio's loop (the issue's floor, bare grpc.aio) 0.91x /
+1.26x, met (the run before 1.06x / 1.20x; against the echo on uvloop, the same loop, 1.18x / 1.38x); default mode
+against one process 1.05x at c=16, met (1.07x before), and 1.42x at c=1, missed (1.44x); a lone client's p50 +341 us
+over one process, missed (+350 us). Where a lone client's extra goes: its worker alone spends what the whole
+one-process server does (906 vs 878 us, 10.9 voluntary switches against 9.5), since it does grpc.aio's work and
+its loop sleeps and wakes once more per request, for the core's answer; the core sleeps and wakes once per request
+(1.0 switches, 332 us: the loop's wake-up, the msgpack read, the request built, the model, the answer written).
+Taking those wake-ups out means a process spinning while the other works, which on two cores takes the CPU from
+the one working: not done. At c=16 the wake-ups are shared by a read's requests (0.25 switches per inference in
+the core) and the hop costs 5%."""
 
 
 def run(quick: bool) -> dict:
