@@ -3,9 +3,10 @@ installed, asyncio's own loop otherwise.
 
 Everything on the request path is loop work: grpc.aio's completion-queue wake-ups, uvicorn's
 transports, the control channel between a frontend worker and the core, the batcher's steps.
-uvloop does that work in C (its transports, ``call_soon`` and the loop iteration itself), and
-measured on the request path it takes 10-17% off the CPU per inference at c=16 and adds up to a
-quarter to the default mode's throughput (bench/RESULTS.md, request_cpu). grpc.aio, uvicorn and
+uvloop does that work in C (its transports, ``call_soon`` and the loop iteration itself): measured,
+the default process mode spends a fifth to a quarter less CPU per inference on it and serves more
+at c=16; in one process the difference was within the measuring machine's noise (bench/RESULTS.md,
+request_cpu, which serves on both loops in one run). grpc.aio, uvicorn and
 the channel run the same on both loops; ``--event-loop asyncio`` keeps the standard one (to rule
 the loop out when debugging, or where uvloop does not build).
 

@@ -174,5 +174,5 @@ def test_what_arrives_before_open_returns_waits_until_the_caller_holds_the_chann
         return seen, acks
 
     seen, acks = event_loop.run(scenario(), kind)
-    assert seen == [["config", 1], ["state", 2]]  # none lost to the handler's failure, in order
+    assert seen == [["config", 1], ["state", 2]]  # both, in order, once the caller held the channel
     assert acks == [["ack", 1], ["ack", 2]]
