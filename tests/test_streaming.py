@@ -79,6 +79,23 @@ class TritonPythonModel:
         raise pb_utils.TritonModelException("no responses today")
 '''
 
+# Not decoupled: OUT = 1 when the request's parameters hold the stream's final-response flag, else 0.
+SEES_FLAG = '''
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        answers = []
+        for request in requests:
+            seen = "triton_enable_empty_final_response" in json.loads(request.parameters())
+            answers.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([int(seen)], dtype=np.int32))]))
+        return answers
+'''
+
 IO = ([("IN", "TYPE_INT32", [1])], [("OUT", "TYPE_INT32", [1])])
 
 
@@ -98,6 +115,7 @@ def repo(tmp_path_factory) -> Path:
     _python(repo, "gated", GATED)
     _python(repo, "mixed", MIXED)
     _python(repo, "raising", RAISING)
+    _python(repo, "sees_flag", SEES_FLAG, decoupled=False)
     add_model(repo, "onnx_decoupled", om.add_sub(np.int32, 16), config(
         "onnx_decoupled", [("INPUT0", "TYPE_INT32", [16]), ("INPUT1", "TYPE_INT32", [16])],
         [("OUTPUT0", "TYPE_INT32", [16]), ("OUTPUT1", "TYPE_INT32", [16])], 8,
@@ -293,6 +311,13 @@ def test_a_plain_model_on_a_stream_is_final_at_once(stream):
     assert error is None and _final(result) is True
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), expected)
     assert stream.nothing_more()
+
+
+def test_the_final_response_flag_is_the_streams_and_never_reaches_the_model(stream):
+    stream.client.async_stream_infer("sees_flag", _in(0), request_id="f", enable_empty_final_response=True)
+    result, error = stream.get()
+    assert error is None and _final(result) is True
+    assert int(result.as_numpy("OUT")[0]) == 0  # the model saw no triton_enable_empty_final_response
 
 
 # -- refusals ------------------------------------------------------------------------------------------
