@@ -81,7 +81,7 @@ async def serve(port: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=8101)
-    parser.add_argument("--event-loop", choices=["asyncio", "uvloop"], default="asyncio")
+    parser.add_argument("--event-loop", choices=event_loop.KINDS, default="asyncio")
     args = parser.parse_args()
     event_loop.run(serve(args.port), args.event_loop)
 

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from inferd import event_loop
+
 
 def _flag(text: str) -> bool:
     value = text.strip().lower()
@@ -115,7 +117,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="processes that serve the gRPC and HTTP ports (SO_REUSEPORT) and hand each request to "
                         "this process, which runs the models: 0 serves everything in one process. Default: "
                         f"one process on a single core, else half the cores, at least 2 (here {default_frontend_workers()})")
-    p.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+    p.add_argument("--event-loop", choices=event_loop.CHOICES, default="auto",
                    help="the event loop every server process runs: uvloop (its transports and loop in C: less "
                         "CPU per request), asyncio (the standard library's), or auto (default: uvloop when it "
                         "is installed)")
@@ -420,8 +422,6 @@ def _serve(args: argparse.Namespace) -> int:
     if not (args.allow_grpc or args.allow_http):
         print("inferd: --allow-grpc and --allow-http are both false: nothing would take requests", file=sys.stderr)
         return 2
-    from inferd import event_loop
-
     try:
         loop_kind = event_loop.resolve(args.event_loop)
     except ValueError as exc:

@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Coroutine, TypeVar
 
-CHOICES = ("auto", "uvloop", "asyncio")
+KINDS = ("uvloop", "asyncio")  # what a process runs
+CHOICES = ("auto", *KINDS)  # what --event-loop takes
 T = TypeVar("T")
 
 

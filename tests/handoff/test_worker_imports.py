@@ -16,9 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # the hand-off's shared protocol and worker side. (inferd.config comes with the HTTP frontend, which renders
 # a ModelConfig as Triton's JSON through config.message_to_dict.)
 ALLOWED = ("inferd._proto", "inferd.types", "inferd.errors", "inferd.clock", "inferd.event_loop", "inferd.dtypes",
-           "inferd.streaming",
-           "inferd.suggest", "inferd.host", "inferd.gpu", "inferd.observability", "inferd.facade", "inferd.config",
-           "inferd.server", "inferd.handoff.wire", "inferd.handoff.channel", "inferd.handoff.arena",
+           "inferd.streaming", "inferd.suggest", "inferd.host", "inferd.gpu", "inferd.observability", "inferd.facade",
+           "inferd.config", "inferd.server", "inferd.handoff.wire", "inferd.handoff.channel", "inferd.handoff.arena",
            "inferd.handoff.worker")
 # Never in a worker: the core's side, the data plane's implementation, the layers that hold the models,
 # and the runtimes and libraries only they use.

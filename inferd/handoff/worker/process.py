@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--channel-fd", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
-    parser.add_argument("--event-loop", choices=["uvloop", "asyncio"], default="asyncio")
+    parser.add_argument("--event-loop", choices=event_loop.KINDS, default="asyncio")
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
     memtrace.install(f"frontend{args.index}")  # INFERD_TRACEMALLOC: a leak hunt's snapshots
