@@ -28,7 +28,15 @@ request is ~30 us with warm caches, bench/core_path.py), the worker as much as t
 starting on caches the other processes (and perf_analyzer) cooled; a worker spinning on its channel instead of
 sleeping would need the ~200 us the core takes to answer, on the cores the core and the client need. The default
 mode meets neither target of item 2 here; `cli.default_frontend_workers` now picks one process on a single core,
-where one process wins every figure, and keeps workers from two cores up, where they buy the MLP's throughput."""
+where one process wins every figure, and keeps workers from two cores up, where they buy the MLP's throughput.
+
+Rerun after uvloop became the servers' loop (inferd/event_loop.py) and a worker's FREE went ahead of its request
+(commit 202fb17), on a machine 2-3x slower than the run above (the hand-off alone, which runs on asyncio's loop
+in both processes, took 300 us of CPU per lone round trip against 113): served, default mode against one process
+1.28x the CPU per inference at c=1 and 1.19x at c=16 (before: 1.50x and 1.43x), a lone client's p50 +368 us, and
+1.19x the throughput at c=16. A --quick run minutes earlier gave 1.17x / 1.21x and +107 us: on this machine the
+c=1 figures move by hundreds of microseconds between runs, the ratios by about 0.1. Neither target is met; the
+wake-ups are where they were (core 1.01 per lone request, worker 10.8 against one process's 9.3)."""
 
 SERVED = (("one process (--frontend-workers 0)", 0), ("core + 2 workers (--frontend-workers 2)", 2))
 SERVED_LOADS = (1, 16)
