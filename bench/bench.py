@@ -152,19 +152,30 @@ def run_pa(label: str, model: str, url: str, concurrency: int, *, shape: str | N
 
 def raw_ceiling(model_file: Path, feeds: dict[str, np.ndarray], seconds: float = 3.0, threads: int | None = None) -> float:
     """Executions per second of the ONNX session called directly in a loop."""
+    return raw_run(model_file, feeds, seconds, threads)[0]
+
+
+def raw_run(model_file: Path, feeds: dict[str, np.ndarray], seconds: float = 3.0,
+            threads: int | None = None, spinning: bool = True) -> tuple[float, float]:
+    """(executions per second, CPU seconds per execution) of the ONNX session called directly in a
+    loop; the CPU is this process's (every thread: the runtime's pool too) over the timed loop.
+    ``spinning=False``: the pool threads block between runs, as a served session's do
+    (inferd/backends/onnxruntime.py), so its CPU is what a served execution costs."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or (os.cpu_count() or 1)
     options.inter_op_num_threads = 1
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(model_file), sess_options=options, providers=["CPUExecutionProvider"])
     for _ in range(3):
         session.run(None, feeds)
-    runs, t0 = 0, time.perf_counter()
+    runs, t0, cpu0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
         session.run(None, feeds)
         runs += 1
-    return runs / (time.perf_counter() - t0)
+    return runs / (time.perf_counter() - t0), (time.process_time() - cpu0) / runs
 
 
 # -- repository ---------------------------------------------------------------
