@@ -247,6 +247,10 @@ def default_frontend_workers(cores: int | None = None) -> int:
       CPU per inference; 3,011 against 1,851 in bench/RESULTS.md ``frontends``) and cost a lone
       client latency and CPU (identity c=1: p50 +206 to +283 us, 1.49-1.54x the CPU per inference;
       identity c=16 a tie on throughput at 1.26x the CPU). Throughput under load decides: workers.
+      Rechecked after uvloop (bench/RESULTS.md ``request_cpu``, a faster machine): two workers served
+      the MLP 1.50x and unary identity 1.08x; one process served identity over HTTP 1.29x and over
+      gRPC streams 1.79x (little transport work per request to spread, the hop's cost remains). A
+      model that computes gains most, so workers stay; the README tells cheap-model HTTP users.
     - more cores: a worker spends most of a request's CPU (the grpc.aio transport), so the wire gets
       half the cores and the core and the models' runtime threads the other half. At least two so
       that the ports keep a listener while a dead worker restarts."""
