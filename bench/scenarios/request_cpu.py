@@ -142,7 +142,7 @@ def _measure(server: Server, w: Workload) -> dict:
 
     pid = server.proc.proc.pid  # type: ignore[attr-defined]
     meter = CpuMeter(pid, statistics_count(server.url))
-    batches = _executions(server, w)
+    executions = _executions(server, w)
     before, switches = meter.sample(), _switches(pid)
     client0 = _children_cpu()
     m = run_pa(_label(server, w), w.model, server.http if w.protocol == "http" else server.url, w.concurrency,
@@ -162,8 +162,8 @@ def _measure(server: Server, w: Workload) -> dict:
     out["client_cpu_us"] = round(client / n * 1e6, 1)
     parts = [f"{p['role']}: {p['cpu_us']:.0f} us CPU, {p['switches']:.2f} voluntary switches" for p in processes]
     parts.append(f"perf_analyzer: {out['client_cpu_us']:.0f} us CPU")
-    if batches is not None:
-        out["avg_batch"] = round(cpu.inferences / max(_executions(server, w) - batches, 1), 2)  # type: ignore[operator]
+    if executions is not None:
+        out["avg_batch"] = round(cpu.inferences / max(_executions(server, w) - executions, 1), 2)  # type: ignore[operator]
         parts.append(f"mean batch {out['avg_batch']:.1f}")
     out["note"] = (m.note + "; " if m.note else "") + "; ".join(parts)
     return out
@@ -515,12 +515,12 @@ def ratios(result: dict) -> dict:
 def _table_ratios(result: dict, by: dict) -> dict:
     """The rest of the issue's targets: mlp_xl against the raw session (>= 0.66x) with where its CPU
     goes per row, and each workload against Triton (>= 0.6x its throughput) when Triton was measured."""
+    from inferd.host import cpu_budget
+
     out = {}
     raws = [v for k, v in result.get("ceilings", {}).items() if k.startswith(f"{XL} raw")]
     raw, runtime = (sum(raws) / len(raws) if raws else 0.0), result.get("raw_cpu_us_per_row", {})
     runtime_us = sum(runtime.values()) / len(runtime) if runtime else 0.0
-    from inferd.host import cpu_budget
-
     cores = cpu_budget()
     for label in (ONE, DEFAULT, TRITON):
         m = by.get((f"{label}: {XL}", 128))
