@@ -22,7 +22,6 @@ import argparse
 import csv
 import json
 import os
-import resource
 import shutil
 import socket
 import subprocess
@@ -30,6 +29,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.proc_cpu import children_cpu_s
 
 ROOT = Path(__file__).resolve().parent.parent
 def find_perf_analyzer() -> Path:
@@ -44,14 +45,9 @@ def find_perf_analyzer() -> Path:
 PERF_ANALYZER = find_perf_analyzer()
 
 
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _run(args: list[str], timeout: float) -> tuple[int, str, float, float]:
     """(exit status, output, wall seconds, CPU seconds of the process and its children)."""
-    cpu0, t0 = _children_cpu(), time.monotonic()
+    cpu0, t0 = children_cpu_s(), time.monotonic()
     try:
         proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               timeout=timeout, cwd=ROOT)
@@ -61,7 +57,7 @@ def _run(args: list[str], timeout: float) -> tuple[int, str, float, float]:
         code, out = 124, output.decode(errors="replace") if isinstance(output, bytes) else output
     except OSError as exc:
         code, out = 127, str(exc)
-    return code, out, time.monotonic() - t0, _children_cpu() - cpu0
+    return code, out, time.monotonic() - t0, children_cpu_s() - cpu0
 
 
 def _csv_row(path: Path) -> dict[str, str] | None:

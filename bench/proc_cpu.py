@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from typing import Callable
 from inferd.observability.procfs import PROC, TICK, Stat, all_stats, parse_stat, read_stat, server_tree
 
 __all__ = ["PROC", "TICK", "Stat", "all_stats", "parse_stat", "read_stat", "server_tree", "voluntary_switches",
-           "role", "CpuMeter", "CpuReport", "Snapshot", "report", "statistics_count"]
+           "role", "CpuMeter", "CpuReport", "Snapshot", "report", "statistics_count", "children_cpu_s"]
 
 CORE = "core"
 WORKER_MODULE = "inferd.handoff.worker"  # a frontend worker's command line names this module
@@ -168,6 +169,13 @@ def report(before: Snapshot, after: Snapshot) -> CpuReport:
             out.processes.append(ProcessCpu(key[0], name, 0.0, 0.0, "gone: exited in the window"))
     out.processes.sort(key=lambda p: (p.role != CORE, p.role, p.pid))
     return out
+
+
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's children that have been waited for: a load
+    client run with subprocess.run, whose own CPU comes out of the cores the server shares."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def statistics_count(url: str, timeout: float = 10.0) -> Callable[[], int]:

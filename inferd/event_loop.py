@@ -4,9 +4,9 @@ installed, asyncio's own loop otherwise.
 Everything on the request path is loop work: grpc.aio's completion-queue wake-ups, uvicorn's
 transports, the control channel between a frontend worker and the core, the batcher's steps.
 uvloop does that work in C (its transports, ``call_soon`` and the loop iteration itself): measured,
-the default process mode spends a fifth to a quarter less CPU per inference on it and serves more
-at c=16; in one process the difference was within the measuring machine's noise (bench/RESULTS.md,
-request_cpu, which serves on both loops in one run). grpc.aio, uvicorn and
+the default process mode spent 0.75-0.94x the CPU per inference on it and served 1.12-1.21x as
+much at c=16 on two machines; one process moved either way with the machine (0.77x to 1.17x at c=1,
+0.96x to 1.08x at c=16; bench/RESULTS.md, request_cpu, which serves on both loops in one run). grpc.aio, uvicorn and
 the channel run the same on both loops; ``--event-loop asyncio`` keeps the standard one (to rule
 the loop out when debugging, or where uvloop does not build).
 
@@ -43,12 +43,13 @@ def resolve(choice: str = "auto") -> str:
 
 def run(main: Coroutine[Any, Any, T], kind: str) -> T:
     """``asyncio.run(main)`` on the loop ``kind`` (as :func:`resolve` returns it)."""
+    factory = None
     if kind == "uvloop":
         import uvloop
 
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(main)
-    return asyncio.run(main)
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
 
 
 def running() -> str:

@@ -35,7 +35,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import NamedTuple
 
-from bench.proc_cpu import PROC, CpuMeter, all_stats, role, server_tree, statistics_count
+from bench.proc_cpu import PROC, CpuMeter, all_stats, children_cpu_s, role, server_tree, statistics_count
 
 ECHO = "echo servicer"
 ECHO_UV = "echo servicer on uvloop"
@@ -144,11 +144,11 @@ def _measure(server: Server, w: Workload) -> dict:
     meter = CpuMeter(pid, statistics_count(server.url))
     executions = _executions(server, w)
     before, switches = meter.sample(), _switches(pid)
-    client0 = _children_cpu()
+    client0 = children_cpu_s()
     m = run_pa(_label(server, w), w.model, server.http if w.protocol == "http" else server.url, w.concurrency,
                shape=w.shape, window_ms=w.window_ms, stability=STABILITY, trials=6, protocol=w.protocol,
                extra=list(w.extra))
-    client = _children_cpu() - client0
+    client = children_cpu_s() - client0
     cpu = meter.since(before)
     after = _switches(pid)
     n = max(cpu.inferences, 1)
@@ -167,13 +167,6 @@ def _measure(server: Server, w: Workload) -> dict:
         parts.append(f"mean batch {out['avg_batch']:.1f}")
     out["note"] = (m.note + "; " if m.note else "") + "; ".join(parts)
     return out
-
-
-def _children_cpu() -> float:
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _executions(server: Server, w: Workload) -> int | None:

@@ -112,7 +112,7 @@ class InFlight:
         self._send_frees()
         # The only request in flight, and not sent by a handler that answers just woke (a lone client's next
         # request, or the first after a quiet spell): no other request of this turn is likely to join its
-        # write, so it goes at once (with any FREE) instead of a loop turn later.
+        # write, so it goes at once (with the FREE just queued ahead of it) instead of a loop turn later.
         self.channel.send(message, at_once=len(entries) == 1 and not self._answering)
 
     def cancel(self, rid: int) -> None:
