@@ -25,7 +25,7 @@ import numpy as np
 
 from inferd.dataplane import DataPlane
 from inferd.handoff import wire
-from inferd.handoff.arena import Arena, ArenaWriter
+from inferd.ipc.arena import Arena, ArenaWriter
 from inferd.handoff.core.endpoint import DataPlaneEndpoint
 from inferd.repository import ModelManager
 

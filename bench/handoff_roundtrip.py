@@ -25,8 +25,8 @@ import time
 import numpy as np
 
 from inferd.handoff import wire
-from inferd.handoff.arena import Arena, ArenaWriter
-from inferd.handoff.channel import Channel, socket_pair
+from inferd.ipc.arena import Arena, ArenaWriter
+from inferd.ipc.channel import Channel, socket_pair
 
 ARENA_BYTES = 1 << 28
 _DTYPES = {"FP32": np.dtype(np.float32)}

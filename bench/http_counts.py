@@ -52,7 +52,7 @@ def scope(body: bytes, binary: bool) -> dict:
 
 def bare(dp: Any) -> App:
     """The infer route as a bare ASGI app: what the request itself needs, no framework."""
-    from inferd.server import http_codec
+    from inferd.frontends import http_codec
 
     async def app(scope: dict, receive: Any, send: Any) -> None:
         parts = scope["path"].split("/")  # /v2/models/{m}/infer
@@ -101,11 +101,11 @@ async def measure(requests: int) -> dict[str, dict[str, float]]:
     from bench.request_counts import never_shed
     from inferd.dataplane import DataPlane
     from inferd.repository import ModelManager
-    from inferd.server.http_service import HttpFrontend
+    from inferd.frontends.http_service import HttpFrontend
 
     dp = DataPlane(ModelManager([bench_repository(big=False)]), shedding=never_shed())
     await dp.load_models()
-    from inferd.server.http_service import BodyLimit, InferRoute
+    from inferd.frontends.http_service import BodyLimit, InferRoute
 
     served = HttpFrontend(dp).app()  # BodyLimit(InferRoute(Starlette)): as a server builds it
     inner = served.app

@@ -60,7 +60,7 @@ def _pieces(folder: Path, floats: int) -> dict[str, Callable[[], object]]:
 
     from inferd.examples.many_models import add_table_model
     from inferd.repository.manager import prepare
-    from inferd.repository.model import build_model
+    from inferd.repository.build import build_model
 
     model_dir = add_table_model(folder, "t00", 0, floats)
     path = str(model_dir / "1" / "model.onnx")

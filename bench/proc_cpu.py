@@ -41,7 +41,7 @@ __all__ = ["PROC", "TICK", "Stat", "all_stats", "parse_stat", "read_stat", "serv
            "role", "CpuMeter", "CpuReport", "Snapshot", "report", "statistics_count", "children_cpu_s"]
 
 CORE = "core"
-WORKER_MODULE = "inferd.handoff.worker"  # a frontend worker's command line names this module
+WORKER_MODULE = "inferd.serve.worker_process"  # a frontend worker's command line names this module
 
 
 def voluntary_switches(pid: int, proc: Path = PROC) -> int:

@@ -148,7 +148,7 @@ async def servicers(repo: Path | None = None) -> tuple[dict[str, Call], Callable
     from bench.echo_server import EchoServicer
     from inferd.dataplane import DataPlane
     from inferd.repository import ModelManager
-    from inferd.server.grpc_service import InferenceServicer
+    from inferd.frontends.grpc_service import InferenceServicer
 
     folder = repo or bench_repository(big=False)
     dp = DataPlane(ModelManager([folder]), shedding=never_shed())

@@ -203,8 +203,8 @@ def _security_arguments(p: argparse.ArgumentParser) -> None:
 
 def _security_options(args: argparse.Namespace) -> dict[str, Any]:
     """ServerOptions' TLS and restriction fields from the flags; ValueError saying what does not fit."""
-    from inferd.server.restrictions import GRPC_HEADER_PREFIX, Restrictions
-    from inferd.server.tls import tls_from_flags
+    from inferd.frontends.restrictions import GRPC_HEADER_PREFIX, Restrictions
+    from inferd.frontends.tls import tls_from_flags
 
     out: dict[str, Any] = {}
     for proto in ("grpc", "http"):
@@ -220,7 +220,7 @@ def _security_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _openai_options(keys: list[str], key_file: Path | None) -> Any:
-    from inferd.server.openai import OpenAIOptions
+    from inferd.frontends.openai import OpenAIOptions
 
     keys = [k.strip() for k in keys]
     if key_file is not None:
@@ -345,7 +345,7 @@ def _cache_and_limits(args: argparse.Namespace) -> tuple[int | None, list[tuple[
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from inferd.server.app import InferenceServer, ServerOptions
+    from inferd.serve.one_process import InferenceServer, ServerOptions
     from inferd.streaming import StreamLimits
 
     from inferd.errors import InferdError
@@ -471,7 +471,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         if workers:
-            from inferd.handoff.core.multiprocess import MultiProcessServer
+            from inferd.serve.core_process import MultiProcessServer
 
             server: InferenceServer = MultiProcessServer(options, workers)
         else:

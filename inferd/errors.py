@@ -3,7 +3,7 @@
 Layers below the frontends raise them; each has a ``kind`` (named as the gRPC
 status names it, which is also the failure reason statistics count it under),
 and only the frontends turn a kind into a status code, through the one table
-in :mod:`inferd.server.status`. Nothing here knows a wire protocol. Messages
+in :mod:`inferd.frontends.status`. Nothing here knows a wire protocol. Messages
 name the model, tensor or field and the offending value, and say what would
 have been valid.
 """

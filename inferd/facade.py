@@ -17,7 +17,7 @@ tell the difference. Two values pass through opaque:
 
 - :meth:`model_config` returns the ``ModelConfig`` message as ``inferd.config``
   produced it: the ModelConfig RPC sends it as it is and HTTP renders it with
-  ``inferd.config.message_to_dict``; a protobuf message pickles (it serializes
+  ``inferd._proto.json.message_to_dict``; a protobuf message pickles (it serializes
   itself), so a proxy needs nothing else, and the in-process call copies nothing.
 - ``infer``'s ``trace_carrier`` is a callable that gives the request's W3C
   trace headers, read only when the request is sampled; a proxy calls it (when
@@ -55,7 +55,7 @@ DRAINING = "inferd is shutting down and takes no new inference requests"
 TraceCarrier = Callable[[], Mapping[str, str]]
 
 
-# /v1 (inferd.server.openai): a model's OpenAI settings, read at load by config/_openai.py and handed to
+# /v1 (inferd.frontends.openai): a model's OpenAI settings, read at load by config/_openai.py and handed to
 # every frontend process through openai_models().
 @dataclass(frozen=True, slots=True)
 class OpenAISpec:

@@ -108,7 +108,7 @@ class InferenceRequest:
     # in-process call), its wait starts when the data plane or scheduler sees it. Queue timeouts, the
     # SLO and the queue-delay controller count the whole wait from here.
     received_ns: int = 0
-    # Set only by the /v1 layer (inferd.server.openai), never from a client's parameters: the prompt's
+    # Set only by the /v1 layer (inferd.frontends.openai), never from a client's parameters: the prompt's
     # tokens this request carries (one choice of each prompt carries them, the others 0). The core
     # counts them and the tokens of its responses at /metrics (inferd_openai_*_tokens_total). None: not /v1.
     openai_prompt_tokens: int | None = None

@@ -196,7 +196,7 @@ def test_ports_probes_and_services_agree() -> None:
     assert ports == {"http": parsed.http_port, "grpc": parsed.grpc_port, "metrics": parsed.metrics_port}
     assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
-    from inferd.server.health import INFERENCE_SERVICE
+    from inferd.frontends.grpc_health import INFERENCE_SERVICE
 
     assert container["startupProbe"]["grpc"] == {"port": parsed.grpc_port, "service": INFERENCE_SERVICE}
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]

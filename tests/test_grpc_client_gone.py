@@ -17,7 +17,7 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from inferd.errors import DeadlineExceeded
-from inferd.server.grpc_service import InferenceServicer
+from inferd.frontends.grpc_service import InferenceServicer
 from inferd.types import InferenceResponse
 
 

@@ -1,4 +1,4 @@
-"""The gRPC port's shutdown gate (inferd.server.grpc_server.Gate), on a FakeClock: once closed it
+"""The gRPC port's shutdown gate (inferd.frontends.grpc_port.Gate), on a FakeClock: once closed it
 holds every call until released, and ``quiet`` returns only once no call arrived for a while (or
 the longest hold passed), so a port closes with nothing left unclaimed in gRPC core."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from inferd.clock import FakeClock
-from inferd.server.grpc_server import Gate
+from inferd.frontends.grpc_port import Gate
 
 
 async def _turns(n: int = 3) -> None:

@@ -80,7 +80,7 @@ def _client_error(exc: BaseException) -> None:
 @given(data=hostile.grpc_requests())
 def test_grpc_requests_in_process(plane, data: bytes) -> None:  # type: ignore[no-untyped-def]
     from inferd._proto import grpc_service_pb2 as pb
-    from inferd.server import codec
+    from inferd.frontends import grpc_codec as codec
 
     loop, dp = plane
     msg = pb.ModelInferRequest.FromString(data)
@@ -97,7 +97,7 @@ def test_grpc_requests_in_process(plane, data: bytes) -> None:  # type: ignore[n
 @given(case=hostile.http_bodies())
 def test_http_bodies_in_process(plane, case: tuple[str, bytes, dict[str, str]]) -> None:  # type: ignore[no-untyped-def]
     from inferd.facade import DECOUPLED_HTTP
-    from inferd.server import http_codec
+    from inferd.frontends import http_codec
 
     loop, dp = plane
     name, body, headers = case

@@ -376,7 +376,7 @@ def test_binary_data_left_over(server):
 def test_non_utf8_bytes_output_as_json_is_refused_clearly():
     """(In-process: the example ONNX string models refuse non-UTF-8 input, so no server output has it.)"""
     from inferd.errors import InvalidArgument
-    from inferd.server.http_codec import json_values
+    from inferd.frontends.http_codec import json_values
 
     with pytest.raises(InvalidArgument, match="not valid UTF-8.*binary_data"):
         json_values(np.array([b"\xff"], dtype=np.object_), "BYTES", "OUT", "m")

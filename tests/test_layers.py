@@ -15,17 +15,20 @@ import pytest
 
 from inferd import errors
 from inferd.facade import DataPlaneAPI, GrpcFastPath
-from inferd.server.status import STATUS
+from inferd.frontends.status import STATUS
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# (layer, module prefixes); the longest matching prefix decides a module's layer.
+# (layer, module prefixes); the longest matching prefix decides a module's layer. The folders name the
+# processes: frontends/ and handoff/worker/ run in a frontend worker, serve/ wires processes together, the rest
+# (with handoff/core/) runs in the core.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("proto", ("inferd._proto",)),
     # inferd.facade: the data plane's façade and the plain data it speaks, importing only the core types,
-    # so that a frontend worker process (which loads it) loads nothing of the models.
+    # so that a frontend worker process (which loads it) loads nothing of the models. inferd.ipc: the channel
+    # and arenas every process pair speaks over.
     ("core", ("inferd.types", "inferd.errors", "inferd.clock", "inferd.event_loop", "inferd.dtypes", "inferd.streaming",
-              "inferd.observability", "inferd.suggest", "inferd.gpu", "inferd.host", "inferd.facade")),
+              "inferd.observability", "inferd.suggest", "inferd.gpu", "inferd.host", "inferd.facade", "inferd.ipc")),
     ("config", ("inferd.config",)),
     ("backends", ("inferd.backends", "triton_python_backend_utils")),
     ("scheduling", ("inferd.scheduling",)),
@@ -33,25 +36,26 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("ensemble", ("inferd.ensemble",)),
     ("repository", ("inferd.repository",)),
     ("batchjobs", ("inferd.batchjobs",)),  # the job engine, over an injected infer
-    # The Prometheus exporter reads the models' counters in the process that holds them.
-    ("dataplane", ("inferd.dataplane", "inferd.observability.metrics")),
-    ("frontends", ("inferd.server", "inferd.handoff")),  # the hand-off to the core is a frontend tier too
+    ("dataplane", ("inferd.dataplane",)),  # with the Prometheus exporter, which reads the models' counters
+    ("frontends", ("inferd.frontends", "inferd.handoff")),  # the hand-off to the core is a frontend tier too
+    ("serve", ("inferd.serve",)),  # process wiring: every process's entry and what ties them together
     ("cli", ("inferd.cli", "inferd.batch_cli", "inferd.perf", "inferd.tune", "inferd.examples", "inferd.deploy")),
 ]
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
 # Where protobuf and gRPC may be imported: the generated code, config/, the frontends and the tools above them.
-WIRE_LAYERS = {"proto", "config", "frontends", "cli"}
+WIRE_LAYERS = {"proto", "config", "frontends", "serve", "cli"}
 WIRE_MODULES = ("grpc", "grpc_health", "grpc_reflection", "google.protobuf", "inferd._proto.model_config_pb2",
                 "inferd._proto.grpc_service_pb2", "inferd._proto.grpc_service_pb2_grpc")
 # The frontend modules that serve clients: the data plane's façade is all they may use of it.
-FACADE_USERS = ("inferd.server.grpc_service", "inferd.server.http_service", "inferd.server.health")
-# The hand-off's two process sides: the worker side (a frontend worker process) reaches the core only
-# through the wire protocol; it never imports the core's side, the data plane's implementation or the
-# layers that hold the models (tests/handoff/test_worker_imports.py checks what it loads at run time).
-WORKER_SIDE = "inferd.handoff.worker"
+FACADE_USERS = ("inferd.frontends.grpc_service", "inferd.frontends.http_service", "inferd.frontends.grpc_health")
+# What runs in a frontend worker process (its entry, the frontends, the hand-off's worker side) reaches the core
+# only through the wire protocol: it never imports the hand-off's core side, the data plane's implementation,
+# the config layer or the layers that hold the models (tests/handoff/test_worker_imports.py checks what a
+# worker really loads).
+WORKER_SIDE = ("inferd.handoff.worker", "inferd.frontends", "inferd.serve.worker_process")
 NOT_IN_A_WORKER = ("inferd.handoff.core", "inferd.dataplane", "inferd.model", "inferd.repository", "inferd.scheduling",
-                   "inferd.ensemble", "inferd.backends", "inferd.batchjobs", "inferd.observability.metrics",
-                   "inferd.server.app")
+                   "inferd.ensemble", "inferd.backends", "inferd.batchjobs", "inferd.config", "inferd.serve.one_process",
+                   "inferd.serve.core_process", "inferd.serve.supervisor")
 BELOW_THE_FACADE = ("inferd.repository", "inferd.model", "inferd.scheduling", "inferd.ensemble", "inferd.backends",
                     "inferd.batchjobs", "inferd.dataplane")  # the façade is inferd.facade, not inferd.dataplane
 
@@ -145,7 +149,7 @@ def test_frontends_use_only_the_data_plane_facade(module):
 def _worker_side_problems(modules: dict[str, Path]) -> list[str]:
     bad = []
     for module, path in modules.items():
-        if module != WORKER_SIDE and not module.startswith(WORKER_SIDE + "."):
+        if not any(module == w or module.startswith(w + ".") for w in WORKER_SIDE):
             continue
         for line, target in imports(path):
             if any(target == n or target.startswith(n + ".") for n in NOT_IN_A_WORKER):
@@ -154,7 +158,8 @@ def _worker_side_problems(modules: dict[str, Path]) -> list[str]:
 
 
 def test_the_worker_side_never_imports_the_core_side_or_the_models():
-    assert [m for m in MODULES if m.startswith(WORKER_SIDE + ".")], "no worker side found"
+    for side in WORKER_SIDE:
+        assert [m for m in MODULES if m == side or m.startswith(side + ".")], f"nothing found under {side}"
     assert _worker_side_problems(MODULES) == []
 
 
@@ -175,7 +180,7 @@ def test_every_error_kind_has_a_status():
 def test_the_checks_see_a_violation(tmp_path):
     """The walk is not vacuous: an upward and a wire import in a low layer are both found."""
     bad = tmp_path / "bad.py"
-    bad.write_text("from inferd.server import status\n\ndef f():\n    import grpc\n")
+    bad.write_text("from inferd.frontends import status\n\ndef f():\n    import grpc\n")
     found = [t for _, t in imports(bad)]
-    assert "inferd.server.status" in found and "grpc" in found
-    assert RANK[layer_of("inferd.server.status")] > RANK[layer_of("inferd.scheduling.queue")]
+    assert "inferd.frontends.status" in found and "grpc" in found
+    assert RANK[layer_of("inferd.frontends.status")] > RANK[layer_of("inferd.scheduling.queue")]

@@ -190,7 +190,7 @@ def test_failures_counted_under_triton_reasons(server):
 
 
 def test_triton_reason_of_each_inferd_reason():
-    from inferd.observability.metrics import triton_reason
+    from inferd.dataplane.metrics import triton_reason
 
     cases = {"UNAVAILABLE": "REJECTED", "TIMEOUT": "REJECTED", "CANCELED": "CANCELED", "CANCELLED": "CANCELED",
              "INTERNAL": "BACKEND", "INVALID_ARGUMENT": "OTHER", "UNIMPLEMENTED": "OTHER"}

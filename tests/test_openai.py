@@ -19,7 +19,7 @@ openai = pytest.importorskip("openai")
 tokenizers = pytest.importorskip("tokenizers")
 
 from conftest import running  # noqa: E402
-from inferd.examples import generator, text_assets  # noqa: E402
+from inferd.examples import generator_assets as generator, text_assets  # noqa: E402
 from inferd.examples.build import build_repository  # noqa: E402
 
 KEY = "test-key-27"

@@ -18,9 +18,9 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("python_multipart")
 
 from conftest import running  # noqa: E402
-from inferd.examples import generator  # noqa: E402
+from inferd.examples import generator_assets as generator  # noqa: E402
 from inferd.examples.build import build_repository  # noqa: E402
-from inferd.server.openai._batches import BatchStore  # noqa: E402
+from inferd.frontends.openai._batches import BatchStore  # noqa: E402
 
 WAIT_S = 90  # the longest a test waits for a batch to end
 

@@ -105,7 +105,7 @@ def test_meter_over_a_live_parent_and_a_busy_child() -> None:
                   "time.sleep(60)\n")
     parent_code = ("import subprocess, sys, time\n"
                    f"child = subprocess.Popen([sys.executable, '-c', {child_code!r}, "
-                   "'-m', 'inferd.handoff.worker', '--index', '3'])\n"
+                   "'-m', 'inferd.serve.worker_process', '--index', '3'])\n"
                    "print(child.pid, flush=True)\n"
                    "time.sleep(60)\n")
     # The child inherits the parent's stdin and stdout: these pipes.

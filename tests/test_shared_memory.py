@@ -19,7 +19,7 @@ from conftest import ServerProcess
 from inferd.dtypes import BY_NAME
 from inferd.errors import AlreadyExists, InvalidArgument, NotFound
 from inferd.dataplane.shared_memory import SharedMemoryManager
-from inferd.server.codec import shm_ref
+from inferd.frontends.grpc_codec import shm_ref
 
 
 

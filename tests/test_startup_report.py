@@ -1,8 +1,8 @@
-"""The start-up table and ready sentence (inferd.repository.report), as plain data."""
+"""The start-up table and ready sentence (inferd.repository.table), as plain data."""
 
 from __future__ import annotations
 
-from inferd.repository.report import ModelRow, format_table, readiness
+from inferd.repository.table import ModelRow, format_table, readiness
 
 ROWS = [
     ModelRow("add_sub", "-", "-", "-", "UNAVAILABLE", "model 'add_sub': config.pbtxt line 3: bad"),

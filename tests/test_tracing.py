@@ -680,7 +680,7 @@ async def test_the_grpc_frontend_stamps_a_request_only_while_tracing_is_on(plane
     # Untraced, a request carries no FrontendStamps (the façade's tracing_on, asked per request);
     # traced, its stamps reach the trace, whose root span waits for the send.
     from inferd._proto import grpc_service_pb2 as pb
-    from inferd.server.grpc_service import InferenceServicer
+    from inferd.frontends.grpc_service import InferenceServicer
 
     dp, exporter = plane
     seen = []

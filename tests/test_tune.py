@@ -14,7 +14,7 @@ import pytest
 
 from inferd._proto import model_config_pb2 as mc
 from inferd.config import parse_config_text
-from inferd.tune import report
+from inferd.tune import summary
 from inferd.tune.search import Measurement, SearchSettings, search
 from inferd.tune.space import Candidate, SpaceLimits, batch_sizes, current, space
 
@@ -159,8 +159,8 @@ def test_written_config_loads_and_the_old_one_is_kept(example_repository: Path, 
     old = (tmp_path / "simple" / "config.pbtxt").read_text()
     base = parse_config_text(old, model="simple")
     chosen = Candidate(True, 8, 100, "fixed", (8,), 2).apply(base)
-    assert "max_queue_delay_microseconds: 100" in report.config_diff(base, chosen, "simple")
-    kept = report.write_config(tmp_path / "simple", chosen)
+    assert "max_queue_delay_microseconds: 100" in summary.config_diff(base, chosen, "simple")
+    kept = summary.write_config(tmp_path / "simple", chosen)
     assert kept.read_text() == old
     proc = subprocess.run([sys.executable, "-m", "inferd.cli", "check", str(tmp_path)], capture_output=True,
                           text=True, timeout=300)

@@ -42,7 +42,7 @@ def lengths(count: int, seed: int = 0) -> list[int]:
 
 
 def repository() -> Path:
-    from inferd.examples import generator as g
+    from inferd.examples import generator_assets as g
     from inferd.examples.build import ModelSpec, build_repository
     from inferd.examples.python_models import source
 

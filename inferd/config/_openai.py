@@ -1,4 +1,4 @@
-"""How a model says it is served under ``/v1`` (the OpenAI-compatible frontend, inferd/server/openai/).
+"""How a model says it is served under ``/v1`` (the OpenAI-compatible frontend, inferd/frontends/openai/).
 
 A model opts in with config parameters, checked here at load (a typo must not silently do nothing):
 

@@ -4,7 +4,7 @@ Frontends decode the wire into :class:`InferenceRequest` (numpy arrays) and
 encode what comes back; everything in between happens here or below: refuse
 new work while draining, resolve tensors in shared memory, start the trace,
 find the model, and take its path (validate, schedule, shape, count:
-:mod:`inferd.model`). The server's wiring (:mod:`inferd.server.app`) drives
+:mod:`inferd.model`). The server's wiring (:mod:`inferd.serve.one_process`) drives
 its lifecycle (:meth:`DataPlane.load_models`, :meth:`DataPlane.drain`,
 :meth:`DataPlane.close`); those are not part of the façade.
 """

@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from inferd.server.health import INFERENCE_SERVICE  # the service name inferd's grpc.health.v1 answers for
+from inferd.frontends.grpc_health import INFERENCE_SERVICE  # the service name inferd's grpc.health.v1 answers for
 
 HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"

@@ -440,19 +440,19 @@ MODELS += [
 
 # Generative: a byte-level GRU language model (Python, torch) whose steps are
 # batched continuously (sequence_batching.iterative_sequence); see
-# inferd/examples/generator.py.
+# inferd/examples/generator_assets.py.
 
 
 def _generator_weights() -> bytes:
     import torch  # noqa: F401  # the model runs on PyTorch (an extra): without it, it is skipped
 
-    from . import generator
+    from . import generator_assets as generator
 
     return generator.weights()
 
 
 def _generator_config() -> str:
-    from . import generator
+    from . import generator_assets as generator
 
     return generator.config(openai=True)
 

@@ -10,7 +10,7 @@ data plane or a frontend.
 """
 
 from inferd.model.dispatch import ModelDispatcher, ModelLookup, find, infer, infer_stream
-from inferd.model.model import Model
+from inferd.model.loaded import Model
 from inferd.model.path import ModelRun, failure_reason, response, run_model, stream_model, submit_model
 from inferd.model.validation import check_requested_outputs, classify, prepare_inputs, shape_outputs
 

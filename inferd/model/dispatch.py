@@ -26,7 +26,7 @@ from typing import AsyncIterator, Awaitable, Callable, Protocol
 from inferd.clock import Clock, MonotonicClock
 from inferd.errors import InferdError, Unimplemented
 from inferd.facade import DECOUPLED_UNARY
-from inferd.model.model import Model
+from inferd.model.loaded import Model
 from inferd.model.path import response, run_model, stream_model
 from inferd.streaming import StreamLimits, StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse

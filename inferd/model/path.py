@@ -24,7 +24,7 @@ from inferd.dtypes import encode_bytes
 from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError, SloRefused
 from inferd.gpu.tensor import DeviceTensor
 from inferd.model.cache import ResponseCache, request_key
-from inferd.model.model import Model
+from inferd.model.loaded import Model
 from inferd.model.validation import check_requested_outputs, prepare_inputs, shape_outputs
 from inferd.streaming import ResponseSink, StreamEvent, StreamLimits, StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput

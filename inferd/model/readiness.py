@@ -15,7 +15,7 @@ import asyncio
 import logging
 from typing import Any
 
-from inferd.model.model import Model
+from inferd.model.loaded import Model
 
 log = logging.getLogger(__name__)
 

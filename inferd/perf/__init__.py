@@ -3,7 +3,7 @@
 Layout (each imports only those above it in this list):
 
 * ``options.py``  the command line: parser (``add_parser``), range / shape syntax, ``PerfOptions``
-* ``model.py``    ModelMetadata + ModelConfig -> input shapes and data -> pre-serialized
+* ``inputs.py``   ModelMetadata + ModelConfig -> input shapes and data -> pre-serialized
                   ModelInferRequest bytes; ModelStatistics snapshots
 * ``http.py``     the same for ``-i http`` (control calls over urllib, request bodies)
 * ``transport.py`` how a worker sends one request per protocol (unary, streaming, TLS, headers)

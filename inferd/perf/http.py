@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .model import DURATIONS, STAT_FIELDS, InputInfo, ModelInfo, Placement, raw_bytes
+from .inputs import DURATIONS, STAT_FIELDS, InputInfo, ModelInfo, Placement, raw_bytes
 from .options import PerfError, PerfOptions, TlsOptions
 
 HEADER_LENGTH = "Inference-Header-Content-Length"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .windows import ClientStats
-from .model import ModelInfo
+from .inputs import ModelInfo
 from .options import PerfOptions
 
 

@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .windows import STABILITY_WINDOWS, ClientStats, Records, is_stable, server_delta
-from .model import ModelInfo, ServerClient, build_inputs, serialize_requests
+from .inputs import ModelInfo, ServerClient, build_inputs, serialize_requests
 from .options import PerfError, PerfOptions
 from .results import LevelResult, RunResult
 from .worker import WorkerConfig, cpu_seconds, worker_main

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .model import ModelInfo, Placement, raw_bytes
+from .inputs import ModelInfo, Placement, raw_bytes
 from .options import PerfError
 
 SHM_DIR = Path("/dev/shm")

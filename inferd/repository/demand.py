@@ -48,7 +48,7 @@ call; such a call fails at once, naming both models.
 
 Counters (per model name, kept across evictions): loads, evictions, requests
 that found the model loaded (hits) or had to wait (misses), and the time those
-waited (cold start); the exporter (:mod:`inferd.observability.metrics`) reads them.
+waited (cold start); the exporter (:mod:`inferd.dataplane.metrics`) reads them.
 """
 
 from __future__ import annotations

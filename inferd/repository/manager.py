@@ -44,7 +44,7 @@ from inferd.repository.demand import OnDemand
 from inferd.repository.footprint import Measure
 from inferd.repository.overrides import OverrideFolders
 from inferd.repository.layout import available_versions, fingerprint, scan
-from inferd.repository.model import Model, build_model
+from inferd.repository.build import Model, build_model
 from inferd.scheduling.rate_limiter import RateLimiter
 
 log = logging.getLogger(__name__)

@@ -6,12 +6,12 @@
 
 Layout: ``space.py`` (the candidates a model allows), ``search.py`` (the search, pure code over a
 measuring function and a clock), ``run.py`` (real measurements: a server, config overrides at
-load, :func:`inferd.perf.measure`), ``report.py`` (table, Pareto PNG, config diff, JSON, --write),
-``cli.py`` (this command).
+load, :func:`inferd.perf.measure`), ``summary.py`` (table, Pareto PNG, config diff, JSON, --write),
+``command.py`` (this command).
 """
 
 from __future__ import annotations
 
-from .cli import add_parser, run
+from .command import add_parser, run
 
 __all__ = ["add_parser", "run"]

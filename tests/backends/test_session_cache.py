@@ -14,7 +14,7 @@ import pytest
 from inferd.backends.session_cache import SUFFIX, SessionCache
 from inferd.examples.many_models import add_table_model, expected, table_model
 from inferd.repository.manager import prepare
-from inferd.repository.model import instance_specs
+from inferd.repository.build import instance_specs
 
 
 def _instance(folder: Path, cache: SessionCache | None):  # type: ignore[no-untyped-def]

@@ -16,8 +16,8 @@ import socket
 import time
 
 from inferd.handoff import wire
-from inferd.handoff.channel import Channel
-from inferd.handoff.worker.process import die_with_parent, listen
+from inferd.ipc.channel import Channel
+from inferd.serve.worker_process import die_with_parent, listen
 
 
 async def main(index: int, fd: int) -> int:

@@ -1,4 +1,4 @@
-"""inferd.handoff.arena: the buddy allocator as plain data, and arenas shared by two processes."""
+"""inferd.ipc.arena: the buddy allocator as plain data, and arenas shared by two processes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from inferd.errors import Unavailable
-from inferd.handoff.arena import ALIGN, CACHED_PER_ORDER, Arena, ArenaFull, ArenaWriter, BuddyAllocator
+from inferd.ipc.arena import ALIGN, CACHED_PER_ORDER, Arena, ArenaFull, ArenaWriter, BuddyAllocator
 
 
 def test_blocks_are_powers_of_two_at_least_64_bytes_and_aligned_to_their_size() -> None:
@@ -116,7 +116,7 @@ def test_another_process_reads_and_writes_the_same_memory() -> None:
         block, (off,) = w.put([x.tobytes()])
         code = (
             "import sys, numpy as np\n"
-            "from inferd.handoff.arena import Arena\n"
+            "from inferd.ipc.arena import Arena\n"
             "fd, size, off = map(int, sys.argv[1:])\n"
             "a = Arena(fd, size)\n"
             "x = a.array(np.dtype(np.float32), off, 16)\n"

@@ -1,4 +1,4 @@
-"""inferd.handoff.channel: ordered delivery, one socket write per loop turn, close on either side."""
+"""inferd.ipc.channel: ordered delivery, one socket write per loop turn, close on either side."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import io
 import msgpack
 import pytest
 
-from inferd.handoff.channel import Channel, socket_pair
+from inferd.ipc.channel import Channel, socket_pair
 
 
 class Collector:

@@ -15,7 +15,7 @@ from inferd.dataplane import DataPlane
 from inferd.examples import onnx_models as om
 from inferd.handoff.core import endpoint as ep
 from inferd.handoff import wire
-from inferd.handoff.arena import Arena, ArenaWriter
+from inferd.ipc.arena import Arena, ArenaWriter
 from inferd.handoff.core.endpoint import CANCELLED, DataPlaneEndpoint
 from inferd.repository import ModelManager
 from repo_builder import add_model, config

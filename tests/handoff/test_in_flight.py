@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 
 from inferd.handoff import wire
-from inferd.handoff.arena import RELEASE_BYTES, Arena, ArenaWriter
-from inferd.handoff.channel import Channel, socket_pair
+from inferd.ipc.arena import RELEASE_BYTES, Arena, ArenaWriter
+from inferd.ipc.channel import Channel, socket_pair
 from inferd.handoff.worker.core_link import FREE_BATCH, InFlight
 
 

@@ -25,7 +25,7 @@ def test_the_proxy_implements_every_facade_method_with_its_signature() -> None:
 def test_the_proxy_offers_the_grpc_fast_path_the_servicer_takes_and_the_core_does_not() -> None:
     """gRPC ModelInfer in a worker goes through the façade's GrpcFastPath (the servicer asks once),
     with the declared signature; the in-process DataPlane offers none (its servicer decodes)."""
-    from inferd.server.grpc_service import InferenceServicer
+    from inferd.frontends.grpc_service import InferenceServicer
 
     declared = _methods(GrpcFastPath)
     assert set(declared) == {"grpc_infer"}

@@ -13,10 +13,10 @@ import pytest
 from inferd._proto import grpc_service_pb2 as pb
 from inferd.errors import Unavailable
 from inferd.handoff import wire
-from inferd.handoff.arena import Arena, ArenaWriter
+from inferd.ipc.arena import Arena, ArenaWriter
 from inferd.handoff.core.endpoint import request_from
 from inferd.handoff.worker.core_link import CoreLink
-from inferd.handoff.worker.grpc_codec import infer_message
+from inferd.handoff.worker.modelinfer import infer_message
 from inferd.handoff.worker.proxy import RemoteDataPlane
 from inferd.types import InferenceRequest
 
@@ -84,7 +84,7 @@ def test_a_worker_refuses_past_its_share_of_the_request_cap() -> None:
 
 
 def test_a_request_the_input_arena_cannot_hold_is_refused_and_counted() -> None:
-    from inferd.handoff.arena import ArenaFull
+    from inferd.ipc.arena import ArenaFull
 
     link = _Link()
     proxy = RemoteDataPlane(link)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""inferd.handoff.core.supervisor with stand-in workers (fake_worker.py): spawn on a shared port, restart
+"""inferd.serve.supervisor with stand-in workers (fake_worker.py): spawn on a shared port, restart
 after a kill, clean failure at start, drain and kill at stop, and workers that die with their core."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from inferd.handoff.core.supervisor import RestartPolicy, RestartState, Supervisor, WorkerFailed, WorkerProcess, reserve
+from inferd.serve.supervisor import RestartPolicy, RestartState, Supervisor, WorkerFailed, WorkerProcess, reserve
 
 FAKE = str(Path(__file__).with_name("fake_worker.py"))
 ARENA = 1 << 20

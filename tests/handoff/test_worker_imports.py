@@ -1,6 +1,6 @@
 """What a frontend worker process loads (issue 26): the core types, the façade, the wire protocol and the
 frontends; nothing of the models. Walked in a fresh interpreter after importing the worker's entry
-(inferd.handoff.worker.process imports everything the worker runs at its top), then again with the
+(inferd.serve.worker_process imports everything the worker runs at its top), then again with the
 core's side imported as well, so the walk is seen to find what it looks for."""
 
 from __future__ import annotations
@@ -12,18 +12,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# What a worker may load of inferd: the core layer, the façade, the wire (generated code), the frontends and
-# the hand-off's shared protocol and worker side. (inferd.config comes with the HTTP frontend, which renders
-# a ModelConfig as Triton's JSON through config.message_to_dict.)
+# What a worker may load of inferd: the core layer, the façade, the wire (generated code, with its JSON
+# rendering), the frontends, the hand-off's shared protocol and worker side, and the worker's entry.
 ALLOWED = ("inferd._proto", "inferd.types", "inferd.errors", "inferd.clock", "inferd.event_loop", "inferd.dtypes",
            "inferd.streaming", "inferd.suggest", "inferd.host", "inferd.gpu", "inferd.observability", "inferd.facade",
-           "inferd.config", "inferd.server", "inferd.handoff.wire", "inferd.handoff.channel", "inferd.handoff.arena",
-           "inferd.handoff.worker")
+           "inferd.frontends", "inferd.handoff.wire", "inferd.handoff.worker", "inferd.ipc", "inferd.serve.worker_process")
 # Never in a worker: the core's side, the data plane's implementation, the layers that hold the models,
 # and the runtimes and libraries only they use.
-FORBIDDEN = ("inferd.handoff.core", "inferd.dataplane", "inferd.model", "inferd.repository", "inferd.scheduling",
-             "inferd.ensemble", "inferd.backends", "inferd.batchjobs", "inferd.observability.metrics",
-             "inferd.server.app", "triton_python_backend_utils", "torch", "onnxruntime", "pyarrow", "tqdm")
+FORBIDDEN = ("inferd.handoff.core", "inferd.dataplane", "inferd.config", "inferd.model", "inferd.repository", "inferd.scheduling",
+             "inferd.ensemble", "inferd.backends", "inferd.batchjobs", "inferd.serve.one_process",
+             "inferd.serve.core_process", "inferd.serve.supervisor", "triton_python_backend_utils", "torch", "onnxruntime", "pyarrow", "tqdm")
 CORE_COSTS_AT_LEAST = 2 << 20  # bytes of RSS the core's side adds to a worker's interpreter (measured: ~3.4 MB)
 
 PROBE = """
@@ -34,9 +32,9 @@ def rss():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
 
-import inferd.handoff.worker.process
+import inferd.serve.worker_process
 worker = sorted(sys.modules), rss()
-import inferd.handoff.core.multiprocess
+import inferd.serve.core_process
 core = sorted(sys.modules), rss()
 print(json.dumps({"worker": worker, "with_core": core}))
 """
@@ -56,9 +54,9 @@ def test_a_worker_loads_the_frontends_and_nothing_of_the_models() -> None:
     found = _probe()
     modules, rss = found["worker"]
     inferd_modules = [m for m in modules if m.startswith("inferd.")]
-    assert {"inferd.handoff.worker.proxy", "inferd.server.grpc_service", "inferd.server.http_service",
+    assert {"inferd.handoff.worker.proxy", "inferd.frontends.grpc_service", "inferd.frontends.http_service",
             "inferd.facade"} <= set(modules)
-    assert [m for m in inferd_modules if not _under(m, ALLOWED) and m != "inferd.handoff"] == []  # its package doc
+    assert [m for m in inferd_modules if not _under(m, ALLOWED) and m not in ("inferd.handoff", "inferd.serve")] == []
     assert [m for m in modules if _under(m, FORBIDDEN)] == []
     # The walk finds what it looks for: the core's side brings the models' layers in.
     with_core, core_rss = found["with_core"]

@@ -18,7 +18,7 @@ from inferd.examples.onnx_models import identity, save
 from inferd.repository import ModelManager
 from inferd.repository.footprint import heap_bytes
 from inferd.repository.manager import prepare
-from inferd.repository.model import instance_specs
+from inferd.repository.build import instance_specs
 from inferd.types import InferenceRequest
 
 MiB = 2**20

@@ -7,7 +7,7 @@ always gives the same text, unless the request asks for sampling (parameters
 ``temperature`` > 0, ``top_p``, ``seed``: the iterative model only). Generation stops at the end byte (0, not sent),
 after the config's ``max_new_tokens`` bytes, or after the request's
 ``max_tokens``. The weights (``weights.npz`` next to this file) are random,
-from a fixed seed (:mod:`inferd.examples.generator`): the text is not English,
+from a fixed seed (:mod:`inferd.examples.generator_assets`): the text is not English,
 but it is a real autoregressive model with the cost profile of one: each step
 reads every weight once, whatever the number of rows.
 

@@ -27,7 +27,7 @@ import logging
 import pickle
 from contextlib import aclosing
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -35,10 +35,10 @@ from inferd.dtypes import encode_bytes
 from inferd.errors import InferdError, InvalidArgument
 from inferd.facade import DECOUPLED_HTTP, DECOUPLED_UNARY
 from inferd.handoff import wire
-from inferd.handoff.arena import Arena, ArenaWriter
-from inferd.handoff.core.supervisor import WorkerProcess
+from inferd.frontends import grpc_codec
+from inferd.ipc.arena import Arena, ArenaWriter
+from inferd.ipc.channel import Channel
 from inferd.model import ModelRun
-from inferd.server import codec
 from inferd.types import FrontendStamps, InferenceRequest, RequestedOutput, SharedTensor
 
 log = logging.getLogger(__name__)
@@ -55,11 +55,11 @@ def request_from(msg: list[Any], inputs: Arena) -> InferenceRequest:
     shared = False
     for name, datatype, shape, offset, nbytes, params in msg[wire.I_INPUTS]:
         where = f"input '{name}' for model '{model}'"
-        dtype, dims = codec.tensor_type(datatype, shape, where)
+        dtype, dims = grpc_codec.tensor_type(datatype, shape, where)
         if name in arrays:
             raise InvalidArgument(f"{where}: the input is given twice")
         if offset == wire.NOT_IN_ARENA:
-            ref = codec.shm_ref(params, where)
+            ref = grpc_codec.shm_ref(params, where)
             if ref is None:
                 raise InvalidArgument(f"{where}: no data: neither in the request nor in shared memory")
             arrays[name] = SharedTensor(ref, dtype, dims)
@@ -70,11 +70,11 @@ def request_from(msg: list[Any], inputs: Arena) -> InferenceRequest:
                 count *= d
             if dtype.name == "BYTES" or dtype.numpy is None or nbytes != count * dtype.itemsize:
                 # BYTES (decoded from its framing), or a size or type the one-process codec refuses, in its words
-                arrays[name] = codec.array_from_raw(inputs.view(offset, nbytes), dtype, dims, where)  # type: ignore[arg-type]
+                arrays[name] = grpc_codec.array_from_raw(inputs.view(offset, nbytes), dtype, dims, where)  # type: ignore[arg-type]
             else:
                 arrays[name] = inputs.array(dtype.numpy, offset, count).reshape(dims)
     request = InferenceRequest(model_name=model, inputs=arrays,
-                               model_version=codec.parse_version(model, msg[wire.I_VERSION]),
+                               model_version=grpc_codec.parse_version(model, msg[wire.I_VERSION]),
                                id=msg[wire.I_ID], deadline=msg[wire.I_DEADLINE], shared_memory=shared,
                                received_ns=msg[wire.I_RECEIVED], openai_prompt_tokens=msg[wire.I_OPENAI])
     if len(msg) > wire.I_FRONTEND:  # tracing is on: the frontend's receive stamps (it sends SENT later)
@@ -83,8 +83,8 @@ def request_from(msg: list[Any], inputs: Arena) -> InferenceRequest:
     params = msg[wire.I_PARAMS]
     if params:
         request.parameters = params
-        request.priority = codec.int_param(model, params, "priority")
-        request.timeout_us = codec.int_param(model, params, "timeout")
+        request.priority = grpc_codec.int_param(model, params, "priority")
+        request.timeout_us = grpc_codec.int_param(model, params, "timeout")
     outputs = msg[wire.I_OUTPUTS]
     if outputs is not None:
         requested = []
@@ -92,8 +92,8 @@ def request_from(msg: list[Any], inputs: Arena) -> InferenceRequest:
             r = RequestedOutput(name)
             if oparams:
                 r.parameters = oparams
-                r.class_count = codec.int_param(model, oparams, "classification")
-                r.shared_memory = codec.shm_ref(oparams, f"output '{name}' for model '{model}'")
+                r.class_count = grpc_codec.int_param(model, oparams, "classification")
+                r.shared_memory = grpc_codec.shm_ref(oparams, f"output '{name}' for model '{model}'")
                 if r.shared_memory is not None:
                     request.shared_memory = True
             requested.append(r)
@@ -176,11 +176,20 @@ class Credit:
             more.set_result(None)
 
 
+class WorkerLink(Protocol):
+    """What the endpoint uses of a worker as the core holds it (the supervisor's ``WorkerProcess``)."""
+
+    index: int
+    channel: Channel
+    inputs: Arena  # the worker allocates; the core reads in place
+    outputs: ArenaWriter  # the core allocates for the worker's responses
+
+
 class DataPlaneEndpoint:
     """Serves one worker's messages against the core's data plane (on the core's loop):
-    the supervisor's :class:`~inferd.handoff.core.supervisor.Endpoint` for that worker."""
+    the supervisor's :class:`~inferd.serve.supervisor.Endpoint` for that worker."""
 
-    def __init__(self, worker: WorkerProcess, dataplane: Any, calls: Callable[[str, tuple, dict], Any]) -> None:
+    def __init__(self, worker: WorkerLink, dataplane: Any, calls: Callable[[str, tuple, dict], Any]) -> None:
         self.worker = worker
         self.dp = dataplane
         self.calls = calls  # (method, args, kwargs) -> result or awaitable: the control plane

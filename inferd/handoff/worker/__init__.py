@@ -1,4 +1,4 @@
-"""The frontend worker's side of the hand-off (``python -m inferd.handoff.worker``).
+"""The frontend worker's side of the hand-off (``python -m inferd.serve.worker_process``).
 
 ``process``: the worker process (start, the ties to its core, drain); ``core_link``:
 its link to the core (channel, arenas, requests in flight, calls, mirrored

@@ -31,8 +31,8 @@ from inferd import errors
 from inferd.errors import InferdError, Unavailable
 from inferd.facade import DRAINING
 from inferd.handoff import wire
-from inferd.handoff.arena import RELEASE_BYTES, Arena, ArenaWriter
-from inferd.handoff.channel import Channel
+from inferd.ipc.arena import RELEASE_BYTES, Arena, ArenaWriter
+from inferd.ipc.channel import Channel
 
 log = logging.getLogger(__name__)
 

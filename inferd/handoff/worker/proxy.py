@@ -14,7 +14,7 @@ gRPC ModelInfer, the hot path, skips even the numpy decoding:
 plane offers it) goes from the protobuf request straight to an INFER message:
 each ``raw_input_contents`` entry is copied once into the input block and the
 core decodes and validates it there; no numpy array, InferenceRequest or
-InferenceResponse is built in the worker (:mod:`inferd.handoff.worker.grpc_codec`).
+InferenceResponse is built in the worker (:mod:`inferd.handoff.worker.modelinfer`).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from inferd.facade import (
     DECOUPLED_UNARY, CudaRegionStatus, IndexEntry, ModelMetadata, RegionStatus, ServerMetadata, TraceCarrier,
 )
 from inferd.handoff import wire
-from inferd.handoff.arena import ArenaFull
+from inferd.ipc.arena import ArenaFull
 from inferd.handoff.worker.core_link import CoreLink, error_from
-from inferd.handoff.worker.grpc_codec import fill_response, infer_message
+from inferd.handoff.worker.modelinfer import fill_response, infer_message
 from inferd.facade import OpenAIModel
 from inferd.observability.stats import ModelStatistics
 from inferd.streaming import StreamResponse

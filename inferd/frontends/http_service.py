@@ -1,9 +1,9 @@
 """The HTTP/REST frontend: KServe v2 routes (and Triton's extensions) over the data plane.
 
 A Starlette app, served by uvicorn on the server's event loop
-(:mod:`inferd.server.asgi`). Each route decodes (:mod:`inferd.server.http_codec`),
+(:mod:`inferd.frontends.asgi`). Each route decodes (:mod:`inferd.frontends.http_codec`),
 calls the same :class:`DataPlane` as gRPC and encodes; errors are
-``{"error": "..."}`` with the status of :func:`inferd.server.status.http_status`.
+``{"error": "..."}`` with the status of :func:`inferd.frontends.status.http_status`.
 Health and readiness answer 200 for true and 400 for false, as Triton does.
 Triton's extensions use the data plane's own state, so both frontends see one
 set of shared memory regions, trace settings and log settings; a W3C
@@ -12,7 +12,7 @@ set of shared memory regions, trace settings and log settings; a W3C
 Limits: a body (and, compressed, what it decompresses to) larger than
 ``--http-max-input-size`` (64 MiB by default, Triton's) is refused with 413
 before it is all read; restricted groups (``--http-restricted-api``,
-:mod:`inferd.server.restrictions`) answer 403 without the header.
+:mod:`inferd.frontends.restrictions`) answer 403 without the header.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from inferd.config import message_to_dict
+from inferd._proto.json import message_to_dict
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, TooLarge, Unimplemented
 from inferd.facade import DECOUPLED_HTTP, DataPlaneAPI
-from inferd.server import generate, http_codec
-from inferd.server.codec import parse_version
-from inferd.server.openai import OpenAIFrontend, OpenAIOptions
-from inferd.server.restrictions import Restrictions
-from inferd.server.status import http_status
+from inferd.frontends import http_codec, http_generate
+from inferd.frontends.grpc_codec import parse_version
+from inferd.frontends.openai import OpenAIFrontend, OpenAIOptions
+from inferd.frontends.restrictions import Restrictions
+from inferd.frontends.status import http_status
 from inferd.types import FrontendStamps
 
 log = logging.getLogger(__name__)
@@ -321,7 +321,7 @@ class HttpFrontend:
             route("/v2/models/{model}/trace/setting", self.trace_setting, "trace", method)
             route("/v2/logging", self.log_settings, "logging", method)
 
-        # The OpenAI-compatible routes (/v1, inferd/server/openai/), over the same façade.
+        # The OpenAI-compatible routes (/v1, inferd/frontends/openai/), over the same façade.
         self.v1 = OpenAIFrontend(self.dp, self.restrictions, self.openai)
         r.extend(self.v1.routes())
 
@@ -511,7 +511,7 @@ class HttpFrontend:
 
     # -- inference -----------------------------------------------------------------
 
-    # -- the generate extension (inferd/server/generate.py) ----------------------------
+    # -- the generate extension (inferd/frontends/http_generate.py) ----------------------------
 
     async def _generate_responses(self, request: Request):  # type: ignore[no-untyped-def]
         """The request's responses (StreamResponse items), plain model or decoupled. A request
@@ -519,7 +519,7 @@ class HttpFrontend:
         name, version = request.path_params["model"], request.path_params.get("version", "")
         metadata = await self.dp.model_metadata(name, parse_version(name, version))
         doc = await _json_body(request, f"generate request for model '{name}'", self.max_input)
-        return self.dp.infer_stream(generate.decode_generate_request(doc, metadata, version))
+        return self.dp.infer_stream(http_generate.decode_generate_request(doc, metadata, version))
 
     async def generate(self, request: Request) -> Response:
         """One JSON object; a model that answers with other than exactly one response is an error."""
@@ -531,9 +531,9 @@ class HttpFrontend:
                 if item.response is not None:
                     responses.append(item.response)
         if len(responses) != 1:
-            raise ModelExecutionError(f"{generate.ONE_RESPONSE} (model '{request.path_params['model']}' sent "
+            raise ModelExecutionError(f"{http_generate.ONE_RESPONSE} (model '{request.path_params['model']}' sent "
                                       f"{len(responses)})")
-        return json_response(generate.generate_response(responses[0]))
+        return json_response(http_generate.generate_response(responses[0]))
 
     async def generate_stream(self, request: Request) -> Response:
         """Server-sent events, one per response; the status is the first response's, as Triton sets it."""
@@ -546,13 +546,13 @@ class HttpFrontend:
 
         def event(item) -> bytes | None:  # type: ignore[no-untyped-def]
             if item.error is not None:
-                return generate.sse({"error": http_status(item.error)[1]})
+                return http_generate.sse({"error": http_status(item.error)[1]})
             if item.response is None:  # a final flag alone
                 return None
             try:
-                return generate.sse(generate.generate_response(item.response))
+                return http_generate.sse(http_generate.generate_response(item.response))
             except InferdError as exc:
-                return generate.sse(generate.error_json(exc))
+                return http_generate.sse(http_generate.error_json(exc))
 
         async def body():  # type: ignore[no-untyped-def]
             try:

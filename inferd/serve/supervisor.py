@@ -1,7 +1,7 @@
 """The core's side of its frontend workers: reserve their ports, spawn, watch, restart, drain.
 
 Who spawns whom: the core process (``inferd serve``) loads the models and
-spawns N frontend workers, ``python -m inferd.handoff.worker --index K``, each
+spawns N frontend workers, ``python -m inferd.serve.worker_process --index K``, each
 with its own control socket and pair of arenas (fds inherited at spawn, nothing
 else: ``close_fds``). The workers stay in the core's process group, so a signal
 to the group reaches every process and nothing outlives a ``kill -- -PGID``.
@@ -23,7 +23,7 @@ connection, but the port stays the server's for its whole life (a restarted
 worker binds it again; no other program can take it in between), and a
 requested port 0 is resolved once, by the core, to the port every worker then
 binds. Each worker binds and listens on its own socket with SO_REUSEPORT
-(:func:`inferd.handoff.worker.process.listen`), and the kernel spreads new
+(:func:`inferd.serve.worker_process.listen`), and the kernel spreads new
 connections over the workers' sockets by a hash of the connection's addresses,
 so a client's connection stays with one worker.
 """
@@ -43,13 +43,13 @@ from typing import Any, Awaitable, Callable, Protocol
 from inferd import event_loop
 from inferd.clock import Clock, MonotonicClock
 from inferd.handoff import wire
-from inferd.handoff.arena import Arena, ArenaWriter
-from inferd.handoff.channel import Channel, socket_pair
-from inferd.server.asgi import bind
+from inferd.ipc.arena import Arena, ArenaWriter
+from inferd.ipc.channel import Channel, socket_pair
+from inferd.frontends.asgi import bind
 
 log = logging.getLogger(__name__)
 
-WORKER_MODULE = "inferd.handoff.worker"
+WORKER_MODULE = "inferd.serve.worker_process"
 ARENA_BYTES = 1 << 32  # virtual: sparse memfds cost only the pages in flight
 KILL_WAIT = 5.0  # a worker whose channel closed but that still runs is killed after this
 EXIT_MARGIN = 1.0  # past the drain's grace, how long stop waits for a worker to exit before killing it

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator
 
 from inferd.errors import InferdError, NotFound, TooLarge, Unavailable
-from inferd.server.openai._errors import RequestError, error_body
+from inferd.frontends.openai._errors import RequestError, error_body
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ bytes of the body are JSON carries the rest as the raw data of the inputs
 that give ``parameters.binary_data_size``, in input order; a response does
 the same for outputs asked for with ``binary_data`` (or, by default, with the
 request's ``binary_data_output``). Raw data uses the gRPC framing
-(:mod:`inferd.server.codec`): little-endian values, BYTES elements 4-byte
+(:mod:`inferd.frontends.grpc_codec`): little-endian values, BYTES elements 4-byte
 length-prefixed. JSON ``data`` may be flat or nested; BYTES elements are
 strings. A tensor whose parameters name a registered system shared memory
 region (``shared_memory_region`` / ``_offset`` / ``_byte_size``) is read from
@@ -28,7 +28,7 @@ import numpy as np
 from inferd.dtypes import BY_NAME, DataType, datatype_problem, element_count, encode_bytes, from_numpy
 from inferd.errors import InvalidArgument
 from inferd.observability.stats import RESPONSE_FIELDS, ModelStatistics
-from inferd.server.codec import array_from_raw, int_param, parse_version, shm_ref
+from inferd.frontends.grpc_codec import array_from_raw, int_param, parse_version, shm_ref
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput, SharedTensor
 
 HEADER_LENGTH = "inference-header-content-length"

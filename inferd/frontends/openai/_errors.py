@@ -1,7 +1,7 @@
 """OpenAI's error body and its status codes.
 
 Every ``/v1`` failure answers ``{"error": {"message", "type", "param", "code"}}``. The status is the
-one table's (:func:`inferd.server.status.http_status`); the ``type`` is the word OpenAI uses for that
+one table's (:func:`inferd.frontends.status.http_status`); the ``type`` is the word OpenAI uses for that
 status, which the ``openai`` client turns into its exception classes (400 BadRequestError, 401
 AuthenticationError, 403 PermissionDeniedError, 404 NotFoundError, 429 RateLimitError, 5xx
 InternalServerError, the 5xx and 429 retried). Overload and drain stay 503: retryable.
@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from inferd.errors import InferdError, InvalidArgument
-from inferd.server.status import http_status
+from inferd.frontends.status import http_status
 
 log = logging.getLogger(__name__)
 

@@ -32,21 +32,21 @@ from inferd.dataplane.batches import default_batch_dir
 from inferd.errors import InferdError
 from inferd.model.cache import ResponseCache
 from inferd.observability.log_settings import LogSettings
-from inferd.observability.metrics import ServerMetrics
+from inferd.dataplane.metrics import ServerMetrics
 from inferd.observability.tracing import Tracing
 from inferd.repository import ModelManager
 from inferd.repository.control import RepositoryPoller
 from inferd.repository.layout import check_repositories
-from inferd.repository.report import format_table, model_rows, readiness
+from inferd.repository.table import format_table, model_rows, readiness
 from inferd.scheduling.rate_limiter import RateLimiter
-from inferd.server.asgi import AsgiServer
-from inferd.server.grpc_server import GrpcPort, GrpcPortOptions
-from inferd.server.grpc_service import InferenceServicer
-from inferd.server.health import Health
-from inferd.server.http_service import DEFAULT_MAX_INPUT_BYTES, HttpFrontend
-from inferd.server.openai import OpenAIOptions
-from inferd.server.restrictions import Restrictions
-from inferd.server.tls import TlsFiles
+from inferd.frontends.asgi import AsgiServer
+from inferd.frontends.grpc_port import GrpcPort, GrpcPortOptions
+from inferd.frontends.grpc_service import InferenceServicer
+from inferd.frontends.grpc_health import Health
+from inferd.frontends.http_service import DEFAULT_MAX_INPUT_BYTES, HttpFrontend
+from inferd.frontends.openai import OpenAIOptions
+from inferd.frontends.restrictions import Restrictions
+from inferd.frontends.tls import TlsFiles
 from inferd.streaming import StreamLimits
 
 log = logging.getLogger("inferd")

@@ -1,7 +1,7 @@
 """The gRPC frontend: GRPCInferenceService methods translate wire <-> domain.
 
 Each method decodes its request, calls the data plane and encodes the answer;
-domain errors become gRPC statuses through :func:`inferd.server.status.grpc_status`.
+domain errors become gRPC statuses through :func:`inferd.frontends.status.grpc_status`.
 Nothing here decides anything about models or scheduling.
 """
 
@@ -21,8 +21,8 @@ from inferd.clock import Clock, MonotonicClock
 from inferd.errors import InferdError, InvalidArgument, Unimplemented
 from inferd.facade import DataPlaneAPI, GrpcFastPath
 from inferd.observability.stats import RESPONSE_FIELDS
-from inferd.server import codec
-from inferd.server.status import grpc_status
+from inferd.frontends import grpc_codec
+from inferd.frontends.status import grpc_status
 from inferd.types import FrontendStamps
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelReady(self, request, context):  # type: ignore[no-untyped-def]
         try:
-            version = codec.parse_version(request.name, request.version)
+            version = grpc_codec.parse_version(request.name, request.version)
         except InferdError as exc:
             return await self._abort(context, exc)
         return pb.ModelReadyResponse(ready=await self.dp.model_ready(request.name, version))
@@ -78,7 +78,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelMetadata(self, request, context):  # type: ignore[no-untyped-def]
         try:
-            md = await self.dp.model_metadata(request.name, codec.parse_version(request.name, request.version))
+            md = await self.dp.model_metadata(request.name, grpc_codec.parse_version(request.name, request.version))
         except Exception as exc:
             return await self._abort(context, exc)
         T = pb.ModelMetadataResponse.TensorMetadata
@@ -92,7 +92,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelConfig(self, request, context):  # type: ignore[no-untyped-def]
         try:
-            config = await self.dp.model_config(request.name, codec.parse_version(request.name, request.version))
+            config = await self.dp.model_config(request.name, grpc_codec.parse_version(request.name, request.version))
         except Exception as exc:
             return await self._abort(context, exc)
         response = pb.ModelConfigResponse()
@@ -101,7 +101,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStatistics(self, request, context):  # type: ignore[no-untyped-def]
         try:
-            models = await self.dp.model_statistics(request.name, codec.parse_version(request.name, request.version))
+            models = await self.dp.model_statistics(request.name, grpc_codec.parse_version(request.name, request.version))
         except Exception as exc:
             return await self._abort(context, exc)
         response = pb.ModelStatisticsResponse()
@@ -154,7 +154,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 answer = await self.fast_path.grpc_infer(request, deadline, lambda: _metadata(context), received_ns)
                 _unless_client_gone(context)
                 return answer
-            req = codec.decode_infer_request(request)
+            req = grpc_codec.decode_infer_request(request)
             req.received_ns = received_ns
             if deadline is not None:
                 req.deadline = deadline
@@ -163,9 +163,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             response = await self.dp.infer(req, trace_carrier=lambda: _metadata(context))
             _unless_client_gone(context)
             if stamps is None:
-                return codec.encode_infer_response(response, req.requested_outputs)
+                return grpc_codec.encode_infer_response(response, req.requested_outputs)
             send_ns = time.monotonic_ns()
-            encoded = codec.encode_infer_response(response, req.requested_outputs)
+            encoded = grpc_codec.encode_infer_response(response, req.requested_outputs)
             stamps.sent(send_ns, time.monotonic_ns())  # handed to gRPC, which writes it as the handler returns
             return encoded
         except Exception as exc:
@@ -268,7 +268,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """The stream messages answering one request."""
         if isinstance(msg, Undecodable):
             raise msg.error
-        req = codec.decode_infer_request(msg)
+        req = grpc_codec.decode_infer_request(msg)
         # Triton's flag: mark each response final or not, and send an empty final
         # response when a decoupled model ends without one.
         flagged = req.parameters.pop(EMPTY_FINAL, False) is True
@@ -278,7 +278,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     message = _stream_error(msg, item.error)
                 elif item.response is not None:
                     message = pb.ModelStreamInferResponse()
-                    message.infer_response.CopyFrom(codec.encode_infer_response(item.response, req.requested_outputs))
+                    message.infer_response.CopyFrom(grpc_codec.encode_infer_response(item.response, req.requested_outputs))
                 elif flagged:
                     message = pb.ModelStreamInferResponse()
                     r = message.infer_response
@@ -291,7 +291,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryModelLoad(self, request, context):  # type: ignore[no-untyped-def]
         try:
-            params = {k: codec.param_value(v) for k, v in request.parameters.items()}
+            params = {k: grpc_codec.param_value(v) for k, v in request.parameters.items()}
             await self.dp.load_model(request.model_name, params, repository=request.repository_name)
         except Exception as exc:
             return await self._abort(context, exc)
@@ -299,7 +299,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryModelUnload(self, request, context):  # type: ignore[no-untyped-def]
         try:
-            params = {k: codec.param_value(v) for k, v in request.parameters.items()}
+            params = {k: grpc_codec.param_value(v) for k, v in request.parameters.items()}
             await self.dp.unload_model(request.model_name, params, repository=request.repository_name)
         except Exception as exc:
             return await self._abort(context, exc)
@@ -429,7 +429,7 @@ class _DecoupledModels:
         known = self._known.get(key)
         if known is None:
             try:
-                version = codec.parse_version(msg.model_name, msg.model_version)
+                version = grpc_codec.parse_version(msg.model_name, msg.model_version)
                 config = await self._dp.model_config(msg.model_name, version)
                 known = bool(config.model_transaction_policy.decoupled)
             except Exception:  # not found, not ready: the request fails in order, as Triton's does

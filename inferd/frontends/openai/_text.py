@@ -10,7 +10,7 @@ from typing import Any
 
 from inferd.facade import OpenAISpec
 from inferd.errors import Unavailable
-from inferd.server.openai._errors import RequestError
+from inferd.frontends.openai._errors import RequestError
 
 INSTALL = "pip install 'inferd[openai]'"
 

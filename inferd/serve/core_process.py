@@ -3,7 +3,7 @@
 The core loads the models, runs the data plane, schedulers, ensembles, sequences
 and Python models exactly as one process does, serves ``/metrics`` (the one
 copy of every statistic), and reserves the gRPC and HTTP ports; the workers
-(:mod:`inferd.handoff.worker`) serve those ports with SO_REUSEPORT and call the
+(:mod:`inferd.serve.worker_process`) serve those ports with SO_REUSEPORT and call the
 core's data plane through their proxies. Start-up: metrics port, port
 reservations, workers (live, not ready), then the models. Stop (SIGTERM/SIGINT):
 every worker drains first (readiness false, new requests refused, the accepted
@@ -20,8 +20,8 @@ from typing import Any
 
 from inferd.handoff import wire
 from inferd.handoff.core.endpoint import DataPlaneEndpoint
-from inferd.handoff.core.supervisor import Supervisor, WorkerProcess, reserve
-from inferd.server.app import InferenceServer, ServerOptions
+from inferd.serve.supervisor import Supervisor, WorkerProcess, reserve
+from inferd.serve.one_process import InferenceServer, ServerOptions
 
 log = logging.getLogger("inferd")
 

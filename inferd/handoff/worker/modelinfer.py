@@ -18,8 +18,8 @@ from inferd._proto import grpc_service_pb2 as pb
 from inferd.dtypes import encode_bytes
 from inferd.errors import InvalidArgument
 from inferd.handoff import wire
-from inferd.handoff.arena import Arena, ArenaWriter
-from inferd.server.codec import mixed_contents, param_value, set_param
+from inferd.ipc.arena import Arena, ArenaWriter
+from inferd.frontends.grpc_codec import mixed_contents, param_value, set_param
 
 SHM_REGION = "shared_memory_region"
 
@@ -81,7 +81,7 @@ def infer_message(rid: int, msg: pb.ModelInferRequest, inputs: ArenaWriter, flag
 
 def _contents_bytes(model: str, t: pb.ModelInferRequest.InferInputTensor) -> bytes:
     """Typed ``contents`` as the bytes raw contents would have carried."""
-    from inferd.server.codec import array_from_contents, tensor_type
+    from inferd.frontends.grpc_codec import array_from_contents, tensor_type
 
     where = f"input '{t.name}' for model '{model}'"
     dtype, shape = tensor_type(t.datatype, t.shape, where)

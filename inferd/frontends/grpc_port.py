@@ -2,8 +2,8 @@
 
 :class:`GrpcPort` puts the inference servicer, gRPC health and reflection on
 one port with what every such port needs: the message-size limits, TLS or
-mutual TLS (:mod:`inferd.server.tls`), the restricted groups
-(:mod:`inferd.server.restrictions`), and gRPC core's own limits raised out of
+mutual TLS (:mod:`inferd.frontends.tls`), the restricted groups
+(:mod:`inferd.frontends.restrictions`), and gRPC core's own limits raised out of
 the way so that the server, not the transport, decides what to refuse:
 
 - gRPC core answers calls it holds unclaimed past ``grpc.server.max_pending_requests``
@@ -37,11 +37,11 @@ from grpc_health.v1 import health_pb2_grpc
 
 from inferd.clock import Alarm, Clock, MonotonicClock
 from inferd.errors import Unavailable
-from inferd.server.grpc_service import InferenceServicer, add_to_server
-from inferd.server.health import Health, enable_reflection
-from inferd.server.restrictions import GRPC_METHODS, Restrictions
-from inferd.server.status import grpc_status
-from inferd.server.tls import TlsFiles
+from inferd.frontends.grpc_service import InferenceServicer, add_to_server
+from inferd.frontends.grpc_health import Health, enable_reflection
+from inferd.frontends.restrictions import GRPC_METHODS, Restrictions
+from inferd.frontends.status import grpc_status
+from inferd.frontends.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ templates (:mod:`._text`), request fields (:mod:`._fields`), SSE framing and the
 (:mod:`inferd.config._openai`).
 """
 
-from inferd.server.openai._errors import error_body
-from inferd.server.openai._routes import PRIORITY_HEADER, OpenAIFrontend, OpenAIOptions
+from inferd.frontends.openai._errors import error_body
+from inferd.frontends.openai._routes import PRIORITY_HEADER, OpenAIFrontend, OpenAIOptions
 
 __all__ = ["PRIORITY_HEADER", "OpenAIFrontend", "OpenAIOptions", "error_body"]

@@ -1,6 +1,6 @@
-"""A frontend worker process: ``python -m inferd.handoff.worker --index K --channel-fd FD --parent PID``.
+"""A frontend worker process: ``python -m inferd.serve.worker_process --index K --channel-fd FD --parent PID``.
 
-Spawned by the core (:mod:`inferd.handoff.core.supervisor`), never by hand. It
+Spawned by the core (:mod:`inferd.serve.supervisor`), never by hand. It
 serves the reserved gRPC and HTTP ports (SO_REUSEPORT, :func:`listen`) with the
 one-process frontends over :class:`~inferd.handoff.worker.proxy.RemoteDataPlane`
 and hands every request to the core. It ends when the core says DRAIN or the
@@ -36,14 +36,14 @@ from inferd import event_loop
 from inferd.handoff.worker.core_link import CoreLink
 from inferd.handoff.worker.proxy import RemoteDataPlane
 from inferd.observability import memtrace
-from inferd.server.asgi import AsgiServer, bind
-from inferd.server.grpc_server import GrpcPort, GrpcPortOptions
-from inferd.server.grpc_service import InferenceServicer
-from inferd.server.health import Health
-from inferd.server.http_service import DEFAULT_MAX_INPUT_BYTES, HttpFrontend
-from inferd.server.openai import OpenAIOptions
-from inferd.server.restrictions import Restrictions
-from inferd.server.tls import TlsFiles
+from inferd.frontends.asgi import AsgiServer, bind
+from inferd.frontends.grpc_port import GrpcPort, GrpcPortOptions
+from inferd.frontends.grpc_service import InferenceServicer
+from inferd.frontends.grpc_health import Health
+from inferd.frontends.http_service import DEFAULT_MAX_INPUT_BYTES, HttpFrontend
+from inferd.frontends.openai import OpenAIOptions
+from inferd.frontends.restrictions import Restrictions
+from inferd.frontends.tls import TlsFiles
 
 log = logging.getLogger("inferd.frontend")
 PR_SET_PDEATHSIG = 1
@@ -150,7 +150,7 @@ async def serve(index: int, channel_fd: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inferd.handoff.worker", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m inferd.serve.worker_process", description=__doc__)
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--channel-fd", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
@@ -166,3 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s %(levelname)s frontend {args.index} %(name)s: %(message)s")
     return event_loop.run(serve(args.index, args.channel_fd), args.event_loop)
 
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -79,7 +79,7 @@ def _levels(args: argparse.Namespace) -> tuple[str, list[float]]:
 def run(args: argparse.Namespace) -> int:
     from inferd.config import parse_config_file
     from inferd.errors import InferdError
-    from inferd.tune import report
+    from inferd.tune import summary
     from inferd.tune.run import Measurer, Server, ServerSettings, TuneError
     from inferd.tune.search import SearchSettings, search
     from inferd.tune.space import Candidate, SpaceLimits, current, space, with_workers
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     client_cpu = sum(m.client_cpu_s for m in result.measurements)
     wall = sum(m.wall_s for m in result.measurements) or 1.0
-    print(report.table(result.measurements))
+    print(summary.table(result.measurements))
     print(f"\n{len(result.measurements)} measurements of {result.sampled} sampled candidates (the model allows "
           f"{result.space}) in {result.elapsed_s:.0f} s"
           f"{' (stopped by the time budget)' if result.stopped_by_budget else ''}; "
@@ -142,18 +142,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"no recommendation: {result.reason}")
     else:
         tuned = chosen.apply(base)
-        diff = report.config_diff(base, tuned, args.model)
+        diff = summary.config_diff(base, tuned, args.model)
         (args.out / "config.diff").write_text(diff)
         print(f"chosen: {chosen.label()} ({result.reason})")
         if chosen.frontend_workers is not None:
             print(f"serve with --frontend-workers {chosen.frontend_workers}")
         print(diff or "(the repository's config already is the chosen one)")
         if args.write and diff:
-            kept = report.write_config(model_dir, tuned)
+            kept = summary.write_config(model_dir, tuned)
             print(f"wrote {model_dir / 'config.pbtxt'} (the old one is {kept.name})")
-    (args.out / "tune.json").write_text(report.to_json(result, settings, extra))
+    (args.out / "tune.json").write_text(summary.to_json(result, settings, extra))
     try:
-        report.plot(result, settings, args.out / "tune.png")
+        summary.plot(result, settings, args.out / "tune.png")
         print(f"figures: {args.out / 'tune.json'}, plot: {args.out / 'tune.png'}")
     except ImportError:
         print(f"figures: {args.out / 'tune.json'} (no plot: matplotlib is not installed: pip install 'inferd[perf]')")

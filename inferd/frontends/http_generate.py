@@ -25,8 +25,8 @@ import numpy as np
 from inferd.facade import ModelMetadata
 from inferd.dtypes import BY_NAME, from_numpy
 from inferd.errors import InferdError, InvalidArgument
-from inferd.server.codec import parse_version
-from inferd.server.http_codec import array_from_json, json_values
+from inferd.frontends.grpc_codec import parse_version
+from inferd.frontends.http_codec import array_from_json, json_values
 from inferd.types import InferenceRequest, InferenceResponse
 
 PARAMETERS = "parameters"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from inferd.server.openai._errors import RequestError
+from inferd.frontends.openai._errors import RequestError
 
 MAX_N = 16  # choices per request: each is a sequence of its own
 MAX_STOP = 4  # OpenAI's limit

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import uvicorn
 
-from inferd.server.tls import TlsFiles
+from inferd.frontends.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 

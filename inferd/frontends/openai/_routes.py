@@ -28,12 +28,12 @@ from starlette.routing import Route
 
 from inferd.facade import DataPlaneAPI
 from inferd.errors import NotFound, Unimplemented
-from inferd.server.openai._batches import BatchStore
-from inferd.server.openai._errors import AuthenticationFailed, RequestError, error_body
-from inferd.server.openai._fields import MAX_CHOICES, MAX_INPUTS, MAX_N, Body, messages, texts_or_ids
-from inferd.server.openai._generate import Piece, Sampling, run_choice
-from inferd.server.openai._text import INSTALL, ModelText
-from inferd.server.restrictions import Restrictions
+from inferd.frontends.openai._batches import BatchStore
+from inferd.frontends.openai._errors import AuthenticationFailed, RequestError, error_body
+from inferd.frontends.openai._fields import MAX_CHOICES, MAX_INPUTS, MAX_N, Body, messages, texts_or_ids
+from inferd.frontends.openai._generate import Piece, Sampling, run_choice
+from inferd.frontends.openai._text import INSTALL, ModelText
+from inferd.frontends.restrictions import Restrictions
 from inferd.types import InferenceRequest
 
 PRIORITY_HEADER = "inferd-priority"  # a request's priority level (the model's default without it)

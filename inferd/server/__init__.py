@@ -1,1 +1,0 @@
-"""Frontends (gRPC, HTTP) and the protocol-neutral data plane they share."""
