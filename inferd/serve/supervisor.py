@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -45,6 +44,7 @@ from inferd.clock import Clock, MonotonicClock
 from inferd.handoff import wire
 from inferd.ipc.arena import Arena, ArenaWriter
 from inferd.ipc.channel import Channel, socket_pair
+from inferd.ipc.processes import RestartPolicy, RestartState, describe_status, kill, watch_exit
 from inferd.frontends.asgi import bind
 
 log = logging.getLogger(__name__)
@@ -59,44 +59,6 @@ def reserve(host: str, port: int, what: str) -> socket.socket:
     """A bound, never listening, SO_REUSEPORT socket on ``host:port`` (0: a free port);
     ``getsockname()[1]`` is the port the workers bind. Exits with a clear message if taken."""
     return bind(host, port, what, reuse_port=True)
-
-
-@dataclass(frozen=True, slots=True)
-class RestartPolicy:
-    """When to start a worker again after it died. The first death is answered at once (clients
-    of the other workers never notice, and this one's reconnect to a fresh worker or to the
-    others); a worker that keeps dying soon after it starts is restarted with a doubling delay,
-    up to ``max_delay``, so a crash loop cannot eat the cores the models need; one that ran for
-    ``stable_after`` seconds before dying starts the count afresh."""
-
-    first_backoff: float = 0.1  # the delay after a second quick death
-    max_delay: float = 10.0
-    stable_after: float = 30.0
-
-    def __post_init__(self) -> None:
-        if self.first_backoff <= 0 or self.max_delay < self.first_backoff or self.stable_after <= 0:
-            raise ValueError(f"restart policy: need 0 < first_backoff <= max_delay and stable_after > 0, got {self}")
-
-
-class RestartState:
-    """One worker slot's history of deaths: the restart decision on plain times."""
-
-    __slots__ = ("policy", "quick_deaths")
-
-    def __init__(self, policy: RestartPolicy) -> None:
-        self.policy = policy
-        self.quick_deaths = 0
-
-    def next_start(self, started: float, died: float) -> float:
-        """The time to start the next worker, given when the dead one started and died."""
-        p = self.policy
-        if died - started >= p.stable_after:
-            self.quick_deaths = 0
-        n = self.quick_deaths
-        self.quick_deaths += 1
-        if n == 0:
-            return died
-        return died + min(p.max_delay, p.first_backoff * 2 ** (n - 1))
 
 
 class Endpoint(Protocol):
@@ -225,29 +187,24 @@ class Supervisor:
                        else f"did not start serving within {self.start_timeout:.0f} s")
                 raise WorkerFailed(f"frontend worker {index} (pid {process.pid}) {why}")
         except BaseException:
-            await self._reap(worker, kill=True)
+            await self._reap(worker, force=True)
             raise
         log.info("frontend %d serving (pid %d)", index, process.pid)
         return worker
 
     def _watch_exit(self, worker: WorkerProcess) -> None:
-        """Resolve ``worker.gone`` when the process exits: its pidfd turns readable (no thread, no
-        polling); the channel closing without an exit gets the process killed after a grace."""
-        loop = asyncio.get_running_loop()
-        pidfd = os.pidfd_open(worker.pid)
+        """Resolve ``worker.gone`` when the process exits; the channel closing without an exit gets
+        the process killed after a grace."""
 
-        def exited() -> None:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-            status = worker.process.wait()
+        def exited(status: int) -> None:
             if not worker.gone.done():
                 worker.gone.set_result(status)
 
-        loop.add_reader(pidfd, exited)
+        watch_exit(worker.process, exited)
 
         def channel_closed(_: asyncio.Future) -> None:
             if not worker.gone.done():
-                self.clock.call_at(self.clock.now() + KILL_WAIT, lambda: _kill(worker))
+                self.clock.call_at(self.clock.now() + KILL_WAIT, lambda: kill(worker.process))
 
         worker.channel.closed.add_done_callback(channel_closed)  # type: ignore[union-attr]
 
@@ -262,7 +219,7 @@ class Supervisor:
             if self._stopping:
                 return
             log.warning("frontend %d (pid %d) exited with status %s; its in-flight requests failed",
-                        worker.index, worker.pid, _describe(status))
+                        worker.index, worker.pid, describe_status(status))
             while not self._stopping:
                 await self._sleep_until(state.next_start(worker.started, died))
                 if self._stopping:
@@ -327,30 +284,13 @@ class Supervisor:
         if workers:
             await asyncio.wait([worker.gone for worker in workers], timeout=grace + EXIT_MARGIN)
         for worker in workers:
-            await self._reap(worker, kill=True)
+            await self._reap(worker, force=True)
         if self._slots:
             await asyncio.gather(*self._slots, return_exceptions=True)
         self._slots.clear()
 
-    async def _reap(self, worker: WorkerProcess, kill: bool) -> None:
-        if not worker.gone.done() and kill:
-            _kill(worker)
+    async def _reap(self, worker: WorkerProcess, force: bool) -> None:
+        if not worker.gone.done() and force:
+            kill(worker.process)
         await worker.gone
         self._lost(worker)
-
-
-def _kill(worker: WorkerProcess) -> None:
-    if worker.process.returncode is None:
-        try:
-            worker.process.send_signal(signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _describe(status: int) -> str:
-    if status < 0:
-        try:
-            return f"{status} ({signal.Signals(-status).name})"
-        except ValueError:
-            return str(status)
-    return str(status)

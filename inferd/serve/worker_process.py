@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
-import ctypes.util
 import logging
-import os
 import signal
 import socket
 import sys
@@ -34,6 +31,7 @@ from typing import Any
 
 from inferd import event_loop
 from inferd.handoff.worker.core_link import CoreLink
+from inferd.ipc.processes import die_with_parent
 from inferd.handoff.worker.proxy import RemoteDataPlane
 from inferd.observability import memtrace
 from inferd.frontends.asgi import AsgiServer, bind
@@ -46,19 +44,6 @@ from inferd.frontends.restrictions import Restrictions
 from inferd.frontends.tls import TlsFiles
 
 log = logging.getLogger("inferd.frontend")
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Ask for SIGKILL when the process that spawned us exits; exit now if it already has.
-
-    The signal follows the *thread* that forked us: the core spawns workers from
-    its event-loop thread, which lives as long as the core."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent_pid:  # the core died before the prctl took effect
-        os._exit(1)
 
 
 def listen(host: str, port: int, what: str, backlog: int = 2048) -> socket.socket:

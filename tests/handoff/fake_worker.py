@@ -17,7 +17,8 @@ import time
 
 from inferd.handoff import wire
 from inferd.ipc.channel import Channel
-from inferd.serve.worker_process import die_with_parent, listen
+from inferd.ipc.processes import die_with_parent
+from inferd.serve.worker_process import listen
 
 
 async def main(index: int, fd: int) -> int:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from inferd.serve.supervisor import RestartPolicy, RestartState, Supervisor, WorkerFailed, WorkerProcess, reserve
+from inferd.ipc.processes import RestartPolicy, RestartState
+from inferd.serve.supervisor import Supervisor, WorkerFailed, WorkerProcess, reserve
 
 FAKE = str(Path(__file__).with_name("fake_worker.py"))
 ARENA = 1 << 20
