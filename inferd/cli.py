@@ -117,6 +117,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="processes that serve the gRPC and HTTP ports (SO_REUSEPORT) and hand each request to "
                         "this process, which runs the models: 0 serves everything in one process. Default: "
                         f"one process on a single core, else half the cores, at least 2 (here {default_frontend_workers()})")
+    p.add_argument("--model-host", choices=["auto", "process", "inline"], default="auto",
+                   help="where model instances run: auto (default) runs each instance of a Python model in a "
+                        "model host process of its own, as Triton runs Python models, and ONNX Runtime and "
+                        "TorchScript models in this process; process hosts every model; inline none. A model's "
+                        "'inferd.host' parameter (process or inline) overrides it")
     p.add_argument("--event-loop", choices=event_loop.CHOICES, default="auto",
                    help="the event loop every server process runs: uvloop (its transports and loop in C: less "
                         "CPU per request), asyncio (the standard library's), or auto (default: uvloop when it "
@@ -467,6 +472,7 @@ def _serve(args: argparse.Namespace) -> int:
         rate_limit_resources=resources,
         batch_dir=args.batch_dir,
         server_name=args.server_name,
+        model_host=args.model_host,
     )
 
     async def run() -> None:

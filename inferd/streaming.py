@@ -99,7 +99,7 @@ class ResponseSink:
     not once per response, so a model sending in a tight loop cannot flood it."""
 
     __slots__ = ("_loop", "limits", "_lock", "_room", "_events", "_bytes", "_waiter", "closed", "cancelled",
-                 "model", "request", "started_ns", "_resume")
+                 "model", "request", "started_ns", "_resume", "_on_cancel")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, limits: StreamLimits | None = None, model: str = "",
                  request: Any = None) -> None:
@@ -116,6 +116,7 @@ class ResponseSink:
         self.request = request  # an InferenceRequest: marked cancelled with the stream, for the model to see
         self.started_ns = 0  # when the request reached its model (the backend sets it)
         self._resume: Callable[[], None] | None = None  # a paced producer held back: called once there is room
+        self._on_cancel: list[Callable[[], None]] = []
 
     def __len__(self) -> int:
         return len(self._events)
@@ -141,6 +142,16 @@ class ResponseSink:
                 return False
             self._resume = resume
             return True
+
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once when the stream is cancelled (at once if it is already), on whichever
+        thread cancels it and under the sink's lock: it must only hand the news on (a model host's
+        sender is told through its channel)."""
+        with self._lock:
+            if not self.cancelled:
+                self._on_cancel.append(callback)
+                return
+        callback()
 
     def put(self, event: StreamEvent, *, paced: bool = False) -> None:
         """Deliver ``event``; callable from any thread. Waits (off the loop) while the stream
@@ -241,6 +252,9 @@ class ResponseSink:
         if self.request is not None:
             self.request.cancelled = True  # what request.is_cancelled() / sender.is_cancelled() read
         self._room.notify_all()
+        callbacks, self._on_cancel = self._on_cancel, []
+        for callback in callbacks:
+            callback()
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:

@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "inferd.observability", "inferd.suggest", "inferd.gpu", "inferd.host", "inferd.facade", "inferd.ipc")),
     ("config", ("inferd.config",)),
     ("backends", ("inferd.backends", "triton_python_backend_utils")),
+    ("hosts", ("inferd.hosts",)),  # model hosts: the core's side of each and what runs inside one
     ("scheduling", ("inferd.scheduling",)),
     ("model", ("inferd.model",)),
     ("ensemble", ("inferd.ensemble",)),
@@ -54,7 +55,8 @@ FACADE_USERS = ("inferd.frontends.grpc_service", "inferd.frontends.http_service"
 # worker really loads).
 WORKER_SIDE = ("inferd.handoff.worker", "inferd.frontends", "inferd.serve.worker_process")
 NOT_IN_A_WORKER = ("inferd.handoff.core", "inferd.dataplane", "inferd.model", "inferd.repository", "inferd.scheduling",
-                   "inferd.ensemble", "inferd.backends", "inferd.batchjobs", "inferd.config", "inferd.serve.one_process",
+                   "inferd.ensemble", "inferd.backends", "inferd.batchjobs", "inferd.config", "inferd.hosts",
+                   "inferd.serve.one_process", "inferd.serve.host_process",
                    "inferd.serve.core_process", "inferd.serve.supervisor")
 BELOW_THE_FACADE = ("inferd.repository", "inferd.model", "inferd.scheduling", "inferd.ensemble", "inferd.backends",
                     "inferd.batchjobs", "inferd.dataplane")  # the façade is inferd.facade, not inferd.dataplane

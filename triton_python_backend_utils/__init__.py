@@ -325,14 +325,20 @@ class InferenceResponseSender:
             sender.send(pb_utils.InferenceResponse(output_tensors=[...]))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
-    Responses reach the client in the order they are sent.
+    Responses reach the client in the order they are sent. Once the request's client has
+    gone (``is_cancelled()``), a response can no longer be delivered: ``send`` raises, as
+    on a closed sender, except with the final flag alone or on an error response, which
+    close the sender quietly (the usual end of a cancelled request). A model that ignores
+    the exception and keeps sending is stopped with its model host.
     """
 
-    def __init__(self, deliver: Any, request: "InferenceRequest | None" = None) -> None:
+    def __init__(self, deliver: Any, request: "InferenceRequest | None" = None, on_refused: Any = None) -> None:
         self._deliver = deliver  # deliver(response or None, final: bool), set by inferd
         self._request = request
         self._lock = threading.Lock()
         self._closed = False
+        self._refused = 0  # sends refused after the client had gone
+        self._on_refused = on_refused  # on_refused(count), set by inferd (a model host reports a model ignoring it)
 
     def send(self, response: "InferenceResponse | None" = None, flags: int = 0) -> None:
         final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -343,6 +349,14 @@ class InferenceResponseSender:
                 f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}")
         with self._lock:  # concurrent senders: one at a time, in order
             if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            if self.is_cancelled():
+                if final or (response is not None and response.has_error()):
+                    self._closed = True  # a cancelled request's end: nothing to deliver
+                    return
+                self._refused += 1
+                if self._on_refused is not None:
+                    self._on_refused(self._refused)
                 raise TritonModelException("Unable to send response. Response sender has been closed.")
             if final:
                 self._closed = True

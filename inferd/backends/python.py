@@ -405,7 +405,8 @@ class PythonInstance(ModelInstance):
                 )
                 continue
             request = self._request(item)
-            sender = pb_utils.InferenceResponseSender(self._deliverer(request, sink), request)
+            sender = pb_utils.InferenceResponseSender(self._deliverer(request, sink), request,
+                                                      getattr(sink, "refused", None))
             request._sender = sender
             requests.append(request)
             senders.append((sender, sink))

@@ -29,6 +29,10 @@ class InferdParameters:
     execution: str = "auto"
     # "auto" mode: a model whose executions take longer than this runs on a thread.
     inline_max_microseconds: int = 1000
+    # Where the model's instances live: "process" (each in a model host process of its own, as
+    # Triton runs Python models), "inline" (in the server's core process), or "" (the server's
+    # --model-host choice: Python models in hosts, the others inline).
+    host: str = ""
     # How long a batch waits for company within max_queue_delay_microseconds: "adaptive" only while
     # company is expected before it ends; "fixed" all of it, as Triton (inferd/scheduling/adaptive.py).
     batch_wait: str = "adaptive"
@@ -120,6 +124,15 @@ class InferdParameters:
             raise ConfigError(
                 f"model '{config.name}': parameter 'inferd.execution' must be auto, thread or inline, "
                 f"got '{params.execution}'"
+            )
+        if params.host not in ("", "process", "inline"):
+            raise ConfigError(
+                f"model '{config.name}': parameter 'inferd.host' must be process or inline, got '{params.host}'"
+            )
+        if params.host == "process" and params.execution == "inline":
+            raise ConfigError(
+                f"model '{config.name}': parameter 'inferd.execution' is 'inline', but 'inferd.host' is 'process': "
+                "a hosted model runs in its host process, never on the server's event loop"
             )
         if params.execution_timeout_microseconds and params.execution == "inline":
             raise ConfigError(

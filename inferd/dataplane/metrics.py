@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import gzip
 from bisect import bisect_left
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -252,6 +252,30 @@ class InferdCollector:
                     state, ready,
                     queued, queued_bytes, rejected, memory, steps, prompt_tokens, completion_tokens, paused, pauses)
         yield from self._residency()
+        yield from self._hosts()
+
+    def _hosts(self) -> Iterator[Metric]:
+        """Model hosts (inferd/hosts/): each model's host restarts, and the hosts' resident memory."""
+        hosts = self.dp.manager.hosts
+        if hosts is None:
+            return
+        restarts = CounterMetricFamily("inferd_model_host_restarts",
+                                       "Times a model's host process died (crashed, was killed for a stuck or "
+                                       "runaway model) and was started again", labels=["model"])
+        for name, n in sorted(hosts.restarts.items()):
+            restarts.add_metric([name], n)
+        processes = GaugeMetricFamily("inferd_model_host_processes", "Model host processes running, by model",
+                                      labels=["model"])
+        resident = GaugeMetricFamily("inferd_model_host_resident_bytes",
+                                     "Resident memory of a model's host processes, as loaded", labels=["model"])
+        by_model: dict[str, list[int]] = {}
+        for instance in hosts.instances:
+            if instance.host is not None:
+                by_model.setdefault(instance.model.name, []).append(instance.rss)
+        for name, sizes in sorted(by_model.items()):
+            processes.add_metric([name], len(sizes))
+            resident.add_metric([name], sum(sizes))
+        yield from (restarts, processes, resident)
 
     def _residency(self) -> Iterator[Metric]:
         """--model-control-mode on_demand: loads, evictions, hits, misses, cold starts, footprints, by model
@@ -415,13 +439,13 @@ class ServerMetrics:
         if self.gpu is not None:
             self.gpu.close()
 
-    def exposition(self) -> bytes:
-        """One scrape: Triton's families, the models' custom metrics (pb_utils.MetricFamily),
-        then inferd's and the process collector's."""
+    def exposition(self, hosted: Sequence[list[Any]] = ()) -> bytes:
+        """One scrape: Triton's families, the models' custom metrics (pb_utils.MetricFamily; ``hosted``:
+        the model hosts' own, :meth:`Hosts.custom_metrics`), then inferd's and the process collector's."""
         text = triton_exposition(self._dataplane.manager.models())
         if self.gpu is not None:
             text += self.gpu.triton_text()
-        text += custom_metrics.REGISTRY.exposition()
+        text += custom_metrics.REGISTRY.exposition(hosted)
         return text.encode() + generate_latest(self.registry)
 
     def asgi_app(self) -> Any:
@@ -435,8 +459,10 @@ class ServerMetrics:
                             "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
                 await send({"type": "http.response.body", "body": b"not found; metrics are on /metrics\n"})
                 return
+            hosts = self._dataplane.manager.hosts
+            hosted = await hosts.custom_metrics() if hosts is not None else []
             # Read on the event loop, where the stats are updated: a consistent snapshot, no lock.
-            body = self.exposition()
+            body = self.exposition(hosted)
             headers = [(b"content-type", CONTENT_TYPE_PLAIN_0_0_4.encode())]  # as Triton serves it
             accept = dict(scope.get("headers") or ()).get(b"accept-encoding", b"")
             if b"gzip" in accept:

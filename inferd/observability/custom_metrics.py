@@ -17,6 +17,7 @@ import re
 import threading
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 from inferd.observability.text_format import escape, number as _number
 
@@ -154,9 +155,48 @@ class CustomMetrics:
             if family.holders <= 0 and self._families.get(family.name) is family:
                 del self._families[family.name]
 
-    def exposition(self) -> str:
+    def exposition(self, others: Sequence[list[Any]] = ()) -> str:
+        """Every family in the text format, with ``others``' (other processes' :meth:`snapshot`: model
+        hosts) merged in: a family of one name is one family, a series of the same labels one
+        series, as when every model registers in one process (counters and histograms add up,
+        a gauge shows the last value read)."""
         with self.lock:
-            return "".join(f.text() for f in self._families.values() if f.series)
+            if not others:
+                return "".join(f.text() for f in self._families.values() if f.series)
+            merged = CustomMetrics()
+            for snapshot in (self.snapshot_locked(), *others):
+                merged._merge(snapshot)
+        return "".join(f.text() for f in merged._families.values() if f.series)
+
+    def snapshot(self) -> list[list[Any]]:
+        """The families as plain data (msgpack-able), for another process's :meth:`exposition`."""
+        with self.lock:
+            return self.snapshot_locked()
+
+    def snapshot_locked(self) -> list[list[Any]]:
+        return [[f.name, f.description, f.kind,
+                 [[[list(kv) for kv in s.labels], list(s.buckets), s.value, list(s.counts), s.total]
+                  for s in f.series.values()]]
+                for f in self._families.values() if f.series]
+
+    def _merge(self, snapshot: list[list[Any]]) -> None:
+        for name, description, kind, series in snapshot:
+            family = self._families.get(name)
+            if family is None:
+                family = self._families[name] = Family(self, name, description, kind)
+            elif family.kind != kind:
+                continue  # registered as another kind elsewhere: the first one seen is shown
+            for labels, buckets, value, counts, total in series:
+                key = tuple((k, v) for k, v in labels)
+                found = family.series.get(key)
+                if found is None or found.buckets != tuple(buckets):
+                    family.series[key] = Series(key, tuple(buckets), value, list(counts), total)
+                elif kind == GAUGE:
+                    found.value = value
+                else:
+                    found.value += value
+                    found.counts = [a + b for a, b in zip(found.counts, counts)]
+                    found.total += total
 
 
 def number(value: float) -> str:

@@ -15,6 +15,7 @@ from inferd.clock import Clock
 from inferd.config import ModelSpec, ignored_line, placements
 from inferd.errors import ConfigError
 from inferd.host import cpu_budget
+from inferd.hosts.registry import Hosts
 from inferd.model import Model
 from inferd.model.cache import ResponseCache
 from inferd.observability.stats import ModelStats
@@ -67,13 +68,15 @@ def sample_inputs(spec: ModelSpec) -> dict[str, np.ndarray]:
 def build_model(
     spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path, clock: Clock | None = None,
     dispatcher: InferenceDispatcher | None = None, *, cache: ResponseCache | None = None,
-    limiter: RateLimiter | None = None, session_cache: SessionCache | None = None,
+    limiter: RateLimiter | None = None, session_cache: SessionCache | None = None, hosts: Hosts | None = None,
 ) -> Model:
     """Create every instance and the scheduler; blocking (runtimes load here).
     ``dispatcher``: how the instances reach other models (BLS); None outside a server.
     ``cache``: the server's response cache (used when the config enables it);
     ``limiter``: the server's rate limiter (None: ``--rate-limit off``);
-    ``session_cache``: where backends keep what a later load of the same file reuses (None: nothing)."""
+    ``session_cache``: where backends keep what a later load of the same file reuses (None: nothing);
+    ``hosts``: the server's model hosts, which say whether the instances run in host processes
+    (None: every instance in this process)."""
     params = spec.params
     policy = batching_policy(spec)
     sequence = spec.sequence  # None without sequence_batching
@@ -81,8 +84,10 @@ def build_model(
     instances = []
     samples = warmup_samples(spec, model_dir) if spec.warmup else None
 
+    hosted = hosts is not None and hosts.hosted(spec, backend)
+
     def create(ispec: InstanceSpec) -> ModelInstance:
-        instance = backend.create_instance(spec, ispec)
+        instance = hosts.create(backend, spec, ispec, clock) if hosted else backend.create_instance(spec, ispec)  # type: ignore[union-attr]
         if samples is not None:  # before the version can report ready
             try:
                 run_warmup(spec, instance, samples)
@@ -123,6 +128,8 @@ def build_model(
     stats.histogram_buckets = spec.histogram_buckets
     stats.metric_tags = spec.metric_tags
     stats.single_response = not spec.decoupled and not (sequence is not None and sequence.iterative)
+    if hosted:  # its hosts' resident memory as loaded: exact, whatever else loads meanwhile
+        stats.memory_usage = (("CPU", 0, sum(getattr(i, "rss", 0) for i in instances)),)
     scheduler: Scheduler
     lowest = policy.priority_levels if policy.priority_levels > 1 else 0
     if sequence is not None and sequence.iterative:

@@ -36,6 +36,7 @@ from inferd.ensemble.graph import EnsembleGraph, build_graph, dependents, find_c
 from inferd.errors import ConfigError, InferdError, NotFound, Unavailable, unknown_model
 from inferd.facade import IndexEntry
 from inferd.gpu.inventory import GpuInventory, default_inventory
+from inferd.hosts.registry import Hosts
 from inferd.model import ModelDispatcher
 from inferd.model.cache import ResponseCache
 from inferd.repository import ensembles as ensemble_loader
@@ -115,7 +116,7 @@ class ModelManager:
                  limiter: RateLimiter | None = None, memory_budget: int | None = None,
                  demand_warmup: bool = True, measure_footprints: bool = False,
                  gpu_memory_budget: dict[int, int] | None = None,
-                 session_cache: SessionCache | None | bool = True) -> None:
+                 session_cache: SessionCache | None | bool = True, hosts: Hosts | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"model control mode must be one of {MODES}, got '{mode}'")
         self.repositories = repositories
@@ -125,6 +126,8 @@ class ModelManager:
         self.auto_complete = auto_complete  # False: --strict-model-config, every model brings its config
         self.cache = cache  # --cache-config: the response cache the models that enable it share
         self.limiter = limiter  # --rate-limit execution_count: the rate limiter every instance asks
+        # --model-host: which models' instances run in host processes (None: all in this process)
+        self.hosts = hosts
         self._entries: dict[str, _Entry] = {}
         self.overrides = OverrideFolders()  # RepositoryModelLoad's file: parameters
         # Handed to every instance it builds: a Python model's BLS calls reach the other models through it.
@@ -312,8 +315,8 @@ class ModelManager:
                         models[version] = build_model(prepared.spec, prepared.backend, path, version, file,
                                                       self.clock, self.dispatcher.for_model(entry.name),
                                                       cache=self.cache, limiter=self.limiter,
-                                                      session_cache=self.session_cache)
-                    if self.measure_footprints:
+                                                      session_cache=self.session_cache, hosts=self.hosts)
+                    if self.measure_footprints and not models[version].stats.memory_usage:  # hosted: set by build
                         runtime = prepared.spec.platform or prepared.spec.backend
                         first = runtime not in self._runtimes_loaded  # its set-up grew the resident set too
                         self._runtimes_loaded.add(runtime)

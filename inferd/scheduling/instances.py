@@ -34,6 +34,11 @@ also takes its share of the GIL; so at most ``max_retired`` of them may be
 outstanding per instance: past that no new instance is built and the worker
 answers UNAVAILABLE (the model is reported not ready) until one returns.
 
+- ``remote``: the instance runs elsewhere (a model host process, :mod:`inferd.hosts`): a batch is
+  handed to it on the loop (``instance.submit``) and its outcome comes back on the loop, with no
+  thread of the worker's waiting; an execution timeout is the instance's own (it stops its host).
+  Like a thread instance, a remote one may be handed its next batch while it executes one.
+
 A :class:`~inferd.backends.base.TensorInstance` on its thread may be handed its
 next batch while it still executes one (:attr:`InstanceWorker.can_stage`, the
 scheduler decides when): the batch is assembled on the loop into the instance's
@@ -118,7 +123,10 @@ class InstanceWorker:
         self.free_at = 0.0  # when the batches handed over are expected to end (kept by the driver)
         self.ended_at = 0.0  # when the driver saw its last batch end
         self.stage_from = 0.0  # when it may take its next batch while still executing (kept by the driver)
-        if timeout_us and mode != "thread":
+        if getattr(instance, "remote", False):
+            self.mode = "remote"
+            timeout_us = 0  # the instance times its executions itself (it stops its host)
+        elif timeout_us and mode != "thread":
             raise ValueError(f"instance {self.name}: an execution timeout needs mode 'thread', got '{mode}'")
         self._timeout_s = timeout_us / 1e6
         self._rebuild = rebuild
@@ -139,6 +147,8 @@ class InstanceWorker:
     def can_stage(self) -> bool:
         """Executing one batch on its thread, with room for the next, assembled meanwhile
         (not with an execution timeout or a rate limiter ticket: the module's docstring)."""
+        if self.mode == "remote":  # the host queues it behind the batch it runs
+            return self.jobs == 1 and self.ticket is None
         return (self.jobs == 1 and not self.inline and self.ticket is None and not self._timeout_s
                 and not self._rebuilding and getattr(self.instance, "assembles_ahead", False))
 
@@ -187,6 +197,9 @@ class InstanceWorker:
             self._ended()
             done(self, result)
             return
+        if self.mode == "remote":
+            self.instance.submit(inputs, outputs, lambda result: self._remote_done(done, result))  # type: ignore[attr-defined]
+            return
         if self.failed is not None:
             self._ended()
             done(self, Unavailable(self.failed))
@@ -196,6 +209,10 @@ class InstanceWorker:
             return
         # Assembled here, on the loop: the thread may be executing the batch before.
         self._submit(_Job(self._assemble(inputs), outputs, done, loop))
+
+    def _remote_done(self, done: Done, result: BatchResult | BaseException) -> None:
+        self._ended()
+        done(self, result)
 
     def _assemble(self, inputs: Sequence[dict[str, np.ndarray]]) -> Sequence[dict[str, np.ndarray]] | Assembled | BaseException:
         if not getattr(self.instance, "assembles_ahead", False):

@@ -127,6 +127,12 @@ class _RowSink:
         for one in flush:
             self.client.put(one)
 
+    def on_cancel(self, callback: Any) -> None:
+        """The client's sink's (a model host tells its model when the client goes)."""
+        watch = getattr(self.client, "on_cancel", None)
+        if watch is not None:
+            watch(callback)
+
     def hold(self) -> None:
         """Its step is about to run."""
         self.held = []

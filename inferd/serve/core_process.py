@@ -86,7 +86,7 @@ class MultiProcessServer(InferenceServer):
         }
 
     def child_pids(self) -> list[int]:
-        return self.supervisor.pids() if self.supervisor is not None else []
+        return (self.supervisor.pids() if self.supervisor is not None else []) + super().child_pids()
 
     def _endpoint(self, worker: WorkerProcess) -> DataPlaneEndpoint:
         return DataPlaneEndpoint(worker, self.dataplane, self._call)

@@ -30,6 +30,7 @@ from inferd.dataplane.admission import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS, 
 from inferd.dataplane.shedding import DEFAULT_EXECUTION_MULTIPLE, DEFAULT_INTERVAL_US, DEFAULT_TARGET_US, QueueDelay
 from inferd.dataplane.batches import default_batch_dir
 from inferd.errors import InferdError
+from inferd.hosts.registry import DEFAULT_FINALIZE_GRACE, Hosts
 from inferd.model.cache import ResponseCache
 from inferd.observability.log_settings import LogSettings
 from inferd.dataplane.metrics import ServerMetrics
@@ -95,6 +96,7 @@ class ServerOptions:
     rate_limit_resources: list[tuple[str, int, int]] = field(default_factory=list)  # --rate-limit-resource
     server_name: str = SERVER_NAME  # ServerMetadata's name
     batch_dir: Path | None = None  # batch jobs' state; None: next to the first repository
+    model_host: str = "auto"  # --model-host: which models' instances run in host processes (inferd/hosts/)
 
 
 # Past the grace period, how long a stop may still take (closing ports, releasing models)
@@ -110,12 +112,13 @@ class InferenceServer:
         self.options = options
         cache = ResponseCache(options.cache_bytes) if options.cache_bytes else None
         limiter = RateLimiter(options.rate_limit_resources) if options.rate_limit == "execution_count" else None
+        self.hosts = Hosts(options.model_host, finalize_grace=min(DEFAULT_FINALIZE_GRACE, options.grace_seconds))
         self.manager = ModelManager(options.model_repositories, mode=options.model_control_mode,
                                     startup_models=options.load_models,
                                     auto_complete=not options.strict_model_config, cache=cache, limiter=limiter,
                                     memory_budget=options.model_memory_budget,
                                     gpu_memory_budget=options.model_gpu_memory_budget,
-                                    demand_warmup=options.model_warmup_on_demand)
+                                    demand_warmup=options.model_warmup_on_demand, hosts=self.hosts)
         self.dataplane = DataPlane(self.manager, tracing=options.tracing, logs=options.log_settings,
                                    server_name=options.server_name,
                                    admission=Admission(options.max_queued_requests, options.max_queued_bytes),
@@ -273,8 +276,9 @@ class InferenceServer:
         self._stopping.set()
 
     def child_pids(self) -> list[int]:
-        """The processes this server started (its frontend workers), for the watchdog to kill."""
-        return []
+        """The processes this server started (its model hosts, and the frontend workers of a core), for
+        the watchdog to kill."""
+        return self.hosts.pids()
 
     def _on_signal(self, signum: int, frame: object) -> None:
         """SIGINT/SIGTERM, in the main thread between two bytecodes of whatever the loop runs, so

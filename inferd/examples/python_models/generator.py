@@ -126,7 +126,7 @@ class TritonPythonModel:
         for i, request in enumerate(requests):
             token, count = int(tokens[i]), int(counts[i])
             sender = request.get_response_sender()
-            if token == EOS:
+            if token == EOS or sender.is_cancelled():  # its client gone: end it (a send would raise)
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             done = count >= self.max_new

@@ -1,0 +1,90 @@
+"""The server's model hosts: which models run in one, and what the server reads of them.
+
+``inferd serve --model-host auto|process|inline`` sets the default: ``auto`` (the default) hosts
+the instances of Python models (backend ``python``: user code, which holds the GIL while it runs,
+may block, call other models or never return) one per process, as Triton runs them in stub
+processes, and keeps ONNX Runtime and TorchScript in the core (their runtimes release the GIL
+while they compute); ``process`` hosts every model; ``inline`` none. A model's own
+``inferd.host`` parameter (``process`` or ``inline``) overrides the server's choice.
+
+:class:`Hosts` is owned by the model manager: the live hosted instances (for their footprints,
+their custom metrics and the processes a hard exit must kill) and each model's host restarts
+(``inferd_model_host_restarts_total``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from inferd.backends.base import InstanceSpec
+from inferd.clock import Clock
+from inferd.config import ModelSpec
+
+if TYPE_CHECKING:
+    from inferd.backends import Backend
+    from inferd.hosts.instance import HostedInstance
+
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "process", "inline")
+DEFAULT_FINALIZE_GRACE = 5.0  # seconds a host's finalize may take at unload before it is killed
+METRICS_TIMEOUT = 1.0  # a /metrics scrape waits this long for a host's custom metrics
+
+
+class Hosts:
+    def __init__(self, mode: str = "auto", finalize_grace: float = DEFAULT_FINALIZE_GRACE) -> None:
+        if mode not in MODES:
+            raise ValueError(f"--model-host must be one of {', '.join(MODES)}, got '{mode}'")
+        if finalize_grace < 0:
+            raise ValueError(f"a model host's finalize grace must be >= 0 seconds, got {finalize_grace}")
+        self.mode = mode
+        self.finalize_grace = finalize_grace
+        self.instances: list[HostedInstance] = []
+        self.restarts: Counter[str] = Counter()  # model name -> host restarts
+
+    def hosted(self, spec: ModelSpec, backend: "Backend") -> bool:
+        """Whether ``spec``'s instances run in host processes (module docstring)."""
+        if spec.params.host:
+            return spec.params.host == "process"
+        if self.mode == "auto":
+            return backend.name == "python"
+        return self.mode == "process"
+
+    def create(self, backend: "Backend", spec: ModelSpec, instance: InstanceSpec,
+               clock: Clock | None = None) -> "HostedInstance":
+        """A hosted instance of ``spec``: its host started and the model loaded there (blocking: a loader thread)."""
+        from inferd.hosts.instance import HostedInstance
+
+        return HostedInstance(backend.name, spec, instance, self, clock)
+
+    def add(self, instance: "HostedInstance") -> None:
+        self.instances.append(instance)
+
+    def remove(self, instance: "HostedInstance") -> None:
+        if instance in self.instances:
+            self.instances.remove(instance)
+
+    def restarted(self, model: str) -> None:
+        self.restarts[model] += 1
+
+    def pids(self) -> list[int]:
+        """Every live host process (a hard exit kills them with the frontend workers)."""
+        return [i.host.pid for i in self.instances if i.host is not None]
+
+    async def custom_metrics(self) -> list[Any]:
+        """Each live host's custom metric families (pb_utils.MetricFamily), as plain data; a host that
+        does not answer within METRICS_TIMEOUT is left out of this scrape."""
+        asks = [i.ask("metrics") for i in self.instances if i.host is not None]
+        if not asks:
+            return []
+        done = await asyncio.gather(*(asyncio.wait_for(a, METRICS_TIMEOUT) for a in asks), return_exceptions=True)
+        return [d for d in done if not isinstance(d, BaseException)]
+
+    def kill_all(self) -> None:
+        """At a hard exit: every host, at once."""
+        for instance in self.instances:
+            if instance.host is not None:
+                instance.host.kill()

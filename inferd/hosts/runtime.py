@@ -1,0 +1,443 @@
+"""What a model host does: hold one instance, run its batches, send its responses, and carry
+its calls into the server back to the core.
+
+The host process (``python -m inferd.serve.host_process``, spawned by the core's
+:class:`inferd.hosts.instance.HostedInstance`) runs two threads of its own:
+
+- its event loop, which reads the core's messages (:mod:`inferd.hosts.protocol`), sends the
+  host's, and runs the model's calls into the server (BLS, the model loading API) as
+  coroutines, as the core's loop runs them in one process;
+- the model thread, which loads the instance (its backend's ``create_instance``: a Python
+  model's ``initialize``), runs each batch's ``execute`` and, at unload, ``finalize``, one at a
+  time, so the loop is never blocked by the model's code and a batch waits behind the one
+  before it as on an instance thread in the core.
+
+The instance is the backend's own (a Python model's :class:`~inferd.backends.python.PythonInstance`),
+created with a dispatcher (:class:`HostDispatcher`) whose calls go to the core over the channel: a
+Python model runs here exactly as it does in the core, with the whole pb_utils API. A decoupled
+request's responses go through a :class:`HostSender`, its response sink here: each one is written
+into the from-host arena and sent at once; at most ``RESPONSE_WINDOW`` of them may be unacknowledged
+by the core (a model sending faster than its client reads waits in ``send``), and once the client
+has gone the model's ``send`` raises, as on a closed sender; a model that catches that and sends
+again is reported (:class:`~inferd.hosts.protocol.Ignoring`) and the core stops the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import pickle
+import threading
+from pathlib import Path
+from queue import SimpleQueue
+from typing import Any, AsyncIterator, Callable
+
+from inferd.backends import Device, InstanceSpec, ModelInstance, get as backend_named
+from inferd.backends.base import BatchResult, RequestInputs, resident_bytes
+from inferd.backends.session_cache import SessionCache
+from inferd.errors import InferdError, ModelExecutionError
+from inferd.hosts import protocol as p
+from inferd.ipc.arena import Arena, ArenaWriter
+from inferd.ipc.channel import Channel
+from inferd.observability import custom_metrics
+from inferd.streaming import StreamEvent, StreamResponse
+from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
+
+log = logging.getLogger("inferd.host")
+
+
+class HostSender:
+    """A decoupled request's response sink in the host (``request.responder``): ``put`` is called
+    by the model's code on any of its threads. Waits while the core has not credited back
+    ``RESPONSE_WINDOW`` responses; after a cancel, drops what is put (the model's own ``send``
+    raises before it gets here: pb_utils reads ``request.cancelled``)."""
+
+    __slots__ = ("runtime", "rid", "request", "credit", "cancelled", "closed", "started_ns", "_cond", "batches",
+                 "_late")
+
+    def __init__(self, runtime: "HostRuntime", rid: int, request: InferenceRequest) -> None:
+        self.runtime = runtime
+        self.rid = rid
+        self.request = request
+        self.credit = p.RESPONSE_WINDOW
+        self.cancelled = False
+        self.closed = False
+        self.started_ns = 0
+        self._cond = threading.Condition()
+        self.batches: list[int] = []  # batches whose input block waits for this request to end
+        self._late = 0
+
+    def put(self, event: StreamEvent) -> None:
+        with self._cond:
+            while self.credit <= 0 and not self.cancelled:
+                self._cond.wait()
+            if self.cancelled or self.closed:
+                return
+            self.credit -= 1
+            if event.final:
+                self.closed = True
+        self.runtime.send_response(self.rid, event)
+        if event.final:
+            self.runtime.request_ended(self)
+
+    def add_credit(self, n: int) -> None:
+        with self._cond:
+            self.credit += n
+            self._cond.notify_all()
+
+    def cancel(self) -> None:
+        with self._cond:
+            self.cancelled = True
+            self.request.cancelled = True  # what is_cancelled() reads; send() now raises
+            self._cond.notify_all()
+
+    def refused(self, sends: int) -> None:
+        """pb_utils' sender refused a ``send`` after the cancel (``sends``: how many so far). The
+        first is the model's notice; one more means it carries on regardless."""
+        if sends == 2:
+            self.runtime.post(p.Ignoring(self.rid, sends))
+
+
+class HostDispatcher:
+    """The server as the hosted instance sees it (:class:`~inferd.backends.InferenceDispatcher`):
+    each call is a :class:`~inferd.hosts.protocol.Call` to the core, answered on the host's loop."""
+
+    def __init__(self, runtime: "HostRuntime") -> None:
+        self.runtime = runtime
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        answer = await self.runtime.call("infer", request)
+        return self.runtime.response_of(answer)
+
+    async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
+        runtime = self.runtime
+        cid, queue = runtime.open_stream(request)
+        final = False
+        try:
+            while not final:
+                answer: p.CallResponse = await queue.get()
+                runtime.post(p.CallCredit(cid, 1))
+                final = answer.final
+                if answer.failure is not None:
+                    yield StreamResponse(error=answer.failure.error(), final=final)
+                elif answer.model:
+                    yield StreamResponse(response=runtime.response_of(answer), final=final)
+                else:
+                    yield StreamResponse(final=final)
+        finally:
+            runtime.streams.pop(cid, None)
+            if not final:
+                runtime.post(p.CallCancel(cid))
+
+    async def load_model(self, name: str, config: str, files: dict[str, bytes]) -> None:
+        await self.runtime.control("load_model", [name, config, files])
+
+    async def unload_model(self, name: str, unload_dependents: bool) -> None:
+        await self.runtime.control("unload_model", [name, unload_dependents])
+
+    async def model_is_ready(self, name: str, version: int) -> bool:
+        return bool(await self.runtime.control("model_is_ready", [name, version]))
+
+
+class HostRuntime:
+    """The host's state: its instance, the model thread, requests and calls in flight. Every method
+    but those marked otherwise runs on the host's loop."""
+
+    def __init__(self, to_host: Arena, from_host: ArenaWriter, exit: Callable[[int], None] = os._exit) -> None:
+        self.to_host = to_host  # the core writes; read in place
+        self.writer = from_host  # the host writes (any thread: under the lock)
+        self.lock = threading.Lock()
+        self.channel: Channel | None = None
+        self.loop = asyncio.get_running_loop()
+        self.dispatcher = HostDispatcher(self)
+        self.dispatcher.loop = self.loop
+        self.instance: ModelInstance | None = None
+        self.name = "?"
+        self.jobs: SimpleQueue = SimpleQueue()
+        self.senders: dict[int, HostSender] = {}
+        self.waiting_blocks: dict[int, tuple[int, set[int]]] = {}  # batch -> (input block, rids still open)
+        self.calls: dict[int, asyncio.Future] = {}
+        self.streams: dict[int, asyncio.Queue] = {}
+        self._cids = itertools.count(1)
+        self._exit = exit
+        self._thread = threading.Thread(target=self._serve, name="inferd-host-model", daemon=True)
+        self._thread.start()
+
+    # -- messages from the core ----------------------------------------------------------
+
+    def on_message(self, item: list[Any]) -> None:
+        msg = p.to_host(item)
+        if isinstance(msg, p.Execute):
+            self.jobs.put(msg)
+        elif isinstance(msg, p.Cancel):
+            sender = self.senders.get(msg.rid)
+            if sender is not None:
+                sender.cancel()
+                self.request_ended(sender)
+        elif isinstance(msg, p.Credit):
+            sender = self.senders.get(msg.rid)
+            if sender is not None:
+                sender.add_credit(msg.n)
+        elif isinstance(msg, (p.CallResponse, p.CallResult)):
+            self._answered(msg)
+        elif isinstance(msg, p.Free):
+            with self.lock:
+                for block in msg.blocks:
+                    self.writer.free(block)
+        elif isinstance(msg, p.Ask):
+            self._ask(msg)
+        elif isinstance(msg, p.Load):
+            self.jobs.put(msg)
+        elif isinstance(msg, p.Finalize):
+            self.jobs.put(msg)
+
+    def closed(self) -> None:
+        """The channel closed: the core has gone (or gave up on this host). Nothing of ours may outlive it."""
+        self._exit(0)
+
+    # -- the model thread --------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            msg = self.jobs.get()
+            try:
+                if isinstance(msg, p.Execute):
+                    self._execute(msg)
+                elif isinstance(msg, p.Load):
+                    self._load(msg)
+                elif isinstance(msg, p.Finalize):
+                    self._finalize()
+                    return
+            except BaseException:  # a bug of ours: the core sees the host fail, not hang
+                log.exception("model host for '%s' failed", self.name)
+                self.post_threadsafe(None)
+                return
+
+    def _load(self, msg: p.Load) -> None:
+        info = msg.instance
+        logging.getLogger().setLevel(msg.log_level)
+        failure = None
+        try:
+            spec = pickle.loads(msg.spec)
+            self.name = spec.name
+            backend = backend_named(msg.backend)
+            ispec = InstanceSpec(
+                name=info.name, device=Device(info.device_kind, info.device_index), model_dir=Path(info.model_dir),
+                version_dir=Path(info.version_dir), version=info.version, model_file=Path(info.model_file),
+                threads=info.threads, group=info.group, dispatcher=self.dispatcher,
+                session_cache=SessionCache(Path(msg.session_cache)) if msg.session_cache else None)
+            self.instance = backend.create_instance(spec, ispec)
+        except KeyError:
+            failure = p.Failure("ConfigError", f"model host: backend '{msg.backend}' is not installed where the "
+                                "host runs (a backend registered from code lives only in the server's process)")
+        except BaseException as exc:
+            failure = p.Failure.of(exc)
+        ready_check = self.instance is not None and self.instance.ready_check is not None
+        self.post_threadsafe(p.Loaded(os.getpid(), resident_bytes(), ready_check, failure))
+
+    def _execute(self, msg: p.Execute) -> None:
+        instance = self.instance
+        rows = [self._row(msg.batch, row) for row in msg.rows]
+        try:
+            if instance is None:
+                raise ModelExecutionError(f"model '{self.name}': the host holds no instance")
+            inputs = rows if instance.wants_requests else [dict(r) for r in rows]
+            result = instance.execute(inputs, msg.outputs)
+        except BaseException as exc:  # every batch is answered
+            result = BatchResult([exc if isinstance(exc, InferdError) else ModelExecutionError(
+                f"model '{self.name}' failed to execute: {type(exc).__name__}: {exc}")] * len(rows))
+        self._answer(msg, result)
+
+    def _row(self, batch: int, row: p.Row) -> RequestInputs:
+        request = InferenceRequest(
+            model_name=self.name, inputs=p.read_tensors(self.to_host, row.inputs, f"model '{self.name}'"),
+            id=row.id, parameters=row.parameters,
+            requested_outputs=None if row.requested is None else [RequestedOutput(n) for n in row.requested],
+            correlation_id=row.correlation_id, flags=row.flags, cancelled=row.cancelled)
+        if row.stream:
+            sender = self.senders.get(row.rid)
+            if sender is None:
+                sender = self.senders[row.rid] = HostSender(self, row.rid, request)
+            else:  # the next step of an iterative sequence: the same sender, this step's request
+                sender.request = request
+                request.cancelled = sender.cancelled
+            request.responder = sender
+        return RequestInputs(request)
+
+    def _answer(self, msg: p.Execute, result: BatchResult) -> None:
+        groups: list[dict[str, Any]] = []
+        failures: dict[int, p.Failure] = {}
+        for i, out in enumerate(result.outputs):
+            if isinstance(out, BaseException):
+                failures[i] = p.Failure.of(out)
+                groups.append({})
+            else:
+                groups.append(out)
+        try:
+            block, refs = p.write_tensors(self.writer, groups, self.lock)
+        except InferdError as exc:  # the arena is full: the batch fails, the host serves on
+            block, refs = p.NO_BLOCK, [[] for _ in groups]
+            failures = {i: p.Failure.of(exc) for i in range(len(groups))}
+        failed = [failures.get(i) for i in range(len(refs))] if failures else []
+        t = result.times
+        again = result.reschedule or [False] * len(msg.rows)
+        open_rids = {row.rid for i, row in enumerate(msg.rows) if row.stream and not again[i]
+                     and row.rid in self.senders and not self.senders[row.rid].closed}
+        release = not open_rids
+        if not release:
+            self.waiting_blocks[msg.batch] = (msg.block, open_rids)
+            for rid in open_rids:
+                self.senders[rid].batches.append(msg.batch)
+        self.post_threadsafe(p.Result(msg.batch, refs, failed, block, (t.input_ns, t.infer_ns, t.output_ns),
+                                      result.memory_delta, result.reschedule, release))
+
+    def _finalize(self) -> None:
+        instance, self.instance = self.instance, None
+        if instance is not None:
+            try:
+                instance.close()
+            except Exception:
+                log.exception("model '%s': closing its instance failed", self.name)
+        self.post_threadsafe(None)
+
+    # -- decoupled responses (any thread) --------------------------------------------
+
+    def send_response(self, rid: int, event: StreamEvent) -> None:
+        block, refs = p.NO_BLOCK, None
+        failure = p.Failure.of(event.error) if event.error is not None else None
+        if event.outputs is not None:
+            try:
+                block, groups = p.write_tensors(self.writer, [event.outputs], self.lock)
+                refs = groups[0]
+            except InferdError as exc:
+                failure = p.Failure.of(exc)
+        self.post_threadsafe(p.Response(rid, event.final, refs, block, failure, event.sent_ns))
+
+    def request_ended(self, sender: HostSender) -> None:
+        """A decoupled request sent its final response or was cancelled: forget it, and hand back
+        the input blocks that waited only for it. Any thread."""
+        self.loop.call_soon_threadsafe(self._ended, sender)
+
+    def _ended(self, sender: HostSender) -> None:
+        if self.senders.get(sender.rid) is sender:
+            del self.senders[sender.rid]
+        freed = []
+        for batch in sender.batches:
+            entry = self.waiting_blocks.get(batch)
+            if entry is None:
+                continue
+            entry[1].discard(sender.rid)
+            if not entry[1]:
+                del self.waiting_blocks[batch]
+                if entry[0] != p.NO_BLOCK:
+                    freed.append(entry[0])
+        if freed:
+            self.post(p.Release(freed))
+
+    # -- sending -------------------------------------------------------------------------
+
+    def post(self, msg: Any) -> None:
+        """Send a message (on the loop)."""
+        if self.channel is not None:
+            self.channel.send(p.encode(msg))
+
+    def post_threadsafe(self, msg: Any) -> None:
+        """Send from any thread; ``None``: the model thread has ended (finalize done, or it failed)."""
+        try:
+            self.loop.call_soon_threadsafe(self._posted, msg)
+        except RuntimeError:  # the loop is closed: the process is ending
+            pass
+
+    def _posted(self, msg: Any) -> None:
+        if msg is None:
+            if self.channel is not None:
+                self.channel.flush_now()
+            self._exit(0)
+            return
+        self.post(msg)
+
+    # -- calls into the server ------------------------------------------------------------
+
+    def _bls_request(self, request: InferenceRequest) -> tuple[p.BlsRequest, int]:
+        block, refs = p.write_tensors(self.writer, [request.inputs], self.lock)
+        requested = None if request.requested_outputs is None else [r.name for r in request.requested_outputs]
+        return p.BlsRequest(request.model_name, request.model_version, request.id, dict(request.parameters),
+                            requested, request.priority, request.timeout_us, refs[0]), block
+
+    async def call(self, method: str, request: InferenceRequest) -> p.CallResponse:
+        bls, block = self._bls_request(request)
+        cid = next(self._cids)
+        future = self.loop.create_future()
+        self.calls[cid] = future
+        self.post(p.Call(cid, method, bls, [], block))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.post(p.CallCancel(cid))
+            raise
+        finally:
+            self.calls.pop(cid, None)
+
+    def open_stream(self, request: InferenceRequest) -> tuple[int, asyncio.Queue]:
+        bls, block = self._bls_request(request)
+        cid = next(self._cids)
+        queue: asyncio.Queue = asyncio.Queue()
+        self.streams[cid] = queue
+        self.post(p.Call(cid, "infer_stream", bls, [], block))
+        return cid, queue
+
+    async def control(self, method: str, args: list[Any]) -> Any:
+        cid = next(self._cids)
+        future = self.loop.create_future()
+        self.calls[cid] = future
+        self.post(p.Call(cid, method, None, args, p.NO_BLOCK))
+        try:
+            answer: p.CallResult = await future
+        finally:
+            self.calls.pop(cid, None)
+        if answer.failure is not None:
+            raise answer.failure.error()
+        return answer.value
+
+    def _answered(self, msg: p.CallResponse | p.CallResult) -> None:
+        queue = self.streams.get(msg.cid) if isinstance(msg, p.CallResponse) else None
+        if queue is not None:
+            queue.put_nowait(msg)
+            return
+        future = self.calls.get(msg.cid)
+        if future is not None and not future.done():
+            future.set_result(msg)
+        elif isinstance(msg, p.CallResponse) and msg.block != p.NO_BLOCK:
+            self.post(p.Release([msg.block]))  # nobody waits for it any more
+
+    def response_of(self, answer: p.CallResponse) -> InferenceResponse:
+        """A BLS call's response, its tensors copied out of the arena (the model may keep them)."""
+        if answer.failure is not None:
+            if answer.block != p.NO_BLOCK:
+                self.post(p.Release([answer.block]))
+            raise answer.failure.error()
+        outputs = p.read_tensors(self.to_host, answer.outputs, f"BLS response of model '{answer.model}'", copy=True)
+        if answer.block != p.NO_BLOCK:
+            self.post(p.Release([answer.block]))
+        return InferenceResponse(answer.model, answer.version, outputs, answer.id, answer.parameters)
+
+    # -- questions ---------------------------------------------------------------------------
+
+    def _ask(self, msg: p.Ask) -> None:
+        if msg.what == "metrics":
+            self.post(p.Answer(msg.cid, custom_metrics.REGISTRY.snapshot(), None))
+            return
+        instance = self.instance
+        check = instance.ready_check if instance is not None else None
+
+        def ask() -> None:
+            try:
+                value, failure = (bool(check()) if check is not None else True), None
+            except BaseException as exc:
+                value, failure = False, p.Failure.of(exc)
+            self.post_threadsafe(p.Answer(msg.cid, value, failure))
+
+        threading.Thread(target=ask, name="inferd-host-ready", daemon=True).start()
