@@ -261,7 +261,7 @@ class HostedInstance(ModelInstance):
             waiting.done(error)
         host = self.host
         if host is not None:
-            await host.stop(self.hosts.finalize_grace)  # its loss fails what it had left
+            await host.stop(self.hosts.grace(self.loop.time()))  # its loss fails what it had left
         self.hosts.remove(self)
 
     # -- batches (on the loop) -----------------------------------------------------------------

@@ -44,6 +44,8 @@ class Hosts:
         self.finalize_grace = finalize_grace
         self.instances: list[HostedInstance] = []
         self.restarts: Counter[str] = Counter()  # model name -> host restarts
+        # The server's stop sets it (its loop's time): a host still finalizing then is killed.
+        self.stop_by: float | None = None
 
     def hosted(self, spec: ModelSpec, backend: "Backend") -> bool:
         """Whether ``spec``'s instances run in host processes (module docstring)."""
@@ -59,6 +61,12 @@ class Hosts:
         from inferd.hosts.instance import HostedInstance
 
         return HostedInstance(backend.name, spec, instance, self, clock)
+
+    def grace(self, now: float) -> float:
+        """How long a host may take to finalize at unload, ``now`` on the loop's clock."""
+        if self.stop_by is None:
+            return self.finalize_grace
+        return max(0.0, min(self.finalize_grace, self.stop_by - now))
 
     def add(self, instance: "HostedInstance") -> None:
         self.instances.append(instance)

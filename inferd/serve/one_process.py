@@ -99,9 +99,9 @@ class ServerOptions:
     model_host: str = "auto"  # --model-host: which models' instances run in host processes (inferd/hosts/)
 
 
-# Past the grace period, how long a stop may still take (closing ports, releasing models)
-# before the watchdog ends the process tree.
-WATCHDOG_MARGIN = 5.0
+# Of the exit timeout, the part kept for closing the ports and releasing the models (model hosts
+# finalizing) once in-flight requests have had the rest: a quarter, at most this many seconds.
+STOP_RESERVE = 2.0
 
 
 class InferenceServer:
@@ -243,19 +243,20 @@ class InferenceServer:
         grace = self.options.grace_seconds if grace is None else grace
         deadline = loop.time() + grace
         # The ports stay open meanwhile: health, readiness and metadata answer, inference is refused.
-        # Up to a quarter of the grace (at most a second) is kept for closing the ports.
+        # Part of the grace (STOP_RESERVE) is kept for closing the ports and releasing the models.
         try:
-            await asyncio.wait_for(self.dataplane.drained(), timeout=grace - min(grace / 4, 1.0))
+            await asyncio.wait_for(self.dataplane.drained(), timeout=grace - min(grace / 4, STOP_RESERVE))
         except asyncio.TimeoutError:
             log.warning("stopping: %d requests still unanswered after the %.3g s grace period",
                         self.dataplane.inflight(), grace)
-        grace = max(deadline - loop.time(), 0.0)
+        remaining = max(deadline - loop.time(), 0.0)
         closing = []
         if self._grpc is not None:
-            closing.append(self._grpc.close(grace))
+            closing.append(self._grpc.close(remaining / 2))
         if self._http is not None:
-            closing.append(self._http.stop(grace))
+            closing.append(self._http.stop(remaining / 2))
         await asyncio.gather(*closing)
+        self.hosts.stop_by = deadline  # a model host still finalizing then is killed
         await self.dataplane.close()
         if self._metrics_server is not None:
             await self._metrics_server.stop(1.0)
@@ -283,10 +284,11 @@ class InferenceServer:
     def _on_signal(self, signum: int, frame: object) -> None:
         """SIGINT/SIGTERM, in the main thread between two bytecodes of whatever the loop runs, so
         it is seen even while the loop is swamped. Starts the graceful stop on the loop, and arms
-        the watchdog: a stop still running ``grace`` + WATCHDOG_MARGIN seconds later (a model
-        that never returns, a loop that never gets back) ends the process tree at once."""
+        the watchdog: a stop still running ``grace`` seconds later (``--exit-timeout-secs``: a model
+        that never returns in this process, a loop that never gets back) ends the process tree at
+        once, as Triton exits at its exit timeout whatever is still in flight."""
         if self._watchdog is None:
-            delay = self.options.grace_seconds + WATCHDOG_MARGIN
+            delay = self.options.grace_seconds
             self._watchdog = threading.Timer(delay, self._hard_exit, args=(delay,))
             self._watchdog.daemon = True
             self._watchdog.start()

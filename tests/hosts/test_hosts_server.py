@@ -1,0 +1,289 @@
+"""Model hosts on real servers (issue 48), in both process modes: each Python instance in a process
+of its own; a model that ignores its client's cancel is stopped with its host; a host that crashes
+mid-batch fails that batch clearly, restarts, and no other model notices; unloading gives the
+model's memory back to the system; SIGTERM ends the whole tree within --exit-timeout-secs even
+with a model stuck in execute.
+
+Nothing here waits on a time guess: every wait is for a state (a metric, a file, a process gone),
+bounded in time only as a failure."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import ServerProcess, running
+from inferd.examples import onnx_models as om
+from repo_builder import add_model, add_python_model, config
+
+PID_MODEL = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("PID", np.array([os.getpid()], np.int64))])
+                for _ in requests]
+'''
+
+# Sends forever, catching the "closed sender" error a send raises once its client has gone.
+RUNAWAY = '''
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self._flood, args=(request.get_response_sender(),), daemon=True).start()
+
+    def _flood(self, sender):
+        i = 0
+        while True:
+            try:
+                sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("N", np.array([i], np.int64))]))
+            except pb_utils.TritonModelException:
+                pass  # ignored: the model carries on
+            i += 1
+'''
+
+# Dies of a segmentation fault when asked (X = 1), else answers X.
+CRASHER = '''
+import ctypes
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            if int(x[0]) == 1:
+                ctypes.string_at(0)  # SIGSEGV
+            out.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("Y", x)]))
+        return out
+'''
+
+# Keeps 160 MiB alive past its unload, in a module every model of a process shares: in one process
+# it would never be given back; in a host it goes with the process.
+LEAKY = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        block = np.ones(160 * 2**20, np.uint8)  # touched: resident
+        json.__dict__.setdefault("_leaked", []).append(block)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("Y", np.array([1], np.int64))])
+                for _ in requests]
+'''
+
+# Never returns from execute (it announces that it has begun in its model folder).
+STUCK = '''
+import os
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.marker = os.path.join(args["model_repository"], "executing")
+
+    def execute(self, requests):
+        open(self.marker, "w").close()
+        while True:
+            time.sleep(0.01)
+'''
+
+INT64_OUT = '''
+    backend: "python"
+    max_batch_size: 0
+    input [ {{ name: "X" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+    output [ {{ name: "{out}" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+    {extra}
+'''
+
+
+def _python(repo: Path, name: str, source: str, out: str, extra: str = "") -> None:
+    add_python_model(repo, name, source, INT64_OUT.format(out=out, extra=extra))
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("hosts")
+    _python(repo, "pids", PID_MODEL, "PID", "instance_group [ { count: 2 kind: KIND_CPU } ]")
+    _python(repo, "runaway", RUNAWAY, "N", "model_transaction_policy { decoupled: true }")
+    _python(repo, "crasher", CRASHER, "Y")
+    add_model(repo, "identity", om.identity(np.float32, [4], batch=True),
+              config("identity", [("INPUT0", "TYPE_FP32", [4])], [("OUTPUT0", "TYPE_FP32", [4])], max_batch_size=8))
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repo: Path):
+    # A crash is logged with the host's own traceback-free report; the runaway's refusals are not errors.
+    with running(repo, no_traceback=False) as s:
+        yield s
+
+
+def _x(value: int) -> list[grpcclient.InferInput]:
+    x = grpcclient.InferInput("X", [1], "INT64")
+    x.set_data_from_numpy(np.array([value], np.int64))
+    return [x]
+
+
+def _wait_for(check, what: str, timeout: float = 60.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _restarts(server: ServerProcess, model: str) -> float:
+    return server.metric("inferd_model_host_restarts_total", f'{{model="{model}"}}') or 0.0
+
+
+def test_each_instance_of_a_python_model_runs_in_a_host_process_of_its_own(server: ServerProcess, client) -> None:
+    assert server.metric("inferd_model_host_processes", '{model="pids"}') == 2
+    pid = int(client.infer("pids", _x(0)).as_numpy("PID")[0])
+    assert pid != server.proc.pid and pid in server.group()  # a child in the server's group, not the core
+    stats = client.get_inference_statistics("pids", as_json=True)["model_stats"][0]
+    memory = stats["memory_usage"]
+    assert memory and int(memory[0]["byte_size"]) > 10 * 2**20  # the hosts' resident memory: the footprint
+    assert server.metric("inferd_model_host_processes", '{model="identity"}') is None  # ONNX stays in the core
+
+
+def test_a_model_that_keeps_sending_after_its_client_left_is_stopped_with_its_host(server: ServerProcess) -> None:
+    before = _restarts(server, "runaway")
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    client.async_stream_infer("runaway", _x(0))
+    for _ in range(3):
+        result, error = got.get(timeout=60)
+        assert error is None, error
+    client.stop_stream(cancel_requests=True)  # the client leaves; the model ignores it
+    client.close()
+    _wait_for(lambda: _restarts(server, "runaway") == before + 1, "the runaway model's host to be stopped")
+    # Its host restarted: the model serves again (and is stopped again when that client leaves).
+    again = grpcclient.InferenceServerClient(server.url)
+    got = queue.Queue()
+    again.start_stream(callback=lambda result, error: got.put((result, error)))
+    again.async_stream_infer("runaway", _x(0))
+    result, error = got.get(timeout=60)
+    assert error is None and int(result.as_numpy("N")[0]) == 0
+    again.stop_stream(cancel_requests=True)
+    again.close()
+    _wait_for(lambda: _restarts(server, "runaway") == before + 2, "the restarted host to be stopped too")
+
+
+def test_a_host_that_segfaults_mid_batch_fails_that_batch_restarts_and_no_other_model_notices(
+        server: ServerProcess, client) -> None:
+    before = _restarts(server, "crasher")
+    assert int(client.infer("crasher", _x(7)).as_numpy("Y")[0]) == 7
+    failures: list[Exception] = []
+    stop = threading.Event()
+
+    def other_traffic() -> None:  # another model, served throughout
+        other = grpcclient.InferenceServerClient(server.url)
+        data = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        data.set_data_from_numpy(np.ones((1, 4), np.float32))
+        for _ in range(2000):
+            if stop.is_set():
+                break
+            try:
+                other.infer("identity", [data])
+            except Exception as exc:  # noqa: BLE001  (any failure is the finding)
+                failures.append(exc)
+        other.close()
+
+    thread = threading.Thread(target=other_traffic)
+    thread.start()
+    try:
+        with pytest.raises(InferenceServerException) as crashed:
+            client.infer("crasher", _x(1))
+        message = crashed.value.message()
+        assert crashed.value.status() == "StatusCode.UNAVAILABLE", crashed.value
+        assert "model 'crasher'" in message and "SIGSEGV" in message and "restarted" in message, message
+        _wait_for(lambda: _restarts(server, "crasher") == before + 1, "the crash to be counted")
+
+        def serves() -> bool:
+            try:
+                return int(client.infer("crasher", _x(5)).as_numpy("Y")[0]) == 5
+            except InferenceServerException:
+                return False
+
+        _wait_for(serves, "the crasher's new host to serve")
+    finally:
+        stop.set()
+        thread.join(60)
+    assert failures == []
+
+
+def _tree_rss(server: ServerProcess) -> int:
+    total = 0
+    for pid in server.group():
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError):
+            pass
+    return total
+
+
+def test_unloading_a_hosted_model_gives_its_memory_back(tmp_path: Path) -> None:
+    _python(tmp_path, "leaky", LEAKY, "Y")
+    with running(tmp_path, extra_args=["--model-control-mode", "explicit"]) as server:
+        client = grpcclient.InferenceServerClient(server.url)
+        base = _tree_rss(server)
+        client.load_model("leaky")
+        assert client.infer("leaky", _x(0)).as_numpy("Y")[0] == 1
+        loaded = _tree_rss(server)
+        assert loaded - base > 150 * 2**20, (base, loaded)
+        client.unload_model("leaky")
+        _wait_for(lambda: server.metric("inferd_model_host_processes", '{model="leaky"}') is None,
+                  "the host to be gone")
+        after = _tree_rss(server)
+        assert after - base < 16 * 2**20, (base, loaded, after)  # back within a few MiB
+        client.close()
+
+
+def test_sigterm_ends_the_tree_within_the_exit_timeout_with_a_model_stuck_in_execute(tmp_path: Path) -> None:
+    _python(tmp_path, "stuck", STUCK, "Y")
+    exit_timeout = 3.0
+    server = ServerProcess(tmp_path, ["--exit-timeout-secs", str(exit_timeout)])
+    try:
+        client = grpcclient.InferenceServerClient(server.url)
+        answers: queue.Queue = queue.Queue()
+        client.async_infer("stuck", _x(0), callback=lambda result, error: answers.put(error))
+        _wait_for(lambda: (tmp_path / "stuck" / "executing").exists(), "the model to be executing")
+        sent = time.monotonic()
+        os.kill(server.proc.pid, signal.SIGTERM)
+        _wait_for(lambda: not server.group(), "the server's process tree to end", timeout=exit_timeout + 10)
+        took = time.monotonic() - sent
+        # The exit timeout bounds it, not the old watchdog's timeout + 5 s: 2 s of slack for a loaded host.
+        assert took < exit_timeout + 2.0, took
+        error = answers.get(timeout=10)
+        assert error is not None and error.status() == "StatusCode.UNAVAILABLE", error
+        client.close()
+    finally:
+        server.stop()
+    assert not server.left_behind
