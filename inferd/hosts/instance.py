@@ -49,6 +49,7 @@ from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError, Un
 from inferd.hosts import protocol as p
 from inferd.hosts.process import HostProcess
 from inferd.ipc.processes import RestartPolicy, RestartState
+from inferd.observability.tracing import bls_call, trace_context
 from inferd.streaming import ResponseSink, StreamEvent
 from inferd.types import InferenceRequest, RequestedOutput
 
@@ -64,7 +65,7 @@ Done = Callable[[BatchResult | BaseException], None]
 class _Batch:
     host: HostProcess
     done: Done
-    rows: int
+    traced: list[int]  # its rows' rids whose trace a BLS call may name, until the batch ends
     timer: TimerHandle | None = None
 
 
@@ -124,6 +125,7 @@ class HostedInstance(ModelInstance):
         self._inputs: dict[int, int] = {}  # batch -> its block in the to-host arena, until the host releases it
         self._streams: dict[int, _Stream] = {}
         self._rid_of: dict[int, int] = {}  # id(request) -> rid, while its stream is open
+        self._traces: dict[int, Any] = {}  # rid -> the request's trace, while a BLS call may name it
         self._calls: dict[int, _Call] = {}
         self._asks: dict[int, asyncio.Future] = {}
         self._waiting: list[_Waiting] = []
@@ -287,7 +289,8 @@ class HostedInstance(ModelInstance):
         for item, tensors in zip(inputs, refs):
             rows.append(self._row(item, tensors))
         batch = next(self._ids)
-        self._batches[batch] = entry = _Batch(host, done, len(rows))
+        traced = [row.rid for row in rows if row.trace is not None and not row.stream]
+        self._batches[batch] = entry = _Batch(host, done, traced)
         if block != p.NO_BLOCK:
             self._inputs[batch] = block
         if self._timeout_s:
@@ -297,7 +300,7 @@ class HostedInstance(ModelInstance):
     def _row(self, item: dict[str, np.ndarray], tensors: list[p.TensorRef]) -> p.Row:
         request: InferenceRequest | None = getattr(item, "request", None)
         if request is None:  # warm-up, calibration, a sequence batch's filler row
-            return p.Row(next(self._ids), "", {}, None, 0, 0, False, False, tensors)
+            return p.Row(next(self._ids), "", {}, None, 0, 0, False, False, tensors, None)
         responder = request.responder
         rid = self._rid_of.get(id(request)) if responder is not None else None
         if rid is None:
@@ -305,8 +308,12 @@ class HostedInstance(ModelInstance):
             if responder is not None:
                 self._open_stream(rid, request, responder)
         requested = None if request.requested_outputs is None else [r.name for r in request.requested_outputs]
+        context = None
+        if request.trace is not None:
+            self._traces[rid] = request.trace
+            context = trace_context(request.trace)
         return p.Row(rid, request.id, request.parameters, requested, request.correlation_id, request.flags,
-                     request.cancelled, responder is not None, tensors)
+                     request.cancelled, responder is not None, tensors, context)
 
     def _result(self, msg: p.Result) -> None:
         host = self.host
@@ -334,6 +341,8 @@ class HostedInstance(ModelInstance):
             return
         if batch.timer is not None:
             batch.timer.cancel()
+        for rid in batch.traced:
+            self._traces.pop(rid, None)
         batch.done(result)
 
     def _overran(self, batch_id: int) -> None:
@@ -433,6 +442,7 @@ class HostedInstance(ModelInstance):
     def _end_stream(self, stream: _Stream) -> None:
         stream.ended = True
         self._streams.pop(stream.rid, None)
+        self._traces.pop(stream.rid, None)
         if self._rid_of.get(stream.key) == stream.rid:
             del self._rid_of[stream.key]
         if stream.stall is not None:
@@ -560,7 +570,8 @@ class HostedInstance(ModelInstance):
         return InferenceRequest(
             model_name=bls.model, inputs=inputs, model_version=bls.version, id=bls.id, parameters=bls.parameters,
             requested_outputs=None if bls.requested is None else [RequestedOutput(n) for n in bls.requested],
-            priority=bls.priority, timeout_us=bls.timeout_us)
+            priority=bls.priority, timeout_us=bls.timeout_us,
+            trace=bls_call(self._traces.get(bls.parent), bls.model, bls.version))
 
     def _call_response(self, host: HostProcess, cid: int, final: bool, response: Any) -> p.CallResponse:
         try:

@@ -117,6 +117,7 @@ class Row(msgspec.Struct, array_like=True):
     cancelled: bool
     stream: bool
     inputs: list[TensorRef]
+    trace: str | None  # the request's W3C trace context (JSON), when it is traced
 
 
 class Execute(_Message, tag=2):
@@ -231,6 +232,7 @@ class BlsRequest(msgspec.Struct, array_like=True):
     priority: int
     timeout_us: int
     inputs: list[TensorRef]
+    parent: int  # the rid of the request whose trace it is part of (trace=request.trace()); -1: none
 
 
 class Call(_Message, tag=19):

@@ -100,6 +100,22 @@ class HostSender:
             self.runtime.post(p.Ignoring(self.rid, sends))
 
 
+class HostTrace:
+    """A traced request's trace in the host: its W3C context for ``request.trace().get_context()``, and
+    the request's number, which a BLS call made with ``trace=request.trace()`` carries to the core,
+    where the call's trace is made a child of the request's (``inferd.observability.tracing.bls_call``
+    calls :meth:`child`)."""
+
+    __slots__ = ("rid", "context_json")
+
+    def __init__(self, rid: int, context_json: str) -> None:
+        self.rid = rid
+        self.context_json = context_json
+
+    def child(self, name: str, attributes: dict[str, Any]) -> "HostTrace":
+        return self
+
+
 class HostDispatcher:
     """The server as the hosted instance sees it (:class:`~inferd.backends.InferenceDispatcher`):
     each call is a :class:`~inferd.hosts.protocol.Call` to the core, answered on the host's loop."""
@@ -256,7 +272,8 @@ class HostRuntime:
             model_name=self.name, inputs=p.read_tensors(self.to_host, row.inputs, f"model '{self.name}'"),
             id=row.id, parameters=row.parameters,
             requested_outputs=None if row.requested is None else [RequestedOutput(n) for n in row.requested],
-            correlation_id=row.correlation_id, flags=row.flags, cancelled=row.cancelled)
+            correlation_id=row.correlation_id, flags=row.flags, cancelled=row.cancelled,
+            trace=HostTrace(row.rid, row.trace) if row.trace is not None else None)
         if row.stream:
             sender = self.senders.get(row.rid)
             if sender is None:
@@ -364,8 +381,9 @@ class HostRuntime:
     def _bls_request(self, request: InferenceRequest) -> tuple[p.BlsRequest, int]:
         block, refs = p.write_tensors(self.writer, [request.inputs], self.lock)
         requested = None if request.requested_outputs is None else [r.name for r in request.requested_outputs]
+        parent = request.trace.rid if isinstance(request.trace, HostTrace) else -1
         return p.BlsRequest(request.model_name, request.model_version, request.id, dict(request.parameters),
-                            requested, request.priority, request.timeout_us, refs[0]), block
+                            requested, request.priority, request.timeout_us, refs[0], parent), block
 
     async def call(self, method: str, request: InferenceRequest) -> p.CallResponse:
         bls, block = self._bls_request(request)

@@ -454,7 +454,11 @@ def bls_call(trace: RequestTrace | None, model: str, version: int = 0) -> Reques
 
 
 def trace_context(trace: RequestTrace) -> str:
-    """The W3C trace context of ``trace``'s span as a JSON string (pb_utils' ``get_context()``)."""
+    """The W3C trace context of ``trace``'s span as a JSON string (pb_utils' ``get_context()``; in a
+    model host, the trace's stand-in carries the context the core wrote for it)."""
+    known = getattr(trace, "context_json", None)
+    if known is not None:
+        return known  # type: ignore[no-any-return]
     import json
 
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
