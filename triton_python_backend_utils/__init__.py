@@ -326,10 +326,11 @@ class InferenceResponseSender:
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     Responses reach the client in the order they are sent. Once the request's client has
-    gone (``is_cancelled()``), a response can no longer be delivered: ``send`` raises, as
-    on a closed sender, except with the final flag alone or on an error response, which
-    close the sender quietly (the usual end of a cancelled request). A model that ignores
-    the exception and keeps sending is stopped with its model host.
+    gone (``is_cancelled()``), a response can no longer be delivered: during the ``execute``
+    call that holds the request it is dropped (the batch's other requests go on), after it
+    ``send`` raises, as on a closed sender; the final flag, alone or on an error response,
+    closes the sender quietly (the usual end of a cancelled request). A model that keeps
+    sending for a cancelled request is stopped with its model host.
     """
 
     def __init__(self, deliver: Any, request: "InferenceRequest | None" = None, on_refused: Any = None) -> None:
@@ -339,6 +340,7 @@ class InferenceResponseSender:
         self._closed = False
         self._refused = 0  # sends refused after the client had gone
         self._on_refused = on_refused  # on_refused(count), set by inferd (a model host reports a model ignoring it)
+        self._in_execute = False  # set by inferd while the execute call holding the request runs
 
     def send(self, response: "InferenceResponse | None" = None, flags: int = 0) -> None:
         final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -357,6 +359,8 @@ class InferenceResponseSender:
                 self._refused += 1
                 if self._on_refused is not None:
                     self._on_refused(self._refused)
+                if self._in_execute:
+                    return  # dropped: raising would fail the batch's other requests too
                 raise TritonModelException("Unable to send response. Response sender has been closed.")
             if final:
                 self._closed = True

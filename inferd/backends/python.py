@@ -417,6 +417,8 @@ class PythonInstance(ModelInstance):
                 sink.started_ns = t1  # its first response's statistics count from here
         if requests:
             _enter(name, self._dispatcher, self._model_dir)
+            for sender, _ in senders:
+                sender._in_execute = True
             try:
                 returned = self._execute(requests)
                 if inspect.isawaitable(returned):
@@ -433,6 +435,8 @@ class PythonInstance(ModelInstance):
                         sink.put(StreamEvent(error=error, final=True))
                 requests = []  # none of them goes on
             finally:
+                for sender, _ in senders:
+                    sender._in_execute = False
                 _leave()
         times.input_ns = t1 - t0
         times.infer_ns = time.perf_counter_ns() - t1

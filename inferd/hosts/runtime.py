@@ -30,6 +30,7 @@ import logging
 import os
 import pickle
 import threading
+import time
 from pathlib import Path
 from queue import SimpleQueue
 from typing import Any, AsyncIterator, Callable
@@ -47,6 +48,11 @@ from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
 
 log = logging.getLogger("inferd.host")
 
+# A model still sending for a cancelled request this long after the cancel, or this many times, is
+# stopped with its host (a model winding a request down sends a step's worth at most).
+CANCEL_GRACE = 0.5
+RUNAWAY_SENDS = 10_000
+
 
 class HostSender:
     """A decoupled request's response sink in the host (``request.responder``): ``put`` is called
@@ -55,7 +61,7 @@ class HostSender:
     raises before it gets here: pb_utils reads ``request.cancelled``)."""
 
     __slots__ = ("runtime", "rid", "request", "credit", "cancelled", "closed", "started_ns", "_cond", "batches",
-                 "_late")
+                 "_cancelled_at", "_reported")
 
     def __init__(self, runtime: "HostRuntime", rid: int, request: InferenceRequest) -> None:
         self.runtime = runtime
@@ -67,7 +73,8 @@ class HostSender:
         self.started_ns = 0
         self._cond = threading.Condition()
         self.batches: list[int] = []  # batches whose input block waits for this request to end
-        self._late = 0
+        self._cancelled_at = 0.0
+        self._reported = False
 
     def put(self, event: StreamEvent) -> None:
         with self._cond:
@@ -90,14 +97,19 @@ class HostSender:
     def cancel(self) -> None:
         with self._cond:
             self.cancelled = True
-            self.request.cancelled = True  # what is_cancelled() reads; send() now raises
+            self._cancelled_at = time.monotonic()
+            self.request.cancelled = True  # what is_cancelled() reads; send() now refuses
             self._cond.notify_all()
 
     def refused(self, sends: int) -> None:
-        """pb_utils' sender refused a ``send`` after the cancel (``sends``: how many so far). The
-        first is the model's notice; one more means it carries on regardless."""
-        if sends == 2:
-            self.runtime.post(p.Ignoring(self.rid, sends))
+        """pb_utils' sender refused a ``send`` after the cancel (``sends``: how many so far; any thread).
+        A model winding the request down sends a few more at most; one still sending CANCEL_GRACE
+        after the cancel, or RUNAWAY_SENDS times, ignores it: the core is told, and stops the host."""
+        if self._reported:
+            return
+        if sends >= RUNAWAY_SENDS or time.monotonic() - self._cancelled_at >= CANCEL_GRACE:
+            self._reported = True
+            self.runtime.post_threadsafe(p.Ignoring(self.rid, sends))
 
 
 class HostTrace:

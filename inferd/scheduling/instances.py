@@ -37,7 +37,8 @@ answers UNAVAILABLE (the model is reported not ready) until one returns.
 - ``remote``: the instance runs elsewhere (a model host process, :mod:`inferd.hosts`): a batch is
   handed to it on the loop (``instance.submit``) and its outcome comes back on the loop, with no
   thread of the worker's waiting; an execution timeout is the instance's own (it stops its host).
-  Like a thread instance, a remote one may be handed its next batch while it executes one.
+  It takes one batch at a time: a batch handed to a busy host would wait there while another
+  instance may free up first (and a model whose requests wait for each other would deadlock).
 
 A :class:`~inferd.backends.base.TensorInstance` on its thread may be handed its
 next batch while it still executes one (:attr:`InstanceWorker.can_stage`, the
@@ -147,8 +148,6 @@ class InstanceWorker:
     def can_stage(self) -> bool:
         """Executing one batch on its thread, with room for the next, assembled meanwhile
         (not with an execution timeout or a rate limiter ticket: the module's docstring)."""
-        if self.mode == "remote":  # the host queues it behind the batch it runs
-            return self.jobs == 1 and self.ticket is None
         return (self.jobs == 1 and not self.inline and self.ticket is None and not self._timeout_s
                 and not self._rebuilding and getattr(self.instance, "assembles_ahead", False))
 
