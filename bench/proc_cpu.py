@@ -42,6 +42,7 @@ __all__ = ["PROC", "TICK", "Stat", "all_stats", "parse_stat", "read_stat", "serv
 
 CORE = "core"
 WORKER_MODULE = "inferd.serve.worker_process"  # a frontend worker's command line names this module
+HOST_MODULE = "inferd.serve.host_process"  # a model host's
 
 
 def voluntary_switches(pid: int, proc: Path = PROC) -> int:
@@ -64,7 +65,8 @@ def voluntary_switches(pid: int, proc: Path = PROC) -> int:
 
 
 def role(pid: int, root: int, proc: Path = PROC) -> str:
-    """``core`` for the root, ``frontend K`` for a frontend worker, else the process's command name."""
+    """``core`` for the root, ``frontend K`` for a frontend worker, ``host <model>-<instance>`` for a model
+    host, else the process's command name."""
     if pid == root:
         return CORE
     try:
@@ -75,6 +77,9 @@ def role(pid: int, root: int, proc: Path = PROC) -> str:
     if WORKER_MODULE in words:
         index = words[words.index("--index") + 1] if "--index" in words[:-1] else "?"
         return f"frontend {index}"
+    if HOST_MODULE in words:
+        label = words[words.index("--label") + 1] if "--label" in words[:-1] else "?"
+        return f"host {label}"
     try:
         return (proc / str(pid) / "comm").read_text().strip()
     except OSError:
