@@ -131,6 +131,7 @@ class HostedInstance(ModelInstance):
         self._waiting: list[_Waiting] = []
         self._frees: list[int] = []  # from-host blocks read, to hand back in this turn's write
         self._credits: dict[int, int] = {}
+        self._flushing = False
         self._loaded: asyncio.Future | None = None
         self._restart = RestartState(RestartPolicy())
         self._started = 0.0
@@ -181,8 +182,7 @@ class HostedInstance(ModelInstance):
         host = await HostProcess.spawn(self.label, self._on_message)
         self.host = host
         self._started = self.clock.now()
-        host.channel.before_flush(lambda: self._flush(host))  # type: ignore[union-attr]
-        host.send(self._load, at_once=True)
+        host.send(self._load)
         await asyncio.wait([self._loaded, host.gone], return_when=asyncio.FIRST_COMPLETED)
         if not self._loaded.done():
             self.host = None
@@ -295,7 +295,8 @@ class HostedInstance(ModelInstance):
             self._inputs[batch] = block
         if self._timeout_s:
             entry.timer = self.clock.call_at(self.clock.now() + self._timeout_s, lambda: self._overran(batch))
-        host.send(p.Execute(batch, rows, list(output_names), block), at_once=True)
+        frees, self._frees = self._frees, []
+        host.send(p.Execute(batch, rows, list(output_names), block, frees))
 
     def _row(self, item: dict[str, np.ndarray], tensors: list[p.TensorRef]) -> p.Row:
         request: InferenceRequest | None = getattr(item, "request", None)
@@ -359,8 +360,8 @@ class HostedInstance(ModelInstance):
 
     # -- messages from the host (on the loop) --------------------------------------------------
 
-    def _on_message(self, item: list[Any]) -> None:
-        msg = p.from_host(item)
+    def _on_message(self, data: bytes) -> None:
+        msg = p.from_host(data)
         if isinstance(msg, p.Result):
             self._result(msg)
         elif isinstance(msg, p.Response):
@@ -394,23 +395,36 @@ class HostedInstance(ModelInstance):
             self._ignoring(msg)
 
     def _free(self, block: int) -> None:
-        """A from-host block read: handed back with this turn's write."""
-        host = self.host
-        if block == p.NO_BLOCK or host is None:
+        """A from-host block read: handed back with the next batch (or, once many wait, in a Free of their own)."""
+        if block == p.NO_BLOCK or self.host is None:
             return
         self._frees.append(block)
-        if host.channel is not None:
-            host.channel.wake()
+        if len(self._frees) >= p.FREE_BATCH:
+            self._flush_soon()
 
-    def _flush(self, host: HostProcess) -> None:
-        """Before each write to the host: the blocks read and the credits earned in this turn, in one message each."""
+    def _flush_soon(self) -> None:
+        if not self._flushing:
+            self._flushing = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """The blocks read and the credits earned in this turn, in one message each."""
+        self._flushing = False
+        host = self.host
+        if host is None:
+            self._frees.clear()
+            self._credits.clear()
+            return
         if self._frees:
             frees, self._frees = self._frees, []
             host.send(p.Free(frees))
         if self._credits:
             credits, self._credits = self._credits, {}
             for rid, n in credits.items():
-                host.send(p.Credit(rid, n))
+                if n >= p.CREDIT_EVERY:
+                    host.send(p.Credit(rid, n))
+                else:  # not worth a wake-up of the host yet
+                    self._credits[rid] = n
 
     def _ignoring(self, msg: p.Ignoring) -> None:
         host = self.host
@@ -437,11 +451,12 @@ class HostedInstance(ModelInstance):
             return
         self._end_stream(stream)
         if self.host is not None:
-            self.host.send(p.Cancel(stream.rid), at_once=True)
+            self.host.send(p.Cancel(stream.rid))
 
     def _end_stream(self, stream: _Stream) -> None:
         stream.ended = True
         self._streams.pop(stream.rid, None)
+        self._credits.pop(stream.rid, None)
         self._traces.pop(stream.rid, None)
         if self._rid_of.get(stream.key) == stream.rid:
             del self._rid_of[stream.key]
@@ -483,9 +498,9 @@ class HostedInstance(ModelInstance):
     def _credit(self, stream: _Stream) -> None:
         if stream.ended or self.host is None:
             return
-        self._credits[stream.rid] = self._credits.get(stream.rid, 0) + 1
-        if self.host.channel is not None:
-            self.host.channel.wake()
+        n = self._credits[stream.rid] = self._credits.get(stream.rid, 0) + 1
+        if n >= p.CREDIT_EVERY:
+            self._flush_soon()
 
     def _resumed(self, stream: _Stream) -> None:
         if stream.stall is not None:
@@ -590,7 +605,7 @@ class HostedInstance(ModelInstance):
             raise Unavailable(f"model '{self.model.name}' instance {self.name} has no host process now")
         cid = next(self._ids)
         future = self._asks[cid] = self.loop.create_future()
-        host.send(p.Ask(cid, what), at_once=True)
+        host.send(p.Ask(cid, what))
         return await future
 
     def _ready(self) -> bool:

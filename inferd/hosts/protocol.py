@@ -1,8 +1,8 @@
 """The messages between the core and a model host, and tensors laid out in their arenas.
 
-A host holds one model instance. The core and the host speak over an
-:class:`inferd.ipc.channel.Channel` (msgpack arrays, one write per loop turn)
-and two memfd arenas, one per direction, each with one allocating side
+A host holds one model instance. The core and the host speak over a framed
+socket (:mod:`inferd.ipc.frames`: each message written at once) and two memfd
+arenas, one per direction, each with one allocating side
 (:mod:`inferd.ipc.arena`): *to the host* (the core writes a batch's inputs and
 a BLS call's outputs, the host reads them in place) and *from the host* (the
 host writes a batch's outputs, a decoupled response's and a BLS request's
@@ -10,9 +10,9 @@ tensors, the core reads them). A reader hands a block back when it is done with
 it (:class:`Release` from the host, :class:`Free` from the core), so no lock
 crosses the processes.
 
-Each message is a msgspec Struct that travels as a msgpack array whose first
-item is its tag (``array_like``): as small as a hand-built list, converted to
-and from its type in C, its fields read by name. Every message is built here, by its class; the
+Each message is a msgspec Struct encoded as a msgpack array whose first item
+is its tag (``array_like``): as small as a hand-built list, decoded straight
+into its type in C, its fields read by name. Every message is built here, by its class; the
 core's side is :mod:`inferd.hosts.instance`, the host's :mod:`inferd.hosts.runtime`.
 
 Core -> host: :class:`Load` (first), :class:`Execute`, :class:`Cancel`,
@@ -38,7 +38,11 @@ from inferd.ipc.arena import Arena, ArenaWriter, aligned
 NO_BLOCK = -1
 # How many responses of one decoupled request a host may send beyond those the core has
 # credited back: the model's sender waits past it, so a client that reads slowly holds its model.
+# The core credits them back CREDIT_EVERY at a time (each credit message wakes the host's loop).
 RESPONSE_WINDOW = 16
+CREDIT_EVERY = 8
+# Read from-host blocks wait for the next batch to ride on; past this many they go in a Free of their own.
+FREE_BATCH = 64
 # The same for a BLS call into a decoupled model, in the other direction.
 CALL_WINDOW = 16
 
@@ -121,12 +125,15 @@ class Row(msgspec.Struct, array_like=True):
 
 
 class Execute(_Message, tag=2):
-    """Run one batch; its inputs lie in ``block`` of the to-host arena."""
+    """Run one batch; its inputs lie in ``block`` of the to-host arena. ``free``: blocks of the from-host
+    arena the core has read since its last message that carried them (a :class:`Free` of its own only
+    when many wait)."""
 
     batch: int
     rows: list[Row]
     outputs: list[str]
     block: int
+    free: list[int]
 
 
 class Cancel(_Message, tag=3):
@@ -286,18 +293,22 @@ FromHost = Union[Loaded, Result, Response, Call, CallCancel, CallCredit, Release
 
 
 
-def encode(message: _Message) -> list[Any]:
-    """The message as the channel's msgpack array (bytes fields stay bytes)."""
-    return msgspec.to_builtins(message, builtin_types=(bytes,))  # type: ignore[no-any-return]
+_encoder = msgspec.msgpack.Encoder()
+_to_host = msgspec.msgpack.Decoder(ToHost)
+_from_host = msgspec.msgpack.Decoder(FromHost)
 
 
-def to_host(item: list[Any]) -> ToHost:
+def encode(message: _Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def to_host(data: bytes) -> ToHost:
     """A message the host received, as its type (msgspec.ValidationError if it is none)."""
-    return msgspec.convert(item, ToHost)  # type: ignore[arg-type]
+    return _to_host.decode(data)  # type: ignore[no-any-return]
 
 
-def from_host(item: list[Any]) -> FromHost:
-    return msgspec.convert(item, FromHost)  # type: ignore[arg-type]
+def from_host(data: bytes) -> FromHost:
+    return _from_host.decode(data)  # type: ignore[no-any-return]
 
 
 # -- tensors in an arena ---------------------------------------------------------------------

@@ -4,13 +4,13 @@ its calls into the server back to the core.
 The host process (``python -m inferd.serve.host_process``, spawned by the core's
 :class:`inferd.hosts.instance.HostedInstance`) runs two threads of its own:
 
-- its event loop, which reads the core's messages (:mod:`inferd.hosts.protocol`), sends the
-  host's, and runs the model's calls into the server (BLS, the model loading API) as
-  coroutines, as the core's loop runs them in one process;
-- the model thread, which loads the instance (its backend's ``create_instance``: a Python
-  model's ``initialize``), runs each batch's ``execute`` and, at unload, ``finalize``, one at a
-  time, so the loop is never blocked by the model's code and a batch waits behind the one
-  before it as on an instance thread in the core.
+- its event loop, which reads the core's control messages (:mod:`inferd.hosts.protocol`: cancels,
+  credits, answers to calls) and runs the model's calls into the server (BLS, the model loading
+  API) as coroutines, as the core's loop runs them in one process;
+- the model thread, which reads the batch link itself (blocking) and loads the instance (its
+  backend's ``create_instance``: a Python model's ``initialize``), runs each batch's ``execute``
+  and, at unload, ``finalize``, one at a time: a batch wakes this thread only, as it would an
+  instance thread in the core, and the loop is never blocked by the model's code.
 
 The instance is the backend's own (a Python model's :class:`~inferd.backends.python.PythonInstance`),
 created with a dispatcher (:class:`HostDispatcher`) whose calls go to the core over the channel: a
@@ -32,7 +32,6 @@ import pickle
 import threading
 import time
 from pathlib import Path
-from queue import SimpleQueue
 from typing import Any, AsyncIterator, Callable
 
 from inferd.backends import Device, InstanceSpec, ModelInstance, get as backend_named
@@ -41,7 +40,7 @@ from inferd.backends.session_cache import SessionCache
 from inferd.errors import InferdError, ModelExecutionError
 from inferd.hosts import protocol as p
 from inferd.ipc.arena import Arena, ArenaWriter
-from inferd.ipc.channel import Channel
+from inferd.ipc.frames import FrameChannel, FrameReader, FrameWriter
 from inferd.observability import custom_metrics
 from inferd.streaming import StreamEvent, StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
@@ -52,6 +51,7 @@ log = logging.getLogger("inferd.host")
 # stopped with its host (a model winding a request down sends a step's worth at most).
 CANCEL_GRACE = 0.5
 RUNAWAY_SENDS = 10_000
+EARLY_LIMIT = 1024  # cancels and credits kept for requests whose batch has not been read yet
 
 
 class HostSender:
@@ -174,18 +174,23 @@ class HostRuntime:
     """The host's state: its instance, the model thread, requests and calls in flight. Every method
     but those marked otherwise runs on the host's loop."""
 
-    def __init__(self, to_host: Arena, from_host: ArenaWriter, exit: Callable[[int], None] = os._exit) -> None:
+    def __init__(self, to_host: Arena, from_host: ArenaWriter, batches: FrameReader, out: FrameWriter,
+                 exit: Callable[[int], None] = os._exit) -> None:
         self.to_host = to_host  # the core writes; read in place
         self.writer = from_host  # the host writes (any thread: under the lock)
         self.lock = threading.Lock()
-        self.channel: Channel | None = None
+        self.batches = batches  # Load, Execute, Finalize: read by the model thread itself
+        self.control: FrameChannel | None = None  # the core's other messages, read on the loop
+        self.out = out  # everything the host sends, from any thread
         self.loop = asyncio.get_running_loop()
         self.dispatcher = HostDispatcher(self)
         self.dispatcher.loop = self.loop
         self.instance: ModelInstance | None = None
         self.name = "?"
-        self.jobs: SimpleQueue = SimpleQueue()
-        self.senders: dict[int, HostSender] = {}
+        self.senders: dict[int, HostSender] = {}  # the model thread adds, the loop cancels and credits
+        self.senders_lock = threading.Lock()
+        self.early_cancels: dict[int, bool] = {}
+        self.early_credits: dict[int, int] = {}
         self.waiting_blocks: dict[int, tuple[int, set[int]]] = {}  # batch -> (input block, rids still open)
         self.calls: dict[int, asyncio.Future] = {}
         self.streams: dict[int, asyncio.Queue] = {}
@@ -196,17 +201,22 @@ class HostRuntime:
 
     # -- messages from the core ----------------------------------------------------------
 
-    def on_message(self, item: list[Any]) -> None:
-        msg = p.to_host(item)
-        if isinstance(msg, p.Execute):
-            self.jobs.put(msg)
-        elif isinstance(msg, p.Cancel):
-            sender = self.senders.get(msg.rid)
+    def on_message(self, data: bytes) -> None:
+        """A message of the control link (on the loop)."""
+        msg = p.to_host(data)
+        if isinstance(msg, p.Cancel):
+            with self.senders_lock:
+                sender = self.senders.get(msg.rid)
+                if sender is None:  # its batch is still on the batch link: its sender starts cancelled
+                    self._early(self.early_cancels, msg.rid, True)
             if sender is not None:
                 sender.cancel()
                 self.request_ended(sender)
         elif isinstance(msg, p.Credit):
-            sender = self.senders.get(msg.rid)
+            with self.senders_lock:
+                sender = self.senders.get(msg.rid)
+                if sender is None:
+                    self._early(self.early_credits, msg.rid, self.early_credits.get(msg.rid, 0) + msg.n)
             if sender is not None:
                 sender.add_credit(msg.n)
         elif isinstance(msg, (p.CallResponse, p.CallResult)):
@@ -217,10 +227,13 @@ class HostRuntime:
                     self.writer.free(block)
         elif isinstance(msg, p.Ask):
             self._ask(msg)
-        elif isinstance(msg, p.Load):
-            self.jobs.put(msg)
-        elif isinstance(msg, p.Finalize):
-            self.jobs.put(msg)
+
+    @staticmethod
+    def _early(found: dict, rid: int, value: Any) -> None:
+        """What came for a request before its batch (the two links race); a few at most: bounded."""
+        found[rid] = value
+        if len(found) > EARLY_LIMIT:
+            del found[next(iter(found))]
 
     def closed(self) -> None:
         """The channel closed: the core has gone (or gave up on this host). Nothing of ours may outlive it."""
@@ -230,7 +243,11 @@ class HostRuntime:
 
     def _serve(self) -> None:
         while True:
-            msg = self.jobs.get()
+            data = self.batches.read()
+            if data is None:  # the core has gone
+                self._exit(0)
+                return
+            msg = p.to_host(data)
             try:
                 if isinstance(msg, p.Execute):
                     self._execute(msg)
@@ -267,6 +284,10 @@ class HostRuntime:
         self.post_threadsafe(p.Loaded(os.getpid(), resident_bytes(), ready_check, failure))
 
     def _execute(self, msg: p.Execute) -> None:
+        if msg.free:
+            with self.lock:
+                for block in msg.free:
+                    self.writer.free(block)
         instance = self.instance
         rows = [self._row(msg.batch, row) for row in msg.rows]
         try:
@@ -287,12 +308,17 @@ class HostRuntime:
             correlation_id=row.correlation_id, flags=row.flags, cancelled=row.cancelled,
             trace=HostTrace(row.rid, row.trace) if row.trace is not None else None)
         if row.stream:
-            sender = self.senders.get(row.rid)
-            if sender is None:
-                sender = self.senders[row.rid] = HostSender(self, row.rid, request)
-            else:  # the next step of an iterative sequence: the same sender, this step's request
-                sender.request = request
-                request.cancelled = sender.cancelled
+            with self.senders_lock:
+                sender = self.senders.get(row.rid)
+                if sender is None:
+                    sender = self.senders[row.rid] = HostSender(self, row.rid, request)
+                    cancelled = self.early_cancels.pop(row.rid, False)
+                    sender.credit += self.early_credits.pop(row.rid, 0)
+                    if cancelled:
+                        sender.cancel()
+                else:  # the next step of an iterative sequence: the same sender, this step's request
+                    sender.request = request
+                    request.cancelled = sender.cancelled
             request.responder = sender
         return RequestInputs(request)
 
@@ -351,8 +377,9 @@ class HostRuntime:
         self.loop.call_soon_threadsafe(self._ended, sender)
 
     def _ended(self, sender: HostSender) -> None:
-        if self.senders.get(sender.rid) is sender:
-            del self.senders[sender.rid]
+        with self.senders_lock:
+            if self.senders.get(sender.rid) is sender:
+                del self.senders[sender.rid]
         freed = []
         for batch in sender.batches:
             entry = self.waiting_blocks.get(batch)
@@ -369,21 +396,14 @@ class HostRuntime:
     # -- sending -------------------------------------------------------------------------
 
     def post(self, msg: Any) -> None:
-        """Send a message (on the loop)."""
-        if self.channel is not None:
-            self.channel.send(p.encode(msg))
+        """Send a message now, from any thread (the host writes its socket directly: a result or a
+        response costs no wake-up of the loop)."""
+        if self.out is not None:
+            self.out.send(p.encode(msg))
 
     def post_threadsafe(self, msg: Any) -> None:
-        """Send from any thread; ``None``: the model thread has ended (finalize done, or it failed)."""
-        try:
-            self.loop.call_soon_threadsafe(self._posted, msg)
-        except RuntimeError:  # the loop is closed: the process is ending
-            pass
-
-    def _posted(self, msg: Any) -> None:
+        """As :meth:`post`; ``None``: the model thread has ended (finalize done, or it failed): exit."""
         if msg is None:
-            if self.channel is not None:
-                self.channel.flush_now()
             self._exit(0)
             return
         self.post(msg)

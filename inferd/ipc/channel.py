@@ -203,3 +203,4 @@ class Channel(asyncio.Protocol):
         if self._transport is not None:
             self._flush()
             self._transport.close()
+

@@ -1,10 +1,10 @@
-"""A model host process: ``python -m inferd.serve.host_process --channel-fd FD --to-host FD:SIZE
---from-host FD:SIZE --parent PID``.
+"""A model host process: ``python -m inferd.serve.host_process --batch-fd FD --control-fd FD
+--to-host FD:SIZE --from-host FD:SIZE --parent PID``.
 
 Spawned by the core (:class:`inferd.hosts.process.HostProcess`), never by hand. It holds one model
 instance (:mod:`inferd.hosts.runtime`): the core's first message says which, every later one
 hands it a batch or answers one of its calls. It never outlives its core, by two ties, either
-enough on its own: the channel (the core's end closes when the core exits or gives up on the
+enough on its own: its links (the core's ends close when the core exits or gives up on the
 host, and the host then exits at once, whatever its model is doing) and ``PR_SET_PDEATHSIG``
 (the kernel kills it when the core dies, even while it is stuck).
 """
@@ -21,7 +21,7 @@ import sys
 from inferd import event_loop
 from inferd.hosts.runtime import HostRuntime
 from inferd.ipc.arena import Arena, ArenaWriter
-from inferd.ipc.channel import Channel
+from inferd.ipc.frames import FrameChannel, FrameReader, FrameWriter
 from inferd.ipc.processes import die_with_parent
 
 
@@ -30,19 +30,21 @@ def _arena(spec: str) -> Arena:
     return Arena(int(fd), int(size))
 
 
-async def serve(channel_fd: int, to_host: str, from_host: str) -> int:
-    runtime = HostRuntime(_arena(to_host), ArenaWriter(_arena(from_host)))
-    sock = socket.socket(fileno=channel_fd)
-    channel = await Channel.open(sock, runtime.on_message, "core")
-    runtime.channel = channel
-    await channel.closed  # type: ignore[misc]
+async def serve(batch_fd: int, control_fd: int, to_host: str, from_host: str) -> int:
+    batch = socket.socket(fileno=batch_fd)
+    batch.setblocking(True)  # the model thread reads its batches here itself
+    runtime = HostRuntime(_arena(to_host), ArenaWriter(_arena(from_host)), FrameReader(batch), FrameWriter(batch))
+    control = await FrameChannel.open(socket.socket(fileno=control_fd), runtime.on_message, "core")
+    runtime.control = control
+    await control.closed  # type: ignore[misc]
     runtime.closed()  # the core has gone: so do we, whatever the model is doing
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m inferd.serve.host_process", description=__doc__)
-    parser.add_argument("--channel-fd", type=int, required=True)
+    parser.add_argument("--batch-fd", type=int, required=True)
+    parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--to-host", required=True)
     parser.add_argument("--from-host", required=True)
     parser.add_argument("--parent", type=int, required=True)
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     heap.limit_arenas()  # before any thread starts (INFERD_MALLOC_ARENA_MAX)
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s %(levelname)s host {args.label} (pid {os.getpid()}) %(name)s: %(message)s")
-    return event_loop.run(serve(args.channel_fd, args.to_host, args.from_host), args.event_loop)
+    return event_loop.run(serve(args.batch_fd, args.control_fd, args.to_host, args.from_host), args.event_loop)
 
 
 if __name__ == "__main__":
