@@ -1,0 +1,150 @@
+"""The model hosts' protocol pieces, without processes: tensors through an arena, messages through
+frames, custom metrics from several hosts merged, and what a host's loop keeps for a batch it has
+not read yet."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+
+import msgspec
+import numpy as np
+import pytest
+
+from inferd.errors import InvalidArgument, ModelExecutionError, Unavailable
+from inferd.hosts import protocol as p
+from inferd.ipc.arena import Arena, ArenaWriter
+from inferd.ipc.frames import MAX_FRAME, FrameChannel, FrameReader, FrameWriter
+from inferd.observability.custom_metrics import COUNTER, GAUGE, HISTOGRAM, CustomMetrics
+
+
+@pytest.fixture
+def arena() -> ArenaWriter:
+    writer = ArenaWriter(Arena.create(1 << 20, "test-hosts"))
+    yield writer
+    writer.arena.close()
+
+
+def test_tensors_of_every_kind_go_through_one_block_and_come_back(arena: ArenaWriter) -> None:
+    first = {"F": np.arange(6, dtype=np.float32).reshape(2, 3), "S": np.array([b"ab", b"", "c\u00e9"], np.object_)}
+    second = {"E": np.zeros((0, 4), np.int64), "B": np.array([[True, False]])}
+    block, refs = p.write_tensors(arena, [first, second, {}])
+    assert block != p.NO_BLOCK and [len(r) for r in refs] == [2, 2, 0]
+    one = p.read_tensors(arena.arena, refs[0], "test")
+    assert one["F"].tolist() == first["F"].tolist() and not one["F"].flags.writeable  # a view, in place
+    assert one["S"].tolist() == [b"ab", b"", "c\u00e9".encode()]
+    two = p.read_tensors(arena.arena, refs[1], "test", copy=True)
+    assert two["E"].shape == (0, 4) and two["B"].tolist() == [[True, False]]
+    arena.free(block)
+    assert arena.allocator.in_use() == 0
+
+
+def test_a_batch_of_empty_requests_takes_no_block(arena: ArenaWriter) -> None:
+    block, refs = p.write_tensors(arena, [{}, {}])
+    assert block == p.NO_BLOCK and refs == [[], []]
+
+
+def test_every_message_decodes_into_its_own_type() -> None:
+    row = p.Row(7, "id", {"k": 1}, ["OUT"], "seq", 1, False, True, [p.TensorRef("X", "FP32", [1, 2], 64, 8)], None)
+    sent = [p.Execute(3, [row], ["OUT"], 128, [0, 64]), p.Cancel(7), p.Credit(7, 8), p.Finalize()]
+    assert [p.to_host(p.encode(m)) for m in sent] == sent
+    back = [p.Result(3, [[]], [p.Failure("Unavailable", "gone")], p.NO_BLOCK, (1, 2, 3), None, [True], False),
+            p.Response(7, True, None, p.NO_BLOCK, None, 5), p.Ignoring(7, 10)]
+    assert [p.from_host(p.encode(m)) for m in back] == back
+    with pytest.raises(msgspec.ValidationError):  # a host message is no message for the host
+        p.to_host(p.encode(p.Ignoring(1, 1)))
+
+
+def test_a_failure_keeps_its_kind_across_the_boundary() -> None:
+    assert isinstance(p.Failure.of(Unavailable("x")).error(), Unavailable)
+    assert isinstance(p.Failure.of(InvalidArgument("bad")).error(), InvalidArgument)
+    plain = p.Failure.of(ZeroDivisionError("division by zero"))
+    assert isinstance(plain.error(), ModelExecutionError) and "ZeroDivisionError" in plain.message
+    assert isinstance(p.Failure("NoSuchError", "m").error(), ModelExecutionError)
+
+
+def test_frames_from_a_thread_reach_the_loop_in_order_and_a_blocking_reader_reads_them() -> None:
+    async def main() -> None:
+        left, right = socket.socketpair()
+        got: list[bytes] = []
+        done = asyncio.get_running_loop().create_future()
+
+        def on_frame(data: bytes) -> None:
+            got.append(data)
+            if len(got) == 300:
+                done.set_result(None)
+
+        channel = await FrameChannel.open(left, on_frame, "test")
+        writer = FrameWriter(right)
+        payloads = [bytes([i % 256]) * (i * 97 % 5000) for i in range(300)]  # splits across reads
+        thread = threading.Thread(target=lambda: [writer.send(x) for x in payloads])
+        thread.start()
+        await asyncio.wait_for(done, 30)
+        thread.join()
+        assert got == payloads
+        # The other way: the channel writes, a blocking reader on a thread reads.
+        right.setblocking(True)
+        reader = FrameReader(right)
+        for x in payloads[:20]:
+            channel.send(x)
+        read = await asyncio.get_running_loop().run_in_executor(None, lambda: [reader.read() for _ in range(20)])
+        assert read == payloads[:20]
+        channel.close()
+        await channel.closed
+        assert await asyncio.get_running_loop().run_in_executor(None, reader.read) is None  # the peer has gone
+        right.close()
+
+    asyncio.run(main())
+
+
+def test_a_frame_over_the_limit_is_refused_before_it_is_sent() -> None:
+    a, b = socket.socketpair()
+    with pytest.raises(ValueError, match="limit"):
+        FrameWriter(a).send(b"x" * (MAX_FRAME + 1))
+    a.close()
+    b.close()
+
+
+def test_custom_metrics_of_several_hosts_show_as_one_family_per_name() -> None:
+    core, host1, host2 = CustomMetrics(), CustomMetrics(), CustomMetrics()
+    for registry, value in ((host1, 2.0), (host2, 3.0)):
+        requests = registry.family("model_requests", "requests seen", COUNTER)
+        requests.increment(requests.metric({"model": "m"}, None), value)
+        temperature = registry.family("model_temperature", "degrees", GAUGE)
+        temperature.set(temperature.metric(None, None), value * 10)
+        latency = registry.family("model_latency", "seconds", HISTOGRAM)
+        latency.observe(latency.metric(None, [0.1, 1.0]), value / 10)
+    text = core.exposition([host1.snapshot(), host2.snapshot()])
+    assert text.count("# TYPE model_requests counter") == 1
+    assert 'model_requests{model="m"} 5' in text  # counters add up
+    assert "model_temperature{} 30" in text  # a gauge: the last one read
+    assert 'model_latency_bucket{le="0.1"} 0' in text and 'model_latency_bucket{le="1"} 2' in text
+    assert "model_latency_count{} 2" in text
+    assert core.exposition() == ""  # nothing of its own, nothing from others
+
+
+def test_a_cancel_or_credit_that_outruns_its_batch_is_kept_for_it(arena: ArenaWriter) -> None:
+    """The control link can deliver a request's cancel before the batch link delivers the request:
+    the host's sender for it must start cancelled (and with the credit that came early)."""
+    from inferd.hosts.runtime import HostRuntime
+
+    async def main() -> None:
+        core, host = socket.socketpair()
+        host.setblocking(True)
+        exits: list[int] = []
+        runtime = HostRuntime(arena.arena, arena, FrameReader(host), FrameWriter(host), exit=exits.append)
+        runtime.on_message(p.encode(p.Cancel(5)))
+        runtime.on_message(p.encode(p.Credit(6, 8)))
+        block, refs = p.write_tensors(arena, [{"X": np.ones(1, np.float32)}])
+        early = runtime._row(1, p.Row(5, "", {}, None, 0, 0, False, True, refs[0], None))
+        credited = runtime._row(1, p.Row(6, "", {}, None, 0, 0, False, True, refs[0], None))
+        assert early.request.cancelled and early.request.responder.cancelled
+        assert credited.request.responder.credit == p.RESPONSE_WINDOW + 8 and not credited.request.cancelled
+        assert runtime.early_cancels == {} and runtime.early_credits == {}
+        core.close()  # the core goes: the model thread reads the end of its link and exits
+        await asyncio.get_running_loop().run_in_executor(None, runtime._thread.join, 10)
+        assert exits == [0]
+        host.close()
+
+    asyncio.run(main())
