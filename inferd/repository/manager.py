@@ -290,7 +290,8 @@ class ModelManager:
             entry.state, entry.reason = UNAVAILABLE, exc.message
         return exc
 
-    def _load_blocking(self, entry: ModelEntry, config: ModelConfig | None) -> tuple[dict[int, Model], dict[int, tuple]]:
+    def _load_blocking(self, entry: ModelEntry,
+                       config: ModelConfig | None) -> tuple[dict[int, Model], dict[int, tuple]]:
         """Build the selected versions; a version whose files and config are those
         it was built from is kept as it is. Blocking (runs on a worker thread)."""
         path = entry.path
