@@ -281,3 +281,51 @@ class GrpcFastPath(Protocol):
         errors, as :meth:`DataPlaneAPI.infer` does. ``deadline``: absolute monotonic seconds, or
         None; ``received_ns``: when the frontend received the call (CLOCK_MONOTONIC ns)."""
         ...
+
+
+# -- OpenAI's Batch API (/v1/files, /v1/batches) ------------------------------------------------------------
+
+OPENAI_BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")  # what a batch may run
+OPENAI_MAX_FILE_BYTES = 200 * 1024 * 1024  # OpenAI's limit for a batch input file (the HTTP body limit may be lower)
+OPENAI_UPLOADS = "uploads"  # the folder of the Batch API's directory an upload is written to for the core to take
+
+
+class OpenAIBatchAPI(Protocol):
+    """What the ``/v1/files`` and ``/v1/batches`` routes ask of the core, which owns the batches and
+    runs them (:class:`inferd.batchjobs.OpenAIBatches`): the in-process data plane implements it,
+    and a frontend worker forwards each call to the core (``inferd.serve.worker_process``). Apart
+    from :class:`DataPlaneAPI` because the hand-off's proxy does not carry these calls (yet): the
+    worker sends them with its link's own call. Refusals are InvalidArgument (the route knows which
+    field each is about), NotFound and TooLarge. Bytes never travel in a call: an upload is written
+    into the Batch API's directory (``OPENAI_UPLOADS``) and named, a file's content read from the
+    path :meth:`openai_file_content` gives."""
+
+    async def openai_file_create(self, filename: str, purpose: str, upload: str) -> dict[str, Any]:
+        """The upload named ``upload`` made a file; its File object."""
+        ...
+
+    async def openai_file(self, file_id: str) -> dict[str, Any]: ...
+
+    async def openai_files(self, purpose: str | None) -> dict[str, Any]: ...
+
+    async def openai_file_delete(self, file_id: str) -> dict[str, Any]: ...
+
+    async def openai_file_content(self, file_id: str) -> str:
+        """The path of the file's bytes."""
+        ...
+
+    async def openai_batch_create(self, input_file_id: str, endpoint: str,
+                                  metadata: dict[str, str] | None) -> dict[str, Any]:
+        """A batch over an uploaded file (its fields already checked); its Batch object."""
+        ...
+
+    async def openai_batch(self, batch_id: str) -> dict[str, Any]: ...
+
+    async def openai_batches(self, after: str | None, limit: int) -> dict[str, Any]: ...
+
+    async def openai_batch_cancel(self, batch_id: str) -> dict[str, Any]: ...
+
+
+# The calls a core answers for a frontend worker besides the hand-off's own (inferd.handoff.wire.CALLS).
+OPENAI_BATCH_CALLS = frozenset(name for name, value in vars(OpenAIBatchAPI).items()
+                               if callable(value) and not name.startswith("_"))

@@ -2,13 +2,15 @@
 generator as a chat model): a file uploaded, a batch run, its output file's answers equal to the same
 requests answered one by one, a refused line in the error file, a file that fails validation, bad
 batch requests in OpenAI's error shape, a cancel that ends lines the model would run for ever; and,
-without a server, a batch that stops half-way resumed by the next store with each line answered once."""
+without a server, a batch that stops half-way resumed by the next store with each line answered once
+(the core's OpenAIBatches, which the server runs every batch in)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import shutil
+import signal
 import time
 
 import pytest
@@ -17,16 +19,19 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("tokenizers")
 pytest.importorskip("python_multipart")
 
-from conftest import running  # noqa: E402
+from conftest import ServerProcess, running  # noqa: E402
+from inferd.dataplane import DataPlane  # noqa: E402
+from inferd.frontends.openai import BatchLines  # noqa: E402
+from inferd.repository import ModelManager  # noqa: E402
 from inferd.examples import generator_assets as generator  # noqa: E402
 from inferd.examples.build import build_repository  # noqa: E402
-from inferd.frontends.openai._batches import BatchStore  # noqa: E402
+from inferd.batchjobs import OpenAIBatches  # noqa: E402
 
 WAIT_S = 90  # the longest a test waits for a batch to end
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("openai_batches")
     build_repository(repo, only=["generator"], log=None)
     long = repo / "long_generator"  # a sequence with no length limit: runs until it is cancelled
@@ -34,6 +39,11 @@ def server(tmp_path_factory):
     (long / "config.pbtxt").write_text(generator.config("long_generator", max_new_tokens=10**7, openai=True)
                                        .replace('"inferd.openai.max_context" value: { string_value: "2048"',
                                                 '"inferd.openai.max_context" value: { string_value: "0"'))
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repo):
     with running(repo) as server:
         yield server
 
@@ -53,11 +63,11 @@ def _chat_line(custom_id: str, content: str, model: str = "generator", max_token
             "body": {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": content}]}}
 
 
-def _until(client, batch_id: str, statuses: tuple[str, ...]):  # type: ignore[no-untyped-def]
+def _until(client, batch_id: str, statuses: tuple[str, ...], also=lambda batch: False):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + WAIT_S
     while True:
         batch = client.batches.retrieve(batch_id)
-        if batch.status in statuses:
+        if batch.status in statuses or also(batch):
             return batch
         assert time.monotonic() < deadline, f"batch still {batch.status} after {WAIT_S} s"
         time.sleep(0.1)
@@ -172,21 +182,27 @@ async def test_a_stopped_batch_resumes_answering_each_line_once(tmp_path):
     gate = asyncio.Event()
     calls: list[str] = []
 
-    async def answer(url: str, body: dict) -> dict:
-        calls.append(body["tag"])
-        if body["tag"] >= "l3":
-            await gate.wait()  # the first store stops before these answer
-        return {"id": f"r-{body['tag']}", "tag": body["tag"]}
+    class Lines:  # the injected line runner (the server's: BatchLines, the /v1 translation)
+        async def answer(self, url: str, body: dict) -> dict:
+            calls.append(body["tag"])
+            if body["tag"] >= "l3":
+                await gate.wait()  # the first store stops before these answer
+            return {"id": f"r-{body['tag']}", "tag": body["tag"]}
 
-    async def chunks(data: bytes):  # type: ignore[no-untyped-def]
-        yield data
+        def error(self, exc: BaseException) -> tuple[int, dict]:
+            raise AssertionError(f"no line fails here: {exc!r}")
+
+    def upload(store: OpenAIBatches, data: bytes) -> str:
+        store.uploads.mkdir(parents=True, exist_ok=True)
+        (store.uploads / "upload-1").write_bytes(data)
+        return "upload-1"
 
     lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/embeddings", "body": {"tag": f"l{i}"}}
              for i in range(6)]
-    first = BatchStore(tmp_path, answer)
-    upload = await first.create_file("in.jsonl", "batch", chunks(_jsonl(lines)))
-    batch = await first.create_batch({"input_file_id": upload["id"], "endpoint": "/v1/embeddings",
-                                      "completion_window": "24h"})
+    first = OpenAIBatches(tmp_path, Lines())
+    await first.start()
+    file = first.create_file("in.jsonl", "batch", upload(first, _jsonl(lines)))
+    batch = first.create_batch(file["id"], "/v1/embeddings", None)
     while len(calls) < 6:  # l0..l2 answered, l3..l5 waiting at the gate
         await asyncio.sleep(0.01)
     await first.stop()
@@ -194,11 +210,95 @@ async def test_a_stopped_batch_resumes_answering_each_line_once(tmp_path):
     assert first.batch(batch["id"])["request_counts"] == {"total": 6, "completed": 3, "failed": 0}
 
     gate.set()
-    second = BatchStore(tmp_path, answer)
-    await second.resume()
-    await asyncio.gather(*second._tasks.values())
+    second = OpenAIBatches(tmp_path, Lines())
+    await second.start()
+    await second.jobs.wait(batch["id"])
     done = second.batch(batch["id"])
     assert done["status"] == "completed" and done["request_counts"] == {"total": 6, "completed": 6, "failed": 0}
     out = [json.loads(raw) for raw in second.content(done["output_file_id"]).read_bytes().splitlines()]
     assert sorted(d["custom_id"] for d in out) == [f"c{i}" for i in range(6)]  # each once
     assert calls == [f"l{i}" for i in range(6)] + ["l3", "l4", "l5"]  # only the unanswered ran again
+
+
+async def test_batch_lines_run_in_the_core_as_background_requests(repo, tmp_path):
+    """The server's wiring: OpenAI batch lines run through the /v1 translation over the core's own data
+    plane (BatchLines), each request a background one, which the model's lane admits as batch work."""
+    dp = DataPlane(ModelManager([repo], mode="explicit", startup_models=["generator"]), batch_dir=tmp_path,
+                   openai_lines=BatchLines)
+    await dp.load_models()
+    try:
+        store = dp.batches.openai
+        lines = [_chat_line(f"c{i}", f"line {i}") for i in range(3)] + [_chat_line("x", "hi", "nope")]
+        store.uploads.mkdir(parents=True, exist_ok=True)
+        (store.uploads / "upload-1").write_bytes(_jsonl(lines))
+        file = store.create_file("in.jsonl", "batch", "upload-1")
+        batch = store.create_batch(file["id"], "/v1/chat/completions", None)
+        await asyncio.wait_for(store.jobs.wait(batch["id"]), WAIT_S)
+        done = store.batch(batch["id"])
+        assert done["status"] == "completed" and done["request_counts"] == {"total": 4, "completed": 3, "failed": 1}
+        assert dp.manager.get("generator").scheduler.admitted == 3  # one sequence per line, through the lane
+        [refused] = [json.loads(raw) for raw in store.content(done["error_file_id"]).read_bytes().splitlines()]
+        assert refused["response"]["status_code"] == 404  # OpenAI's error shape, made in the core
+        assert refused["response"]["body"]["error"]["code"] == "model_not_found"
+    finally:
+        await dp.stop_batches()
+        await dp.close()
+
+
+def test_a_batch_survives_a_killed_server_and_each_line_is_answered_once(repo, tmp_path):
+    """The core owns a batch: killed mid-batch (no chance to tidy up), the next server on the same batch
+    directory resumes it and runs only the lines without an answer."""
+    lines = [_chat_line(f"c{i}", f"line {i}", "long_generator", max_tokens=150 * (i + 1)) for i in range(24)]
+    first = ServerProcess(repo, ["--batch-dir", str(tmp_path)])
+    try:
+        with openai.OpenAI(base_url=f"http://{first.http_url}/v1", api_key="unused", max_retries=0) as c:
+            upload = c.files.create(file=("in.jsonl", _jsonl(lines)), purpose="batch")
+            batch = c.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                     completion_window="24h")
+            part = _until(c, batch.id, ("completed",), lambda b: b.request_counts.completed >= 2)
+        first.stop(signal.SIGKILL)
+    finally:
+        first.stop()
+    assert part.status == "in_progress" and part.request_counts.completed < len(lines)
+    second = ServerProcess(repo, ["--batch-dir", str(tmp_path)])
+    try:
+        with openai.OpenAI(base_url=f"http://{second.http_url}/v1", api_key="unused", max_retries=0) as c:
+            done = _until(c, batch.id, ("completed", "failed", "cancelled"))
+            out = [json.loads(raw) for raw in c.files.content(done.output_file_id).read().splitlines()]
+    finally:
+        second.stop()
+    assert done.status == "completed" and done.request_counts.completed == len(lines), done
+    ids = [a["custom_id"] for a in out]
+    assert len(ids) == len(set(ids)) == len(lines)  # each once
+    assert all(a["response"]["body"]["usage"]["completion_tokens"] == 150 * (int(a["custom_id"][1:]) + 1)
+               for a in out)
+
+
+
+def test_a_stop_ends_the_lines_in_flight_at_once_and_the_batch_resumes(repo, tmp_path):
+    """A SIGTERM stops the batches before the server waits for its requests: lines that would run for ever do
+    not hold the stop for its grace period (600 s here), and the next server takes the batch up again."""
+    lines = [_chat_line(f"c{i}", "go", "long_generator", max_tokens=10**6) for i in range(2)]
+    args = ["--batch-dir", str(tmp_path), "--exit-timeout-secs", "600"]
+    first = ServerProcess(repo, args)
+    try:
+        with openai.OpenAI(base_url=f"http://{first.http_url}/v1", api_key="unused", max_retries=0) as c:
+            upload = c.files.create(file=("long.jsonl", _jsonl(lines)), purpose="batch")
+            batch = c.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                     completion_window="24h")
+            deadline = time.monotonic() + WAIT_S
+            inflight = ("inferd_inference_inflight_request_count", '{model="long_generator",version="1"}')
+            while (first.metric(*inflight) or 0) < len(lines):  # both lines are in the core's model path
+                assert time.monotonic() < deadline, first.log()
+                time.sleep(0.05)
+            assert c.batches.retrieve(batch.id).status == "in_progress"
+    finally:
+        code = first.stop(timeout=60)  # a graceful stop, well inside its grace
+    assert code == 0, first.log()
+    second = ServerProcess(repo, args)
+    try:
+        with openai.OpenAI(base_url=f"http://{second.http_url}/v1", api_key="unused", max_retries=0) as c:
+            assert c.batches.retrieve(batch.id).status == "in_progress"  # resumed, not ended by the stop
+            assert c.batches.cancel(batch.id).status == "cancelled"
+    finally:
+        assert second.stop(timeout=60) == 0

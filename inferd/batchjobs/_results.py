@@ -113,6 +113,7 @@ class JsonlResults:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._done: set[str] = set()
+        self._failed = 0
         path.parent.mkdir(parents=True, exist_ok=True)
         keep = 0
         if path.exists():
@@ -122,9 +123,11 @@ class JsonlResults:
                 if not line.endswith(b"\n"):
                     break  # cut short by a crash: dropped, its request runs again
                 try:
-                    self._done.add(json.loads(line)["custom_id"])
+                    doc = json.loads(line)
+                    self._done.add(doc["custom_id"])
                 except (ValueError, KeyError, TypeError):
                     break
+                self._failed += "error" in doc
                 keep += len(line)
             if keep != len(data):
                 with open(path, "r+b") as f:
@@ -134,6 +137,10 @@ class JsonlResults:
     def done(self) -> set[str]:
         return set(self._done)
 
+    def counts(self) -> tuple[int, int]:
+        """(succeeded, failed): the results held, as a resumed job counts them."""
+        return len(self._done) - self._failed, self._failed
+
     def write(self, result: Result) -> None:
         if result.custom_id in self._done:
             return  # exactly one result per custom id
@@ -141,6 +148,7 @@ class JsonlResults:
         # crash loses at most the unsynced tail, whose requests simply run again.
         self._file.write(json.dumps(result_json(result), separators=(",", ":")).encode() + b"\n")
         self._done.add(result.custom_id)
+        self._failed += not result.ok
 
     def sync(self) -> None:
         self._file.flush()

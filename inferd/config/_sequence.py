@@ -84,6 +84,11 @@ class SequencePolicy:
         return max(self.max_batch_size, 1)
 
     @property
+    def max_queue_delay_s(self) -> float:
+        """``max_queue_delay_microseconds`` in seconds, the unit the schedulers' clocks count in."""
+        return self.max_queue_delay_us / 1e6
+
+    @property
     def slots_per_instance(self) -> int:
         """Sequences one instance serves at once (more wait in the backlog)."""
         return self.max_rows if self.strategy == "direct" else self.max_candidate_sequences

@@ -1,14 +1,18 @@
-"""The server's batch jobs: :class:`~inferd.batchjobs.BatchJobs` over this data plane's models.
+"""The server's batch jobs: the engine (:mod:`inferd.batchjobs`) behind ``/v2/batches`` and OpenAI's Batch API.
 
-Each line runs as a background request (``request.background``) through
-the model's own path (:func:`~inferd.model.run_model`, or
-:func:`~inferd.model.stream_model` for a decoupled model, whose responses are
-joined along the first dimension, one output tensor per name), so it is
-validated, scheduled, counted and traced as any request, and its model's
-:class:`~inferd.scheduling.background.BackgroundLane` lets it run only on
-capacity that interactive requests leave idle. The façade's batch methods
-(:class:`~inferd.facade.DataPlaneAPI`) answer with plain documents and
-bytes.
+``/v2/batches`` (:class:`~inferd.batchjobs.BatchJobs`, in the batch directory): each
+line runs as a background request (``request.background``) through the model's own
+path (:func:`~inferd.model.run_model`, or :func:`~inferd.model.stream_model` for a
+decoupled model, whose responses are joined along the first dimension, one output
+tensor per name), so it is validated, scheduled, counted and traced as any request,
+and its model's :class:`~inferd.scheduling.background.BackgroundLane` lets it run
+only on capacity that interactive requests leave idle. The façade's batch methods
+(:class:`~inferd.facade.DataPlaneAPI`) answer with plain documents and bytes.
+
+OpenAI's Batch API (:class:`~inferd.batchjobs.OpenAIBatches`, in ``<batch dir>/openai``): each line
+runs through the :class:`~inferd.batchjobs.OpenAILines` the server's wiring hands in (the ``/v1``
+translation over this process's data plane, its requests background ones), so a batch is the
+core's whichever frontend worker took it, and resumes with the core.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd.batchjobs import BatchJobs, JobInfo, Line, npz_bytes, to_request
+from inferd.batchjobs import BatchJobs, JobInfo, Line, OpenAIBatches, OpenAILines, npz_bytes, to_request
 from inferd.clock import Clock
 from inferd.errors import InvalidArgument, ModelExecutionError
 from inferd.model import Model, ModelLookup, run_model, stream_model
@@ -35,10 +39,26 @@ def default_batch_dir(repository: Path) -> Path:
 
 
 class BatchService:
-    def __init__(self, manager: ModelManager, root: Path, clock: Clock) -> None:
+    """The batch jobs of one batch directory (``root``); ``openai``: how OpenAI batch lines run
+    (None: OpenAI's Batch API is off)."""
+
+    def __init__(self, manager: ModelManager, root: Path, clock: Clock, openai: OpenAILines | None = None) -> None:
         self.manager = manager
         self.clock = clock
         self.jobs = BatchJobs(root, self._infer, clock)
+        self.openai = OpenAIBatches(root / "openai", openai, clock) if openai is not None else None
+
+    async def start(self) -> None:
+        """Start-up, once the models are loaded: resume the jobs and batches a previous server left."""
+        await self.jobs.start()
+        if self.openai is not None:
+            await self.openai.start()
+
+    async def stop(self) -> None:
+        """A stop has begun: no more lines; unfinished jobs and batches resume at the next start."""
+        await self.jobs.stop()
+        if self.openai is not None:
+            await self.openai.stop()
 
     async def submit(self, data: bytes, model: str, version: int = 0) -> dict[str, Any]:
         self.manager.get(model, version)  # NotFound / Unavailable for a model that cannot serve now

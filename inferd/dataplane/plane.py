@@ -18,6 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping
 
+from inferd.batchjobs import OpenAIBatches, OpenAILines
 from inferd.clock import Clock, MonotonicClock
 from inferd.facade import OpenAIModel
 from inferd.dataplane.admission import Admission, request_bytes
@@ -57,7 +58,8 @@ class DataPlane:
                  logs: LogSettings | None = None, server_name: str = SERVER_NAME,
                  admission: Admission | None = None, batch_dir: Path | None = None,
                  stream_limits: StreamLimits | None = None,
-                 shedding: QueueDelay | None = None) -> None:
+                 shedding: QueueDelay | None = None,
+                 openai_lines: Callable[["DataPlane"], OpenAILines] | None = None) -> None:
         self.manager = manager
         self.server_name = server_name
         # Server-wide caps on the requests inside (--max-queued-requests / --max-queued-bytes).
@@ -70,8 +72,10 @@ class DataPlane:
         self._shedding_on = self.shedding.enabled  # read per request: the property's call, once
         self._delays: dict[str, QueueDelay] = {}
         self.clock = clock or MonotonicClock()
-        # Batch jobs (POST /v2/batches), kept in batch_dir; None: off.
-        self.batches = BatchService(manager, batch_dir, self.clock) if batch_dir is not None else None
+        # Batch jobs (POST /v2/batches, and OpenAI's /v1/batches when the wiring says how its lines run over
+        # this data plane: openai_lines), kept in batch_dir; None: off.
+        self.batches = (BatchService(manager, batch_dir, self.clock, openai_lines(self) if openai_lines else None)
+                        if batch_dir is not None else None)
         self.live = True
         self.draining = False
         self.shared_memory = SharedMemoryManager()
@@ -88,12 +92,12 @@ class DataPlane:
         finally:
             self.loading = False
         if self.batches is not None:
-            await self.batches.jobs.start()  # resume the jobs a previous server left unfinished
+            await self.batches.start()  # resume the jobs a previous server left unfinished
 
     async def stop_batches(self) -> None:
         """A stop has begun: batch jobs take no more lines; they resume at the next start."""
         if self.batches is not None:
-            await self.batches.jobs.stop()
+            await self.batches.stop()
 
     def drain(self) -> None:
         """A stop has begun: not ready, and new inference requests are refused; accepted
@@ -262,7 +266,7 @@ class DataPlane:
                                      id=request.id)
         finally:
             self.admission.release(nbytes)
-            if request.dispatched and self._shedding_on:
+            if request.dispatched and self._shedding_on and not request.background:
                 self._observe(model, request)
 
     def submit(self, request: InferenceRequest, on_done: Callable[[ModelRun], None],
@@ -311,7 +315,7 @@ class DataPlane:
 
     def _answered(self, nbytes: int, on_done: Callable[[ModelRun], None], run: ModelRun) -> None:
         self.admission.release(nbytes)
-        if run.request.dispatched and self._shedding_on:
+        if run.request.dispatched and self._shedding_on and not run.request.background:
             self._observe(run.model, run.request)
         on_done(run)
 
@@ -326,7 +330,8 @@ class DataPlane:
         """A request its scheduler handed to an instance has ended (shedding on): its queueing delay,
         from its frontend receiving it to that hand-over, feeds its model's controller, whose target
         follows the model's mean execution. A delay that leaves the controller as it is (the common
-        case: well under target, no overload building) is not fed, nor the target followed."""
+        case: well under target, no overload building) is not fed, nor the target followed. A
+        batch line's (``request.background``) is never fed: it waits for idle capacity on purpose."""
         delay = self._delays.get(model.spec.name) or self.queue_delay(model.spec.name)
         received = (request.received_ns + request.load_wait_ns) * 1e-9 if request.received_ns else request.dispatched
         waited = request.dispatched - received
@@ -448,6 +453,44 @@ class DataPlane:
     async def batch_results(self, job_id: str, fmt: str = "jsonl") -> bytes:
         return self._batch_service().results(job_id, fmt)
 
+    # -- OpenAI's Batch API (OpenAIBatchAPI: the /v1 routes, from any frontend worker) -----------------
+
+    def _openai_batches(self) -> OpenAIBatches:
+        if self.batches is None or self.batches.openai is None:
+            raise Unimplemented("the Batch API (/v1/files, /v1/batches) is off in this server (it has no batch "
+                                "directory)")
+        return self.batches.openai
+
+    async def openai_file_create(self, filename: str, purpose: str, upload: str) -> dict[str, Any]:
+        return self._openai_batches().create_file(filename, purpose, upload)
+
+    async def openai_file(self, file_id: str) -> dict[str, Any]:
+        return self._openai_batches().file(file_id)
+
+    async def openai_files(self, purpose: str | None) -> dict[str, Any]:
+        return self._openai_batches().list_files(purpose)
+
+    async def openai_file_delete(self, file_id: str) -> dict[str, Any]:
+        return self._openai_batches().delete_file(file_id)
+
+    async def openai_file_content(self, file_id: str) -> str:
+        return str(self._openai_batches().content(file_id))
+
+    async def openai_batch_create(self, input_file_id: str, endpoint: str,
+                                  metadata: dict[str, str] | None) -> dict[str, Any]:
+        if self.draining:
+            raise Unavailable(DRAINING)
+        return self._openai_batches().create_batch(input_file_id, endpoint, metadata)
+
+    async def openai_batch(self, batch_id: str) -> dict[str, Any]:
+        return self._openai_batches().batch(batch_id)
+
+    async def openai_batches(self, after: str | None, limit: int) -> dict[str, Any]:
+        return self._openai_batches().list_batches(after, limit)
+
+    async def openai_batch_cancel(self, batch_id: str) -> dict[str, Any]:
+        return await self._openai_batches().cancel(batch_id)
+
 
 def _check_repository(repository: str, name: str) -> None:
     # One namespace over every --model-repository, as Triton without named repositories.
@@ -484,4 +527,3 @@ async def _count_tokens(manager: ModelManager, request: InferenceRequest,
             if stats is not None and output in response.outputs:
                 stats.completion_tokens += 1
         yield item
-

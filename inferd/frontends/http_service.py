@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from inferd._proto.json import message_to_dict
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, TooLarge, Unimplemented
-from inferd.facade import DECOUPLED_HTTP, DataPlaneAPI
+from inferd.facade import DECOUPLED_HTTP, DataPlaneAPI, OpenAIBatchAPI
 from inferd.frontends import http_codec, http_generate
 from inferd.frontends.grpc_codec import parse_version
 from inferd.frontends.openai import OpenAIFrontend, OpenAIOptions
@@ -268,11 +268,13 @@ class HttpFrontend:
     """The routes; they call only the :class:`DataPlaneAPI` façade."""
 
     def __init__(self, dataplane: DataPlaneAPI, restrictions: Restrictions | None = None,
-                 max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES, openai: OpenAIOptions | None = None) -> None:
+                 max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES, openai: OpenAIOptions | None = None,
+                 openai_batches: OpenAIBatchAPI | None = None) -> None:
         self.dp = dataplane
         self.restrictions = restrictions or Restrictions()
         self.max_input = max_input_bytes
         self.openai = openai
+        self.openai_batches = openai_batches  # the core's Batch API (/v1/files, /v1/batches); None: off
 
     def app(self) -> Any:
         r: list[Route] = []
@@ -322,7 +324,7 @@ class HttpFrontend:
             route("/v2/logging", self.log_settings, "logging", method)
 
         # The OpenAI-compatible routes (/v1, inferd/frontends/openai/), over the same façade.
-        self.v1 = OpenAIFrontend(self.dp, self.restrictions, self.openai)
+        self.v1 = OpenAIFrontend(self.dp, self.restrictions, self.openai, self.openai_batches)
         r.extend(self.v1.routes())
 
         async def not_found(request: Request, exc: Exception) -> Response:
@@ -334,14 +336,6 @@ class HttpFrontend:
         if "inference" not in self.restrictions.by_group:
             app = InferRoute(self, app)
         return BodyLimit(app, self.max_input)
-
-    async def start(self) -> None:
-        """After the port opens: /v1 batches that no process runs any more are taken up."""
-        self.v1.start()
-
-    async def stop(self) -> None:
-        """Before the port closes: /v1 batches running here stop, to resume in the next process."""
-        await self.v1.stop()
 
     # -- health and metadata ---------------------------------------------------
 

@@ -68,7 +68,7 @@ from inferd.repository.residency import Resident, format_size, over_budget, plan
 from inferd.types import InferenceRequest
 
 if TYPE_CHECKING:
-    from inferd.repository.manager import ModelManager, _Entry
+    from inferd.repository.manager import ModelEntry, ModelManager
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class OnDemand:
     def cold(self, name: str) -> bool:
         """Whether a request for ``name`` must wait for a load; counts a hit and the use otherwise.
         An unknown name is not cold (the lookup that follows refuses it)."""
-        entry = self.manager._entries.get(name)
+        entry = self.manager.known.get(name)
         if entry is None:
             return False
         if not self._resident(entry, self.clock.now()):
@@ -149,7 +149,7 @@ class OnDemand:
         self._counters(name).hits += 1
         return False
 
-    def _resident(self, entry: "_Entry", now: float, depth: int = 0) -> bool:
+    def _resident(self, entry: "ModelEntry", now: float, depth: int = 0) -> bool:
         """Loaded, and for an ensemble every composing model too (each use recorded)."""
         if entry.latest is None:
             return False
@@ -157,7 +157,7 @@ class OnDemand:
         prepared = entry.ensemble
         if prepared is not None and depth < 16:  # deeper is a cycle, refused at load
             for used in prepared.graph.composing_models():
-                inner = self.manager._entries.get(used)
+                inner = self.manager.known.get(used)
                 if inner is None or not self._resident(inner, now, depth + 1):
                     return False
         return True
@@ -233,7 +233,7 @@ class OnDemand:
         now = self.clock.now()
         if now >= failure.retry_at:
             return None
-        entry = self.manager._entries.get(name)
+        entry = self.manager.known.get(name)
         if entry is None or change_stamp(entry.path) != failure.stamp:
             del self.failures[name]  # changed files: a new model, as far as its backoff goes
             return None
@@ -254,7 +254,7 @@ class OnDemand:
 
     async def _load(self, name: str) -> None:
         async with self._lock:
-            entry = self.manager._entries.get(name)
+            entry = self.manager.known.get(name)
             if entry is None or self._resident(entry, self.clock.now()):
                 return
             needed = list(self._needed(name))
@@ -268,24 +268,24 @@ class OnDemand:
     def _needed(self, name: str, depth: int = 0) -> Iterator[str]:
         """What must load for ``name`` to serve, composing models first: for an ensemble, those of its
         steps that are not loaded (nested ensembles' too), then the ensemble itself if it is not."""
-        graph = self.manager._ensemble_graph(name)
+        graph = self.manager.ensemble_graph(name)
         if graph is not None and depth < 16:
             for used in sorted(graph.composing_models()):
                 yield from self._needed(used, depth + 1)
-        entry = self.manager._entries.get(name)
+        entry = self.manager.known.get(name)
         if entry is not None and entry.latest is None:
             yield name
 
     def _closure(self, name: str, depth: int = 0) -> Iterator[str]:
         yield name
-        graph = self.manager._ensemble_graph(name)
+        graph = self.manager.ensemble_graph(name)
         if graph is not None and depth < 16:
             for used in graph.composing_models():
                 yield from self._closure(used, depth + 1)
 
     async def _load_one(self, name: str) -> None:
         manager = self.manager
-        entry = manager._entries.get(name)
+        entry = manager.known.get(name)
         if entry is None:
             raise Unavailable(f"model '{name}' is not in the model repository")
         if entry.latest is not None:
@@ -293,13 +293,13 @@ class OnDemand:
         remembered = self._remembered(name)  # a composing model of an ensemble, failed a moment ago
         if remembered is not None:
             raise remembered
-        if manager._ensemble_graph(name) is None:  # an ensemble holds no memory of its own
+        if manager.ensemble_graph(name) is None:  # an ensemble holds no memory of its own
             await self._make_room(name)
         stamp = change_stamp(entry.path)  # before: files changed during the load make the next request retry
         start = time.perf_counter_ns()
         self._loading = name
         try:
-            error = await manager._load_locked(name)
+            error = await manager.load_locked(name)
         finally:
             self._loading = None
         counters = self._counters(name)
@@ -311,7 +311,7 @@ class OnDemand:
             delay = self._remember(name, error, stamp)
             retry = (f"tried again on a request after {delay:g} s, or at once when its files change or "
                      "RepositoryModelLoad asks for it")
-            entry.state, entry.reason = "UNAVAILABLE", f"failed to load on demand: {error.message}; {retry}"
+            self.manager.set_unavailable(name, f"failed to load on demand: {error.message}; {retry}")
             raise type(error)(f"model '{name}' failed to load on demand: {error.message} ({retry})")
         self.failures.pop(name, None)
         counters.loads += 1
@@ -338,10 +338,7 @@ class OnDemand:
     async def _evict(self, name: str) -> None:
         log.info("evicting model '%s' (%s, idle since %.1f s) to make room under the model memory budget", name,
                  format_size(self.footprints.get(name, 0)), self.clock.now() - self.last_use.get(name, 0.0))
-        await self.manager._unload(name, collect=False)
-        entry = self.manager._entries.get(name)
-        if entry is not None and entry.latest is None:
-            entry.reason = EVICTED
+        await self.manager.evict(name, EVICTED)
         self._counters(name).evictions += 1
 
     # -- what the decision reads ------------------------------------------------------
@@ -349,7 +346,7 @@ class OnDemand:
     def residents(self) -> list[Resident]:
         """The loaded models (ensembles hold nothing of their own: left out) as the decision sees them."""
         now = self.clock.now()
-        entries = self.manager._entries
+        entries = self.manager.known
         busy = set(self._waiting) | self._protected
         for entry in entries.values():  # an ensemble in use needs every model under it
             if entry.ensemble is not None and any(m.scheduler.inflight() for m in entry.versions.values()):
@@ -385,7 +382,7 @@ class OnDemand:
         """The footprint of ``name`` as its last load measured it (the sum over its versions), never
         less than its files: a load that reused memory an evicted model left mapped measures less
         than it holds."""
-        entry = self.manager._entries[name]
+        entry = self.manager.known[name]
         measured = sum(n for m in entry.versions.values() for kind, _, n in m.stats.memory_usage if kind == "CPU")
         self.footprints[name] = max(measured, self._files(name))
         gpus: dict[int, int] = {}
@@ -396,7 +393,7 @@ class OnDemand:
         self.gpu_footprints[name] = gpus
 
     def _files(self, name: str) -> int:
-        entry = self.manager._entries.get(name)
+        entry = self.manager.known.get(name)
         return file_bytes(entry.path) if entry is not None else 0
 
     def _counters(self, name: str) -> DemandCounters:
@@ -424,15 +421,15 @@ class OnDemand:
         if absent:  # not refused: a budget for a device no model can be placed on holds nothing back
             log.warning("--model-gpu-memory-budget names GPU %s, which this host does not have (GPUs: %s)",
                         ", ".join(map(str, absent)), ", ".join(str(g.index) for g in manager.gpus.gpus()) or "none")
-        for entry in manager._entries.values():
+        for entry in manager.known.values():
             if entry.latest is None and not entry.lock.locked():
-                entry.state, entry.reason, entry.wanted = "UNAVAILABLE", NOT_LOADED, False
-        names = list(manager._entries) if "*" in startup else list(dict.fromkeys(startup))
-        unknown = [n for n in names if n not in manager._entries]
+                manager.set_unavailable(entry.name, NOT_LOADED, wanted=False)
+        names = list(manager.known) if "*" in startup else list(dict.fromkeys(startup))
+        unknown = [n for n in names if n not in manager.known]
         if unknown:  # as explicit mode: a name that is no model stops the start-up
             raise ConfigError(f"--load-model {', '.join(unknown)}: no such model in the model repositories "
-                              f"(found: {', '.join(sorted(manager._entries)) or 'none'})")
-        for name, entry in sorted(manager._entries.items()):
+                              f"(found: {', '.join(sorted(manager.known)) or 'none'})")
+        for name, entry in sorted(manager.known.items()):
             if name not in names and _pinned_in_config(name, entry.path):
                 names.append(name)
         for name in names:
@@ -447,11 +444,11 @@ class OnDemand:
             self._protected = set(self._closure(name))
             self.failures.pop(name, None)  # asked for: tried now, whatever its backoff
             try:
-                if self.manager._ensemble_graph(name) is not None:
+                if self.manager.ensemble_graph(name) is not None:
                     for used in self._needed(name):
                         if used != name:
                             await self._load_one(used)
-                elif self.manager._entries.get(name) is not None:
+                elif self.manager.known.get(name) is not None:
                     await self._make_room(name)
                 self._loading = name
                 await self.manager.load_model(name, config, files)  # type: ignore[arg-type]

@@ -26,7 +26,8 @@ import gc
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
 
 from inferd import backends
 from inferd.backends.session_cache import SessionCache
@@ -56,7 +57,10 @@ MODES = ("none", "poll", "explicit", "on_demand")
 
 
 @dataclass
-class _Entry:
+class ModelEntry:
+    """The manager's record of one model of the repositories: its folder, state and loaded versions.
+    Read by the on-demand driver (:mod:`inferd.repository.demand`); changed only through the manager."""
+
     name: str
     path: Path
     state: str = LOADING
@@ -128,7 +132,9 @@ class ModelManager:
         self.limiter = limiter  # --rate-limit execution_count: the rate limiter every instance asks
         # --model-host: which models' instances run in host processes (None: all in this process)
         self.hosts = hosts
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, ModelEntry] = {}
+        # Every model the repositories (and override folders) hold, by name: read-only, for the on-demand driver.
+        self.known: Mapping[str, ModelEntry] = MappingProxyType(self._entries)
         self.overrides = OverrideFolders()  # RepositoryModelLoad's file: parameters
         # Handed to every instance it builds: a Python model's BLS calls reach the other models through it.
         self.dispatcher = ModelDispatcher(self.get, clock, control=ModelLoading(self))
@@ -180,7 +186,7 @@ class ModelManager:
     def all_ready(self) -> bool:
         return all(e.state == READY and self._problem(e) is None for e in self._entries.values() if e.wanted)
 
-    def _problem(self, entry: _Entry) -> str | None:
+    def _problem(self, entry: ModelEntry) -> str | None:
         """Why a loaded model cannot serve now: an ensemble's missing parts, or every instance of its
         latest version failed (stuck past the execution timeout), or None."""
         if entry.latest is not None:
@@ -221,24 +227,24 @@ class ModelManager:
         """Load every model in the repositories, concurrently; never raises for one model."""
         found = scan(self.repositories)
         for name, path in found.items():
-            self._entries.setdefault(name, _Entry(name, path))
+            self._entries.setdefault(name, ModelEntry(name, path))
         if self.demand is not None:
             await self.demand.start(self.startup_models)
             return
         if self.mode == "explicit":
             found = self._startup_selection(found)
         # Ensembles after the models they compose (nested ones in dependency order).
-        graphs = {name: g for name in found if (g := self._ensemble_graph(name)) is not None}
+        graphs = {name: g for name in found if (g := self.ensemble_graph(name)) is not None}
         plain = [name for name in found if name not in graphs]
         if self.measure_footprints:  # one at a time: each footprint is its own load's
             for name in plain:
-                await self._load_locked(name)
+                await self.load_locked(name)
         else:
-            await asyncio.gather(*(self._load_locked(name) for name in plain))
+            await asyncio.gather(*(self.load_locked(name) for name in plain))
         for name in load_order(graphs):
-            await self._load_locked(name)
+            await self.load_locked(name)
 
-    async def _load_locked(self, name: str) -> InferdError | None:
+    async def load_locked(self, name: str) -> InferdError | None:
         """A start-up load, under the model's lock as RepositoryModelLoad's: one that
         arrives meanwhile waits, then finds the versions built and keeps them."""
         entry = self._entries[name]
@@ -279,7 +285,7 @@ class ModelManager:
         await asyncio.gather(*(m.scheduler.stop() for m in old.values() if id(m) not in kept))
         return None
 
-    def _failed(self, entry: _Entry, exc: InferdError) -> InferdError:
+    def _failed(self, entry: ModelEntry, exc: InferdError) -> InferdError:
         if entry.versions:  # a failed reload: the versions loaded before keep serving
             entry.state = READY
             entry.reason = f"reload failed, serving the previous version: {exc.message}"
@@ -287,7 +293,8 @@ class ModelManager:
             entry.state, entry.reason = UNAVAILABLE, exc.message
         return exc
 
-    def _load_blocking(self, entry: _Entry, config: ModelConfig | None) -> tuple[dict[int, Model], dict[int, tuple]]:
+    def _load_blocking(self, entry: ModelEntry,
+                       config: ModelConfig | None) -> tuple[dict[int, Model], dict[int, tuple]]:
         """Build the selected versions; a version whose files and config are those
         it was built from is kept as it is. Blocking (runs on a worker thread)."""
         path = entry.path
@@ -341,10 +348,9 @@ class ModelManager:
             raise ConfigError(f"--load-model {', '.join(unknown)}: no such model in the model repositories "
                               f"(found: {', '.join(sorted(found)) or 'none'})")
         selected = set(names)
-        graph_of = getattr(self, "_ensemble_graph", None)
         pending = list(names)
-        while pending and graph_of is not None:
-            graph = graph_of(pending.pop())
+        while pending:
+            graph = self.ensemble_graph(pending.pop())
             for used in graph.composing_models() if graph is not None else ():
                 if used in found and used not in selected:
                     selected.add(used)
@@ -373,12 +379,12 @@ class ModelManager:
         if files:
             folder = await loop.run_in_executor(None, self.overrides.write, name, config, files)
             if entry is None:
-                entry = self._entries.setdefault(name, _Entry(name, folder, override=folder))
+                entry = self._entries.setdefault(name, ModelEntry(name, folder, override=folder))
         elif entry is None or entry.origin is None:
             found = await loop.run_in_executor(None, scan, self.repositories)
             if name not in found:
                 raise NotFound(f"failed to load '{name}': no such model in the model repositories")
-            entry = self._entries.setdefault(name, _Entry(name, found[name]))
+            entry = self._entries.setdefault(name, ModelEntry(name, found[name]))
             entry.origin = found[name]
         async with entry.lock:
             entry.wanted = True
@@ -432,6 +438,23 @@ class ModelManager:
             else:
                 await asyncio.get_running_loop().run_in_executor(None, _trim)
 
+    async def evict(self, name: str, reason: str) -> None:
+        """Unload ``name`` to make room (the on-demand driver), saying ``reason`` while nothing of it
+        serves; no full collection after (it would cost the loop 25 ms: the model goes by reference
+        count, glibc's trim runs off the loop)."""
+        await self._unload(name, collect=False)
+        entry = self._entries.get(name)
+        if entry is not None and entry.latest is None:
+            entry.reason = reason
+
+    def set_unavailable(self, name: str, reason: str, wanted: bool | None = None) -> None:
+        """Model ``name`` serves nothing, saying ``reason`` (the on-demand driver: not loaded yet, or its
+        load failed); ``wanted``: whether it counts for server readiness (None: as it was)."""
+        entry = self._entries[name]
+        entry.state, entry.reason = UNAVAILABLE, reason
+        if wanted is not None:
+            entry.wanted = wanted
+
     async def forget(self, name: str) -> None:
         """Poll mode: the model's folder is gone; unload it and drop it from the index."""
         if name in self._entries:
@@ -442,14 +465,14 @@ class ModelManager:
         """name -> (folder, fingerprint when last loaded, wanted): what poll mode compares."""
         return {n: (e.path, e.fingerprint, e.wanted) for n, e in self._entries.items()}
 
-    async def _load_ensemble(self, entry: _Entry, config: Any) -> InferdError | None:
+    async def _load_ensemble(self, entry: ModelEntry, config: Any) -> InferdError | None:
         """Check an ensemble against its (already loaded) composing models; nothing blocks.
         As for any model, a failed reload leaves the versions loaded before serving."""
         name = entry.name
         folder = fingerprint(entry.path)
         try:
             prepared = ensemble_loader.prepare(name, entry.path, config)
-            problem = find_cycle(name, self._ensemble_graph) or ensemble_loader.dependency_problem(
+            problem = find_cycle(name, self.ensemble_graph) or ensemble_loader.dependency_problem(
                 prepared.graph, self._entries.get)
             if problem:
                 raise Unavailable(problem)
@@ -477,7 +500,7 @@ class ModelManager:
         return None
 
     @staticmethod
-    def _kept_ensemble_versions(entry: _Entry, prepared: Any) -> dict[int, Model] | None:
+    def _kept_ensemble_versions(entry: ModelEntry, prepared: Any) -> dict[int, Model] | None:
         """The loaded versions, when the reload changes neither the config nor the versions
         (as unchanged versions of other models are kept: their statistics go on)."""
         old = entry.ensemble
@@ -486,7 +509,7 @@ class ModelManager:
         same = old.spec.config_bytes() == prepared.spec.config_bytes()
         return dict(entry.versions) if same else None
 
-    def _ensemble_graph(self, name: str) -> EnsembleGraph | None:
+    def ensemble_graph(self, name: str) -> EnsembleGraph | None:
         """An ensemble's wiring (None for other models, unknown names and broken configs)."""
         entry = self._entries.get(name)
         if entry is None:
@@ -500,7 +523,7 @@ class ModelManager:
             return None
 
     @staticmethod
-    def _read_ensemble_config(entry: _Entry) -> ModelConfig | None:
+    def _read_ensemble_config(entry: ModelEntry) -> ModelConfig | None:
         """The entry's config when it is an ensemble (``ensembles.read_config``), remembering that a
         model is none while its config.pbtxt is unchanged: on_demand asks on the event loop three or
         four times per load, and parsing the text costs 0.3-0.6 ms each time (measured here)."""

@@ -109,7 +109,7 @@ class BatchScheduler(PumpedScheduler):
         super().__init__(model, policy, workers, output_names, stats, clock)
         self._free: deque[InstanceWorker] = deque(workers)
         self._queue = BatchQueue(policy, model)
-        self._bound_s = policy.max_queue_delay_us / 1e6
+        self._bound_s = policy.max_queue_delay_s
         self._defer_misses = 0  # deferred steps in a row that found their request alone
         self._defer_probe = 0
         self._ordered: deque[_Batch] | None = deque() if policy.preserve_ordering else None

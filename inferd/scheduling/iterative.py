@@ -190,7 +190,7 @@ class IterativeScheduler(PumpedScheduler):
         need = (math.ceil(policy.minimum_slot_utilization * policy.slots_per_instance - 1e-9)
                 if policy.strategy == "direct" else policy.max_rows)
         self._queue = IterativeQueue(len(workers), policy.slots_per_instance, policy.max_rows,
-                                     need=need, delay_s=policy.max_queue_delay_us / 1e6,
+                                     need=need, delay_s=policy.max_queue_delay_s,
                                      preferred=policy.preferred_batch_sizes)
         self._python = bool(getattr(workers[0].instance, "wants_requests", False))
         self._decoupled = decoupled

@@ -44,8 +44,13 @@ class BatchingPolicy:
     slo_us: int = 0
 
     @property
+    def max_queue_delay_s(self) -> float:
+        """``max_queue_delay_microseconds`` in seconds, the unit the schedulers' clocks count in."""
+        return self.max_queue_delay_us / 1e6
+
+    @property
     def wait(self) -> WaitPolicy:
-        return WaitPolicy(self.batch_wait, self.max_queue_delay_us / 1e6, self.slo_us / 1e6)
+        return WaitPolicy(self.batch_wait, self.max_queue_delay_s, self.slo_us / 1e6)
 
     def queue_policy(self, level: int) -> QueuePolicy:
         for lvl, policy in self.priority_queue_policy:

@@ -18,6 +18,7 @@ import logging
 import socket
 from typing import Any
 
+from inferd.facade import OPENAI_BATCH_CALLS
 from inferd.handoff import wire
 from inferd.handoff.core.endpoint import DataPlaneEndpoint
 from inferd.serve.supervisor import Supervisor, WorkerProcess, reserve
@@ -92,8 +93,9 @@ class MultiProcessServer(InferenceServer):
         return DataPlaneEndpoint(worker, self.dataplane, self._call)
 
     async def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
-        """A worker's proxy calling the data plane's façade."""
-        if method not in wire.CALLS:
+        """A worker's proxy calling the data plane's façade, or its /v1 routes calling OpenAI's Batch API
+        (the core's batches: :class:`~inferd.facade.OpenAIBatchAPI`, which the data plane implements)."""
+        if method not in wire.CALLS and method not in OPENAI_BATCH_CALLS:
             raise ValueError(f"'{method}' is not a data plane call")
         result = await getattr(self.dataplane, method)(*args, **kwargs)
         if self.dataplane.tracing.enabled != self._tracing_sent:  # a trace setting turned it on or off
@@ -109,6 +111,9 @@ class MultiProcessServer(InferenceServer):
         deadline = loop.time() + (self.options.grace_seconds if grace is None else grace)
         if self.supervisor is not None:
             self.dataplane.drain()  # not ready and refusing at once, through every worker
+            # Batch lines (OpenAI's run through the data plane) are not requests to wait for: they stop
+            # first, to resume at the next start.
+            await self.dataplane.stop_batches()
             await self.supervisor.stop(max(deadline - loop.time(), 0.0), self.dataplane.drained())
         for sock in self._reserved:
             sock.close()

@@ -45,7 +45,7 @@ from inferd.frontends.grpc_port import GrpcPort, GrpcPortOptions
 from inferd.frontends.grpc_service import InferenceServicer
 from inferd.frontends.grpc_health import Health
 from inferd.frontends.http_service import DEFAULT_MAX_INPUT_BYTES, HttpFrontend
-from inferd.frontends.openai import OpenAIOptions
+from inferd.frontends.openai import BatchLines, OpenAIOptions
 from inferd.frontends.restrictions import Restrictions
 from inferd.frontends.tls import TlsFiles
 from inferd.streaming import StreamLimits
@@ -107,8 +107,6 @@ STOP_RESERVE = 2.0
 class InferenceServer:
     def __init__(self, options: ServerOptions) -> None:
         batch_dir = options.batch_dir or default_batch_dir(options.model_repositories[0])
-        # /v1's Batch API keeps its files beside the /v2 batch jobs, where every frontend worker finds them.
-        options = replace(options, openai=replace(options.openai, batch_dir=str(batch_dir / "openai")))
         self.options = options
         cache = ResponseCache(options.cache_bytes) if options.cache_bytes else None
         limiter = RateLimiter(options.rate_limit_resources) if options.rate_limit == "execution_count" else None
@@ -126,7 +124,11 @@ class InferenceServer:
                                    shedding=QueueDelay(options.queue_delay_target_us,
                                                        options.queue_delay_interval_us,
                                                        options.queue_delay_execution_multiple),
-                                   batch_dir=batch_dir)
+                                   batch_dir=batch_dir, openai_lines=BatchLines)
+        # /v1's Batch API is the core's, beside the /v2 batch jobs; every frontend (a worker too) is told its
+        # folder, where it writes an upload for the core to take.
+        openai_dir = str(self.dataplane.batches.openai.root)  # type: ignore[union-attr]  # a batch_dir: both on
+        self.options = options = replace(options, openai=replace(options.openai, batch_dir=openai_dir))
         self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
                        if options.model_control_mode == "poll" else None)
         self._grpc: GrpcPort | None = None
@@ -206,10 +208,10 @@ class InferenceServer:
         if o.allow_grpc:
             await self._start_grpc()
         if o.allow_http:
-            self._http_frontend = HttpFrontend(self.dataplane, o.http_restrictions, o.http_max_input_bytes, o.openai)
+            self._http_frontend = HttpFrontend(self.dataplane, o.http_restrictions, o.http_max_input_bytes, o.openai,
+                                               self.dataplane)
             self._http = AsgiServer(self._http_frontend.app(), self.http_address, o.http_port, "HTTP", tls=o.http_tls)
             await self._http.start()
-            await self._http_frontend.start()
             log.info("serving HTTP on %s:%d", self.http_address, self.http_port)
 
     async def _start_metrics(self) -> None:
@@ -232,9 +234,7 @@ class InferenceServer:
         """Graceful stop: not ready at once, refuse new work, let accepted requests finish (for ``grace``
         seconds, the options' by default), release models."""
         self.dataplane.drain()
-        await self.dataplane.stop_batches()  # their unfinished lines run at the next start
-        if self._http_frontend is not None:
-            await self._http_frontend.stop()  # /v1 batches too
+        await self.dataplane.stop_batches()  # their unfinished lines (/v2's and /v1's) run at the next start
         if self.poller is not None:
             await self.poller.stop()
         if self._grpc is not None:

@@ -57,6 +57,44 @@ def listen(host: str, port: int, what: str, backlog: int = 2048) -> socket.socke
     return sock
 
 
+class ForwardedBatches:
+    """OpenAI's Batch API (:class:`~inferd.facade.OpenAIBatchAPI`) as a worker's /v1 routes see it: every
+    call answered by the core, which owns the batches and runs them. Sent with the link's own call, as
+    :class:`RemoteDataPlane`'s control calls are; the core accepts these names beside the hand-off's
+    (``OPENAI_BATCH_CALLS``)."""
+
+    def __init__(self, link: CoreLink) -> None:
+        self.link = link
+
+    async def openai_file_create(self, filename: str, purpose: str, upload: str) -> dict[str, Any]:
+        return await self.link.call("openai_file_create", filename, purpose, upload)
+
+    async def openai_file(self, file_id: str) -> dict[str, Any]:
+        return await self.link.call("openai_file", file_id)
+
+    async def openai_files(self, purpose: str | None) -> dict[str, Any]:
+        return await self.link.call("openai_files", purpose)
+
+    async def openai_file_delete(self, file_id: str) -> dict[str, Any]:
+        return await self.link.call("openai_file_delete", file_id)
+
+    async def openai_file_content(self, file_id: str) -> str:
+        return await self.link.call("openai_file_content", file_id)
+
+    async def openai_batch_create(self, input_file_id: str, endpoint: str,
+                                  metadata: dict[str, str] | None) -> dict[str, Any]:
+        return await self.link.call("openai_batch_create", input_file_id, endpoint, metadata)
+
+    async def openai_batch(self, batch_id: str) -> dict[str, Any]:
+        return await self.link.call("openai_batch", batch_id)
+
+    async def openai_batches(self, after: str | None, limit: int) -> dict[str, Any]:
+        return await self.link.call("openai_batches", after, limit)
+
+    async def openai_batch_cancel(self, batch_id: str) -> dict[str, Any]:
+        return await self.link.call("openai_batch_cancel", batch_id)
+
+
 async def _start_grpc(dataplane: RemoteDataPlane, index: int, config: dict[str, Any]) -> GrpcPort:
     """The gRPC port, built as the one-process server builds its own (limits, TLS, restricted groups,
     the closing gate), on the reserved port with SO_REUSEPORT."""
@@ -83,7 +121,7 @@ async def serve(index: int, channel_fd: int) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, drain_on_signal)
-    grpc_port = health = http = frontend = None
+    grpc_port = health = http = None
     if config["grpc"]:
         grpc_port = await _start_grpc(dataplane, index, config["grpc"])
         health = grpc_port.health
@@ -91,11 +129,10 @@ async def serve(index: int, channel_fd: int) -> int:
         h = config["http"]
         frontend = HttpFrontend(dataplane, Restrictions.from_plain(h.get("restrictions")),  # type: ignore[arg-type]
                                 h.get("max_input_bytes", DEFAULT_MAX_INPUT_BYTES),
-                                OpenAIOptions.from_plain(h.get("openai")))
+                                OpenAIOptions.from_plain(h.get("openai")), ForwardedBatches(link))
         http = AsgiServer(frontend.app(), h["address"], h["port"], "HTTP",
                           sock=listen(h["address"], h["port"], "HTTP"), tls=TlsFiles.from_plain(h.get("tls")))
         await http.start()
-        await frontend.start()
     link.hello()
     grace: float | None = await link.drain_requested
     if grace is None:  # the core went away: nothing can be answered any more
@@ -106,8 +143,6 @@ async def serve(index: int, channel_fd: int) -> int:
     link.draining = True
     if health is not None:
         health.drain()  # NOT_SERVING at once; Watch streams are told
-    if frontend is not None:
-        await frontend.stop()  # /v1 batches running here resume in the next process
     deadline = loop.time() + grace
     try:
         await asyncio.wait_for(link.in_flight.idle(), timeout=grace)

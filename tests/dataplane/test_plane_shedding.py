@@ -114,3 +114,15 @@ async def test_a_request_served_well_within_the_target_leaves_the_controller_as_
         assert delay.last_delay >= 10.0 and delay.above_since is not None  # one past the target is fed
     finally:
         await dp.close()
+
+
+async def test_a_batch_lines_wait_never_feeds_the_controller(plane):
+    """A batch line (``background``: /v2's, or an OpenAI batch's run in the core) waits for idle capacity
+    on purpose; counting that as queueing delay would shed interactive requests."""
+    dp = plane
+    line = _request(time.monotonic_ns() - SECOND_NS)
+    line.background = True
+    await dp.infer(line)
+    assert line.dispatched > 0  # handed to an instance: an interactive one would be fed
+    delay = dp.queue_delay("simple")
+    assert delay.last_delay == 0.0 and delay.above_since is None

@@ -329,3 +329,23 @@ async def test_pb_utils_load_model_from_initialize_fails_fast_instead_of_waiting
         assert float((await dp.infer(table_request("callee", 2))).outputs["Y"][0]) == expected(1, 2)
     finally:
         await dp.close()
+
+
+def test_the_driver_uses_the_managers_public_surface_only() -> None:
+    """demand.py reads and asks the manager through its public names (``known``, ``ensemble_graph``,
+    ``load_locked``, ``evict``, ``set_unavailable``), never a private one: the manager can change its
+    insides without breaking the driver (issue 45)."""
+    import ast
+
+    from inferd.repository import demand
+
+    tree = ast.parse(Path(demand.__file__).read_text())
+    reached = sorted({ast.unparse(node) for node in ast.walk(tree)
+                      if isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                      and not node.attr.startswith("__")
+                      and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))})
+    assert reached == []
+    manager = ModelManager([])
+    assert all(callable(getattr(manager, name)) for name in ("ensemble_graph", "load_locked", "evict",
+                                                              "set_unavailable"))
+    assert dict(manager.known) == {}

@@ -5,10 +5,11 @@ in one process and through every frontend worker. It owns only what is OpenAI's:
 templates (:mod:`._text`), request fields (:mod:`._fields`), SSE framing and the error body
 (:mod:`._errors`); a chat or completion choice is a sequence of the model's own scheduler
 (:mod:`._generate`), an embedding one inference. Which models it serves, and how, their configs say
-(:mod:`inferd.config._openai`).
+(:mod:`inferd.config._openai`). OpenAI's Batch API is the core's (:mod:`inferd.batchjobs`), which
+runs each line through this translation (:class:`BatchLines`).
 """
 
 from inferd.frontends.openai._errors import error_body
-from inferd.frontends.openai._routes import PRIORITY_HEADER, OpenAIFrontend, OpenAIOptions
+from inferd.frontends.openai._routes import PRIORITY_HEADER, BatchLines, OpenAIFrontend, OpenAIOptions
 
-__all__ = ["PRIORITY_HEADER", "OpenAIFrontend", "OpenAIOptions", "error_body"]
+__all__ = ["PRIORITY_HEADER", "BatchLines", "OpenAIFrontend", "OpenAIOptions", "error_body"]

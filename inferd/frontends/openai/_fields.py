@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from inferd.facade import OPENAI_BATCH_ENDPOINTS
 from inferd.frontends.openai._errors import RequestError
 
 MAX_N = 16  # choices per request: each is a sequence of its own
 MAX_STOP = 4  # OpenAI's limit
 MAX_CHOICES = 128  # prompts x n in one request: each choice is a sequence, started at once
 MAX_INPUTS = 2048  # an embedding request's inputs (OpenAI's limit)
+WINDOW = "24h"  # the one completion_window OpenAI offers a batch
 
 
 def _show(value: Any) -> str:
@@ -147,3 +149,27 @@ def messages(value: Any, what: str) -> list[dict[str, Any]]:
                                f"{_show(content)}", "messages")
         out.append({**message, "content": content})
     return out
+
+
+
+def batch_fields(doc: Any) -> tuple[str, str, dict[str, str] | None]:
+    """A batch request's (input_file_id, endpoint, metadata), each checked; RequestError naming the field."""
+    if not isinstance(doc, dict):
+        raise RequestError("batch request: the JSON body must be an object")
+    file_id = doc.get("input_file_id")
+    if not isinstance(file_id, str) or not file_id:
+        raise RequestError(f"batch request: 'input_file_id' must be the id of an uploaded file, got "
+                           f"{file_id!r}", "input_file_id")
+    endpoint = doc.get("endpoint")
+    if endpoint not in OPENAI_BATCH_ENDPOINTS:
+        raise RequestError(f"batch request: 'endpoint' must be one of {', '.join(OPENAI_BATCH_ENDPOINTS)}, got "
+                           f"{endpoint!r}", "endpoint")
+    if doc.get("completion_window") != WINDOW:
+        raise RequestError(f"batch request: 'completion_window' must be '{WINDOW}', got "
+                           f"{doc.get('completion_window')!r}", "completion_window")
+    metadata = doc.get("metadata")
+    if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= 16 and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
+        raise RequestError("batch request: 'metadata' must be an object of at most 16 string keys and string "
+                           "values", "metadata")
+    return file_id, endpoint, metadata

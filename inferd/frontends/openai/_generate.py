@@ -34,6 +34,7 @@ class Sampling:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     priority: int = 0
+    background: bool = False  # a batch line's: on capacity interactive requests leave idle
 
     def parameters(self, index: int) -> dict[str, Any]:
         params: dict[str, Any] = {}
@@ -67,7 +68,7 @@ async def run_choice(dp: DataPlaneAPI, model: str, spec: OpenAISpec, prompt: str
         model_name=model, id=f"{request_id}-{index}",
         inputs={spec.text_input: np.array([prompt.encode("utf-8")], dtype=np.object_).reshape(spec.text_shape)},
         parameters=sampling.parameters(index), priority=sampling.priority, received_ns=time.monotonic_ns(),
-        openai_prompt_tokens=prompt_tokens)
+        openai_prompt_tokens=prompt_tokens, background=sampling.background)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     stops = sampling.stop
     hold = max((len(s) for s in stops), default=1) - 1  # text that may be the start of a stop string

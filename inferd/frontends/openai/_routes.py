@@ -1,10 +1,16 @@
-"""The ``/v1`` routes: models, completions, chat completions, embeddings.
+"""The ``/v1`` routes: models, completions, chat completions, embeddings; files and batches.
 
 Each route reads its body (:mod:`._fields`), finds the model through the façade
 (``DataPlaneAPI.openai_models``: the same call in one process and in every frontend worker),
 renders and counts text with the model's tokenizer and template (:mod:`._text`), and runs each
 choice as a sequence of the model's scheduler (:mod:`._generate`) or each embedding input as one
 inference (``DataPlaneAPI.infer``). Streams are server-sent events ending in ``data: [DONE]``.
+
+OpenAI's Batch API (``/v1/files``, ``/v1/batches``) is the core's (:mod:`inferd.batchjobs`): these
+routes check the request's fields, write an upload where the core takes it, and call
+:class:`~inferd.facade.OpenAIBatchAPI`. The core runs each batch line through this same translation
+(:class:`BatchLines`: an :class:`OpenAIFrontend` over the core's own data plane, every request it
+makes a background one).
 """
 
 from __future__ import annotations
@@ -26,11 +32,12 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from inferd.facade import DataPlaneAPI
-from inferd.errors import NotFound, Unimplemented
-from inferd.frontends.openai._batches import BatchStore
+from inferd.errors import InvalidArgument, NotFound, TooLarge, Unimplemented
+from inferd.facade import OPENAI_MAX_FILE_BYTES, OPENAI_UPLOADS, DataPlaneAPI, OpenAIBatchAPI
 from inferd.frontends.openai._errors import AuthenticationFailed, RequestError, error_body
-from inferd.frontends.openai._fields import MAX_CHOICES, MAX_INPUTS, MAX_N, Body, messages, texts_or_ids
+from inferd.frontends.openai._fields import (
+    MAX_CHOICES, MAX_INPUTS, MAX_N, Body, batch_fields, messages, texts_or_ids,
+)
 from inferd.frontends.openai._generate import Piece, Sampling, run_choice
 from inferd.frontends.openai._text import INSTALL, ModelText
 from inferd.frontends.restrictions import Restrictions
@@ -47,7 +54,9 @@ class OpenAIOptions:
     request must carry ``Authorization: Bearer <one of them>``."""
 
     api_keys: tuple[str, ...] = ()
-    batch_dir: str = ""  # the Batch API's files and batches (the server sets it: <batch dir>/openai); "": off
+    # The Batch API's directory, where an upload is written for the core to take (the server sets it:
+    # <batch dir>/openai); "": the Batch API is off.
+    batch_dir: str = ""
 
     def to_plain(self) -> dict[str, Any]:
         return {"api_keys": list(self.api_keys), "batch_dir": self.batch_dir}
@@ -117,17 +126,20 @@ async def _merge(streams: list[AsyncIterator[Piece]]) -> AsyncIterator[Piece]:
 
 
 class OpenAIFrontend:
-    """The routes; they call only the :class:`DataPlaneAPI` façade."""
+    """The routes; they call only the :class:`DataPlaneAPI` façade and, for files and batches, the
+    :class:`OpenAIBatchAPI` (``batches``: None, the Batch API is off). ``background``: every request
+    this frontend makes is a batch line's (the core's :class:`BatchLines`)."""
 
     def __init__(self, dataplane: DataPlaneAPI, restrictions: Restrictions | None = None,
-                 options: OpenAIOptions | None = None) -> None:
+                 options: OpenAIOptions | None = None, batches: OpenAIBatchAPI | None = None,
+                 background: bool = False) -> None:
         self.dp = dataplane
         self.restrictions = restrictions or Restrictions()
         options = options or OpenAIOptions()
         self.keys = [k.encode() for k in options.api_keys]
-        self.store = (BatchStore(Path(options.batch_dir), self.answer, dataplane.server_ready)
-                      if options.batch_dir else None)
-        self._resuming: asyncio.Task | None = None
+        self.batches = batches if options.batch_dir else None
+        self.uploads = Path(options.batch_dir) / OPENAI_UPLOADS if options.batch_dir else None
+        self.background = background
         self._texts: dict[str, ModelText] = {}  # one per /v1 model of the repository, rebuilt when it changes
         self.created = int(time.time())  # wall-clock seconds: the "created" OpenAI's objects carry
 
@@ -150,24 +162,6 @@ class OpenAIFrontend:
             ("/v1/batches/{batch_id}/cancel", self.batch_cancel, "inference", "POST"),
         ]
         return [Route(path, self._guarded(handler, group), methods=[method]) for path, handler, group, method in table]
-
-    def start(self) -> None:
-        """Batches that no process runs any more are taken up once the server is ready."""
-        if self.store is not None:
-            self._resuming = asyncio.ensure_future(self._resume_when_ready(self.store))
-
-    async def _resume_when_ready(self, store: BatchStore) -> None:
-        while not await self.dp.server_ready():
-            await asyncio.sleep(0.5)
-        store._looked = 0.0  # now, whenever the last look was
-        await store.resume()
-
-    async def stop(self) -> None:
-        if self._resuming is not None:
-            self._resuming.cancel()
-            await asyncio.gather(self._resuming, return_exceptions=True)
-        if self.store is not None:
-            await self.store.stop()
 
     def _guarded(self, handler: Handler, group: str) -> Handler:
         rule = group if group in self.restrictions.by_group else None
@@ -267,7 +261,7 @@ class OpenAIFrontend:
         body.string("user")  # accepted, as OpenAI does (checked for its type only)
         return Sampling(max_tokens=max_tokens, temperature=body.number("temperature", 0.0, 2.0),
                         top_p=body.number("top_p", 0.0, 1.0), seed=body.integer("seed", 0, 2**63 - 1),
-                        stop=body.stop(), priority=priority)
+                        stop=body.stop(), priority=priority, background=self.background)
 
     async def completions(self, request: Request) -> Response:
         return _answer(await self._completions(await self._body(request, "completion request"),
@@ -446,7 +440,8 @@ class OpenAIFrontend:
         received = time.monotonic_ns()
         responses = await asyncio.gather(*(self.dp.infer(InferenceRequest(
             model_name=name, inputs={spec.ids_input: np.asarray(ids, dtype=spec.ids_dtype).reshape(shape)},
-            priority=priority, received_ns=received)) for ids in ids_list))  # concurrent: they share batches
+            priority=priority, received_ns=received, background=self.background))
+            for ids in ids_list))  # concurrent: they share batches
         data = []
         for i, response in enumerate(responses):
             vector = _pool(np.asarray(response.outputs[spec.embedding_output], dtype=np.float32), spec.pooling,
@@ -474,18 +469,16 @@ class OpenAIFrontend:
         assert isinstance(answered, dict)  # not streamed
         return answered
 
+    # -- the Batch API: fields checked here, the files and batches the core's (OpenAIBatchAPI) ------------
 
-    # -- the Batch API (._batches) -------------------------------------------------------------
-
-    async def _store(self) -> BatchStore:
-        if self.store is None:
+    def _batch_api(self) -> tuple[OpenAIBatchAPI, Path]:
+        if self.batches is None or self.uploads is None:
             raise Unimplemented("the Batch API (/v1/files, /v1/batches) needs the server's batch directory "
                                 "(--batch-dir); this frontend was started without one")
-        await self.store.resume()
-        return self.store
+        return self.batches, self.uploads
 
     async def file_create(self, request: Request) -> Response:
-        store = await self._store()
+        api, uploads = self._batch_api()
         try:
             import python_multipart  # noqa: F401  # what Starlette parses forms with
         except ImportError:
@@ -498,49 +491,74 @@ class OpenAIFrontend:
             purpose = form.get("purpose")
             if not isinstance(purpose, str):
                 raise RequestError("file upload: the field 'purpose' is missing (it must be 'batch')", "purpose")
+            if purpose != "batch":
+                raise RequestError(f"file upload: 'purpose' must be 'batch' (the only purpose this server keeps "
+                                   f"files for), got {purpose!r}", "purpose")
             if upload is None or isinstance(upload, str):
                 raise RequestError("file upload: the field 'file' (the file's bytes) is missing", "file")
-
-            async def chunks() -> AsyncIterator[bytes]:
-                while chunk := await upload.read(1 << 20):
-                    yield chunk
-
-            return _json(await store.create_file(upload.filename or "upload.jsonl", purpose, chunks()))
+            filename = upload.filename or "upload.jsonl"
+            uploads.mkdir(parents=True, exist_ok=True)
+            staged = uploads / f"upload-{uuid.uuid4().hex}"
+            try:
+                with open(staged, "wb") as f:
+                    size = 0
+                    while chunk := await upload.read(1 << 20):
+                        size += len(chunk)
+                        if size > OPENAI_MAX_FILE_BYTES:
+                            raise TooLarge(f"file upload: '{filename}' has more than {OPENAI_MAX_FILE_BYTES} "
+                                           "bytes, the most a batch input file may have")
+                        f.write(chunk)
+                return _json(await api.openai_file_create(filename, purpose, staged.name))
+            finally:
+                staged.unlink(missing_ok=True)  # taken by the core, or refused
 
     async def file_get(self, request: Request) -> Response:
-        return _json((await self._store()).file(request.path_params["file_id"]))
+        return _json(await self._batch_api()[0].openai_file(request.path_params["file_id"]))
 
     async def file_list(self, request: Request) -> Response:
-        return _json((await self._store()).list_files(request.query_params.get("purpose")))
+        return _json(await self._batch_api()[0].openai_files(request.query_params.get("purpose")))
 
     async def file_delete(self, request: Request) -> Response:
-        return _json((await self._store()).delete_file(request.path_params["file_id"]))
+        try:
+            return _json(await self._batch_api()[0].openai_file_delete(request.path_params["file_id"]))
+        except InvalidArgument as exc:  # its batch still runs
+            raise RequestError(exc.message, "file_id") from None
 
     async def file_content(self, request: Request) -> Response:
-        path = (await self._store()).content(request.path_params["file_id"])
+        path = await self._batch_api()[0].openai_file_content(request.path_params["file_id"])
         return FileResponse(path, media_type="application/octet-stream")
 
     async def batch_create(self, request: Request) -> Response:
-        store = await self._store()
+        api = self._batch_api()[0]
         raw = await request.body()
         try:
             doc = json.loads(raw)
         except ValueError as exc:
             raise RequestError(f"batch request: the body is not JSON: {exc}") from None
-        return _json(await store.create_batch(doc))
+        file_id, endpoint, metadata = batch_fields(doc)
+        try:
+            return _json(await api.openai_batch_create(file_id, endpoint, metadata))
+        except InvalidArgument as exc:  # the file is not a batch input file
+            raise RequestError(exc.message, "input_file_id") from None
 
     async def batch_list(self, request: Request) -> Response:
         query = request.query_params
         raw = query.get("limit", "20")
         if not raw.isdigit() or not 1 <= int(raw) <= 100:
             raise RequestError(f"batch list: 'limit' must be an integer from 1 to 100, got {raw[:20]!r}", "limit")
-        return _json((await self._store()).list(query.get("after"), int(raw)))
+        try:
+            return _json(await self._batch_api()[0].openai_batches(query.get("after"), int(raw)))
+        except InvalidArgument as exc:  # 'after' names no batch
+            raise RequestError(exc.message, "after") from None
 
     async def batch_get(self, request: Request) -> Response:
-        return _json((await self._store()).batch(request.path_params["batch_id"]))
+        return _json(await self._batch_api()[0].openai_batch(request.path_params["batch_id"]))
 
     async def batch_cancel(self, request: Request) -> Response:
-        return _json(await (await self._store()).cancel(request.path_params["batch_id"]))
+        try:
+            return _json(await self._batch_api()[0].openai_batch_cancel(request.path_params["batch_id"]))
+        except InvalidArgument as exc:  # it ended otherwise
+            raise RequestError(exc.message, code="batch_not_cancellable") from None
 
 
 def _pool(output: np.ndarray, pooling: str, batched: bool) -> np.ndarray:
@@ -553,3 +571,20 @@ def _pool(output: np.ndarray, pooling: str, batched: bool) -> np.ndarray:
     if pooling == "last":
         return output[-1]
     return output.reshape(-1)
+
+
+class BatchLines:
+    """How the core runs OpenAI batch lines (:class:`inferd.batchjobs.OpenAILines`): each body through
+    this module's translation, as its endpoint answers a request, over the core's own data plane, so
+    every request it makes carries ``background`` (the hand-off would not carry it) and waits for
+    capacity that interactive requests leave idle; a line's error in OpenAI's shape."""
+
+    def __init__(self, dataplane: DataPlaneAPI) -> None:
+        self._v1 = OpenAIFrontend(dataplane, background=True)
+
+    async def answer(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._v1.answer(url, body)
+
+    @staticmethod
+    def error(exc: BaseException) -> tuple[int, dict[str, Any]]:
+        return error_body(exc)
