@@ -52,6 +52,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024, dest="http_max_input_bytes",
                    metavar="BYTES", help="largest HTTP request body accepted, also once decompressed (default "
                                          "64 MiB, as Triton); a larger one is refused with 413")
+    p.add_argument("--allow-client-shm", type=_flag, nargs="?", const=True, default=False, metavar="true|false",
+                   help="as Triton: let clients register and unregister system and CUDA shared memory regions for "
+                        "their tensors (default false: those calls answer UNIMPLEMENTED / 501, and the status "
+                        "calls list no region)")
     _overload_arguments(p)
     _stream_arguments(p)
     _security_arguments(p)
@@ -467,6 +471,7 @@ def _serve(args: argparse.Namespace) -> int:
         rate_limit_resources=resources,
         batch_dir=args.batch_dir,
         server_name=args.server_name,
+        allow_client_shm=args.allow_client_shm,
     )
 
     async def run() -> None:

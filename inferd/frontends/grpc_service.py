@@ -326,7 +326,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request, context):  # type: ignore[no-untyped-def]
-        await self.dp.shm_unregister(request.name)
+        try:
+            await self.dp.shm_unregister(request.name)
+        except Exception as exc:  # without --allow-client-shm
+            return await self._abort(context, exc)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request, context):  # type: ignore[no-untyped-def]
@@ -349,7 +352,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(self, request, context):  # type: ignore[no-untyped-def]
-        await self.dp.cuda_shm_unregister(request.name)
+        try:
+            await self.dp.cuda_shm_unregister(request.name)
+        except Exception as exc:  # without --allow-client-shm
+            return await self._abort(context, exc)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- tracing and logging ---------------------------------------------------------------

@@ -95,6 +95,7 @@ class ServerOptions:
     rate_limit_resources: list[tuple[str, int, int]] = field(default_factory=list)  # --rate-limit-resource
     server_name: str = SERVER_NAME  # ServerMetadata's name
     batch_dir: Path | None = None  # batch jobs' state; None: next to the first repository
+    allow_client_shm: bool = False  # --allow-client-shm: clients may register shared memory regions
 
 
 # Past the grace period, how long a stop may still take (closing ports, releasing models)
@@ -123,7 +124,7 @@ class InferenceServer:
                                    shedding=QueueDelay(options.queue_delay_target_us,
                                                        options.queue_delay_interval_us,
                                                        options.queue_delay_execution_multiple),
-                                   batch_dir=batch_dir)
+                                   batch_dir=batch_dir, allow_client_shm=options.allow_client_shm)
         self.poller = (RepositoryPoller(self.manager, options.repository_poll_secs)
                        if options.model_control_mode == "poll" else None)
         self._grpc: GrpcPort | None = None
