@@ -198,6 +198,12 @@ def _security_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-restricted-api", action="append", default=[], metavar="GROUPS:KEY=VALUE",
                    help="refuse requests to these endpoint groups (comma-separated) with 403 unless they carry "
                         "the header KEY: VALUE (repeatable); the groups as --grpc-restricted-protocol")
+    for proto, what in (("grpc", "gRPC metadata"), ("http", "HTTP headers of an infer request")):
+        p.add_argument(f"--{proto}-header-forward-pattern", default="", metavar="REGEX",
+                       help=f"as Triton: {what} whose name matches REGEX (anywhere in the name, case-insensitive) "
+                            "become string request parameters of that name, which the model reads; a matching "
+                            "header with a reserved name (sequence_id, priority, ..., triton_*) is refused "
+                            "(default: none forwarded)")
     p.add_argument("--openai-api-key", action="append", default=[], metavar="KEY",
                    help="/v1 (the OpenAI-compatible routes) answers only requests carrying 'Authorization: "
                         "Bearer KEY' (repeatable: any of them); 401 otherwise")
@@ -220,6 +226,12 @@ def _security_options(args: argparse.Namespace) -> dict[str, Any]:
                                                   GRPC_HEADER_PREFIX, protocol="protocol")
     out["http_restrictions"] = Restrictions.parse(args.http_restricted_api, "--http-restricted-api")
     out["openai"] = _openai_options(args.openai_api_key, args.openai_api_key_file)
+    from inferd.frontends.parameters import header_forward
+
+    for proto in ("grpc", "http"):
+        pattern = getattr(args, f"{proto}_header_forward_pattern")
+        header_forward(pattern, f"--{proto}-header-forward-pattern")  # a pattern that does not compile: ValueError
+        out[f"{proto}_header_forward_pattern"] = pattern
     return out
 
 

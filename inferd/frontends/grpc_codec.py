@@ -14,6 +14,7 @@ import numpy as np
 from inferd._proto import grpc_service_pb2 as pb
 from inferd.dtypes import BY_NAME, DataType, datatype_problem, decode_bytes, element_count, encode_bytes
 from inferd.errors import InvalidArgument
+from inferd.frontends.parameters import check_request_parameters
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput, SharedTensor, ShmRef
 
 _TYPED_FIELD = {
@@ -187,6 +188,7 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
     )
     if msg.parameters:
         params = {k: param_value(v) for k, v in msg.parameters.items()}
+        check_request_parameters(model, params, "grpc")
         request.parameters = params
         request.priority = int_param(model, params, "priority")
         request.timeout_us = int_param(model, params, "timeout")

@@ -29,6 +29,7 @@ from inferd.dtypes import BY_NAME, DataType, datatype_problem, element_count, en
 from inferd.errors import InvalidArgument
 from inferd.observability.stats import RESPONSE_FIELDS, ModelStatistics
 from inferd.frontends.grpc_codec import array_from_raw, int_param, parse_version, shm_ref
+from inferd.frontends.parameters import check_request_parameters
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput, SharedTensor
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -96,6 +97,7 @@ def decode_infer_request(model: str, version: str, body: bytes, header_length: s
 
     params = _object(doc.get("parameters"), f"model '{model}': request 'parameters'")
     if params:
+        check_request_parameters(model, params, "http")
         binary_default = params.get("binary_data_output", False)
         if not isinstance(binary_default, bool):
             raise InvalidArgument(f"model '{model}': request parameter 'binary_data_output' must be a boolean")

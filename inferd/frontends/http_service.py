@@ -39,6 +39,7 @@ from inferd.facade import DECOUPLED_HTTP, DataPlaneAPI
 from inferd.frontends import http_codec, http_generate
 from inferd.frontends.grpc_codec import parse_version
 from inferd.frontends.openai import OpenAIFrontend, OpenAIOptions
+from inferd.frontends.parameters import HeaderForward
 from inferd.frontends.restrictions import Restrictions
 from inferd.frontends.status import http_status
 from inferd.types import FrontendStamps
@@ -268,11 +269,14 @@ class HttpFrontend:
     """The routes; they call only the :class:`DataPlaneAPI` façade."""
 
     def __init__(self, dataplane: DataPlaneAPI, restrictions: Restrictions | None = None,
-                 max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES, openai: OpenAIOptions | None = None) -> None:
+                 max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES, openai: OpenAIOptions | None = None,
+                 forward: HeaderForward | None = None) -> None:
+        """``forward`` (--http-header-forward-pattern): the headers an infer request's parameters take."""
         self.dp = dataplane
         self.restrictions = restrictions or Restrictions()
         self.max_input = max_input_bytes
         self.openai = openai
+        self.forward = forward
 
     def app(self) -> Any:
         r: list[Route] = []
@@ -590,6 +594,8 @@ class HttpFrontend:
             body = _decompress(body, encoding, self.max_input)
         decoded = http_codec.decode_infer_request(name, version, body, headers.get(http_codec.HEADER_LENGTH))
         decoded.request.received_ns = received_ns
+        if self.forward is not None:
+            decoded.request.parameters.update(self.forward.forwarded(headers.items()))
         # Triton's HTTP_* trace timestamps: RECV from the call's start to its body decoded, SEND from
         # the answer back to its body encoded (what the route hands to the ASGI server); an error is
         # stamped as it leaves here for the error handler.

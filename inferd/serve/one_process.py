@@ -45,6 +45,7 @@ from inferd.frontends.grpc_service import InferenceServicer
 from inferd.frontends.grpc_health import Health
 from inferd.frontends.http_service import DEFAULT_MAX_INPUT_BYTES, HttpFrontend
 from inferd.frontends.openai import OpenAIOptions
+from inferd.frontends.parameters import header_forward
 from inferd.frontends.restrictions import Restrictions
 from inferd.frontends.tls import TlsFiles
 from inferd.streaming import StreamLimits
@@ -96,6 +97,8 @@ class ServerOptions:
     server_name: str = SERVER_NAME  # ServerMetadata's name
     batch_dir: Path | None = None  # batch jobs' state; None: next to the first repository
     allow_client_shm: bool = False  # --allow-client-shm: clients may register shared memory regions
+    grpc_header_forward_pattern: str = ""  # metadata that becomes request parameters ("": none)
+    http_header_forward_pattern: str = ""  # headers that become an infer request's parameters ("": none)
 
 
 # Past the grace period, how long a stop may still take (closing ports, releasing models)
@@ -204,7 +207,9 @@ class InferenceServer:
         if o.allow_grpc:
             await self._start_grpc()
         if o.allow_http:
-            self._http_frontend = HttpFrontend(self.dataplane, o.http_restrictions, o.http_max_input_bytes, o.openai)
+            self._http_frontend = HttpFrontend(self.dataplane, o.http_restrictions, o.http_max_input_bytes, o.openai,
+                                               header_forward(o.http_header_forward_pattern,
+                                                              "--http-header-forward-pattern"))
             self._http = AsgiServer(self._http_frontend.app(), self.http_address, o.http_port, "HTTP", tls=o.http_tls)
             await self._http.start()
             await self._http_frontend.start()
@@ -219,7 +224,8 @@ class InferenceServer:
 
     async def _start_grpc(self) -> None:
         o = self.options
-        port = GrpcPort(InferenceServicer(self.dataplane), Health(self.dataplane), GrpcPortOptions(
+        forward = header_forward(o.grpc_header_forward_pattern, "--grpc-header-forward-pattern")
+        port = GrpcPort(InferenceServicer(self.dataplane, forward=forward), Health(self.dataplane), GrpcPortOptions(
             address=o.address, port=o.grpc_port, max_message_bytes=o.max_message_bytes, tls=o.grpc_tls,
             restrictions=o.grpc_restrictions, channel_args=tuple(o.grpc_options)))
         await port.start()
