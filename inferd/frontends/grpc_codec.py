@@ -64,7 +64,7 @@ def parse_version(model: str, version: str) -> int:
 
 
 def array_from_raw(raw: bytes, dtype: DataType, shape: tuple[int, ...], where: str) -> np.ndarray:
-    count = element_count(shape, where)
+    count = element_count(shape, where, dtype.itemsize)
     if dtype.name == "BYTES":
         return decode_bytes(raw, count, where).reshape(shape)
     expected = count * dtype.itemsize
@@ -82,7 +82,7 @@ def array_from_contents(t: pb.ModelInferRequest.InferInputTensor, dtype: DataTyp
     if field is None:
         raise InvalidArgument(f"{where}: data type {dtype.name} has no typed contents field; send it as raw_input_contents")
     values = getattr(t.contents, field)
-    count = element_count(shape, where)
+    count = element_count(shape, where, dtype.itemsize)
     if len(values) != count:
         raise InvalidArgument(f"{where}: {len(values)} values in contents for shape {list(shape)}, expecting {count}")
     if dtype.name == "BYTES":

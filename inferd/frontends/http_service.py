@@ -9,9 +9,9 @@ Triton's extensions use the data plane's own state, so both frontends see one
 set of shared memory regions, trace settings and log settings; a W3C
 ``traceparent`` header parents a traced request's span as gRPC metadata does.
 
-Limits: a body (and, compressed, what it decompresses to) larger than
-``--http-max-input-size`` (64 MiB by default, Triton's) is refused with 413
-before it is all read; restricted groups (``--http-restricted-api``,
+Limits (:mod:`inferd.frontends.http_limits`): a body larger than ``--http-max-input-size``
+(64 MiB by default, Triton's) is refused with 413 before it is all read, one that decompresses
+past it and a chunked one of more than 65,536 chunks with 400; restricted groups (``--http-restricted-api``,
 :mod:`inferd.frontends.restrictions`) answer 403 without the header.
 """
 
@@ -34,10 +34,11 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from inferd._proto.json import message_to_dict
-from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, TooLarge, Unimplemented
+from inferd.errors import InferdError, InvalidArgument, ModelExecutionError
 from inferd.facade import DECOUPLED_HTTP, DataPlaneAPI
 from inferd.frontends import http_codec, http_generate
 from inferd.frontends.grpc_codec import parse_version
+from inferd.frontends.http_limits import BodyLimit, decompress
 from inferd.frontends.openai import OpenAIFrontend, OpenAIOptions
 from inferd.frontends.parameters import HeaderForward
 from inferd.frontends.restrictions import Restrictions
@@ -92,70 +93,6 @@ def _guarded(handler: Handler, group: str, restrictions: Restrictions) -> Handle
 
     run.__name__ = handler.__name__
     return run
-
-
-def _too_large(size: int | str, limit: int, what: str = "the request body") -> TooLarge:
-    return TooLarge(f"{what} has {size} bytes, more than the {limit} this server accepts "
-                    "(--http-max-input-size)")
-
-
-def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
-    """``body`` decoded; TooLarge when it would decompress past ``limit`` bytes (it stops there)."""
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    if encoding not in ("gzip", "deflate"):
-        raise Unimplemented(f"Content-Encoding '{encoding}' is not supported; use gzip or deflate")
-    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    out = b""
-    rest = body
-    while True:  # a gzip body may hold several members, one after the other
-        inflater = zlib.decompressobj(wbits)
-        try:
-            out += inflater.decompress(rest, limit + 1 - len(out))
-            if len(out) > limit or inflater.unconsumed_tail:
-                raise _too_large(f"more than {limit}", limit, f"the {encoding} request body, decompressed,")
-            out += inflater.flush()
-        except zlib.error as exc:
-            raise InvalidArgument(f"the request body is not valid {encoding} data: {exc}") from None
-        if not inflater.eof:
-            raise InvalidArgument(f"the request body is not valid {encoding} data: it ends before the stream does")
-        rest = inflater.unused_data
-        if not rest or encoding != "gzip":
-            return out
-
-
-class BodyLimit:
-    """ASGI middleware: a request body over ``limit`` bytes is refused (413) as soon as that is known:
-    from its Content-Length before any of it is read, else when the bytes read pass it."""
-
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        limit = self.limit
-        for key, value in scope["headers"]:
-            if key == b"content-length":
-                if not value.isdigit() or int(value) > limit:
-                    await json_response({"error": _too_large(value.decode("latin-1")[:32], limit).message},
-                                        413)(scope, receive, send)
-                    return
-                break
-        seen = 0
-
-        async def bounded() -> dict:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise _too_large(f"more than {limit}", limit)
-            return message
-
-        await self.app(scope, bounded, send)
 
 
 class InferRoute:
@@ -234,7 +171,7 @@ async def _json_body(request: Request, what: str, limit: int = DEFAULT_MAX_INPUT
     body = await request.body()
     encoding = request.headers.get("content-encoding")
     if encoding:
-        body = _decompress(body, encoding, limit)
+        body = decompress(body, encoding, limit)
     if not body.strip():
         return {}
     doc = http_codec.load_json(body, what)
@@ -495,7 +432,7 @@ class HttpFrontend:
         body = await request.body()
         encoding = request.headers.get("content-encoding")
         if encoding:
-            body = _decompress(body, encoding, self.max_input)
+            body = decompress(body, encoding, self.max_input)
         return json_response(await self.dp.batch_submit(body, model, version))
 
     async def batch_list(self, request: Request) -> Response:
@@ -591,7 +528,7 @@ class HttpFrontend:
         ``headers``: the request's, a case-insensitive mapping of str (lower-case names do)."""
         encoding = headers.get("content-encoding")
         if encoding:
-            body = _decompress(body, encoding, self.max_input)
+            body = decompress(body, encoding, self.max_input)
         decoded = http_codec.decode_infer_request(name, version, body, headers.get(http_codec.HEADER_LENGTH))
         decoded.request.received_ns = received_ns
         if self.forward is not None:

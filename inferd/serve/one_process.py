@@ -43,6 +43,7 @@ from inferd.frontends.asgi import AsgiServer
 from inferd.frontends.grpc_port import GrpcPort, GrpcPortOptions
 from inferd.frontends.grpc_service import InferenceServicer
 from inferd.frontends.grpc_health import Health
+from inferd.frontends.http_limits import chunk_limited_protocol
 from inferd.frontends.http_service import DEFAULT_MAX_INPUT_BYTES, HttpFrontend
 from inferd.frontends.openai import OpenAIOptions
 from inferd.frontends.parameters import header_forward
@@ -210,7 +211,8 @@ class InferenceServer:
             self._http_frontend = HttpFrontend(self.dataplane, o.http_restrictions, o.http_max_input_bytes, o.openai,
                                                header_forward(o.http_header_forward_pattern,
                                                               "--http-header-forward-pattern"))
-            self._http = AsgiServer(self._http_frontend.app(), self.http_address, o.http_port, "HTTP", tls=o.http_tls)
+            self._http = AsgiServer(self._http_frontend.app(), self.http_address, o.http_port, "HTTP", tls=o.http_tls,
+                                    protocol=chunk_limited_protocol())
             await self._http.start()
             await self._http_frontend.start()
             log.info("serving HTTP on %s:%d", self.http_address, self.http_port)

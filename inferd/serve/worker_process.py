@@ -40,6 +40,7 @@ from inferd.frontends.asgi import AsgiServer, bind
 from inferd.frontends.grpc_port import GrpcPort, GrpcPortOptions
 from inferd.frontends.grpc_service import InferenceServicer
 from inferd.frontends.grpc_health import Health
+from inferd.frontends.http_limits import chunk_limited_protocol
 from inferd.frontends.http_service import DEFAULT_MAX_INPUT_BYTES, HttpFrontend
 from inferd.frontends.openai import OpenAIOptions
 from inferd.frontends.parameters import header_forward
@@ -111,7 +112,8 @@ async def serve(index: int, channel_fd: int) -> int:
                                 OpenAIOptions.from_plain(h.get("openai")),
                                 header_forward(h.get("header_forward_pattern"), "--http-header-forward-pattern"))
         http = AsgiServer(frontend.app(), h["address"], h["port"], "HTTP",
-                          sock=listen(h["address"], h["port"], "HTTP"), tls=TlsFiles.from_plain(h.get("tls")))
+                          sock=listen(h["address"], h["port"], "HTTP"), tls=TlsFiles.from_plain(h.get("tls")),
+                          protocol=chunk_limited_protocol())
         await http.start()
         await frontend.start()
     link.hello()
