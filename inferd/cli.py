@@ -41,6 +41,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="serve HTTP/REST (default true)")
     p.add_argument("--allow-metrics", type=_flag, default=True, metavar="true|false",
                    help="serve Prometheus metrics (default true)")
+    p.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE",
+                   help="as Triton (repeatable): histogram_latencies=true serves "
+                        "nv_inference_first_response_histogram_ms (each request's time to its first response, in "
+                        "ms, for every model; default false); Triton's counter_latencies, summary_latencies and "
+                        "summary_quantiles are accepted and ignored (inferd's own latency histograms are always "
+                        "served)")
     p.add_argument("--grpc-address", "--address", dest="address", default="0.0.0.0",
                    help="address to bind gRPC to (default 0.0.0.0)")
     p.add_argument("--http-address", default=None,
@@ -209,6 +215,21 @@ def _security_arguments(p: argparse.ArgumentParser) -> None:
                         "Bearer KEY' (repeatable: any of them); 401 otherwise")
     p.add_argument("--openai-api-key-file", type=Path, default=None, metavar="FILE",
                    help="as --openai-api-key, the keys read from FILE, one a line (kept out of the process list)")
+
+
+def _metrics_config(settings: list[str]) -> bool:
+    """--metrics-config: whether histogram_latencies is on; ValueError for a malformed setting."""
+    from inferd.dataplane.metrics import parse_metrics_config
+
+    config = parse_metrics_config(settings)
+    value = config.get("histogram_latencies", "false").lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"--metrics-config histogram_latencies must be true or false, got '{value}'")
+    ignored = sorted(set(config) - {"histogram_latencies"})
+    if ignored:
+        logging.getLogger("inferd").warning("--metrics-config: %s ignored (inferd serves its own latency "
+                                            "histograms, and Triton's counters, always)", ", ".join(ignored))
+    return value == "true"
 
 
 def _security_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -418,6 +439,7 @@ def _serve(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
     try:
+        histogram_latencies = _metrics_config(args.metrics_config)
         security = _security_options(args)
         stream_limits = StreamLimits(args.stream_max_responses, args.stream_max_bytes, args.stream_stall_timeout)
     except ValueError as exc:
@@ -484,6 +506,7 @@ def _serve(args: argparse.Namespace) -> int:
         batch_dir=args.batch_dir,
         server_name=args.server_name,
         allow_client_shm=args.allow_client_shm,
+        histogram_latencies=histogram_latencies,
     )
 
     async def run() -> None:

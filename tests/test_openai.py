@@ -189,13 +189,27 @@ def test_completion_streamed_with_n_choices_and_seed(client):
     assert whole.usage.completion_tokens == 48
 
 
-def test_stop_string_ends_the_choice(client):
+def test_stop_string_ends_the_choice(server, client):
+    """The choice ends at the stop string, and its request counts as a success in the model's statistics
+    and /metrics, not as a cancellation (issue 47: the stream closed on a stop is no client gone)."""
     full = client.completions.create(model="generator", prompt="abc", max_tokens=40).choices[0].text
     stop = next(full[i:i + 2] for i in range(3, len(full) - 2) if "\ufffd" not in full[i:i + 2])
+    canceled = '{model="generator",version="1",reason="CANCELED"}'
+    before, cancels = _stats(server, "generator")["inference_stats"], server.metric("nv_inference_request_failure", canceled)
     reply = client.completions.create(model="generator", prompt="abc", max_tokens=40, stop=[stop, "never-seen"])
     assert reply.choices[0].text == full[:full.index(stop)]
     assert reply.choices[0].finish_reason == "stop"
     assert reply.usage.completion_tokens < 40
+    deadline = time.monotonic() + 60
+    while True:  # a frontend worker's CANCEL reaches the core after the answer went out
+        after = _stats(server, "generator")["inference_stats"]
+        ended = {k: int(after[k]["count"]) - int(before[k]["count"]) for k in ("success", "fail")}
+        if sum(ended.values()) >= 1:
+            break
+        assert time.monotonic() < deadline, "the stopped request was never counted"
+        time.sleep(0.02)
+    assert ended == {"success": 1, "fail": 0}
+    assert server.metric("nv_inference_request_failure", canceled) == cancels
 
 
 def test_token_id_prompt_and_echo(server, client):

@@ -98,6 +98,7 @@ class ServerOptions:
     server_name: str = SERVER_NAME  # ServerMetadata's name
     batch_dir: Path | None = None  # batch jobs' state; None: next to the first repository
     allow_client_shm: bool = False  # --allow-client-shm: clients may register shared memory regions
+    histogram_latencies: bool = False  # --metrics-config histogram_latencies=true: Triton's first-response histogram
     grpc_header_forward_pattern: str = ""  # metadata that becomes request parameters ("": none)
     http_header_forward_pattern: str = ""  # headers that become an infer request's parameters ("": none)
 
@@ -219,7 +220,8 @@ class InferenceServer:
 
     async def _start_metrics(self) -> None:
         o = self.options
-        self.metrics = ServerMetrics(self.dataplane)  # before loading: histograms attach as models build
+        # Before loading: histograms attach as models build.
+        self.metrics = ServerMetrics(self.dataplane, histogram_latencies=o.histogram_latencies)
         self._metrics_server = AsgiServer(self.metrics.asgi_app(), self.metrics_address, o.metrics_port, "metrics")
         await self._metrics_server.start()
         log.info("serving metrics on %s:%d/metrics", self.metrics_address, self.metrics_port)

@@ -88,8 +88,11 @@ async def run_choice(dp: DataPlaneAPI, model: str, spec: OpenAISpec, prompt: str
                     found = [(pending.find(s), s) for s in stops if s in pending]
                     if found:
                         at = min(found)[0]
+                        # Closing the stream cancels the sequence (its row leaves at the next step); the
+                        # request is a success, not a cancellation, in the model's statistics.
+                        request.ended_by_client = True
                         yield Piece(index, pending[:at], "stop", tokens)
-                        return  # closing the stream cancels the sequence: its row leaves at the next step
+                        return
                 ready = len(pending) - hold if stops else len(pending)
                 if ready > 0:
                     yield Piece(index, pending[:ready], None, tokens)

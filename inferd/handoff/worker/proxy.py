@@ -272,4 +272,4 @@ class RemoteDataPlane:
                     taken = 0
         finally:
             if not done:
-                self.link.in_flight.cancel(rid)
+                self.link.in_flight.cancel(rid, request.ended_by_client)
