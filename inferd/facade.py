@@ -225,6 +225,12 @@ class DataPlaneAPI(Protocol):
         """Apply log setting ``changes``, all or nothing; the settings now in force."""
         ...
 
+    async def kv_cache_blocks(self) -> dict[str, float]:
+        """The KV-cache block metrics models registered (``nv_trt_llm_kv_cache_block_metrics``, by its
+        ``kv_cache_block_type`` label: ``tokens_per``, ``used``, ``max``; the last series of each, as Triton
+        reads /metrics), which an ORCA load report is made of; empty when no model registered them."""
+        ...
+
     # -- inference -----------------------------------------------------------------
 
     def tracing_on(self) -> bool:

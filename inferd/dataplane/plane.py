@@ -33,6 +33,7 @@ from inferd.facade import (
 from inferd.model import Model, ModelRun, run_model, submit_model
 from inferd.model import infer_stream as model_infer_stream
 from inferd.model.readiness import user_ready
+from inferd.observability import custom_metrics
 from inferd.observability.log_settings import LogSettings
 from inferd.observability.stats import ModelStatistics
 from inferd.observability.tracing import Tracing
@@ -48,6 +49,8 @@ EXTENSIONS = [
     "classification", "sequence", "model_repository", "schedule_policy", "model_configuration", "statistics",
     "binary_tensor_data", "parameters", "model_repository(unload_dependents)", "system_shared_memory", "trace", "logging",
 ]
+# The custom metric family an ORCA load report reads (the TensorRT-LLM backend's name, as Triton's orca_http).
+KV_CACHE_BLOCK_FAMILY = "nv_trt_llm_kv_cache_block_metrics"
 
 
 class DataPlane:
@@ -257,6 +260,14 @@ class DataPlane:
 
     async def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return self.logs.update(changes) if changes else self.logs.get()
+
+    async def kv_cache_blocks(self) -> dict[str, float]:
+        found: dict[str, float] = {}
+        for labels, value in custom_metrics.REGISTRY.samples(KV_CACHE_BLOCK_FAMILY):
+            kind = labels.get("kv_cache_block_type")
+            if kind in ("tokens_per", "used", "max"):
+                found[kind] = value
+        return found
 
     # -- inference -----------------------------------------------------------------
 

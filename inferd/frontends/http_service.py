@@ -36,7 +36,7 @@ from starlette.routing import Route
 from inferd._proto.json import message_to_dict
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError
 from inferd.facade import DECOUPLED_HTTP, DataPlaneAPI
-from inferd.frontends import http_codec, http_generate
+from inferd.frontends import http_codec, http_generate, orca
 from inferd.frontends.grpc_codec import parse_version
 from inferd.frontends.http_limits import BodyLimit, decompress
 from inferd.frontends.openai import OpenAIFrontend, OpenAIOptions
@@ -474,7 +474,17 @@ class HttpFrontend:
         if len(responses) != 1:
             raise ModelExecutionError(f"{http_generate.ONE_RESPONSE} (model '{request.path_params['model']}' sent "
                                       f"{len(responses)})")
-        return json_response(http_generate.generate_response(responses[0]))
+        answer = json_response(http_generate.generate_response(responses[0]))
+        answer.headers.update(await self._load_report(request))
+        return answer
+
+    async def _load_report(self, request: Request) -> dict[str, str]:
+        """The ORCA ``endpoint-load-metrics`` header the request asks for (orca.py), or none."""
+        fmt = request.headers.get(orca.REQUEST_HEADER)
+        if fmt is None:
+            return {}
+        value = orca.header_value(fmt, await self.dp.kv_cache_blocks())
+        return {orca.RESPONSE_HEADER: value} if value is not None else {}
 
     async def generate_stream(self, request: Request) -> Response:
         """Server-sent events, one per response; the status is the first response's, as Triton sets it."""
@@ -511,7 +521,8 @@ class HttpFrontend:
                 if close is not None:
                     await close()  # the client went away: stop the model's stream too
 
-        return StreamingResponse(body(), status_code=status, media_type="text/event-stream; charset=utf-8")
+        return StreamingResponse(body(), status_code=status, media_type="text/event-stream; charset=utf-8",
+                                 headers=await self._load_report(request))
 
     async def infer(self, request: Request) -> Response:
         """The infer route through Starlette: taken only under --http-restricted-api's inference

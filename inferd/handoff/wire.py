@@ -107,6 +107,7 @@ CALLS = frozenset({
     "model_statistics", "repository_index", "openai_models", "load_model", "unload_model", "shm_register", "shm_status",
     "shm_unregister", "cuda_shm_register", "cuda_shm_status", "cuda_shm_unregister", "trace_settings",
     "log_settings", "batch_submit", "batch_list", "batch_status", "batch_cancel", "batch_results",
+    "kv_cache_blocks",
 })
 
 # positions in an INFER message
