@@ -65,6 +65,7 @@ class OpenAISpec:
     bos_token: str = ""
     eos_token: str = ""
     max_context: int = 0
+    max_new_tokens: int = 0  # the model's own limit on a completion (0: unknown); reaching it is finish "length"
     text_input: str = ""
     text_output: str = ""
     ids_input: str = ""

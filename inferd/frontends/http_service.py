@@ -38,7 +38,7 @@ from inferd.errors import InferdError, InvalidArgument, ModelExecutionError
 from inferd.facade import DECOUPLED_HTTP, DataPlaneAPI
 from inferd.frontends import http_codec, http_generate, orca
 from inferd.frontends.grpc_codec import parse_version
-from inferd.frontends.http_limits import BodyLimit, decompress
+from inferd.frontends.http_limits import BodyLimit, decompress, is_openai
 from inferd.frontends.openai import OpenAIFrontend, OpenAIOptions
 from inferd.frontends.parameters import HeaderForward
 from inferd.frontends.restrictions import Restrictions
@@ -268,8 +268,13 @@ class HttpFrontend:
 
         async def not_found(request: Request, exc: Exception) -> Response:
             status = exc.status_code if isinstance(exc, HTTPException) else 404
+            path = request.url.path
+            if is_openai(path):  # OpenAI's words and body, which its clients read
+                what = "Invalid URL" if status == 404 else "Method Not Allowed"
+                return json_response({"error": {"message": f"{what} ({request.method} {path})",
+                                                "type": "invalid_request_error", "param": None, "code": None}}, status)
             what = "method not allowed" if status == 405 else "no such endpoint"
-            return json_response({"error": f"{what}: {request.method} {request.url.path}"}, status)
+            return json_response({"error": f"{what}: {request.method} {path}"}, status)
 
         app: Any = Starlette(routes=r, exception_handlers={404: not_found, 405: not_found})
         if "inference" not in self.restrictions.by_group:
