@@ -157,22 +157,24 @@ def test_http_body_inflating_past_the_limit_is_a_400(server) -> None:  # type: i
     assert status == 200 and doc["outputs"][0]["data"] == [1.0, 2.0]
 
 
-def _chunked(server, body: bytes, chunks: int) -> tuple[int, bytes]:  # type: ignore[no-untyped-def]
-    """POST ``body`` as ``chunks`` chunks (the last ones carry what is left), then read the answer."""
+def _chunked(server, body: bytes, chunks: int, sock: socket.socket | None = None) -> tuple[int, bytes]:  # type: ignore[no-untyped-def]
+    """POST ``body`` as ``chunks`` chunks (the last ones carry what is left), then read the answer; on
+    ``sock`` (a kept-alive connection) when given, else on a connection of its own."""
+    if sock is None:
+        host, port = server.http_url.split(":")
+        with socket.create_connection((host, int(port)), timeout=60) as own:
+            return _chunked(server, body, chunks, own)
     size = len(body) // chunks
     parts = [body[i * size:(i + 1) * size] for i in range(chunks - 1)] + [body[(chunks - 1) * size:]]
-    host, port = server.http_url.split(":")
-    head = (f"POST /v2/models/ident/infer HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    head = ("POST /v2/models/ident/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             "Transfer-Encoding: chunked\r\n\r\n").encode()
-    wire = head + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
-    with socket.create_connection((host, int(port)), timeout=60) as sock:
-        sock.sendall(wire)
-        answer = b""
-        while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < _length(answer):
-            more = sock.recv(65536)
-            if not more:
-                break
-            answer += more
+    sock.sendall(head + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n")
+    answer = b""
+    while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < _length(answer):
+        more = sock.recv(65536)
+        if not more:
+            break
+        answer += more
     status = int(answer.split(b" ", 2)[1])
     return status, answer.split(b"\r\n\r\n", 1)[1]
 
@@ -194,6 +196,11 @@ def test_a_chunked_body_of_more_than_65536_chunks_is_refused(server) -> None:  #
     assert (status, json.loads(answer)) == (400, {"error": CHUNKS})
     status, answer = _chunked(server, _infer_body([2], [3.0, 4.0]), 4)  # the next connection is served
     assert status == 200 and json.loads(answer)["outputs"][0]["data"] == [3.0, 4.0]
+    host, port = server.http_url.split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:  # counted per request, not connection
+        for _ in range(2):
+            status, answer = _chunked(server, body[:40000], 40000, sock)
+            assert status == 200 and json.loads(answer)["outputs"][0]["data"] == [1.0, 2.0]
 
 
 def test_grpc_classification_of_more_than_a_million_elements(server) -> None:  # type: ignore[no-untyped-def]

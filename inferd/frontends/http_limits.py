@@ -119,31 +119,21 @@ def chunk_limited_protocol() -> Any:
 
     class ChunkLimitedProtocol(HttpToolsProtocol):  # type: ignore[misc, valid-type]
         """Past :data:`MAX_CHUNKS` non-empty chunks in one request: 400 with Triton's message, the
-        connection closed and nothing more read (the app sees its client gone)."""
+        connection closed and nothing more read (the app sees its client gone). Only the parser's
+        chunk callback is added: a request that is not chunked costs nothing more."""
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._chunks = 0
-            self._chunk_data = False
-            self._refused = False
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._chunks = 0
+        _counted: Any = None  # the request (uvicorn's cycle) whose chunks are counted
+        _chunks = 0
+        _refused = False
 
         def on_chunk_header(self) -> None:
-            self._chunk_data = False
-
-        def on_body(self, body: bytes) -> None:
-            if body:
-                self._chunk_data = True
-            super().on_body(body)
-
-        def on_chunk_complete(self) -> None:
-            if not self._chunk_data:
-                return
+            # Every chunk but the last, empty one (which ends the body) holds data: more than MAX_CHUNKS
+            # + 1 chunk headers is more than MAX_CHUNKS non-empty chunks (seen one chunk after Triton sees it).
+            cycle = getattr(self, "cycle", None)
+            if cycle is not self._counted:
+                self._counted, self._chunks = cycle, 0
             self._chunks += 1
-            if self._chunks > MAX_CHUNKS:
+            if self._chunks > MAX_CHUNKS + 1:
                 self._refuse()
                 raise _TooManyChunks  # stops the parser; uvicorn's own 400 is not sent (send_400_response)
 
