@@ -85,7 +85,9 @@ def start_inferd(repo: Path, http_port: int = 0, cpus: str | None = None) -> tup
     port = free_port()
     proc = Proc([*pinned(cpus), sys.executable, "-m", "inferd.cli", "serve", "--model-repository", str(repo),
                  "--grpc-address", "127.0.0.1", "--grpc-port", str(port), "--http-address", "127.0.0.1",
-                 "--http-port", str(http_port), "--metrics-port", "0"], "inferd: ready", "inferd")
+                 "--http-port", str(http_port), "--metrics-port", "0",
+                 "--allow-client-shm"],  # the protocols scenario runs perf_analyzer --shared-memory system
+                "inferd: ready", "inferd")
     return proc, f"127.0.0.1:{port}"
 
 

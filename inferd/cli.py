@@ -41,6 +41,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="serve HTTP/REST (default true)")
     p.add_argument("--allow-metrics", type=_flag, default=True, metavar="true|false",
                    help="serve Prometheus metrics (default true)")
+    p.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE",
+                   help="as Triton (repeatable): histogram_latencies=true serves "
+                        "nv_inference_first_response_histogram_ms (each request's time to its first response, in "
+                        "ms, for every model; default false); Triton's counter_latencies, summary_latencies and "
+                        "summary_quantiles are accepted and ignored (inferd's own latency histograms are always "
+                        "served)")
     p.add_argument("--grpc-address", "--address", dest="address", default="0.0.0.0",
                    help="address to bind gRPC to (default 0.0.0.0)")
     p.add_argument("--http-address", default=None,
@@ -52,6 +58,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024, dest="http_max_input_bytes",
                    metavar="BYTES", help="largest HTTP request body accepted, also once decompressed (default "
                                          "64 MiB, as Triton); a larger one is refused with 413")
+    p.add_argument("--allow-client-shm", type=_flag, nargs="?", const=True, default=False, metavar="true|false",
+                   help="as Triton: let clients register and unregister system and CUDA shared memory regions for "
+                        "their tensors (default false: those calls answer UNIMPLEMENTED / 501, and the status "
+                        "calls list no region)")
     _overload_arguments(p)
     _stream_arguments(p)
     _security_arguments(p)
@@ -199,11 +209,32 @@ def _security_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-restricted-api", action="append", default=[], metavar="GROUPS:KEY=VALUE",
                    help="refuse requests to these endpoint groups (comma-separated) with 403 unless they carry "
                         "the header KEY: VALUE (repeatable); the groups as --grpc-restricted-protocol")
+    for proto, what in (("grpc", "gRPC metadata"), ("http", "HTTP headers of an infer request")):
+        p.add_argument(f"--{proto}-header-forward-pattern", default="", metavar="REGEX",
+                       help=f"as Triton: {what} whose name matches REGEX (anywhere in the name, case-insensitive) "
+                            "become string request parameters of that name, which the model reads; a matching "
+                            "header with a reserved name (sequence_id, priority, ..., triton_*) is refused "
+                            "(default: none forwarded)")
     p.add_argument("--openai-api-key", action="append", default=[], metavar="KEY",
                    help="/v1 (the OpenAI-compatible routes) answers only requests carrying 'Authorization: "
                         "Bearer KEY' (repeatable: any of them); 401 otherwise")
     p.add_argument("--openai-api-key-file", type=Path, default=None, metavar="FILE",
                    help="as --openai-api-key, the keys read from FILE, one a line (kept out of the process list)")
+
+
+def _metrics_config(settings: list[str]) -> bool:
+    """--metrics-config: whether histogram_latencies is on; ValueError for a malformed setting."""
+    from inferd.dataplane.metrics import parse_metrics_config
+
+    config = parse_metrics_config(settings)
+    value = config.get("histogram_latencies", "false").lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"--metrics-config histogram_latencies must be true or false, got '{value}'")
+    ignored = sorted(set(config) - {"histogram_latencies"})
+    if ignored:
+        logging.getLogger("inferd").warning("--metrics-config: %s ignored (inferd serves its own latency "
+                                            "histograms, and Triton's counters, always)", ", ".join(ignored))
+    return value == "true"
 
 
 def _security_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -221,6 +252,12 @@ def _security_options(args: argparse.Namespace) -> dict[str, Any]:
                                                   GRPC_HEADER_PREFIX, protocol="protocol")
     out["http_restrictions"] = Restrictions.parse(args.http_restricted_api, "--http-restricted-api")
     out["openai"] = _openai_options(args.openai_api_key, args.openai_api_key_file)
+    from inferd.frontends.parameters import header_forward
+
+    for proto in ("grpc", "http"):
+        pattern = getattr(args, f"{proto}_header_forward_pattern")
+        header_forward(pattern, f"--{proto}-header-forward-pattern")  # a pattern that does not compile: ValueError
+        out[f"{proto}_header_forward_pattern"] = pattern
     return out
 
 
@@ -407,6 +444,7 @@ def _serve(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
     try:
+        histogram_latencies = _metrics_config(args.metrics_config)
         security = _security_options(args)
         stream_limits = StreamLimits(args.stream_max_responses, args.stream_max_bytes, args.stream_stall_timeout)
     except ValueError as exc:
@@ -473,6 +511,8 @@ def _serve(args: argparse.Namespace) -> int:
         batch_dir=args.batch_dir,
         server_name=args.server_name,
         model_host=args.model_host,
+        allow_client_shm=args.allow_client_shm,
+        histogram_latencies=histogram_latencies,
     )
 
     async def run() -> None:

@@ -84,11 +84,15 @@ def from_numpy(dtype: np.dtype) -> DataType:
 # empty array is still sized by its other dimensions). With 8 bytes the largest item here, the
 # product of the non-zero dimensions may not pass this.
 MAX_ELEMENTS = (2**63 - 1) // 8
+INT64_MAX = 2**63 - 1
 
 
-def element_count(shape: tuple[int, ...] | list[int], where: str) -> int:
-    """How many elements ``shape`` holds; InvalidArgument when numpy could not size such an array
-    (non-zero dimensions that multiply past 2**60, which numpy refuses with an internal error)."""
+def element_count(shape: tuple[int, ...] | list[int], where: str, itemsize: int = 0) -> int:
+    """How many elements ``shape`` holds; InvalidArgument, before anything is allocated, when numpy could
+    not size such an array (non-zero dimensions that multiply past 2**60, which numpy refuses with an
+    internal error). ``itemsize``: the type's bytes per element, when it is fixed. Where Triton refuses
+    too (#8182: an element count, or a byte size for ``itemsize``, past the largest int64) its words
+    come first."""
     sized = 1
     empty = False
     for d in shape:
@@ -97,9 +101,25 @@ def element_count(shape: tuple[int, ...] | list[int], where: str) -> int:
             continue
         sized *= d
         if sized > MAX_ELEMENTS:
-            raise InvalidArgument(f"{where}: shape {_short(list(shape))} holds more elements than any tensor can "
-                                  f"(its non-zero dimensions may multiply to {MAX_ELEMENTS} at most)")
+            raise InvalidArgument(_too_many(shape, where, itemsize))
     return 0 if empty else sized
+
+
+def _too_many(shape: tuple[int, ...] | list[int], where: str, itemsize: int) -> str:
+    """Why a shape of more than MAX_ELEMENTS (non-zero) elements is refused: Triton's message where
+    its count or byte size passes int64, inferd's otherwise."""
+    count = 1
+    for d in shape:  # stops once past int64: a long shape of huge dimensions costs nothing more
+        if d:
+            count *= d
+            if count > INT64_MAX:
+                return (f"invalid shape for {where}: shape {_short(list(shape))} causes total element count to "
+                        f"exceed maximum size of {INT64_MAX}")
+    if itemsize > 1 and count > INT64_MAX // itemsize:
+        return (f"byte size overflow for {where}: element count ({count}) * data type size ({itemsize}) exceeds "
+                f"maximum allowed size ({INT64_MAX})")
+    return (f"{where}: shape {_short(list(shape))} holds more elements than any tensor can "
+            f"(its non-zero dimensions may multiply to {MAX_ELEMENTS} at most)")
 
 
 def _short(values: list[int]) -> str:

@@ -65,6 +65,7 @@ class OpenAISpec:
     bos_token: str = ""
     eos_token: str = ""
     max_context: int = 0
+    max_new_tokens: int = 0  # the model's own limit on a completion (0: unknown); reaching it is finish "length"
     text_input: str = ""
     text_output: str = ""
     ids_input: str = ""
@@ -223,6 +224,12 @@ class DataPlaneAPI(Protocol):
 
     async def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Apply log setting ``changes``, all or nothing; the settings now in force."""
+        ...
+
+    async def kv_cache_blocks(self) -> dict[str, float]:
+        """The KV-cache block metrics models registered (``nv_trt_llm_kv_cache_block_metrics``, by its
+        ``kv_cache_block_type`` label: ``tokens_per``, ``used``, ``max``; the last series of each, as Triton
+        reads /metrics), which an ORCA load report is made of; empty when no model registered them."""
         ...
 
     # -- inference -----------------------------------------------------------------

@@ -86,6 +86,9 @@ class InferenceRequest:
     timeout_us: int = 0
     deadline: float | None = None
     cancelled: bool = False  # set by the frontend when the client goes away
+    # Set by a stream's consumer that stops reading on purpose, with all it wants (an OpenAI stop
+    # string): the request then ends as a success, not a cancellation (a worker says so in CANCEL).
+    ended_by_client: bool = False
     trace: Any = None  # a tracing context, when tracing is on
     # Stateful sequences: set by the sequence batcher from the request's
     # sequence_id / sequence_start / sequence_end parameters (pb_utils reads them).

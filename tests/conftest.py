@@ -227,8 +227,9 @@ def example_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def example_server(example_repository: Path) -> Iterator[ServerProcess]:
-    """One server over the example repository, shared by read-only tests."""
-    server = ServerProcess(example_repository)
+    """One server over the example repository, shared by read-only tests. It allows client shared
+    memory (--allow-client-shm), which Triton's examples and perf_analyzer --shared-memory need."""
+    server = ServerProcess(example_repository, ["--allow-client-shm"])
     yield server
     server.stop()
 

@@ -142,7 +142,8 @@ def control_server(tmp_path_factory):  # type: ignore[no-untyped-def]
     for proto in ("grpc", "http"):
         tls += [f"--{proto}-use-ssl-mutual", "true", f"--{proto}-server-cert", str(certs.server_cert),
                 f"--{proto}-server-key", str(certs.server_key), f"--{proto}-root-cert", str(certs.ca)]
-    with running(repo, extra_args=["--model-control-mode", "explicit", "--load-model", "scaler", *tls]) as server:
+    with running(repo, extra_args=["--model-control-mode", "explicit", "--load-model", "scaler",
+                                         "--allow-client-shm", *tls]) as server:
         yield server, certs
 
 

@@ -176,7 +176,7 @@ async def test_a_torchscript_model_reads_and_writes_cuda_regions_end_to_end(ipc,
     (tmp_path / "m" / "1").mkdir(parents=True)
     (tmp_path / "m" / "1" / "model.pt").write_bytes(tm.add_sub())
     (tmp_path / "m" / "config.pbtxt").write_text(triton_config("m", *io, max_batch_size=4, platform="pytorch_libtorch"))
-    dp = DataPlane(ModelManager([tmp_path]))
+    dp = DataPlane(ModelManager([tmp_path]), allow_client_shm=True)
     dp.shared_memory = SharedMemoryManager(cuda=registrar(ipc, (0,)))
     await dp.load_models()
     try:

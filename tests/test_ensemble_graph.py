@@ -377,7 +377,7 @@ def test_dependency_problem_nested():
 def test_prepare_reads_versions_and_checks_everything(tmp_path: Path):
     config = ensemble(CHAIN)
     (tmp_path / "1").mkdir()
-    prepared = loader.prepare("ens", tmp_path, config)
+    prepared = loader.select(loader.prepare("ens", tmp_path, config), tmp_path, config)
     assert prepared.versions == [1]
     assert prepared.spec.platform == "ensemble"
     assert not prepared.spec.config.instance_group  # the manager adds none to an ensemble
@@ -386,7 +386,8 @@ def test_prepare_reads_versions_and_checks_everything(tmp_path: Path):
     assert "cc_model_filenames" in refused(loader.prepare, "ens", tmp_path, per_gpu)
     typo = ensemble(CHAIN, extra='parameters { key: "inferd.nope" value { string_value: "1" } }\n')
     assert "unknown parameter 'inferd.nope'" in refused(loader.prepare, "ens", tmp_path, typo)
-    assert "no version folder" in refused(loader.prepare, "ens", tmp_path / "1", config)
+    # Its version folders are read after the wiring is checked against the other models (Triton's order).
+    assert "no version folder" in refused(loader.select, loader.prepare("ens", tmp_path, config), tmp_path / "1", config)
 
 
 def test_max_inflight_requests_is_read():

@@ -211,7 +211,7 @@ def test_sigkill_then_restart_on_the_same_ports_serves_with_no_manual_step(tmp_p
     try:
         for run in range(2):
             # The fixture's own "--grpc-port 0" comes first; the fixed ports given here win.
-            server = ServerProcess(tmp_path / "repo", ports, log_path=tmp_path / f"run{run}.log")
+            server = ServerProcess(tmp_path / "repo", [*ports, "--allow-client-shm"], log_path=tmp_path / f"run{run}.log")
             try:
                 client = grpcclient.InferenceServerClient(server.url)
                 assert client.is_server_ready()

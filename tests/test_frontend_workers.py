@@ -96,7 +96,8 @@ def _simple(a: np.ndarray, b: np.ndarray) -> list[grpcclient.InferInput]:
 
 @pytest.fixture(scope="module")
 def server(example_repository: Path) -> Iterator[ServerProcess]:
-    s = ServerProcess(example_repository, [*WORKERS, "--model-control-mode", "explicit", "--load-model", "*"])
+    s = ServerProcess(example_repository, [*WORKERS, "--model-control-mode", "explicit", "--load-model", "*",
+                                              "--allow-client-shm"])
     yield s
     assert s.stop() == 0, s.log()
     assert not s.left_behind

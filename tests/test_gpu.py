@@ -59,7 +59,7 @@ def server(tmp_path_factory):
         "twice", [("A", "TYPE_FP32", [4]), ("B", "TYPE_FP32", [4])],
         [("TWICE_A", "TYPE_FP32", [4]), ("TWICE_B", "TYPE_FP32", [4])], max_batch_size=8, platform="ensemble",
         instance_count=0, extra=steps))
-    with running(repo) as s:
+    with running(repo, extra_args=["--allow-client-shm"]) as s:
         yield s
 
 

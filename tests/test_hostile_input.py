@@ -58,7 +58,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-
 
     repo = hostile.build_repository(tmp_path_factory.mktemp("hostile_repo"))
     loop = asyncio.new_event_loop()
-    dp = DataPlane(ModelManager([repo]))
+    dp = DataPlane(ModelManager([repo]), allow_client_shm=True)
     loop.run_until_complete(dp.load_models())
     assert dp.ready_now(), dp.manager.index()
     region = _Region()
@@ -130,7 +130,7 @@ def wire(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-d
     repo = hostile.build_repository(tmp_path_factory.mktemp("hostile_wire"))
     region = _Region()
     try:
-        with running(repo) as server:
+        with running(repo, extra_args=["--allow-client-shm"]) as server:
             client = grpcclient.InferenceServerClient(server.url)
             client.register_system_shared_memory(hostile.REGION, region.key, hostile.REGION_BYTES)
             client.close()

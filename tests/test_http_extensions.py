@@ -33,7 +33,7 @@ def traced(example_repository, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("http_ext")
     trace_file = tmp / "trace.jsonl"
     server = ServerProcess(example_repository, ["--trace-config", f"triton,file={trace_file}",
-                                                "--trace-config", "rate=1"], log_path=tmp / "server.log")
+                                                "--trace-config", "rate=1", "--allow-client-shm"], log_path=tmp / "server.log")
     yield server, trace_file
     assert server.stop() == 0, server.log()
     assert "Traceback" not in server.log(), server.log()

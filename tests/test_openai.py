@@ -23,6 +23,8 @@ from inferd.examples import generator_assets as generator, text_assets  # noqa: 
 from inferd.examples.build import build_repository  # noqa: E402
 
 KEY = "test-key-27"
+SHORT = 5  # short_generator's own max_new_tokens
+BODY_LIMIT = 1 << 20  # the server's --http-max-input-size
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +38,14 @@ def server(tmp_path_factory):
     (long / "config.pbtxt").write_text(generator.config("long_generator", max_new_tokens=10**7, openai=True)
                                        .replace('"inferd.openai.max_context" value: { string_value: "2048"',
                                                 '"inferd.openai.max_context" value: { string_value: "0"'))
+    # And with a limit of its own well below any request's: a completion it cuts is finish_reason "length".
+    short = repo / "short_generator"
+    shutil.copytree(repo / "generator", short)
+    (short / "config.pbtxt").write_text(generator.config("short_generator", max_new_tokens=SHORT, openai=True))
     key_file = repo.parent / "openai-keys"
     key_file.write_text(f"{KEY}\n")
-    with running(repo, extra_args=["--openai-api-key-file", str(key_file)]) as server:
+    args = ["--openai-api-key-file", str(key_file), "--http-max-input-size", str(BODY_LIMIT)]
+    with running(repo, extra_args=args) as server:
         server.repo = repo
         yield server
 
@@ -59,8 +66,9 @@ def _post(server, path: str, doc, headers=None) -> tuple[int, dict]:  # type: ig
         return exc.code, json.loads(exc.read())
 
 
-def _generated(server, prompt: str, max_tokens: int) -> str:
-    """The generator's greedy text for ``prompt`` through /v2 (ModelStreamInfer over gRPC), as /v1 decodes it."""
+def _generated(server, prompt: str | bytes, max_tokens: int, model: str = "generator") -> str:
+    """The generator's greedy text for ``prompt`` (text, or the very bytes the model reads) through /v2
+    (ModelStreamInfer over gRPC), as /v1 decodes it."""
     import queue
 
     import tritonclient.grpc as grpcclient
@@ -70,8 +78,8 @@ def _generated(server, prompt: str, max_tokens: int) -> str:
     client.start_stream(callback=lambda result, error: responses.put(error or result))
     try:
         x = grpcclient.InferInput("PROMPT", [1, 1], "BYTES")
-        x.set_data_from_numpy(np.array([[prompt.encode()]], dtype=np.object_))
-        client.async_stream_infer("generator", [x], parameters={"max_tokens": max_tokens},
+        x.set_data_from_numpy(np.array([[prompt.encode() if isinstance(prompt, str) else prompt]], dtype=np.object_))
+        client.async_stream_infer(model, [x], parameters={"max_tokens": max_tokens},
                                   enable_empty_final_response=True)
         out = b""
         while True:
@@ -99,7 +107,7 @@ def _stats(server, model: str) -> dict:
 
 def test_models_listed_and_retrieved(client):
     ids = {m.id for m in client.models.list()}
-    assert ids == {"generator", "long_generator", "text_encoder"}
+    assert ids == {"generator", "long_generator", "short_generator", "text_encoder"}
     assert client.models.retrieve("generator").id == "generator"
     with pytest.raises(openai.NotFoundError) as info:
         client.models.retrieve("no_such_model")
@@ -189,13 +197,27 @@ def test_completion_streamed_with_n_choices_and_seed(client):
     assert whole.usage.completion_tokens == 48
 
 
-def test_stop_string_ends_the_choice(client):
+def test_stop_string_ends_the_choice(server, client):
+    """The choice ends at the stop string, and its request counts as a success in the model's statistics
+    and /metrics, not as a cancellation (issue 47: the stream closed on a stop is no client gone)."""
     full = client.completions.create(model="generator", prompt="abc", max_tokens=40).choices[0].text
     stop = next(full[i:i + 2] for i in range(3, len(full) - 2) if "\ufffd" not in full[i:i + 2])
+    canceled = '{model="generator",version="1",reason="CANCELED"}'
+    before, cancels = _stats(server, "generator")["inference_stats"], server.metric("nv_inference_request_failure", canceled)
     reply = client.completions.create(model="generator", prompt="abc", max_tokens=40, stop=[stop, "never-seen"])
     assert reply.choices[0].text == full[:full.index(stop)]
     assert reply.choices[0].finish_reason == "stop"
     assert reply.usage.completion_tokens < 40
+    deadline = time.monotonic() + 60
+    while True:  # a frontend worker's CANCEL reaches the core after the answer went out
+        after = _stats(server, "generator")["inference_stats"]
+        ended = {k: int(after[k]["count"]) - int(before[k]["count"]) for k in ("success", "fail")}
+        if sum(ended.values()) >= 1:
+            break
+        assert time.monotonic() < deadline, "the stopped request was never counted"
+        time.sleep(0.02)
+    assert ended == {"success": 1, "fail": 0}
+    assert server.metric("nv_inference_request_failure", canceled) == cancels
 
 
 def test_token_id_prompt_and_echo(server, client):
@@ -203,6 +225,57 @@ def test_token_id_prompt_and_echo(server, client):
     by_text = client.completions.create(model="generator", prompt="Hey", max_tokens=5)
     by_ids = client.completions.create(model="generator", prompt=tokenizer.encode("Hey").ids, max_tokens=5, echo=True)
     assert by_ids.choices[0].text == "Hey" + by_text.choices[0].text
+
+
+def test_token_ids_cut_inside_a_character_reach_the_model_as_given(server, client):
+    """A prompt of ids that ends inside a multi-byte character (not UTF-8 on its own) is sent as the bytes
+    those ids stand for, and usage counts the ids given: the model reads the very tokens the client sent,
+    not a replacement character re-encoded into other ones."""
+    tokenizer = tokenizers.Tokenizer.from_file(str(server.repo / "generator" / "tokenizer.json"))
+    ids = tokenizer.encode("caf\u00e9").ids[:-1]  # 'c', 'a', 'f' and the first byte of the e-acute
+    assert len(ids) == 4 and bytes(b"caf\xc3").decode("utf-8", errors="replace") == "caf\ufffd"
+    reply = client.completions.create(model="generator", prompt=ids, max_tokens=6)
+    assert reply.usage.prompt_tokens == 4
+    assert reply.choices[0].text == _generated(server, b"caf\xc3", 6)
+
+
+def test_a_completion_the_model_cuts_at_its_own_limit_is_length(server, client):
+    """short_generator stops every sequence after its own max_new_tokens (5): a completion it cut there
+    reports finish_reason "length", as OpenAI and vLLM report a cut answer, streamed or not."""
+    prompt = "The quick brown fox"
+    # The same weights go on past SHORT bytes for this prompt: short_generator's stop there is its own limit.
+    assert client.completions.create(model="generator", prompt=prompt, max_tokens=SHORT + 3).usage.completion_tokens \
+        == SHORT + 3
+    reply = client.completions.create(model="short_generator", prompt=prompt, max_tokens=50)
+    assert (reply.usage.completion_tokens, reply.choices[0].finish_reason) == (SHORT, "length")
+    reasons = [c.choices[0].finish_reason for c in client.completions.create(
+        model="short_generator", prompt=prompt, max_tokens=50, stream=True) if c.choices[0].finish_reason]
+    assert reasons == ["length"]
+
+
+def test_finish_reason_is_length_at_either_limit() -> None:
+    from inferd.facade import OpenAISpec
+    from inferd.frontends.openai._generate import Sampling, finish_reason
+
+    spec = OpenAISpec("completion", "", max_new_tokens=5)
+    assert finish_reason(5, Sampling(max_tokens=50), spec) == "length"  # the model's own limit
+    assert finish_reason(3, Sampling(max_tokens=3), spec) == "length"  # the request's
+    assert finish_reason(4, Sampling(max_tokens=50), spec) == "stop"  # the model ended it
+    assert finish_reason(9, Sampling(), OpenAISpec("completion", "")) == "stop"  # no limit known
+
+
+def test_v1_errors_before_any_route_are_openais(server, client):
+    """A body over --http-max-input-size and an unknown /v1 path answer OpenAI's error body, which the
+    openai client reads (message, type), not KServe's."""
+    with pytest.raises(openai.APIStatusError) as info:
+        client.completions.create(model="generator", prompt="x" * (BODY_LIMIT + 1), max_tokens=1)
+    assert info.value.status_code == 413
+    assert info.value.type == "invalid_request_error" and "--http-max-input-size" in info.value.message
+    status, body = _post(server, "/v1/no/such/route", {"model": "generator"}, {"Authorization": f"Bearer {KEY}"})
+    assert (status, body) == (404, {"error": {"message": "Invalid URL (POST /v1/no/such/route)",
+                                              "type": "invalid_request_error", "param": None, "code": None}})
+    status, body = _post(server, "/v2/no/such/route", {})
+    assert status == 404 and isinstance(body["error"], str)  # KServe's, as before
 
 
 def _v2_embedding(server, ids: list[int]) -> list[float]:

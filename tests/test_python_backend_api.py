@@ -163,7 +163,7 @@ class TritonPythonModel:
             lambda: self.sizes.Metric(labels=labels),
             lambda: self.count.Metric(labels=labels, buckets=[1.0]),
             lambda: pb_utils.MetricFamily("api_requests", "again", pb_utils.MetricFamily.GAUGE),
-            lambda: pb_utils.MetricFamily("nv_mine", "reserved", pb_utils.MetricFamily.GAUGE),
+            lambda: pb_utils.MetricFamily("nv_inference_mine", "reserved", pb_utils.MetricFamily.GAUGE),
         ):
             try:
                 attempt()

@@ -25,7 +25,7 @@ from inferd.frontends.grpc_codec import shm_ref
 
 @pytest.fixture(scope="module")
 def server(example_repository):
-    s = ServerProcess(example_repository)
+    s = ServerProcess(example_repository, ["--allow-client-shm"])
     yield s
     s.stop()
 
@@ -280,6 +280,44 @@ def test_unregistered_region_is_refused_afterwards(client, regions):
     with pytest.raises(InferenceServerException) as exc:
         _one_input_request(client, "gone", 64)
     assert _status(exc) == "StatusCode.NOT_FOUND"
+
+
+# -- off by default (Triton's --allow-client-shm) -----------------------------------------------
+
+DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
+
+
+def test_without_allow_client_shm_registration_is_refused_in_tritons_words(start_server, tmp_path, regions):
+    """The default: every register and unregister, system and CUDA, named or all, answers UNIMPLEMENTED / 501
+    with Triton's message, through gRPC and HTTP alike (a worker forwards them to the core, which decides);
+    the status calls still answer, with no region; a tensor naming a region is refused as unknown."""
+    import tritonclient.http as httpclient
+
+    server = start_server(tmp_path)  # an empty repository: the shared memory calls need no model
+    handle = regions("off", 64)
+    grpc_client = grpcclient.InferenceServerClient(server.url)
+    http_client = httpclient.InferenceServerClient(server.http_url)
+    calls = [
+        lambda c: c.register_system_shared_memory("off", _key(handle), 64),
+        lambda c: c.unregister_system_shared_memory("off"),
+        lambda c: c.unregister_system_shared_memory(),
+        lambda c: c.register_cuda_shared_memory("gpu", b"\0" * 64 if c is grpc_client else "AAAA", 0, 64),
+        lambda c: c.unregister_cuda_shared_memory("gpu"),
+        lambda c: c.unregister_cuda_shared_memory(),
+    ]
+    try:
+        for client, status in ((grpc_client, "StatusCode.UNIMPLEMENTED"), (http_client, "501")):
+            for call in calls:
+                with pytest.raises(InferenceServerException) as exc:
+                    call(client)
+                assert (exc.value.status(), exc.value.message()) == (status, DISABLED)
+        assert not grpc_client.get_system_shared_memory_status().regions
+        assert not grpc_client.get_cuda_shared_memory_status().regions
+        assert http_client.get_system_shared_memory_status() == []
+        assert http_client.get_cuda_shared_memory_status() == []
+    finally:
+        grpc_client.close()
+        http_client.close()
 
 
 # -- CUDA shared memory ---------------------------------------------------------------------

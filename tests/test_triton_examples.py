@@ -115,7 +115,8 @@ def results(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     control_repo_7 = tmp_path_factory.mktemp("control_repository_7")
     triton_examples.build(control_repo_7, leave_out=["simple_identity"])
     explicit = ["--model-control-mode", "explicit"]
-    with running(repo) as server, running(control_repo, extra_args=explicit) as control, \
+    # Triton's shared memory examples register regions: the server allows it, as Triton must be told.
+    with running(repo, extra_args=["--allow-client-shm"]) as server, running(control_repo, extra_args=explicit) as control, \
             running(control_repo_7, extra_args=explicit) as control_7:
         urls = {"grpc": server.url, "http": server.http_url, "control_grpc": control.url,
                 "control_http": control_7.http_url}

@@ -340,7 +340,8 @@ def start_server(repo: Path) -> tuple[Any, str, str]:
     port_file.unlink(missing_ok=True)
     proc = Proc([sys.executable, "-m", "inferd.cli", "serve", "--model-repository", str(repo),
                  "--grpc-address", "127.0.0.1", "--grpc-port", "0", "--http-port", "0", "--metrics-port", "0",
-                 "--port-file", str(port_file)], "inferd: ready", "inferd_gpu", timeout=240)
+                 "--port-file", str(port_file), "--allow-client-shm"],  # the CUDA shared memory round trip
+                "inferd: ready", "inferd_gpu", timeout=240)
     ports = json.loads(port_file.read_text())
     return proc, f"127.0.0.1:{ports['grpc']}", f"http://127.0.0.1:{ports['metrics']}/metrics"
 

@@ -1,5 +1,6 @@
 """System shared memory: inputs and outputs of ``simple`` travel through one POSIX shared
-memory object instead of the gRPC messages (the server must run on this host).
+memory object instead of the gRPC messages (the server must run on this host, started with
+``--allow-client-shm``: client shared memory is off by default, as in Triton).
 
     python clients/examples/shared_memory.py --url 127.0.0.1:8001
 """

@@ -16,8 +16,8 @@ from inferd.config._autocomplete import ModelSignature, SignatureTensor, autocom
 from inferd.config._capabilities import TENSOR_BACKEND, BackendCapabilities
 from inferd.config._batching import DELAY, REJECT, DynamicBatching, QueuePolicy, dynamic_batching
 from inferd.config._ensemble import (
-    EnsembleConfig, StepConfig, check_ensemble_config, ensemble_config, is_ensemble, prepare_ensemble_config,
-    read_ensemble_config,
+    EnsembleConfig, StepConfig, check_ensemble_config, declared_tensors, ensemble_config, is_ensemble,
+    prepare_ensemble_config, read_ensemble_config,
 )
 from inferd.config._openai import OpenAIModel, OpenAISpec
 from inferd.config._optimization import Accelerator, CudaOptions, Optimization, ignored_line
@@ -46,7 +46,7 @@ __all__ = [
     "TENSOR_BACKEND", "BackendCapabilities", "BackendResolver", "ConfigCompleter", "Control", "DynamicBatching", "EnsembleConfig", "InferdParameters",
     "InstanceGroup", "ModelConfig", "OpenAIModel", "OpenAISpec", "ModelSignature", "ModelSpec", "PreparedConfig", "QueuePolicy",
     "RateLimitResource", "SequencePolicy", "SignatureTensor", "StateSpec", "StepConfig", "TensorSpec", "WarmupInput",
-    "WarmupSample", "autocomplete", "check_declared", "check_ensemble_config", "check_name", "config_from_dict",
+    "WarmupSample", "autocomplete", "check_declared", "check_ensemble_config", "check_name", "config_from_dict", "declared_tensors",
     "config_from_json", "config_to_json", "config_to_text",
     "dynamic_batching", "ensemble_config", "is_ensemble", "message_to_dict", "model_spec", "parse_config_file",
     "parse_config_text", "placements", "prepare_config", "prepare_ensemble_config", "read_ensemble_config",

@@ -4,7 +4,9 @@
 :func:`ensemble_config` copies its ``ensemble_scheduling`` into an
 :class:`EnsembleConfig`, from which :mod:`inferd.ensemble.graph` builds and
 checks the wiring; :func:`prepare_ensemble_config` runs both with the checks
-every config gets. Nothing here looks at another model.
+every config gets. Nothing here looks at another model but
+:func:`declared_tensors`, which reads a composing model's own config.pbtxt for the
+repository's check of the wiring before that model loads.
 """
 
 from __future__ import annotations
@@ -145,6 +147,22 @@ def read_ensemble_config(name: str, model_dir: Path) -> mc.ModelConfig | None:
         return None
     check_name(config, name)
     return config
+
+
+def declared_tensors(name: str, model_dir: Path) -> tuple[dict[str, bool], tuple[str, ...]] | None:
+    """The inputs (name -> optional) and outputs model ``name``'s config.pbtxt declares, as written (not
+    completed); None when it declares none of either (they come from the model file) or cannot be read
+    (the model's own load says why)."""
+    path = model_dir / "config.pbtxt"
+    if not path.is_file():
+        return None
+    try:
+        config = parse_config_file(path, model=name)
+    except ConfigError:
+        return None
+    if not config.input or not config.output:
+        return None
+    return {t.name: t.optional for t in config.input}, tuple(t.name for t in config.output)
 
 
 def prepare_ensemble_config(config: mc.ModelConfig, model_dir: Path) -> tuple[ModelSpec, EnsembleConfig]:

@@ -17,6 +17,11 @@ A model opts in with config parameters, checked here at load (a typo must not si
     the strings the template sees (default: a ``tokenizer_config.json``'s, else empty).
 ``inferd.openai.max_context``
     tokens a prompt and its completion may take together (0: no limit); a longer request is refused.
+``inferd.openai.max_new_tokens``
+    (chat, completion) the most tokens the model itself generates for one request (default: the model's
+    own ``max_new_tokens`` parameter when it is an integer, else 0: unknown). A completion that reaches it
+    was cut by the model, so its ``finish_reason`` is ``length``, as OpenAI and vLLM report a cut answer
+    (a client that continues on ``length`` must not take it for a complete one).
 ``inferd.openai.text_input`` / ``inferd.openai.text_output``
     (chat, completion) the BYTES input the prompt's text goes into and the BYTES output each response's
     text comes in (default: the model's only BYTES input / output).
@@ -53,8 +58,8 @@ from inferd.suggest import did_you_mean
 KEY = "inferd.openai"
 KINDS = ("chat", "completion", "embedding")
 POOLINGS = ("none", "mean", "first", "last")
-_SETTINGS = ("tokenizer", "chat_template", "bos_token", "eos_token", "max_context", "text_input", "text_output",
-             "ids_input", "embedding_output", "pooling", "normalize", "dimensions")
+_SETTINGS = ("tokenizer", "chat_template", "bos_token", "eos_token", "max_context", "max_new_tokens", "text_input",
+             "text_output", "ids_input", "embedding_output", "pooling", "normalize", "dimensions")
 
 
 def is_openai_key(key: str) -> bool:
@@ -104,6 +109,8 @@ def openai_spec(config: mc.ModelConfig, model_dir: Path | None) -> OpenAISpec | 
             raise ConfigError(f"model '{name}': {KEY}: input '{values['text_input']}' must hold one string "
                               f"(dims [1] or [-1]), got dims {dims}")
         values["text_shape"] = ((1,) if config.max_batch_size > 0 else ()) + tuple(1 for _ in dims)
+        own = config.parameters["max_new_tokens"].string_value.strip() if "max_new_tokens" in config.parameters else ""
+        values["max_new_tokens"] = _count(name, "max_new_tokens", setting("max_new_tokens", own if own.isdigit() else "0"))
     values["batched"] = config.max_batch_size > 0
     spec = OpenAISpec(**values)
     digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:16]

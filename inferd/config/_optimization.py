@@ -28,6 +28,7 @@ CUSTOMIZABLE_HISTOGRAMS = (
     "inferd_inference_request_duration_seconds", "inferd_inference_queue_duration_seconds",
     "inferd_inference_compute_duration_seconds", "inferd_inference_batch_size",
 )
+# Triton's, served under --metrics-config histogram_latencies=true (dataplane/metrics.py).
 TRITON_HISTOGRAMS = ("nv_inference_first_response_histogram_ms",)
 _RESERVED_LABELS = ("model", "version", "reason", "le", "gpu_uuid")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -132,16 +133,12 @@ def histogram_buckets(config: mc.ModelConfig) -> tuple[dict[str, tuple[float, ..
         if any(b2 <= b1 for b1, b2 in zip(values, values[1:])):
             raise ConfigError(f"{where}: histogram_options.buckets {list(values)} for family '{family}' must be "
                               "strictly increasing")
-        if family in CUSTOMIZABLE_HISTOGRAMS:
+        if family in CUSTOMIZABLE_HISTOGRAMS or family in TRITON_HISTOGRAMS:
             buckets[family] = values
-        elif family in TRITON_HISTOGRAMS:
-            warnings.append(f"model '{name}': model_metrics: Metric family '{family}' is Triton's, which inferd "
-                            f"does not export; its buckets are ignored (inferd's customizable histograms: "
-                            f"{list(CUSTOMIZABLE_HISTOGRAMS)})")
         else:
             warnings.append(f"model '{name}': model_metrics: Metric family '{family}' in 'metric_identifier' is not "
                             f"a customizable metric in Triton core. inferd's customizable histograms: "
-                            f"{list(CUSTOMIZABLE_HISTOGRAMS)}")
+                            f"{list(TRITON_HISTOGRAMS + CUSTOMIZABLE_HISTOGRAMS)}")
     return buckets, warnings
 
 

@@ -23,7 +23,7 @@ def check_tensor_bytes(name: str, dtype: DataType, shape: tuple[int, ...], size:
     server cannot hold and a window of the wrong size."""
     if dtype.numpy is None:
         raise InvalidArgument(f"{where}: data type {dtype.name} is not supported on this server")
-    count = element_count(shape, where)
+    count = element_count(shape, where, dtype.itemsize)
     expected = count * dtype.itemsize
     if size != expected:
         raise InvalidArgument(

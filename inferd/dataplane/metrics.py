@@ -47,6 +47,11 @@ LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# Triton's time to first response (--metrics-config histogram_latencies=true): whole milliseconds from a
+# request reaching the model to its first response, one observation per request, Triton's default buckets.
+FIRST_RESPONSE = "nv_inference_first_response_histogram_ms"
+FIRST_RESPONSE_BUCKETS = (100.0, 500.0, 2000.0, 5000.0)
+METRICS_SETTINGS = ("histogram_latencies", "counter_latencies", "summary_latencies", "summary_quantiles")
 # Failure reasons always exported (as 0 until one happens), so rate() works from the first scrape.
 FAILURE_REASONS = ("INVALID_ARGUMENT", "UNAVAILABLE", "SLO_REFUSED", "TIMEOUT", "CANCELED", "INTERNAL")
 # A client that went away is "CANCELED" whichever way the data plane learnt of it.
@@ -95,9 +100,9 @@ class ModelHistograms:
     before the builder sets the config's bucket overrides (``model_metrics``), which are
     taken at the first event or scrape (:meth:`settle`), before anything was observed."""
 
-    __slots__ = ("request", "queue", "compute", "batch", "first", "inter", "settled")
+    __slots__ = ("request", "queue", "compute", "batch", "first", "inter", "first_ms", "settled")
 
-    def __init__(self) -> None:
+    def __init__(self, first_response: bool = False) -> None:
         self.request = Histogram(LATENCY_BUCKETS)
         self.queue = Histogram(LATENCY_BUCKETS)
         self.compute = Histogram(LATENCY_BUCKETS)
@@ -106,6 +111,8 @@ class ModelHistograms:
         # model served under /v1 (one response per token) these are time to first token and per output token.
         self.first = Histogram(LATENCY_BUCKETS)
         self.inter = Histogram(LATENCY_BUCKETS)
+        # Triton's nv_inference_first_response_histogram_ms, when histogram_latencies is on.
+        self.first_ms = Histogram(FIRST_RESPONSE_BUCKETS) if first_response else None
         self.settled = False
 
     def settle(self, stats: ModelStats) -> None:
@@ -117,6 +124,8 @@ class ModelHistograms:
                              ("inferd_inference_batch_size", "batch")):
             if family in custom:
                 setattr(self, attr, Histogram(custom[family]))
+        if self.first_ms is not None and FIRST_RESPONSE in custom:
+            self.first_ms = Histogram(custom[FIRST_RESPONSE])
 
     def __call__(self, event: str, stats: ModelStats, data: dict) -> None:
         if not self.settled:
@@ -131,6 +140,8 @@ class ModelHistograms:
             self.batch.observe(data["rows"])
         elif event == "response":
             (self.inter if data["index"] else self.first).observe(data["ns"] * 1e-9)
+        elif event == "first_response" and self.first_ms is not None:
+            self.first_ms.observe(data["ns"] // 1_000_000)  # whole ms, as Triton divides its nanoseconds
 
 
 def histograms_of(stats: ModelStats) -> ModelHistograms | None:
@@ -387,6 +398,41 @@ def _queue_depth(model: Any) -> float:
     return depth() if depth is not None else model.stats.pending
 
 
+def parse_metrics_config(settings: list[str]) -> dict[str, str]:
+    """``--metrics-config <setting>=<value>`` (repeatable, Triton's flag) as a dict; ValueError in Triton's
+    words for a malformed one, and naming the settings for one Triton does not know."""
+    out: dict[str, str] = {}
+    for arg in settings:
+        name, eq, value = arg.partition("=")
+        if not eq or "," in name or not name or not value:
+            raise ValueError(f"--metrics-config option format is <setting>=<value>. Got {arg}")
+        if name not in METRICS_SETTINGS:
+            raise ValueError(f"--metrics-config: unknown setting '{name}' (Triton's: {', '.join(METRICS_SETTINGS)})")
+        out[name] = value
+    return out
+
+
+def _first_response_lines(models: list[tuple[Any, str]]) -> list[str]:
+    """Triton's time-to-first-response histogram, as prometheus-cpp writes one: count, sum, buckets."""
+    lines = [f"# HELP {FIRST_RESPONSE} Duration from request to first response in milliseconds\n"
+             f"# TYPE {FIRST_RESPONSE} histogram\n"]
+    for m, lv in models:
+        hist = histograms_of(m.stats)
+        if hist is None or hist.first_ms is None:
+            continue
+        if not hist.settled:
+            hist.settle(m.stats)
+        h = hist.first_ms
+        lines.append(f"{FIRST_RESPONSE}_count{{{lv}}} {sum(h.counts)}\n"
+                     f"{FIRST_RESPONSE}_sum{{{lv}}} {custom_metrics.number(h.total)}\n")
+        running = 0
+        for bound, count in zip(h.bounds, h.counts):
+            running += count
+            lines.append(f'{FIRST_RESPONSE}_bucket{{{lv},le="{custom_metrics.number(bound)}"}} {running}\n')
+        lines.append(f'{FIRST_RESPONSE}_bucket{{{lv},le="+Inf"}} {running + h.counts[-1]}\n')
+    return lines if len(lines) > 1 else []
+
+
 def triton_exposition(models: Iterable[Any]) -> str:
     """Triton's families in the Prometheus text format, exactly as Triton writes them
     (counter names without ``_total``)."""
@@ -409,14 +455,18 @@ def triton_exposition(models: Iterable[Any]) -> str:
     if cached:
         for name, kind, help_text, read in CACHE_FAMILIES:
             family(lines, name, kind, help_text, ((lv, read(m)) for m, lv in cached))
+    lines.extend(_first_response_lines(labels))
     return "".join(lines)
 
 
 class ServerMetrics:
     """The registry behind ``/metrics``; attaches histograms to each model version as it is built."""
 
-    def __init__(self, dataplane: "DataPlane", nvml: Any = None) -> None:
+    def __init__(self, dataplane: "DataPlane", nvml: Any = None, histogram_latencies: bool = False) -> None:
+        """``histogram_latencies`` (--metrics-config histogram_latencies=true): Triton's
+        nv_inference_first_response_histogram_ms for every model."""
         self._dataplane = dataplane
+        self.histogram_latencies = histogram_latencies
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)
         self.registry.register(InferdCollector(dataplane))  # type: ignore[arg-type]
@@ -428,10 +478,10 @@ class ServerMetrics:
         for model in dataplane.manager.models():  # any already loaded
             self._attach(model.stats)
 
-    @staticmethod
-    def _attach(stats: ModelStats) -> None:
+    def _attach(self, stats: ModelStats) -> None:
         if histograms_of(stats) is None:
-            stats.observers.append(ModelHistograms())
+            stats.observers.append(ModelHistograms(self.histogram_latencies))
+            stats.first_response = self.histogram_latencies
 
     def close(self) -> None:
         if self._attach in stats_module.on_create:

@@ -24,7 +24,7 @@ from inferd.facade import OpenAIModel
 from inferd.dataplane.admission import Admission, request_bytes
 from inferd.dataplane.batches import BatchService
 from inferd.dataplane.cold import ColdRun
-from inferd.dataplane.shared_memory import SharedMemoryManager
+from inferd.dataplane.shared_memory import CLIENT_SHM_DISABLED, SharedMemoryManager
 from inferd.dataplane.shedding import QueueDelay
 from inferd.errors import InferdError, InvalidArgument, Unavailable, Unimplemented
 from inferd.facade import (
@@ -34,6 +34,7 @@ from inferd.facade import (
 from inferd.model import Model, ModelRun, run_model, submit_model
 from inferd.model import infer_stream as model_infer_stream
 from inferd.model.readiness import user_ready
+from inferd.observability import custom_metrics
 from inferd.observability.log_settings import LogSettings
 from inferd.observability.stats import ModelStatistics
 from inferd.observability.tracing import Tracing
@@ -49,6 +50,8 @@ EXTENSIONS = [
     "classification", "sequence", "model_repository", "schedule_policy", "model_configuration", "statistics",
     "binary_tensor_data", "parameters", "model_repository(unload_dependents)", "system_shared_memory", "trace", "logging",
 ]
+# The custom metric family an ORCA load report reads (the TensorRT-LLM backend's name, as Triton's orca_http).
+KV_CACHE_BLOCK_FAMILY = "nv_trt_llm_kv_cache_block_metrics"
 
 
 class DataPlane:
@@ -59,7 +62,7 @@ class DataPlane:
                  admission: Admission | None = None, batch_dir: Path | None = None,
                  stream_limits: StreamLimits | None = None,
                  shedding: QueueDelay | None = None,
-                 openai_lines: Callable[["DataPlane"], OpenAILines] | None = None) -> None:
+                 openai_lines: Callable[["DataPlane"], OpenAILines] | None = None, allow_client_shm: bool = False) -> None:
         self.manager = manager
         self.server_name = server_name
         # Server-wide caps on the requests inside (--max-queued-requests / --max-queued-bytes).
@@ -79,6 +82,10 @@ class DataPlane:
         self.live = True
         self.draining = False
         self.shared_memory = SharedMemoryManager()
+        # --allow-client-shm: clients may register (and unregister) shared memory regions. Off by default,
+        # as Triton since 2026-04: a region maps a client's memory into the server. Decided here, where
+        # the regions live, so every frontend (a worker's forwards its calls here) answers alike.
+        self.allow_client_shm = allow_client_shm
         self.tracing = tracing or Tracing()  # None: off (the server's comes from --trace-config)
         self.logs = logs or LogSettings()
         self.loading = False  # the server's start-up loading: not ready yet
@@ -219,24 +226,34 @@ class DataPlane:
 
     # -- system shared memory --------------------------------------------------------
 
+    def _check_client_shm(self) -> None:
+        """Registering and unregistering a region need --allow-client-shm (UNIMPLEMENTED / 501 without
+        it, in Triton's words); the status calls answer either way (no regions without it)."""
+        if not self.allow_client_shm:
+            raise Unimplemented(CLIENT_SHM_DISABLED)
+
     async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._check_client_shm()
         self.shared_memory.register(name, key, offset, byte_size)
 
     async def shm_status(self, name: str = "") -> list[RegionStatus]:
         return self.shared_memory.status(name)
 
     async def shm_unregister(self, name: str = "") -> None:
+        self._check_client_shm()
         self.shared_memory.unregister(name)
 
     # -- CUDA shared memory ----------------------------------------------------------
 
     async def cuda_shm_register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        self._check_client_shm()
         self.shared_memory.register_cuda(name, raw_handle, device_id, byte_size)
 
     async def cuda_shm_status(self, name: str = "") -> list[CudaRegionStatus]:
         return self.shared_memory.status(name, kind="cuda")
 
     async def cuda_shm_unregister(self, name: str = "") -> None:
+        self._check_client_shm()
         self.shared_memory.unregister(name, kind="cuda")
 
     # -- tracing and logging ----------------------------------------------------------
@@ -247,6 +264,14 @@ class DataPlane:
 
     async def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return self.logs.update(changes) if changes else self.logs.get()
+
+    async def kv_cache_blocks(self) -> dict[str, float]:
+        found: dict[str, float] = {}
+        for labels, value in custom_metrics.REGISTRY.samples(KV_CACHE_BLOCK_FAMILY):
+            kind = labels.get("kv_cache_block_type")
+            if kind in ("tokens_per", "used", "max"):
+                found[kind] = value
+        return found
 
     # -- inference -----------------------------------------------------------------
 

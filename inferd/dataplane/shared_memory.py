@@ -48,6 +48,9 @@ from inferd.gpu.inventory import default_inventory
 from inferd.types import InferenceRequest, SharedTensor, ShmRef
 
 SHM_DIR = Path("/dev/shm")
+# Triton's answer (UNIMPLEMENTED / 501) to a client's register or unregister without --allow-client-shm.
+CLIENT_SHM_DISABLED = ("Client shared memory is disabled. Start the server with '--allow-client-shm=true' "
+                       "to enable.")
 _KEY = re.compile(r"^/?([A-Za-z0-9_.\-]{1,255})$")
 
 

@@ -385,27 +385,37 @@ def _check_step_model(spec: ModelSpec, graph: EnsembleGraph, step: Step,
             f"{at}: model '{m.name}' is decoupled (model_transaction_policy.decoupled): it may answer a "
             "request with any number of responses, and an ensemble step needs exactly one"
         )
-    for key, tensor in step.input_map:
-        if key not in m.inputs:
-            raise ConfigError(
-                f"{at}: input_map names input '{key}' (for tensor '{tensor}'), but model "
-                f"'{m.name}' has inputs {list(m.inputs)}"
-            )
-    for key, tensor in step.output_map:
-        if key not in m.outputs:
-            raise ConfigError(
-                f"{at}: output_map names output '{key}' (for tensor '{tensor}'), but model "
-                f"'{m.name}' has outputs {list(m.outputs)}"
-            )
-    mapped = {k for k, _ in step.input_map}
-    missing = [n for n, t in m.inputs.items() if n not in mapped and not t.optional]
-    if missing:
-        # Triton's words first (clients and its QA match on them), then inferd's.
-        raise ConfigError(f"{at}: in ensemble {graph.name}, input {missing[0]} in model {m.name} is not mapped "
-                          f"to any ensemble tensors; input_map does not map input(s) {missing} of model "
-                          f"'{m.name}'")
+    check_step_tensors(graph.name, step, m.name, {n: t.optional for n, t in m.inputs.items()}, m.outputs)
     _check_batching(spec, step, m)
     return m
+
+
+def check_step_tensors(ensemble: str, step: Step, model: str, inputs: dict[str, bool], outputs: Iterable[str]) -> None:
+    """A step's maps against the tensors its model declares (``inputs``: name -> optional): every map
+    entry names one of them, every input that is not optional is mapped. Needs no loaded model: the
+    repository also checks a composing model's config.pbtxt so, before it loads (as Triton checks an
+    ensemble's wiring against its composing models' configs)."""
+    at = f"ensemble '{ensemble}' {step.label}"
+    outputs = list(outputs)
+    for key, tensor in step.input_map:
+        if key not in inputs:
+            raise ConfigError(
+                f"{at}: input_map names input '{key}' (for tensor '{tensor}'), but model "
+                f"'{model}' has inputs {list(inputs)}"
+            )
+    for key, tensor in step.output_map:
+        if key not in outputs:
+            raise ConfigError(
+                f"{at}: output_map names output '{key}' (for tensor '{tensor}'), but model "
+                f"'{model}' has outputs {outputs}"
+            )
+    mapped = {k for k, _ in step.input_map}
+    missing = [n for n, optional in inputs.items() if n not in mapped and not optional]
+    if missing:
+        # Triton's words first (clients and its QA match on them), then inferd's.
+        raise ConfigError(f"{at}: in ensemble {ensemble}, input {missing[0]} in model {model} is not mapped "
+                          f"to any ensemble tensors; input_map does not map input(s) {missing} of model "
+                          f"'{model}'")
 
 
 def _elements(dims: list[int]) -> int | None:

@@ -58,10 +58,12 @@ class AsgiServer:
     """``app`` served on ``host:port``; :meth:`start` returns the bound port."""
 
     def __init__(self, app: Any, host: str, port: int, what: str, sock: socket.socket | None = None,
-                 tls: TlsFiles | None = None) -> None:
+                 tls: TlsFiles | None = None, protocol: Any = None) -> None:
         """``sock``: a socket bound already (a frontend worker's SO_REUSEPORT one); else bound here.
-        ``tls``: serve HTTPS (mutual TLS when it says so) with these files."""
+        ``tls``: serve HTTPS (mutual TLS when it says so) with these files. ``protocol``: uvicorn's HTTP
+        protocol class (the inference port's counts a body's chunks: http_limits); None: uvicorn's own."""
         self.app = app
+        self.protocol = protocol
         self._sock = sock
         self.tls = tls
         self.host = host
@@ -83,6 +85,7 @@ class AsgiServer:
             proxy_headers=False,
             server_header=False,
             ws="none",
+            http=self.protocol or "auto",
             timeout_keep_alive=75,  # clients (perf_analyzer, tritonclient) keep connections open
             **(self.tls.uvicorn_options() if self.tls is not None else {}),
         )

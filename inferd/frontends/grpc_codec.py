@@ -14,6 +14,7 @@ import numpy as np
 from inferd._proto import grpc_service_pb2 as pb
 from inferd.dtypes import BY_NAME, DataType, datatype_problem, decode_bytes, element_count, encode_bytes
 from inferd.errors import InvalidArgument
+from inferd.frontends.parameters import check_request_parameters
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput, SharedTensor, ShmRef
 
 _TYPED_FIELD = {
@@ -63,7 +64,7 @@ def parse_version(model: str, version: str) -> int:
 
 
 def array_from_raw(raw: bytes, dtype: DataType, shape: tuple[int, ...], where: str) -> np.ndarray:
-    count = element_count(shape, where)
+    count = element_count(shape, where, dtype.itemsize)
     if dtype.name == "BYTES":
         return decode_bytes(raw, count, where).reshape(shape)
     expected = count * dtype.itemsize
@@ -81,7 +82,7 @@ def array_from_contents(t: pb.ModelInferRequest.InferInputTensor, dtype: DataTyp
     if field is None:
         raise InvalidArgument(f"{where}: data type {dtype.name} has no typed contents field; send it as raw_input_contents")
     values = getattr(t.contents, field)
-    count = element_count(shape, where)
+    count = element_count(shape, where, dtype.itemsize)
     if len(values) != count:
         raise InvalidArgument(f"{where}: {len(values)} values in contents for shape {list(shape)}, expecting {count}")
     if dtype.name == "BYTES":
@@ -187,6 +188,7 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferenceRequest:
     )
     if msg.parameters:
         params = {k: param_value(v) for k, v in msg.parameters.items()}
+        check_request_parameters(model, params, "grpc")
         request.parameters = params
         request.priority = int_param(model, params, "priority")
         request.timeout_us = int_param(model, params, "timeout")

@@ -22,6 +22,7 @@ from inferd.errors import InferdError, InvalidArgument, Unimplemented
 from inferd.facade import DataPlaneAPI, GrpcFastPath
 from inferd.observability.stats import RESPONSE_FIELDS
 from inferd.frontends import grpc_codec
+from inferd.frontends.parameters import HeaderForward
 from inferd.frontends.status import grpc_status
 from inferd.types import FrontendStamps
 
@@ -36,10 +37,13 @@ def _fill_duration(target: Any, d: Any) -> None:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """Calls only the :class:`DataPlaneAPI` façade (and ModelInfer its :class:`GrpcFastPath` when
     the data plane offers one: a frontend worker's); ``clock`` turns a client's gRPC deadline into
-    the absolute time the request carries."""
+    the absolute time the request carries; ``forward`` (--grpc-header-forward-pattern) the metadata
+    that becomes request parameters."""
 
-    def __init__(self, dataplane: DataPlaneAPI, clock: Clock | None = None) -> None:
+    def __init__(self, dataplane: DataPlaneAPI, clock: Clock | None = None,
+                 forward: HeaderForward | None = None) -> None:
         self.dp = dataplane
+        self.forward = forward
         self.fast_path: GrpcFastPath | None = dataplane if isinstance(dataplane, GrpcFastPath) else None
         self.clock = clock or MonotonicClock()
         self._streams: set[asyncio.Queue] = set()  # the open ModelStreamInfer streams' outboxes
@@ -150,6 +154,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             remaining = context.time_remaining()
             deadline = None if remaining is None else self.clock.now() + remaining
+            if self.forward is not None:
+                _add_parameters(request, self.forward.forwarded(_metadata(context).items()))
             if self.fast_path is not None:
                 answer = await self.fast_path.grpc_infer(request, deadline, lambda: _metadata(context), received_ns)
                 _unless_client_gone(context)
@@ -206,13 +212,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         pending = 1
         order = StreamOrder()
         decoupled = _DecoupledModels(self.dp)
+        forwarded = self._stream_forwarded(context)
 
         async def run(msg, ticket):  # type: ignore[no-untyped-def]
             answers: list[Any] = []
             put = out.put_nowait if ticket is None else answers.append
             try:
                 # aclosing: a cancelled task closes the request's generators now, down to the model.
-                async with aclosing(self._stream_one(msg)) as messages:
+                async with aclosing(self._stream_one(msg, forwarded)) as messages:
                     async for message in messages:
                         if ticket is None:
                             await room.acquire()
@@ -264,11 +271,25 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             for task in list(tasks):
                 task.cancel()
 
-    async def _stream_one(self, msg):  # type: ignore[no-untyped-def]
+    def _stream_forwarded(self, context: Any) -> dict[str, str] | InferdError:
+        """The stream's metadata that becomes each request's parameters, or why it cannot (each
+        request of the stream is then answered with it, as Triton forwards per request)."""
+        if self.forward is None:
+            return {}
+        try:
+            return self.forward.forwarded(_metadata(context).items())
+        except InferdError as exc:
+            return exc
+
+    async def _stream_one(self, msg, forwarded: dict[str, str] | InferdError):  # type: ignore[no-untyped-def]
         """The stream messages answering one request."""
         if isinstance(msg, Undecodable):
             raise msg.error
         req = grpc_codec.decode_infer_request(msg)
+        if isinstance(forwarded, InferdError):
+            raise forwarded
+        if forwarded:
+            req.parameters.update(forwarded)
         # Triton's flag: mark each response final or not, and send an empty final
         # response when a decoupled model ends without one.
         flagged = req.parameters.pop(EMPTY_FINAL, False) is True
@@ -326,7 +347,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request, context):  # type: ignore[no-untyped-def]
-        await self.dp.shm_unregister(request.name)
+        try:
+            await self.dp.shm_unregister(request.name)
+        except Exception as exc:  # without --allow-client-shm
+            return await self._abort(context, exc)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request, context):  # type: ignore[no-untyped-def]
@@ -349,7 +373,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(self, request, context):  # type: ignore[no-untyped-def]
-        await self.dp.cuda_shm_unregister(request.name)
+        try:
+            await self.dp.cuda_shm_unregister(request.name)
+        except Exception as exc:  # without --allow-client-shm
+            return await self._abort(context, exc)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- tracing and logging ---------------------------------------------------------------
@@ -452,8 +479,15 @@ STREAM_WINDOW = 64  # responses of one ModelStreamInfer stream waiting for gRPC 
 
 
 def _metadata(context) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    """The request's gRPC metadata as a carrier for the W3C trace context."""
+    """The request's gRPC metadata (text values): the carrier of the W3C trace context, and the
+    headers --grpc-header-forward-pattern forwards."""
     return {m.key: m.value for m in context.invocation_metadata() or () if isinstance(m.value, str)}
+
+
+def _add_parameters(request: pb.ModelInferRequest, forwarded: dict[str, str]) -> None:
+    """Forwarded headers as string parameters of the request, over any of the same name."""
+    for key, value in forwarded.items():
+        request.parameters[key].string_param = value
 
 
 EMPTY_FINAL = "triton_enable_empty_final_response"  # a stream request's parameter

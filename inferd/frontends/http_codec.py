@@ -29,12 +29,16 @@ from inferd.dtypes import BY_NAME, DataType, datatype_problem, element_count, en
 from inferd.errors import InvalidArgument
 from inferd.observability.stats import RESPONSE_FIELDS, ModelStatistics
 from inferd.frontends.grpc_codec import array_from_raw, int_param, parse_version, shm_ref
+from inferd.frontends.parameters import check_request_parameters
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput, SharedTensor
 
 HEADER_LENGTH = "inference-header-content-length"
 
 # Request parameters that shape the HTTP answer; they are not passed to the model.
 _PROTOCOL_PARAMS = ("binary_data_output",)
+# Triton's HTTP_MAX_JSON_NESTING_DEPTH: tensor 'data' nested this deep or deeper is refused (#8172).
+MAX_JSON_DEPTH = 100
+TOO_DEEP = f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DEPTH})"
 # json.dumps with arguments builds an encoder per call; this one is built once.
 dumps = json.JSONEncoder(separators=(",", ":")).encode
 
@@ -74,7 +78,7 @@ def load_json(data: bytes | memoryview, what: str) -> Any:
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgument(f"{what}: the body is not valid JSON: {exc}") from None
     except RecursionError:
-        raise InvalidArgument(f"{what}: the JSON body nests arrays or objects too deeply") from None
+        raise InvalidArgument(f"{what}: {TOO_DEEP}: the JSON body nests arrays or objects too deeply") from None
 
 
 def decode_infer_request(model: str, version: str, body: bytes, header_length: str | None = None) -> HttpInferRequest:
@@ -96,6 +100,7 @@ def decode_infer_request(model: str, version: str, body: bytes, header_length: s
 
     params = _object(doc.get("parameters"), f"model '{model}': request 'parameters'")
     if params:
+        check_request_parameters(model, params, "http")
         binary_default = params.get("binary_data_output", False)
         if not isinstance(binary_default, bool):
             raise InvalidArgument(f"model '{model}': request parameter 'binary_data_output' must be a boolean")
@@ -196,7 +201,9 @@ def _shape(value: Any, where: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _flatten(data: Any) -> list[Any]:
+def _flatten(data: Any, where: str) -> list[Any]:
+    """``data``'s values in row-major order, however it nests (Triton reads them so); a value or array
+    :data:`MAX_JSON_DEPTH` levels below ``data`` itself is refused, in Triton's words."""
     if not isinstance(data, list):
         return [data]
     if not any(isinstance(x, list) for x in data):
@@ -205,6 +212,8 @@ def _flatten(data: Any) -> list[Any]:
     stack = [iter(data)]
     while stack:
         for x in stack[-1]:
+            if len(stack) >= MAX_JSON_DEPTH:  # x lies len(stack) levels below data
+                raise InvalidArgument(f"{where}: {TOO_DEEP} in 'data'")
             if isinstance(x, list):
                 stack.append(iter(x))
                 break
@@ -216,8 +225,8 @@ def _flatten(data: Any) -> list[Any]:
 
 def array_from_json(data: Any, dtype: DataType, shape: tuple[int, ...], where: str) -> np.ndarray:
     """A JSON ``data`` value (flat or nested, row-major) as an array of ``shape``."""
-    count = element_count(shape, where)
-    flat = _flatten(data)
+    count = element_count(shape, where, dtype.itemsize)
+    flat = _flatten(data, where)
     if len(flat) != count:
         raise InvalidArgument(f"{where}: {len(flat)} values in 'data' for shape {list(shape)}, expecting {count}")
     name = dtype.name

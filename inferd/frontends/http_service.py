@@ -9,9 +9,9 @@ Triton's extensions use the data plane's own state, so both frontends see one
 set of shared memory regions, trace settings and log settings; a W3C
 ``traceparent`` header parents a traced request's span as gRPC metadata does.
 
-Limits: a body (and, compressed, what it decompresses to) larger than
-``--http-max-input-size`` (64 MiB by default, Triton's) is refused with 413
-before it is all read; restricted groups (``--http-restricted-api``,
+Limits (:mod:`inferd.frontends.http_limits`): a body larger than ``--http-max-input-size``
+(64 MiB by default, Triton's) is refused with 413 before it is all read, one that decompresses
+past it and a chunked one of more than 65,536 chunks with 400; restricted groups (``--http-restricted-api``,
 :mod:`inferd.frontends.restrictions`) answer 403 without the header.
 """
 
@@ -34,11 +34,13 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from inferd._proto.json import message_to_dict
-from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, TooLarge, Unimplemented
+from inferd.errors import InferdError, InvalidArgument, ModelExecutionError
 from inferd.facade import DECOUPLED_HTTP, DataPlaneAPI, OpenAIBatchAPI
-from inferd.frontends import http_codec, http_generate
+from inferd.frontends import http_codec, http_generate, orca
 from inferd.frontends.grpc_codec import parse_version
+from inferd.frontends.http_limits import BodyLimit, decompress, is_openai
 from inferd.frontends.openai import OpenAIFrontend, OpenAIOptions
+from inferd.frontends.parameters import HeaderForward
 from inferd.frontends.restrictions import Restrictions
 from inferd.frontends.status import http_status
 from inferd.types import FrontendStamps
@@ -91,70 +93,6 @@ def _guarded(handler: Handler, group: str, restrictions: Restrictions) -> Handle
 
     run.__name__ = handler.__name__
     return run
-
-
-def _too_large(size: int | str, limit: int, what: str = "the request body") -> TooLarge:
-    return TooLarge(f"{what} has {size} bytes, more than the {limit} this server accepts "
-                    "(--http-max-input-size)")
-
-
-def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
-    """``body`` decoded; TooLarge when it would decompress past ``limit`` bytes (it stops there)."""
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    if encoding not in ("gzip", "deflate"):
-        raise Unimplemented(f"Content-Encoding '{encoding}' is not supported; use gzip or deflate")
-    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    out = b""
-    rest = body
-    while True:  # a gzip body may hold several members, one after the other
-        inflater = zlib.decompressobj(wbits)
-        try:
-            out += inflater.decompress(rest, limit + 1 - len(out))
-            if len(out) > limit or inflater.unconsumed_tail:
-                raise _too_large(f"more than {limit}", limit, f"the {encoding} request body, decompressed,")
-            out += inflater.flush()
-        except zlib.error as exc:
-            raise InvalidArgument(f"the request body is not valid {encoding} data: {exc}") from None
-        if not inflater.eof:
-            raise InvalidArgument(f"the request body is not valid {encoding} data: it ends before the stream does")
-        rest = inflater.unused_data
-        if not rest or encoding != "gzip":
-            return out
-
-
-class BodyLimit:
-    """ASGI middleware: a request body over ``limit`` bytes is refused (413) as soon as that is known:
-    from its Content-Length before any of it is read, else when the bytes read pass it."""
-
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        limit = self.limit
-        for key, value in scope["headers"]:
-            if key == b"content-length":
-                if not value.isdigit() or int(value) > limit:
-                    await json_response({"error": _too_large(value.decode("latin-1")[:32], limit).message},
-                                        413)(scope, receive, send)
-                    return
-                break
-        seen = 0
-
-        async def bounded() -> dict:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise _too_large(f"more than {limit}", limit)
-            return message
-
-        await self.app(scope, bounded, send)
 
 
 class InferRoute:
@@ -233,7 +171,7 @@ async def _json_body(request: Request, what: str, limit: int = DEFAULT_MAX_INPUT
     body = await request.body()
     encoding = request.headers.get("content-encoding")
     if encoding:
-        body = _decompress(body, encoding, limit)
+        body = decompress(body, encoding, limit)
     if not body.strip():
         return {}
     doc = http_codec.load_json(body, what)
@@ -269,12 +207,15 @@ class HttpFrontend:
 
     def __init__(self, dataplane: DataPlaneAPI, restrictions: Restrictions | None = None,
                  max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES, openai: OpenAIOptions | None = None,
-                 openai_batches: OpenAIBatchAPI | None = None) -> None:
+                 openai_batches: OpenAIBatchAPI | None = None, forward: HeaderForward | None = None) -> None:
+        """``openai_batches``: the core's Batch API (/v1/files, /v1/batches; None: off); ``forward``
+        (--http-header-forward-pattern): the headers an infer request's parameters take."""
         self.dp = dataplane
         self.restrictions = restrictions or Restrictions()
         self.max_input = max_input_bytes
         self.openai = openai
         self.openai_batches = openai_batches  # the core's Batch API (/v1/files, /v1/batches); None: off
+        self.forward = forward
 
     def app(self) -> Any:
         r: list[Route] = []
@@ -329,8 +270,13 @@ class HttpFrontend:
 
         async def not_found(request: Request, exc: Exception) -> Response:
             status = exc.status_code if isinstance(exc, HTTPException) else 404
+            path = request.url.path
+            if is_openai(path):  # OpenAI's words and body, which its clients read
+                what = "Invalid URL" if status == 404 else "Method Not Allowed"
+                return json_response({"error": {"message": f"{what} ({request.method} {path})",
+                                                "type": "invalid_request_error", "param": None, "code": None}}, status)
             what = "method not allowed" if status == 405 else "no such endpoint"
-            return json_response({"error": f"{what}: {request.method} {request.url.path}"}, status)
+            return json_response({"error": f"{what}: {request.method} {path}"}, status)
 
         app: Any = Starlette(routes=r, exception_handlers={404: not_found, 405: not_found})
         if "inference" not in self.restrictions.by_group:
@@ -485,7 +431,7 @@ class HttpFrontend:
         body = await request.body()
         encoding = request.headers.get("content-encoding")
         if encoding:
-            body = _decompress(body, encoding, self.max_input)
+            body = decompress(body, encoding, self.max_input)
         return json_response(await self.dp.batch_submit(body, model, version))
 
     async def batch_list(self, request: Request) -> Response:
@@ -527,7 +473,17 @@ class HttpFrontend:
         if len(responses) != 1:
             raise ModelExecutionError(f"{http_generate.ONE_RESPONSE} (model '{request.path_params['model']}' sent "
                                       f"{len(responses)})")
-        return json_response(http_generate.generate_response(responses[0]))
+        answer = json_response(http_generate.generate_response(responses[0]))
+        answer.headers.update(await self._load_report(request))
+        return answer
+
+    async def _load_report(self, request: Request) -> dict[str, str]:
+        """The ORCA ``endpoint-load-metrics`` header the request asks for (orca.py), or none."""
+        fmt = request.headers.get(orca.REQUEST_HEADER)
+        if fmt is None:
+            return {}
+        value = orca.header_value(fmt, await self.dp.kv_cache_blocks())
+        return {orca.RESPONSE_HEADER: value} if value is not None else {}
 
     async def generate_stream(self, request: Request) -> Response:
         """Server-sent events, one per response; the status is the first response's, as Triton sets it."""
@@ -564,7 +520,8 @@ class HttpFrontend:
                 if close is not None:
                     await close()  # the client went away: stop the model's stream too
 
-        return StreamingResponse(body(), status_code=status, media_type="text/event-stream; charset=utf-8")
+        return StreamingResponse(body(), status_code=status, media_type="text/event-stream; charset=utf-8",
+                                 headers=await self._load_report(request))
 
     async def infer(self, request: Request) -> Response:
         """The infer route through Starlette: taken only under --http-restricted-api's inference
@@ -581,9 +538,11 @@ class HttpFrontend:
         ``headers``: the request's, a case-insensitive mapping of str (lower-case names do)."""
         encoding = headers.get("content-encoding")
         if encoding:
-            body = _decompress(body, encoding, self.max_input)
+            body = decompress(body, encoding, self.max_input)
         decoded = http_codec.decode_infer_request(name, version, body, headers.get(http_codec.HEADER_LENGTH))
         decoded.request.received_ns = received_ns
+        if self.forward is not None:
+            decoded.request.parameters.update(self.forward.forwarded(headers.items()))
         # Triton's HTTP_* trace timestamps: RECV from the call's start to its body decoded, SEND from
         # the answer back to its body encoded (what the route hands to the ASGI server); an error is
         # stamped as it leaves here for the error handler.

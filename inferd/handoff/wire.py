@@ -26,7 +26,8 @@ Frontend -> core::
                     trace timestamps; the frontend then sends SENT once it has answered
     [SENT, rid, start, end]                that request's answer was sent between these moments
                                            (CLOCK_MONOTONIC ns; None: it never was)
-    [CANCEL, rid]                          the client went away; the core answers it anyway
+    [CANCEL, rid(, ended)]                 the client went away (ended: a stream's consumer stopped on
+                                           purpose: a success); the core answers it anyway
     [CREDIT, rid, n]                       a stream's client has taken n more of its responses
     [FREE, [block, ...]]                   output blocks the frontend is done reading
     [REFUSED, n]                           the frontend refused n more requests itself for overload (its
@@ -106,6 +107,7 @@ CALLS = frozenset({
     "model_statistics", "repository_index", "openai_models", "load_model", "unload_model", "shm_register", "shm_status",
     "shm_unregister", "cuda_shm_register", "cuda_shm_status", "cuda_shm_unregister", "trace_settings",
     "log_settings", "batch_submit", "batch_list", "batch_status", "batch_cancel", "batch_results",
+    "kv_cache_blocks",
 })
 
 # positions in an INFER message

@@ -75,10 +75,14 @@ class ModelRun:
         self.finished = True
         self._cancel = None  # the scheduler's relay: nothing to cancel any more
         self.outputs = outputs
+        stats = model.stats
+        elapsed = time.perf_counter_ns() - self.start
         if self.hit_ns < 0:
-            model.stats.record_success(time.perf_counter_ns() - self.start, self.clock.now())
+            stats.record_success(elapsed, self.clock.now())
         else:
-            model.stats.record_cache_hit(time.perf_counter_ns() - self.start, self.hit_ns, self.clock.now())
+            stats.record_cache_hit(elapsed, self.hit_ns, self.clock.now())
+        if stats.first_response:
+            stats.record_first_response(elapsed)
         trace = request.trace
         if trace is not None:
             trace.tensors_attributes("output", outputs)
@@ -95,6 +99,9 @@ class ModelRun:
         describe = self.describe
         error = describe(exception) if describe is not None and isinstance(exception, Exception) else exception
         _record_failure(self.model, self.request, self.clock, self.start, exception, error)
+        stats = self.model.stats
+        if stats.first_response and not isinstance(exception, asyncio.CancelledError):
+            stats.record_first_response(time.perf_counter_ns() - self.start)  # the error is the client's answer
         if error is not exception:
             if isinstance(exception, InferdError):
                 error.__suppress_context__ = True
@@ -232,6 +239,8 @@ async def stream_model(model: Model, request: InferenceRequest, clock: Clock,
         rows = _admit(model, request)
     except InferdError as exc:
         _record_failure(model, request, clock, start, exc, exc)
+        if model.stats.first_response:
+            model.stats.record_first_response(time.perf_counter_ns() - start)
         yield StreamResponse(error=exc, final=True)
         return
     loop = asyncio.get_running_loop()
@@ -249,7 +258,7 @@ async def stream_model(model: Model, request: InferenceRequest, clock: Clock,
             sink.put(StreamEvent(error=error, final=True))
 
     task.add_done_callback(executed)
-    counter = _ResponseCounter(model, sink)
+    counter = _ResponseCounter(model, sink, start)
     failure: InferdError | None = None
     ended = False
     try:
@@ -279,8 +288,11 @@ async def stream_model(model: Model, request: InferenceRequest, clock: Clock,
         sink.cancel()
         if not task.done():
             task.cancel()
-        counter.cancelled()
-        _record_failure(model, request, clock, start, asyncio.CancelledError(), exc)
+        if request.ended_by_client:  # the consumer has all it wants (an OpenAI stop string): not a cancellation
+            _record_end(model, request, clock, start, failure)
+        else:
+            counter.cancelled()
+            _record_failure(model, request, clock, start, asyncio.CancelledError(), exc)
         raise
 
 
@@ -290,13 +302,14 @@ class _ResponseCounter:
     moment its request reached the model) to its own, split at the moment the model
     sent it (compute_infer before, compute_output after: the server's shaping)."""
 
-    __slots__ = ("stats", "sink", "index", "last_ns")
+    __slots__ = ("stats", "sink", "index", "last_ns", "start")
 
-    def __init__(self, model: Model, sink: ResponseSink) -> None:
+    def __init__(self, model: Model, sink: ResponseSink, start: int) -> None:
         self.stats = model.stats
         self.sink = sink
         self.index = 0
         self.last_ns = 0
+        self.start = start  # when the request reached the model's path: its time to first response
 
     def count(self, event: StreamEvent, item: StreamResponse) -> None:
         now = time.perf_counter_ns()
@@ -309,6 +322,8 @@ class _ResponseCounter:
         else:
             kind = "empty"
         self.stats.record_response(self.index, kind, sent - begin, now - sent)
+        if self.index == 0 and self.stats.first_response:
+            self.stats.record_first_response(now - self.start)
         self.index += 1
         self.last_ns = now
 

@@ -124,11 +124,17 @@ def _concrete(dims: tuple[int, ...], array: np.ndarray, lead: tuple[int, ...]) -
     return tuple(per_row // known if d == -1 else d for d in dims)
 
 
+MAX_CLASSIFIED = 1_000_000  # elements of one batch entry the classification extension ranks (Triton's)
+
+
 def classify(model: str, t: TensorSpec, array: np.ndarray, k: int, batching: bool) -> np.ndarray:
     """Triton's classification extension: top-k as BYTES "value:index[:label]"."""
     if t.datatype.name == "BYTES":
         raise InvalidArgument(f"model '{model}': output '{t.name}' is BYTES and cannot be classified")
     rows = array.reshape(array.shape[0], -1) if batching else array.reshape(1, -1)
+    if rows.shape[1] > MAX_CLASSIFIED:  # Triton's bound (#8603): sorting it would cost the server, not the model
+        raise InvalidArgument(f"classification output tensor too large: output '{t.name}' of model '{model}' has "
+                              f"{rows.shape[1]} elements per batch entry; at most {MAX_CLASSIFIED} can be classified")
     k = min(k, rows.shape[1])
     out = np.empty((rows.shape[0], k), dtype=np.object_)
     labels = t.labels

@@ -22,6 +22,9 @@ from typing import Any, Sequence
 from inferd.observability.text_format import escape, number as _number
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+# The server's own families: a model may not register under these prefixes. Other nv_ names are free, as in
+# Triton (the TensorRT-LLM backend registers nv_trt_llm_* through this API, which the ORCA load report reads).
+SERVER_PREFIXES = ("inferd_", "nv_inference_", "nv_cache_", "nv_gpu_", "nv_energy_", "nv_cpu_")
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
@@ -135,9 +138,9 @@ class CustomMetrics:
         if not _NAME.match(name or ""):
             raise MetricError(f"Error when creating MetricFamily: name {name!r} is not a Prometheus metric name "
                               "(letters, digits, '_' and ':', not starting with a digit)")
-        if name.startswith("nv_") or name.startswith("inferd_"):
+        if name.startswith(SERVER_PREFIXES):
             raise MetricError(f"Error when creating MetricFamily: name {name!r} is reserved for the server's own "
-                              "metrics (nv_*, inferd_*)")
+                              f"metrics ({', '.join(p + '*' for p in SERVER_PREFIXES)})")
         with self.lock:
             found = self._families.get(name)
             if found is None:
@@ -197,6 +200,15 @@ class CustomMetrics:
                     found.value += value
                     found.counts = [a + b for a, b in zip(found.counts, counts)]
                     found.total += total
+
+    def samples(self, name: str) -> list[tuple[dict[str, str], float]]:
+        """The series of the counter or gauge family ``name`` (labels, value), in the order /metrics writes
+        them; none for a histogram or a family nobody registered."""
+        with self.lock:
+            found = self._families.get(name)
+            if found is None or found.kind == HISTOGRAM:
+                return []
+            return [(dict(s.labels), s.value) for s in found.series.values()]
 
 
 def number(value: float) -> str:

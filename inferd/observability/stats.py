@@ -107,7 +107,7 @@ class ModelStats:
         "inference_count", "execution_count", "last_inference_s", "batch_stats", "fail_reasons",
         "observers", "pending", "cache_hit", "cache_miss", "memory_growth", "real_elements", "pad_elements",
         "responses", "single_response", "memory_usage", "histogram_buckets", "metric_tags", "steps",
-        "prompt_tokens", "completion_tokens",
+        "prompt_tokens", "completion_tokens", "first_response",
     )
 
     def __init__(self, name: str, version: int) -> None:
@@ -157,6 +157,9 @@ class ModelStats:
         # (extra labels), set by the builder right after it creates the stats.
         self.histogram_buckets: dict[str, tuple[float, ...]] = {}
         self.metric_tags: tuple[tuple[str, str], ...] = ()
+        # Time to first response is observed (--metrics-config histogram_latencies=true; set by the
+        # exporter's hook): the request path asks this before it reads the clock for it.
+        self.first_response = False
         for hook in on_create:
             hook(self)
 
@@ -204,6 +207,13 @@ class ModelStats:
             stat.compute_infer.add(infer_ns)
             stat.compute_output.add(output_ns)
             (stat.success if kind == "success" else stat.fail).add(total)
+
+    def record_first_response(self, ns: int) -> None:
+        """A request's first response (its only one, or a stream's first, an error's too) went out ``ns``
+        after the request reached the model's path: Triton's time to first response, one per request
+        (nv_inference_first_response_histogram_ms). Only observers take it; nothing is counted here."""
+        if self.first_response and self.observers:
+            self._notify("first_response", {"ns": ns})
 
     def _notify(self, event: str, data: dict) -> None:
         for observer in self.observers:

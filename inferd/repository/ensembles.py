@@ -2,22 +2,28 @@
 :mod:`inferd.ensemble`, which never imports the repository).
 
 An ensemble is loaded after its composing models (:func:`load_order`), on
-the event loop (it has no instances, nothing blocks). :func:`prepare` checks
-its own config and wiring; :func:`dependency_problem` says whether its
-composing models are there and ready (also nested, also later, when one is
-unloaded); :func:`check_models` checks the wiring against their specs;
-:func:`build_versions` makes one :class:`Model` per version folder.
+the event loop (it has no instances, nothing blocks), its faults told in
+Triton's order (qa/L0_model_config names them): :func:`prepare` checks its own
+config and wiring; :func:`missing_models` names composing models the repository
+lacks; :func:`check_declared` checks the wiring against the config.pbtxt of
+each composing model that did not load; then :func:`select` picks its version
+folders; :func:`dependency_problem` says whether its composing models are ready
+(also nested, also later, when one is unloaded); :func:`check_models` checks
+the wiring against their specs; :func:`build_versions` makes one
+:class:`Model` per version folder.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from inferd.clock import Clock
-from inferd.config import ModelConfig, ModelSpec, prepare_ensemble_config, read_ensemble_config, select_versions
-from inferd.ensemble.graph import Composing, EnsembleGraph, build_graph, check_against_models
+from inferd.config import (
+    ModelConfig, ModelSpec, declared_tensors, prepare_ensemble_config, read_ensemble_config, select_versions,
+)
+from inferd.ensemble.graph import Composing, EnsembleGraph, build_graph, check_against_models, check_step_tensors
 from inferd.ensemble.scheduler import EnsembleScheduler
 from inferd.errors import ConfigError
 from inferd.model import Model, ModelLookup
@@ -41,11 +47,41 @@ def read_config(name: str, model_dir: Path) -> ModelConfig | None:
 
 
 def prepare(name: str, model_dir: Path, config: ModelConfig) -> PreparedEnsemble:
-    """Check the ensemble's own config and wiring; no other model is needed."""
+    """Check the ensemble's own config and wiring; no other model is needed. Its versions are
+    selected later (:func:`select`): a missing version folder is told after the wiring's faults."""
     spec, wiring = prepare_ensemble_config(config, model_dir)
-    graph = build_graph(wiring)
-    versions = select_versions(config, available_versions(model_dir))
-    return PreparedEnsemble(spec, graph, versions)
+    return PreparedEnsemble(spec, build_graph(wiring), [])
+
+
+def select(prepared: PreparedEnsemble, model_dir: Path, config: ModelConfig) -> PreparedEnsemble:
+    """The ensemble with the versions its version_policy selects among its version folders."""
+    return replace(prepared, versions=select_versions(config, available_versions(model_dir)))
+
+
+def missing_models(graph: EnsembleGraph, entry_of: Callable[[str], Any]) -> str | None:
+    """Triton's words when a step names a model the repository does not have (None when all are there)."""
+    missing = list(dict.fromkeys(s.model_name for s in graph.steps if entry_of(s.model_name) is None))
+    if not missing:
+        return None
+    step = next(s for s in graph.steps if s.model_name == missing[0])
+    return (f"ensemble {graph.name} contains models that are not available or ambiguous: {', '.join(missing)} "
+            f"(ensemble '{graph.name}' {step.label}: model '{step.model_name}' is not in the model repository)")
+
+
+def check_declared(graph: EnsembleGraph, entry_of: Callable[[str], Any]) -> None:
+    """The wiring against the tensors each composing model's config.pbtxt declares, for those that are not
+    loaded (a loaded one is checked against its spec: :func:`check_models`). As Triton checks an ensemble
+    against its composing models' configs, an ensemble that maps a model's inputs wrongly is refused for
+    that (ConfigError), not for the model's own failure to load."""
+    for step in graph.steps:
+        for name in step.candidates:
+            entry = entry_of(name)
+            if entry is None or (entry.state == READY and entry.versions):
+                continue
+            declared = declared_tensors(name, entry.path)
+            if declared is not None:
+                check_step_tensors(graph.name, step if name == step.model_name else replace(step, model_name=name),
+                                   name, *declared)
 
 
 def dependency_problem(graph: EnsembleGraph, entry_of: Callable[[str], Any], _seen: frozenset[str] = frozenset()) -> str | None:
@@ -57,11 +93,9 @@ def dependency_problem(graph: EnsembleGraph, entry_of: Callable[[str], Any], _se
     """
     seen = _seen | {graph.name}
     # Every step's model must exist before any is asked whether it loaded (Triton's order and words).
-    missing = list(dict.fromkeys(s.model_name for s in graph.steps if entry_of(s.model_name) is None))
+    missing = missing_models(graph, entry_of)
     if missing:
-        step = next(s for s in graph.steps if s.model_name == missing[0])
-        return (f"ensemble {graph.name} contains models that are not available or ambiguous: {', '.join(missing)} "
-                f"(ensemble '{graph.name}' {step.label}: model '{step.model_name}' is not in the model repository)")
+        return missing
     for step in graph.steps:
         for name in step.candidates:  # a routed step needs every model it may run
             problem = _composing_problem(graph, step, name, entry_of, seen)

@@ -472,8 +472,15 @@ class ModelManager:
         folder = fingerprint(entry.path)
         try:
             prepared = ensemble_loader.prepare(name, entry.path, config)
-            problem = find_cycle(name, self.ensemble_graph) or ensemble_loader.dependency_problem(
+            # Triton's order: the ensemble's own faults (missing models, wiring against the composing
+            # models' configs), then its version folders, then whether its composing models loaded.
+            problem = find_cycle(name, self.ensemble_graph) or ensemble_loader.missing_models(
                 prepared.graph, self._entries.get)
+            if problem:
+                raise Unavailable(problem)
+            ensemble_loader.check_declared(prepared.graph, self._entries.get)
+            prepared = ensemble_loader.select(prepared, entry.path, config)
+            problem = ensemble_loader.dependency_problem(prepared.graph, self._entries.get)
             if problem:
                 raise Unavailable(problem)
             ensemble_loader.check_models(prepared, self._entries.get)

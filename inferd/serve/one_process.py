@@ -44,8 +44,10 @@ from inferd.frontends.asgi import AsgiServer
 from inferd.frontends.grpc_port import GrpcPort, GrpcPortOptions
 from inferd.frontends.grpc_service import InferenceServicer
 from inferd.frontends.grpc_health import Health
+from inferd.frontends.http_limits import chunk_limited_protocol
 from inferd.frontends.http_service import DEFAULT_MAX_INPUT_BYTES, HttpFrontend
 from inferd.frontends.openai import BatchLines, OpenAIOptions
+from inferd.frontends.parameters import header_forward
 from inferd.frontends.restrictions import Restrictions
 from inferd.frontends.tls import TlsFiles
 from inferd.streaming import StreamLimits
@@ -97,6 +99,10 @@ class ServerOptions:
     server_name: str = SERVER_NAME  # ServerMetadata's name
     batch_dir: Path | None = None  # batch jobs' state; None: next to the first repository
     model_host: str = "auto"  # --model-host: which models' instances run in host processes (inferd/hosts/)
+    allow_client_shm: bool = False  # --allow-client-shm: clients may register shared memory regions
+    histogram_latencies: bool = False  # --metrics-config histogram_latencies=true: Triton's first-response histogram
+    grpc_header_forward_pattern: str = ""  # metadata that becomes request parameters ("": none)
+    http_header_forward_pattern: str = ""  # headers that become an infer request's parameters ("": none)
 
 
 # Of the exit timeout, the part kept for closing the ports and releasing the models (model hosts
@@ -124,7 +130,8 @@ class InferenceServer:
                                    shedding=QueueDelay(options.queue_delay_target_us,
                                                        options.queue_delay_interval_us,
                                                        options.queue_delay_execution_multiple),
-                                   batch_dir=batch_dir, openai_lines=BatchLines)
+                                   batch_dir=batch_dir, openai_lines=BatchLines,
+                                   allow_client_shm=options.allow_client_shm)
         # /v1's Batch API is the core's, beside the /v2 batch jobs; every frontend (a worker too) is told its
         # folder, where it writes an upload for the core to take.
         openai_dir = str(self.dataplane.batches.openai.root)  # type: ignore[union-attr]  # a batch_dir: both on
@@ -209,21 +216,25 @@ class InferenceServer:
             await self._start_grpc()
         if o.allow_http:
             self._http_frontend = HttpFrontend(self.dataplane, o.http_restrictions, o.http_max_input_bytes, o.openai,
-                                               self.dataplane)
-            self._http = AsgiServer(self._http_frontend.app(), self.http_address, o.http_port, "HTTP", tls=o.http_tls)
+                                               self.dataplane, header_forward(o.http_header_forward_pattern,
+                                                                              "--http-header-forward-pattern"))
+            self._http = AsgiServer(self._http_frontend.app(), self.http_address, o.http_port, "HTTP", tls=o.http_tls,
+                                    protocol=chunk_limited_protocol())
             await self._http.start()
             log.info("serving HTTP on %s:%d", self.http_address, self.http_port)
 
     async def _start_metrics(self) -> None:
         o = self.options
-        self.metrics = ServerMetrics(self.dataplane)  # before loading: histograms attach as models build
+        # Before loading: histograms attach as models build.
+        self.metrics = ServerMetrics(self.dataplane, histogram_latencies=o.histogram_latencies)
         self._metrics_server = AsgiServer(self.metrics.asgi_app(), self.metrics_address, o.metrics_port, "metrics")
         await self._metrics_server.start()
         log.info("serving metrics on %s:%d/metrics", self.metrics_address, self.metrics_port)
 
     async def _start_grpc(self) -> None:
         o = self.options
-        port = GrpcPort(InferenceServicer(self.dataplane), Health(self.dataplane), GrpcPortOptions(
+        forward = header_forward(o.grpc_header_forward_pattern, "--grpc-header-forward-pattern")
+        port = GrpcPort(InferenceServicer(self.dataplane, forward=forward), Health(self.dataplane), GrpcPortOptions(
             address=o.address, port=o.grpc_port, max_message_bytes=o.max_message_bytes, tls=o.grpc_tls,
             restrictions=o.grpc_restrictions, channel_args=tuple(o.grpc_options)))
         await port.start()

@@ -38,8 +38,10 @@ from inferd.frontends.asgi import AsgiServer, bind
 from inferd.frontends.grpc_port import GrpcPort, GrpcPortOptions
 from inferd.frontends.grpc_service import InferenceServicer
 from inferd.frontends.grpc_health import Health
+from inferd.frontends.http_limits import chunk_limited_protocol
 from inferd.frontends.http_service import DEFAULT_MAX_INPUT_BYTES, HttpFrontend
 from inferd.frontends.openai import OpenAIOptions
+from inferd.frontends.parameters import header_forward
 from inferd.frontends.restrictions import Restrictions
 from inferd.frontends.tls import TlsFiles
 
@@ -98,7 +100,8 @@ class ForwardedBatches:
 async def _start_grpc(dataplane: RemoteDataPlane, index: int, config: dict[str, Any]) -> GrpcPort:
     """The gRPC port, built as the one-process server builds its own (limits, TLS, restricted groups,
     the closing gate), on the reserved port with SO_REUSEPORT."""
-    port = GrpcPort(InferenceServicer(dataplane), Health(dataplane), GrpcPortOptions(  # readiness asked of the core
+    forward = header_forward(config.get("header_forward_pattern"), "--grpc-header-forward-pattern")
+    port = GrpcPort(InferenceServicer(dataplane, forward=forward), Health(dataplane), GrpcPortOptions(  # readiness asked of the core
         address=config["address"], port=config["port"], max_message_bytes=config["max_message_bytes"],
         tls=TlsFiles.from_plain(config.get("tls")),
         restrictions=Restrictions.from_plain(config.get("restrictions"), protocol="protocol"),
@@ -129,9 +132,11 @@ async def serve(index: int, channel_fd: int) -> int:
         h = config["http"]
         frontend = HttpFrontend(dataplane, Restrictions.from_plain(h.get("restrictions")),  # type: ignore[arg-type]
                                 h.get("max_input_bytes", DEFAULT_MAX_INPUT_BYTES),
-                                OpenAIOptions.from_plain(h.get("openai")), ForwardedBatches(link))
+                                OpenAIOptions.from_plain(h.get("openai")), ForwardedBatches(link),
+                                header_forward(h.get("header_forward_pattern"), "--http-header-forward-pattern"))
         http = AsgiServer(frontend.app(), h["address"], h["port"], "HTTP",
-                          sock=listen(h["address"], h["port"], "HTTP"), tls=TlsFiles.from_plain(h.get("tls")))
+                          sock=listen(h["address"], h["port"], "HTTP"), tls=TlsFiles.from_plain(h.get("tls")),
+                          protocol=chunk_limited_protocol())
         await http.start()
     link.hello()
     grace: float | None = await link.drain_requested

@@ -59,14 +59,25 @@ class Piece:
     tokens: int = 0  # the model's responses this piece stands for (its completion tokens)
 
 
-async def run_choice(dp: DataPlaneAPI, model: str, spec: OpenAISpec, prompt: str, sampling: Sampling,
+def finish_reason(generated: int, sampling: Sampling, spec: OpenAISpec) -> str:
+    """``length`` when the completion reached a limit on its tokens (the request's max_tokens, or the model's
+    own max_new_tokens: the model cut it), ``stop`` when the model ended it (its end token). OpenAI reports a
+    cut answer as ``length`` and vLLM does too (its max_tokens, its max_model_len); Triton's OpenAI frontend
+    says ``stop`` for every answer, which a client that continues on ``length`` takes for a complete one."""
+    limits = [n for n in (sampling.max_tokens, spec.max_new_tokens) if n]
+    return "length" if limits and generated >= min(limits) else "stop"
+
+
+async def run_choice(dp: DataPlaneAPI, model: str, spec: OpenAISpec, prompt: str | bytes, sampling: Sampling,
                      index: int, request_id: str, prompt_tokens: int = 0) -> AsyncIterator[Piece]:
     """The choice's text pieces as the model makes them; the last has its finish reason. A refusal or a
-    failure of the model raises (its InferdError). ``prompt_tokens``: the prompt's tokens for the core's
-    counter (the first choice of a prompt carries them, its other choices 0, as usage counts them)."""
+    failure of the model raises (its InferdError). ``prompt``: text, or the exact bytes a prompt of token
+    ids stands for; ``prompt_tokens``: the prompt's tokens for the core's counter (the first choice of a
+    prompt carries them, its other choices 0, as usage counts them)."""
+    data = prompt if isinstance(prompt, bytes) else prompt.encode("utf-8")
     request = InferenceRequest(
         model_name=model, id=f"{request_id}-{index}",
-        inputs={spec.text_input: np.array([prompt.encode("utf-8")], dtype=np.object_).reshape(spec.text_shape)},
+        inputs={spec.text_input: np.array([data], dtype=np.object_).reshape(spec.text_shape)},
         parameters=sampling.parameters(index), priority=sampling.priority, received_ns=time.monotonic_ns(),
         openai_prompt_tokens=prompt_tokens, background=sampling.background)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -89,8 +100,11 @@ async def run_choice(dp: DataPlaneAPI, model: str, spec: OpenAISpec, prompt: str
                     found = [(pending.find(s), s) for s in stops if s in pending]
                     if found:
                         at = min(found)[0]
+                        # Closing the stream cancels the sequence (its row leaves at the next step); the
+                        # request is a success, not a cancellation, in the model's statistics.
+                        request.ended_by_client = True
                         yield Piece(index, pending[:at], "stop", tokens)
-                        return  # closing the stream cancels the sequence: its row leaves at the next step
+                        return
                 ready = len(pending) - hold if stops else len(pending)
                 if ready > 0:
                     yield Piece(index, pending[:ready], None, tokens)
@@ -98,6 +112,4 @@ async def run_choice(dp: DataPlaneAPI, model: str, spec: OpenAISpec, prompt: str
             if item.final:
                 break
     pending += decoder.decode(b"", final=True)
-    # The scheduler ends a sequence at its max_tokens; else the model ended it (its end token, its own limit).
-    limit = sampling.max_tokens
-    yield Piece(index, pending, "length" if limit is not None and total >= limit else "stop", tokens)
+    yield Piece(index, pending, finish_reason(total, sampling, spec), tokens)

@@ -87,6 +87,11 @@ def _sse(doc: Any) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
+def _shown(prompt: str | bytes) -> str:
+    """A prompt as ``echo`` shows it: a prompt of token ids as its bytes decode (a cut character replaced)."""
+    return prompt if isinstance(prompt, str) else prompt.decode("utf-8", errors="replace")
+
+
 def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
@@ -272,9 +277,10 @@ class OpenAIFrontend:
         text = await self._text(name)
         if text.spec.kind not in ("chat", "completion"):
             raise RequestError(f"model '{name}' is an {text.spec.kind} model: use /v1/embeddings", "model")
-        prompts = [p if isinstance(p, str) else text.decode(p, "prompt")
-                   for p in texts_or_ids(body.doc.get("prompt"), "prompt", body.what)]
-        counts = [text.count(p) for p in prompts]
+        given = texts_or_ids(body.doc.get("prompt"), "prompt", body.what)
+        # A prompt of token ids is sent as the bytes they stand for and counted as given (not re-encoded).
+        prompts = [p if isinstance(p, str) else text.prompt_of_ids(p, "prompt") for p in given]
+        counts = [text.count(p) if isinstance(p, str) else len(p) for p in given]
         sampling = self._sampling(body, text, name, max(counts), "prompt", priority)
         echo = body.boolean("echo")
         return await self._complete(body, text, name, prompts, counts, sampling, chat=False, echo=echo)
@@ -299,7 +305,7 @@ class OpenAIFrontend:
         sampling = self._sampling(body, text, name, count, "messages", priority)
         return await self._complete(body, text, name, [prompt], [count], sampling, chat=True)
 
-    async def _complete(self, body: Body, text: ModelText, name: str, prompts: list[str],
+    async def _complete(self, body: Body, text: ModelText, name: str, prompts: list[str | bytes],
                         counts: list[int], sampling: Sampling, chat: bool,
                         echo: bool = False) -> dict[str, Any] | Response:
         n = body.integer("n", 1, MAX_N) or 1
@@ -317,7 +323,7 @@ class OpenAIFrontend:
         prompt_tokens = sum(counts)
         obj = "chat.completion" if chat else "text_completion"
         if not stream:
-            texts = {index: (prompt if echo else "") for index, prompt in choices}
+            texts = {index: (_shown(prompt) if echo else "") for index, prompt in choices}
             reasons: dict[int, str | None] = {}
             tokens = 0
             async with aclosing(pieces):  # type: ignore[type-var]
@@ -338,7 +344,7 @@ class OpenAIFrontend:
                     "usage": _usage(prompt_tokens, tokens)}
         return await self._stream(rid, name, chat, choices, pieces, prompt_tokens, include_usage, echo)
 
-    async def _stream(self, rid: str, name: str, chat: bool, choices: list[tuple[int, str]],
+    async def _stream(self, rid: str, name: str, chat: bool, choices: list[tuple[int, str | bytes]],
                       pieces: AsyncIterator[Piece], prompt_tokens: int, include_usage: bool,
                       echo: bool) -> Response:
         items = pieces.__aiter__()
@@ -371,7 +377,7 @@ class OpenAIFrontend:
                     if chat:
                         yield chunk(index, "", None, role=True)
                     elif echo:
-                        yield chunk(index, prompt, None)
+                        yield chunk(index, _shown(prompt), None)
                 piece = first
                 while piece is not None:
                     tokens += piece.tokens

@@ -4,7 +4,7 @@ renders ``chat_template``), built once per model and kept while its spec's diges
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -15,11 +15,29 @@ from inferd.frontends.openai._errors import RequestError
 INSTALL = "pip install 'inferd[openai]'"
 
 
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: the character a byte-level tokenizer writes for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTES = _byte_alphabet()
+
+
 @dataclass(frozen=True)
 class ModelText:
     spec: OpenAISpec
     tokenizer: Any  # tokenizers.Tokenizer
     template: Any  # jinja2.Template | None
+    byte_level: bool = False  # its tokens are bytes in GPT-2's alphabet: ids map back to bytes exactly
+    added: dict[int, str] = field(default_factory=dict)  # its added (special) tokens: id -> their text
 
     @classmethod
     def build(cls, model: str, spec: OpenAISpec) -> "ModelText":
@@ -27,8 +45,12 @@ class ModelText:
             from tokenizers import Tokenizer
         except ImportError:
             raise Unavailable(f"model '{model}': /v1 needs the tokenizers library on the server: {INSTALL}") from None
+        doc = json.loads(spec.tokenizer)
+        decoder = doc.get("decoder") or {}
+        added = {int(t["id"]): str(t["content"]) for t in doc.get("added_tokens") or () if "id" in t and "content" in t}
         return cls(spec, Tokenizer.from_str(spec.tokenizer),
-                   _compile(model, spec.chat_template) if spec.chat_template else None)
+                   _compile(model, spec.chat_template) if spec.chat_template else None,
+                   isinstance(decoder, dict) and decoder.get("type") == "ByteLevel", added)
 
     def count(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
@@ -43,6 +65,25 @@ class ModelText:
             raise RequestError(f"'{param}': token id {bad[0]} is not in the model's vocabulary (0..{size - 1})",
                                param)
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def prompt_of_ids(self, ids: list[int], param: str) -> str | bytes:
+        """What a prompt given as token ids sends the model: with a byte-level tokenizer, the exact bytes the
+        ids stand for (a prompt cut inside a multi-byte character stays cut, so the model reads the very
+        tokens given, not a re-encoding of replacement characters); with another, the decoded text."""
+        text = self.decode(ids, param)  # checks the ids against the vocabulary
+        if not self.byte_level:
+            return text
+        out = bytearray()
+        for i in ids:
+            special = self.added.get(i)
+            if special is not None:
+                out += special.encode("utf-8")
+                continue
+            try:
+                out += bytes(_BYTES[c] for c in self.tokenizer.id_to_token(i))
+            except (KeyError, TypeError):  # not GPT-2's alphabet after all: the text, as before
+                return text
+        return bytes(out)
 
     def render(self, model: str, messages: list[dict[str, Any]], add_generation_prompt: bool,
                extra: dict[str, Any]) -> str:

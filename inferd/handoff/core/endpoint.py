@@ -198,6 +198,7 @@ class DataPlaneEndpoint:
         self.outputs = worker.outputs
         self.tasks: dict[int, asyncio.Task] = {}  # stream requests
         self.credits: dict[int, Credit] = {}  # their pacing
+        self.streams: dict[int, InferenceRequest] = {}  # their requests (a CANCEL may end one as a success)
         self.runs: dict[int, ModelRun] = {}  # one-response requests
         # Requests that came with frontend stamps (tracing on) until the frontend's SENT: their traces end then.
         self.sending: dict[int, FrontendStamps] = {}
@@ -222,6 +223,8 @@ class DataPlaneEndpoint:
                 return
             task = self.tasks.get(rid)
             if task is not None:
+                if len(msg) > 2 and msg[2] and rid in self.streams:
+                    self.streams[rid].ended_by_client = True  # counted a success, as in one process
                 task.cancel()
         elif kind == wire.SENT:
             stamps = self.sending.pop(msg[1], None)
@@ -260,6 +263,7 @@ class DataPlaneEndpoint:
                 self.sending[rid] = request.frontend
             flags = msg[wire.I_FLAGS]
             if flags & wire.STREAM:
+                self.streams[rid] = request
                 task = self.tasks[rid] = self._loop.create_task(self._stream(rid, request))
                 task.add_done_callback(lambda t: self._cancelled_before_start(rid, t))
                 return
@@ -280,6 +284,7 @@ class DataPlaneEndpoint:
         # whole grace period: the soak found 674 such requests after 1,546 short client deadlines).
         if task.cancelled() and self.tasks.get(rid) is task:
             del self.tasks[rid]
+            self.streams.pop(rid, None)
             self._send([wire.ERROR, rid, True, "Cancelled", CANCELLED])
 
     def _answered(self, rid: int, run: ModelRun) -> None:
@@ -325,6 +330,7 @@ class DataPlaneEndpoint:
         finally:
             del self.tasks[rid]
             del self.credits[rid]
+            self.streams.pop(rid, None)
         if not ended:
             self._send([wire.ERROR, rid, True, "Cancelled", CANCELLED])
 

@@ -115,14 +115,15 @@ class InFlight:
         # write, so it goes at once (with the FREE just queued ahead of it) instead of a loop turn later.
         self.channel.send(message, at_once=len(entries) == 1 and not self._answering)
 
-    def cancel(self, rid: int) -> None:
-        """The client went away: tell the core (the entry stays until its final message)."""
+    def cancel(self, rid: int, ended: bool = False) -> None:
+        """The client went away: tell the core (the entry stays until its final message). ``ended``:
+        the stream's consumer stopped on purpose (``InferenceRequest.ended_by_client``)."""
         entry = self._entries.get(rid)
         if entry is None:
             return
         if isinstance(entry[0], InFlightStream):
             entry[0].abandoned = True
-        self.channel.send([wire.CANCEL, rid])
+        self.channel.send([wire.CANCEL, rid, True] if ended else [wire.CANCEL, rid])
 
     def sent(self, rid: int, start_ns: int | None, end_ns: int | None) -> None:
         """A traced request's answer was sent (its frontend trace timestamps; None: it never was)."""

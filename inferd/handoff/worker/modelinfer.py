@@ -20,6 +20,7 @@ from inferd.errors import InvalidArgument
 from inferd.handoff import wire
 from inferd.ipc.arena import Arena, ArenaWriter
 from inferd.frontends.grpc_codec import mixed_contents, param_value, set_param
+from inferd.frontends.parameters import check_request_parameters
 
 SHM_REGION = "shared_memory_region"
 
@@ -37,6 +38,9 @@ def infer_message(rid: int, msg: pb.ModelInferRequest, inputs: ArenaWriter, flag
     caller's to free once the core's final answer comes (or at once if sending fails).
     ``received_ns``: when the frontend received it (CLOCK_MONOTONIC ns)."""
     model = msg.model_name
+    request_params = params_of(msg.parameters)
+    if request_params:  # before the input block is taken: a refused request holds none
+        check_request_parameters(model, request_params, "grpc")
     raw = msg.raw_input_contents
     tensors: list[list[Any]] = []
     parts: list[bytes] = []
@@ -74,7 +78,7 @@ def infer_message(rid: int, msg: pb.ModelInferRequest, inputs: ArenaWriter, flag
     outputs = None
     if msg.outputs:
         outputs = [[o.name, params_of(o.parameters)] for o in msg.outputs]
-    message = [wire.INFER, rid, model, msg.model_version, msg.id, params_of(msg.parameters), tensors,
+    message = [wire.INFER, rid, model, msg.model_version, msg.id, request_params, tensors,
                outputs, flags, deadline, trace, received_ns, None]  # None: not a /v1 request
     return block, message
 

@@ -112,6 +112,9 @@ class RemoteDataPlane:
     async def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return await self.link.call("log_settings", dict(changes) if changes else None)
 
+    async def kv_cache_blocks(self) -> dict[str, float]:
+        return await self.link.call("kv_cache_blocks")
+
     # Batch jobs run in the core (their state on its disk); a JSONL file travels once, as bytes.
     async def batch_submit(self, data: bytes, model: str, version: int = 0) -> dict[str, Any]:
         return await self.link.call("batch_submit", data, model, version)
@@ -272,4 +275,4 @@ class RemoteDataPlane:
                     taken = 0
         finally:
             if not done:
-                self.link.in_flight.cancel(rid)
+                self.link.in_flight.cancel(rid, request.ended_by_client)
