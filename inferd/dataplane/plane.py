@@ -267,7 +267,11 @@ class DataPlane:
 
     async def kv_cache_blocks(self) -> dict[str, float]:
         found: dict[str, float] = {}
-        for labels, value in custom_metrics.REGISTRY.samples(KV_CACHE_BLOCK_FAMILY):
+        registry = custom_metrics.REGISTRY
+        hosts = self.manager.hosts
+        if hosts is not None and hosts.instances:  # a hosted model registers in its host's registry
+            registry = registry.merged(await hosts.custom_metrics())
+        for labels, value in registry.samples(KV_CACHE_BLOCK_FAMILY):
             kind = labels.get("kv_cache_block_type")
             if kind in ("tokens_per", "used", "max"):
                 found[kind] = value

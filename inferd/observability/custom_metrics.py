@@ -163,13 +163,18 @@ class CustomMetrics:
         hosts) merged in: a family of one name is one family, a series of the same labels one
         series, as when every model registers in one process (counters and histograms add up,
         a gauge shows the last value read)."""
+        registry = self.merged(others) if others else self
+        with registry.lock:
+            return "".join(f.text() for f in registry._families.values() if f.series)
+
+    def merged(self, others: Sequence[list[Any]]) -> "CustomMetrics":
+        """A registry of this one's families and ``others``' (snapshots) merged, as :meth:`exposition` shows them."""
+        merged = CustomMetrics()
         with self.lock:
-            if not others:
-                return "".join(f.text() for f in self._families.values() if f.series)
-            merged = CustomMetrics()
-            for snapshot in (self.snapshot_locked(), *others):
-                merged._merge(snapshot)
-        return "".join(f.text() for f in merged._families.values() if f.series)
+            mine = self.snapshot_locked()
+        for snapshot in (mine, *others):
+            merged._merge(snapshot)
+        return merged
 
     def snapshot(self) -> list[list[Any]]:
         """The families as plain data (msgpack-able), for another process's :meth:`exposition`."""
