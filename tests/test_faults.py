@@ -55,6 +55,8 @@ class TritonPythonModel:
 PY = 'backend: "python"\ninstance_group [ { kind: KIND_CPU count: 1 } ]\n'
 TIMEOUT = ('parameters { key: "inferd.execution_timeout_microseconds" value { string_value: "300000" } }\n'
            'parameters { key: "inferd.max_retired_instances" value { string_value: "1" } }\n')
+INLINE = 'parameters { key: "inferd.host" value { string_value: "inline" } }\n'
+
 
 
 def _python_model(repo: Path, name: str, source: str, extra: str = "") -> None:
@@ -70,7 +72,9 @@ def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
 
     repo = tmp_path_factory.mktemp("faults")
     _python_model(repo, "hang", HANG, TIMEOUT)
-    _python_model(repo, "hang2", HANG, TIMEOUT)
+    # Retiring stuck threads is how an instance in the core's process is replaced (a hosted one's host is
+    # killed instead: test_an_execution_past_its_timeout_fails_and_its_instance_is_replaced, hang).
+    _python_model(repo, "hang2", HANG, TIMEOUT + INLINE)
     _python_model(repo, "raiser", HANG)
     _python_model(repo, "leaky", LEAKY)
     add_model(repo, "other", om.identity(np.float32, [-1], batch=False), config(

@@ -27,9 +27,16 @@ pytestmark = pytest.mark.fixed_mode  # every server here says its mode: the sing
 
 
 def workers_of(server: ServerProcess) -> list[int]:
-    """The core's children: its frontend workers."""
+    """The core's children that are frontend workers (its model hosts are children too)."""
     core = server.proc.pid
-    return sorted(p for p in group_members(core) if p != core and _ppid(p) == core)
+    return sorted(p for p in group_members(core) if p != core and _ppid(p) == core and _is_worker(p))
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        return b"inferd.serve.worker_process" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _ppid(pid: int) -> int:

@@ -112,7 +112,7 @@ class HostedInstance(ModelInstance):
         self._load = p.Load(backend, pickle.dumps(spec), p.InstanceInfo(
             instance.name, instance.device.kind, instance.device.index, str(instance.model_dir),
             str(instance.version_dir), instance.version, str(instance.model_file), instance.threads, instance.group),
-            str(instance.session_cache.root) if instance.session_cache is not None else None,
+            str(instance.session_cache.folder) if instance.session_cache is not None else None,
             logging.getLogger().level)
         self.host: HostProcess | None = None
         self.pid = 0
@@ -356,7 +356,7 @@ class HostedInstance(ModelInstance):
             "stopped and a new one takes the next requests"))
         log.error("model '%s' instance %s: an execution ran past %d us; killing its host (pid %d)",
                   self.model.name, self.name, limit_us, self.pid)
-        self.host.kill()
+        self._kill()
 
     # -- messages from the host (on the loop) --------------------------------------------------
 
@@ -433,7 +433,14 @@ class HostedInstance(ModelInstance):
         log.error("model '%s' instance %s: the model sent %d responses for a request after its client had gone "
                   "(each refused: 'Response sender has been closed'); stopping its host process (pid %d)",
                   self.model.name, self.name, msg.sends, host.pid)
-        host.kill()
+        self._kill()
+
+    def _kill(self) -> None:
+        """Stop the host now: batches handed over from here on wait for the next one (its loss, when its
+        exit is seen, fails what it still had and starts that one)."""
+        host, self.host = self.host, None
+        if host is not None:
+            host.kill()
 
     # -- decoupled responses -----------------------------------------------------------------------
 
