@@ -13,9 +13,10 @@
       ``trivial`` hosted, at concurrency 1 (p50) and 16 (throughput): the price of the hop.
 
     CPU per inference of each server's process tree (core, frontend workers, hosts; Triton and its stubs)
-    from /proc, beside each figure. Triton is found through TRITON_PEER_HOME (the peers' cache folder, as
-    ../shared/peers/setup.sh builds it: pytriton-venv/, triton_backends/; default $PEERS_HOME, then
-    ~/.cache/inferd-peers); without it only inferd's figures are measured."""
+    from /proc, beside each figure. Triton is found through TRITON_PEER_HOME: a folder holding pytriton-venv/
+    (the nvidia-pytriton wheel's tritonserver 2.51 and its Python) and triton_backends/ (its python backend),
+    as the peers' set-up script builds them (default $PEERS_HOME, then ~/.cache/inferd-peers); without it
+    only inferd's figures are measured."""
 
 from __future__ import annotations
 
@@ -231,7 +232,7 @@ def run(quick: bool) -> dict:
     triton = None
     notes = []
     if home is None:
-        notes.append("Triton was not measured: no peers' cache (set TRITON_PEER_HOME; ../shared/peers/setup.sh).")
+        notes.append("Triton was not measured: no tritonserver found (set TRITON_PEER_HOME).")
     else:
         triton = Triton(home, repo, OUT / "tmp" / "triton")
         servers.append((TRITON, triton.proc.pid, triton.url))

@@ -180,7 +180,7 @@ class HostRuntime:
         self.writer = from_host  # the host writes (any thread: under the lock)
         self.lock = threading.Lock()
         self.batches = batches  # Load, Execute, Finalize: read by the model thread itself
-        self.control: FrameChannel | None = None  # the core's other messages, read on the loop
+        self.control_link: FrameChannel | None = None  # the core's other messages, read on the loop
         self.out = out  # everything the host sends, from any thread
         self.loop = asyncio.get_running_loop()
         self.dispatcher = HostDispatcher(self)

@@ -35,7 +35,7 @@ async def serve(batch_fd: int, control_fd: int, to_host: str, from_host: str) ->
     batch.setblocking(True)  # the model thread reads its batches here itself
     runtime = HostRuntime(_arena(to_host), ArenaWriter(_arena(from_host)), FrameReader(batch), FrameWriter(batch))
     control = await FrameChannel.open(socket.socket(fileno=control_fd), runtime.on_message, "core")
-    runtime.control = control
+    runtime.control_link = control
     await control.closed  # type: ignore[misc]
     runtime.closed()  # the core has gone: so do we, whatever the model is doing
     return 0
