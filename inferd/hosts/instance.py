@@ -179,7 +179,7 @@ class HostedInstance(ModelInstance):
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
         self._loaded = loop.create_future()
-        host = await HostProcess.spawn(self.label, self._on_message)
+        host = await HostProcess.spawn(self.label, self._on_message, self.hosts.zygote)
         self.host = host
         self._started = self.clock.now()
         host.send(self._load)
@@ -240,7 +240,7 @@ class HostedInstance(ModelInstance):
                 await asyncio.sleep(when - self.clock.now())
             try:
                 await self._start()
-            except (InferdError, OSError) as exc:
+            except (InferdError, OSError) as exc:  # OSError: ZygoteFailed too
                 self.failed = (f"model '{self.model.name}' instance {self.name} is unavailable: restarting its "
                                f"host failed: {exc}")
                 log.error("%s", self.failed)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from inferd.backends.base import InstanceSpec
 from inferd.clock import Clock
 from inferd.config import ModelSpec
+from inferd.hosts.zygote import Zygote
 
 if TYPE_CHECKING:
     from inferd.backends import Backend
@@ -46,6 +47,7 @@ class Hosts:
         self.restarts: Counter[str] = Counter()  # model name -> host restarts
         # The server's stop sets it (its loop's time): a host still finalizing then is killed.
         self.stop_by: float | None = None
+        self.zygote = Zygote()  # forks every host (started with the first one)
 
     def hosted(self, spec: ModelSpec, backend: "Backend") -> bool:
         """Whether ``spec``'s instances run in host processes (module docstring)."""
@@ -79,8 +81,9 @@ class Hosts:
         self.restarts[model] += 1
 
     def pids(self) -> list[int]:
-        """Every live host process (a hard exit kills them with the frontend workers)."""
-        return [i.host.pid for i in self.instances if i.host is not None]
+        """Every live host process and the zygote (a hard exit kills them with the frontend workers)."""
+        zygote = [self.zygote.pid] if self.zygote.pid is not None else []
+        return [i.host.pid for i in self.instances if i.host is not None] + zygote
 
     async def custom_metrics(self) -> list[Any]:
         """Each live host's custom metric families (pb_utils.MetricFamily), as plain data; a host that
@@ -92,7 +95,8 @@ class Hosts:
         return [d for d in done if not isinstance(d, BaseException)]
 
     def kill_all(self) -> None:
-        """At a hard exit: every host, at once."""
+        """At a hard exit: every host, at once, and the zygote."""
         for instance in self.instances:
             if instance.host is not None:
                 instance.host.kill()
+        self.zygote.kill()

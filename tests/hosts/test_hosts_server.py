@@ -251,8 +251,10 @@ def _tree_rss(server: ServerProcess) -> int:
 
 def test_unloading_a_hosted_model_gives_its_memory_back(tmp_path: Path) -> None:
     _python(tmp_path, "leaky", LEAKY, "Y")
+    _python(tmp_path, "first", PID_MODEL, "PID")
     with running(tmp_path, extra_args=["--model-control-mode", "explicit"]) as server:
         client = grpcclient.InferenceServerClient(server.url)
+        client.load_model("first")  # the host zygote starts with the first host: the base counts it
         base = _tree_rss(server)
         client.load_model("leaky")
         assert client.infer("leaky", _x(0)).as_numpy("Y")[0] == 1
