@@ -12,11 +12,13 @@ next slot released.
 
 - ``direct``: an instance has ``max_batch_size`` slots (1 without batching)
   and a batch row per slot: a batch carries rows 0..k for the highest slot k
-  with a ready request; rows of slots with nothing to run are filler (zeros,
-  READY false), so a model may keep per-slot state by row. It runs as soon
-  as ``minimum_slot_utilization`` of the slots are ready (at once with the
-  default 0), or once the oldest ready request waited
-  ``max_queue_delay_microseconds``.
+  with a ready request, shaped as the request of the lowest ready slot; rows
+  with nothing to run, or with a request shaped otherwise, are filler (zeros,
+  READY false), so a model may keep per-slot state by row. Fillers are rows of
+  the batch (its size in the statistics, as Triton reports it), not
+  inferences. It runs as soon as ``minimum_slot_utilization`` of the slots
+  have a request ready, whatever its shapes (at once with the default 0), or
+  once the oldest ready request waited ``max_queue_delay_microseconds``.
 - ``oldest``: an instance has ``max_candidate_sequences`` slots; a batch
   takes the oldest ready request of up to ``max_batch_size`` of them (one per
   sequence), run when full, when a ``preferred_batch_size`` is reached, or
@@ -388,18 +390,23 @@ class SequenceQueue:
         out.wake_at = when if out.wake_at is None else min(out.wake_at, when)
 
     def _direct(self, instance: int, now: float, out: SeqStep) -> list[Row] | None:
-        ready = self._ready(instance)
+        """Triton's direct batch: it waits only while fewer than ``minimum_slot_utilization`` of
+        the slots have a request ready (whatever its shapes) and the oldest of them has waited less
+        than ``max_queue_delay_microseconds``; it spans rows 0..the highest ready slot and takes its
+        shapes from the lowest ready slot, every other row (nothing ready, or other shapes) a filler."""
+        ready = self._ready(instance)  # in slot order
         if not ready:
             return None
-        oldest = min(ready, key=lambda r: (r[2].arrival, r[1].serial))
-        key = self._row_key(oldest[1], oldest[2])
-        chosen = [r for r in ready if self._row_key(r[1], r[2]) == key]
-        if len(chosen) < self._need and now < oldest[2].arrival + self._delay_s:
-            self._later(out, oldest[2].arrival + self._delay_s)
-            return None
-        rows: list[Row] = [(None, None)] * (max(r[0] for r in chosen) + 1)
-        for slot, seq, head in chosen:
-            rows[slot] = (seq, head)
+        if len(ready) < self._need:
+            due = min(head.arrival for _, _, head in ready) + self._delay_s
+            if now < due:
+                self._later(out, due)
+                return None
+        key = self._row_key(ready[0][1], ready[0][2])
+        rows: list[Row] = [(None, None)] * (ready[-1][0] + 1)
+        for slot, seq, head in ready:
+            if self._row_key(seq, head) == key:
+                rows[slot] = (seq, head)
         return rows
 
     def _oldest(self, instance: int, now: float, out: SeqStep) -> list[Row] | None:
@@ -585,7 +592,9 @@ class SequenceScheduler(PumpedScheduler):
         real = [i for i, (_, item) in enumerate(batch.rows) if item is not None]
         if isinstance(result, BatchResult):
             t = result.times
-            self._stats.record_execution(len(real), len(real), t.input_ns, t.infer_ns, t.output_ns)
+            # The batch size counts the filler rows, as the model sees them (and as Triton reports it).
+            self._stats.record_execution(len(batch.rows), len(real), t.input_ns, t.infer_ns, t.output_ns,
+                                         filler_rows=len(batch.rows) - len(real))
             self._stats.record_memory(result.memory_delta)
             outputs: list[Any] = result.outputs
         else:
