@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 
 from inferd.config._sequence import SequencePolicy
-from inferd.scheduling.sequence import DelayHooks, SeqItem, SequenceQueue
+from inferd.scheduling.sequence_queue import DelayHooks, SeqItem, SequenceQueue
 
 
 def policy(max_batch_size: int = 4, **kw) -> SequencePolicy:
