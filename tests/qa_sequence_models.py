@@ -85,18 +85,23 @@ def _vi(name: str, etype: int, dims: list[int | str | None], batch: bool) -> onn
 
 
 def add_onnx_sequence(repo: Path, name: str, data_type: str = "TYPE_INT32", max_batch: int = 8,
-                      strategy: str = "direct { }", idle_us: int = 5_000_000, instances: int = 1) -> None:
-    """QA's ONNX sequence model: OUTPUT = (INPUT + START) * READY, dims [1]."""
+                      strategy: str = "direct { }", idle_us: int = 5_000_000, instances: int = 1,
+                      variable: bool = False) -> None:
+    """QA's ONNX sequence model: OUTPUT = (INPUT + START) * READY, dims [1] (``variable``: INPUT and
+    OUTPUT dims [-1], as in Triton's qa_variable_sequence_model_repository)."""
     et = _ONNX[data_type]
     batch = max_batch > 0
+    data_dims: list[int | str | None] = ["n"] if variable else [1]
     nodes = [helper.make_node("Add", ["INPUT", "START"], ["sum"]),
              helper.make_node("Mul", ["READY", "sum"], ["OUTPUT"])]
-    graph = helper.make_graph(nodes, name, [_vi(n, et, [1], batch) for n in ("INPUT", "START", "READY")],
-                              [_vi("OUTPUT", et, [1], batch)])
+    graph = helper.make_graph(
+        nodes, name, [_vi("INPUT", et, data_dims, batch)] + [_vi(n, et, [1], batch) for n in ("START", "READY")],
+        [_vi("OUTPUT", et, data_dims, batch)])
     body = (f"max_sequence_idle_microseconds: {idle_us}\n{strategy}\n"
             + _controls({"START": "START", "READY": "READY"}, _CONTROL[data_type]))
+    dims = [-1] if variable else [1]
     add_model(repo, name, om._model(graph), _config(
-        name, "onnxruntime_onnx", max_batch, [("INPUT", data_type, [1])], [("OUTPUT", data_type, [1])], body,
+        name, "onnxruntime_onnx", max_batch, [("INPUT", data_type, dims)], [("OUTPUT", data_type, dims)], body,
         instances))
 
 

@@ -294,12 +294,22 @@ def _sequences_on_a_stream(model: str, keys: list[int], length: int) -> list[tup
             for step in range(length) for key in keys]
 
 
+# Triton's qa/L0_sequence_batcher queue_delay_models (direct with a queue delay), by their
+# minimum_slot_utilization; the delay is shorter than Triton's 3 s, which no assertion here needs.
+QUEUE_DELAY_MODELS = {"queue_delay_no_min_util": 0, "queue_delay_half_min_util": 0.5,
+                      "queue_delay_full_min_util": 1}
+
+
 @pytest.fixture(scope="module")
 def delay_repo(tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("qa_delay_repo")
     qa.add_onnx_sequence(repo, "direct_4", max_batch=4)
     qa.add_onnx_sequence(repo, "direct_2x2", max_batch=2, instances=2)
     qa.add_onnx_sequence(repo, "direct_2", max_batch=2)  # the backlog test's: two slots in all
+    qa.add_onnx_sequence(repo, "direct_4_variable", max_batch=4, variable=True)  # INPUT dims [-1]
+    for name, utilization in QUEUE_DELAY_MODELS.items():
+        qa.add_onnx_sequence(repo, name, max_batch=4, strategy=(
+            f"direct {{ max_queue_delay_microseconds: 300000 minimum_slot_utilization: {utilization} }}"))
     return repo
 
 
@@ -349,3 +359,83 @@ def test_backlog_delay_scheduler_waits_for_the_backlog(backlog_server):
         c.close()
     assert _delta(before, after) == (4, 6, {2: 2, 1: 2})
     assert [int(r.as_numpy("OUTPUT")[0, 0]) for r in answers] == [2, 3, 2, 3, 4, 4]
+
+
+# -- 5b. the delay-hook tests of Triton's QA whose batches hold filler rows ----------------------------------
+#
+# Triton's direct batch spans rows 0..the highest slot with a request ready, whatever the rows
+# between carry (nothing, or a request shaped otherwise: a filler row, READY false), and its
+# statistics count those rows in the batch size (not in the inference count). Each plan below
+# is sent on one stream, sequence after sequence, as the QA test's threads send theirs.
+
+
+def _plan(model: str, plan: list[tuple[int, list[list[int]]]],
+          end: bool = True) -> tuple[list[tuple], dict[str, list[int]]]:
+    """The requests of each (sequence id, [INPUT values of each request]) in order, END on each
+    last one if ``end``; and the answers they must get, (INPUT + START) * READY."""
+    sends: list[tuple] = []
+    expected: dict[str, list[int]] = {}
+    for key, requests in plan:
+        for step, values in enumerate(requests):
+            rid = f"{key}:{step}"
+            flags = dict(sequence_id=key, sequence_start=step == 0, sequence_end=end and step == len(requests) - 1)
+            sends.append((model, _input(values), rid, flags))
+            expected[rid] = [v + (step == 0) for v in values]
+    return sends, expected
+
+
+def _run_plan(server, model: str, sends: list[tuple], expected: dict) -> tuple:  # type: ignore[no-untyped-def]
+    """Send the plan; check every answer; the model's executions, inferences and batch sizes meanwhile."""
+    c = grpcclient.InferenceServerClient(server.url)
+    try:
+        before = _executions(c, model)
+        answers = _stream(server, sends)
+        after = _executions(c, model)
+    finally:
+        c.close()
+    assert {r.get_response().id: r.as_numpy("OUTPUT").reshape(-1).tolist() for r in answers} == expected
+    return _delta(before, after)
+
+
+@pytest.fixture(scope="module")
+def backlog_fill_server(delay_repo):
+    env = {"TRITONSERVER_DELAY_SCHEDULER": "10", "TRITONSERVER_BACKLOG_DELAY_SCHEDULER": "3"}
+    with running(delay_repo, env=env) as server:
+        yield server
+
+
+def test_backlog_fill_no_end(backlog_fill_server):
+    """Four slots; 1001..1004 hold them with 3, 2, 2 and 3 requests, 1005 (START and END in one) and
+    1006 (three) wait in the backlog; nothing runs before they are all queued. 1005 and 1006 take
+    the slots 1002 and 1003 give up, and 1006, alone in slot 2 at the end, runs twice with two
+    filler rows before it: Triton expects 5 executions, {4: 3, 3: 2}."""
+    sends, expected = _plan("direct_4", [(1001, [[1], [2], [3]]), (1002, [[11], [13]]), (1003, [[111], [113]]),
+                                         (1004, [[1111], [1112], [1113]]), (1005, [[11111]]),
+                                         (1006, [[22222], [22223], [22224]])])
+    assert _run_plan(backlog_fill_server, "direct_4", sends, expected) == (5, 14, {4: 3, 3: 2})
+
+
+def test_ragged_batch(delay_server):
+    """TRITONSERVER_DELAY_SCHEDULER=12, four slots, four sequences of three requests shaped [2], [2],
+    [1] and [3] (INPUT dims [-1], not ragged): requests of different shapes never share a batch,
+    and each batch spans the four slots: Triton expects 9 executions of batch size 4."""
+    sizes = {1001: 2, 1002: 2, 1003: 1, 1004: 3}
+    plan = [(key, [[key % 100 * 10 + step] * n for step in range(3)]) for key, n in sizes.items()]
+    sends, expected = _plan("direct_4_variable", plan)
+    assert _run_plan(delay_server, "direct_4_variable", sends, expected) == (9, 12, {4: 9})
+
+
+@pytest.fixture(scope="module")
+def queue_delay_server(delay_repo):
+    with running(delay_repo, env={"TRITONSERVER_DELAY_SCHEDULER": "2"}) as server:
+        yield server
+
+
+@pytest.mark.parametrize("model", list(QUEUE_DELAY_MODELS))
+def test_queue_delay(queue_delay_server, model):
+    """TRITONSERVER_DELAY_SCHEDULER=2 and a queue delay, with minimum_slot_utilization 0, 0.5 or 1:
+    sequence 1001 sends one request, 1002 two (no END). Whether a batch waits for the delay or
+    not, the first holds 1001 and 1002, the second a filler row and 1002's second request: Triton
+    expects 2 executions of batch size 2."""
+    sends, expected = _plan(model, [(1001, [[1]]), (1002, [[11], [12]])], end=False)
+    assert _run_plan(queue_delay_server, model, sends, expected) == (2, 3, {2: 2})

@@ -264,12 +264,15 @@ class ModelStats:
         if delta is not None:
             self.memory_growth = (self.memory_growth or 0) + delta
 
-    def record_execution(self, batch_rows: int, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
-        """One execution of ``requests`` requests carrying ``batch_rows`` rows."""
+    def record_execution(self, batch_rows: int, requests: int, input_ns: int, infer_ns: int, output_ns: int,
+                         filler_rows: int = 0) -> None:
+        """One execution of ``requests`` requests carrying ``batch_rows`` rows, ``filler_rows`` of
+        them carrying no request (a direct sequence batch's idle slots): those count in the batch
+        size, as Triton's backends report it, but are no inferences."""
         # Once per execution (per request on the idle fast path): the additions are written out
         # rather than through Duration.add, nine Python calls fewer each time.
         self.execution_count += 1
-        self.inference_count += batch_rows
+        self.inference_count += batch_rows - filler_rows
         # Per-request compute durations: each request of the batch is charged
         # the batch's time, as Triton reports them.
         d = self.compute_input

@@ -1,4 +1,4 @@
-"""SequenceQueue: the pure sequence-batcher decision, stepped with made-up times.
+"""SequenceQueue (sequence_queue.py): the pure sequence-batcher decision, stepped with made-up times.
 
 Nothing here sleeps or reads a clock: every call gets ``now`` explicitly.
 """
@@ -10,7 +10,8 @@ import pytest
 
 from inferd.config._sequence import SequencePolicy
 from inferd.errors import InvalidArgument
-from inferd.scheduling.sequence import SeqItem, SequenceQueue, sequence_params
+from inferd.scheduling.sequence import sequence_params
+from inferd.scheduling.sequence_queue import DelayHooks, SeqItem, SequenceQueue
 
 IDLE_US = 1_000_000
 IDLE = IDLE_US / 1e6
@@ -184,7 +185,7 @@ def test_inputs_of_different_shapes_do_not_share_a_batch():
     q.admit(item(1, start=True, shape=("a", (1, 2))), 0.0)
     q.admit(item(2, start=True, shape=("a", (1, 3))), 0.1)
     rows = only_batch(q.step(0.1, [0]))
-    assert keys(rows) == [1]
+    assert keys(rows) == [1, None]  # slot 1 is ready but shaped otherwise: a filler row, as in Triton
     q.complete(rows, 0.2)
     rows = only_batch(q.step(0.2, [0]))
     assert keys(rows) == [None, 2]
@@ -309,9 +310,9 @@ def test_a_released_slot_goes_to_the_backlog():
 
 
 def test_only_the_last_ids_are_remembered_as_released(monkeypatch):
-    from inferd.scheduling import sequence
+    from inferd.scheduling import sequence_queue
 
-    monkeypatch.setattr(sequence, "RELEASED_MEMORY", 8)
+    monkeypatch.setattr(sequence_queue, "RELEASED_MEMORY", 8)
     q = SequenceQueue(policy("oldest", 1, max_candidate_sequences=100), 1)
     n = 18
     for key in range(1, n + 1):
@@ -360,8 +361,6 @@ def test_direct_filler_rows_are_plain_none_pairs():
 
 
 def test_delay_hooks_are_read_as_triton_reads_them():
-    from inferd.scheduling.sequence import DelayHooks
-
     assert DelayHooks.from_env({}) == DelayHooks(0, 0) and not DelayHooks().active
     env = {"TRITONSERVER_DELAY_SCHEDULER": "12", "TRITONSERVER_BACKLOG_DELAY_SCHEDULER": " 2 "}
     assert DelayHooks.from_env(env) == DelayHooks(12, 2)
@@ -370,8 +369,6 @@ def test_delay_hooks_are_read_as_triton_reads_them():
 
 
 def test_direct_delay_holds_every_instance_until_the_count_then_lets_all_go():
-    from inferd.scheduling.sequence import DelayHooks
-
     q = SequenceQueue(policy(max_batch_size=2), 2, delay=DelayHooks(4))
     for n, key in enumerate([1, 2, 3]):
         q.admit(item(key, start=True), float(n))
@@ -385,8 +382,6 @@ def test_direct_delay_holds_every_instance_until_the_count_then_lets_all_go():
 
 
 def test_backlog_delay_also_waits_for_the_backlog():
-    from inferd.scheduling.sequence import DelayHooks
-
     q = SequenceQueue(policy(max_batch_size=2), 1, delay=DelayHooks(1, 2))
     q.admit(item(1, start=True), 0.0)
     q.admit(item(2, start=True), 0.0)
@@ -397,8 +392,6 @@ def test_backlog_delay_also_waits_for_the_backlog():
 
 
 def test_oldest_delay_counts_each_instances_ready_sequences():
-    from inferd.scheduling.sequence import DelayHooks
-
     q = SequenceQueue(policy("oldest", max_candidate_sequences=2), 2, delay=DelayHooks(2))
     for key in (1, 2, 3):  # 1 and 3 on instance 0, 2 on instance 1
         q.admit(item(key, start=True), 0.0)

@@ -16,7 +16,7 @@ from inferd.dtypes import BY_CONFIG
 from inferd.errors import InvalidArgument, ModelExecutionError
 from inferd.observability.stats import ModelStats
 from inferd.scheduling.instances import InstanceWorker
-from inferd.scheduling.sequence import SequenceScheduler
+from inferd.scheduling.sequence import DelayHooks, SequenceScheduler
 from inferd.types import InferenceRequest
 
 WAIT = 10.0
@@ -61,7 +61,8 @@ def controls(corrid: str = "TYPE_UINT64") -> tuple[Control, ...]:
 
 
 def make(strategy: str = "direct", max_batch_size: int = 4, instances: int = 1, idle_us: int = 1_000_000,
-         corrid: str = "TYPE_UINT64", **kw) -> tuple[SequenceScheduler, list[Accumulate], FakeClock, ModelStats]:
+         corrid: str = "TYPE_UINT64", delay: DelayHooks | None = None,
+         **kw) -> tuple[SequenceScheduler, list[Accumulate], FakeClock, ModelStats]:
     policy = SequencePolicy(strategy=strategy, max_batch_size=max_batch_size, idle_us=idle_us,
                             controls=controls(corrid), states=(state(),), corrid_numeric=corrid != "TYPE_STRING",
                             corrid_string=corrid == "TYPE_STRING", **kw)
@@ -69,7 +70,8 @@ def make(strategy: str = "direct", max_batch_size: int = 4, instances: int = 1, 
     clock = FakeClock()
     stats = ModelStats("acc", 1)
     workers = [InstanceWorker(f, "inline") for f in fakes]
-    return SequenceScheduler("acc", policy, workers, ["OUTPUT"], stats, clock), fakes, clock, stats
+    sched = SequenceScheduler("acc", policy, workers, ["OUTPUT"], stats, clock, delay=delay or DelayHooks())
+    return sched, fakes, clock, stats
 
 
 def request(value: int, seq, start: bool = False, end: bool = False, batch: bool = True) -> InferenceRequest:  # type: ignore[no-untyped-def]
@@ -218,4 +220,50 @@ async def test_a_cancelled_request_does_not_run():
     clock.advance(0.2)
     await settle()
     assert fakes[0].batches == []
+    await sched.stop()
+
+
+def batch_sizes(stats: ModelStats) -> dict[int, int]:
+    return {size: b.compute_infer.count for size, b in stats.batch_stats.items()}
+
+
+async def test_filler_rows_count_in_the_batch_size_but_are_no_inferences():
+    """As Triton reports a direct batch: its size is its rows, fillers included (the model runs
+    them), while the inference count is the requests."""
+    sched, fakes, _, stats = make("direct", max_batch_size=4)
+    await asyncio.gather(run(sched, 1, 11, start=True), run(sched, 1, 22, start=True), run(sched, 1, 33, start=True))
+    await run(sched, 1, 33, end=True)
+    assert [len(b) for b in fakes[0].batches] == [3, 3]
+    assert batch_sizes(stats) == {3: 2}
+    assert (stats.execution_count, stats.inference_count) == (2, 4)
+    await sched.stop()
+
+
+async def test_queue_delay_until_every_slot_is_ready_on_the_clock():
+    """Triton's qa test_queue_delay_full_min_util, on a FakeClock: max_queue_delay 3 s,
+    minimum_slot_utilization 1, TRITONSERVER_DELAY_SCHEDULER=2. Sequence 1001 sends one request;
+    1002 one a second later and another two seconds after that. Neither batch fills the slots,
+    so each waits for the delay; both have 2 rows."""
+    sched, fakes, clock, stats = make("direct", max_queue_delay_us=3_000_000, minimum_slot_utilization=1.0,
+                                      delay=DelayHooks(2))
+    first = asyncio.ensure_future(sched.infer(request(1, 1001, start=True), 1))
+    await settle()
+    clock.advance(1.0)
+    second = asyncio.ensure_future(sched.infer(request(11, 1002, start=True), 1))
+    await settle()
+    assert fakes[0].batches == []  # 2 of 4 slots ready, and 1001's request has waited 1 s
+    clock.advance(2.0)
+    await settle()
+    assert [len(b) for b in fakes[0].batches] == [2]  # 1001's request waited the 3 s
+    third = asyncio.ensure_future(sched.infer(request(12, 1002), 1))
+    await settle()
+    clock.advance(2.5)
+    await settle()
+    assert len(fakes[0].batches) == 1
+    clock.advance(0.5)
+    outs = await asyncio.wait_for(asyncio.gather(first, second, third), WAIT)
+    assert [int(o["OUTPUT"][0, 0]) for o in outs] == [1, 11, 23]
+    assert [bool(r["READY"][0, 0]) for r in fakes[0].batches[1]] == [False, True]
+    assert batch_sizes(stats) == {2: 2}
+    assert (stats.execution_count, stats.inference_count) == (2, 3)
     await sched.stop()
