@@ -145,7 +145,7 @@ class SequenceQueue:
         self._released: OrderedDict[SequenceId, None] = OrderedDict()
         self._serial = itertools.count()
         self._queued = 0
-        self._delay_s = policy.max_queue_delay_us / 1e6
+        self._delay_s = policy.max_queue_delay_s
         self._idle_s = policy.idle_us / 1e6
         self._need = max(1, math.ceil(policy.minimum_slot_utilization * n - 1e-9))
 
