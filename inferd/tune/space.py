@@ -125,13 +125,14 @@ def batch_sizes(model_max: int) -> list[int]:
 def space(base: mc.ModelConfig, limits: SpaceLimits) -> list[Candidate]:
     """Every candidate the model allows: batch sizes up to its max_batch_size (a model that cannot
     batch, max_batch_size 0, varies only its instances), waits, instance counts up to the cores
-    (and GPU instances where there are GPUs), plus Triton's default (no batching) as a reference."""
+    (and GPU instances where there are GPUs), plus Triton's default (no batching) as a reference,
+    except for a padded model (``limits.varlen``), whose padding works on the batcher's batches."""
     kinds = ["KIND_CPU"] + (["KIND_GPU"] if limits.gpus else [])
     instances = [n for n in range(1, limits.max_instances + 1) if n <= max(1, limits.cores)]
     out: list[Candidate] = []
     for workers, kind, count in itertools.product(limits.frontend_workers, kinds, instances):
-        plain = Candidate(batching=False, instances=count, kind=kind, frontend_workers=workers)
-        out.append(plain)
+        if not limits.varlen:  # padding and length buckets shape dynamic batches: they need the batcher
+            out.append(Candidate(batching=False, instances=count, kind=kind, frontend_workers=workers))
         if base.max_batch_size <= 0:
             continue
         for size, delay in itertools.product(batch_sizes(base.max_batch_size), limits.delays_us):

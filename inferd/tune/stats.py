@@ -18,11 +18,6 @@ each pair gives one log ratio. Those ratios are summarised with
 A paired t-test was the alternative; it is a little more powerful on normal data and misled by
 exactly the rounds this host produces (one at 0.3x its neighbours). The median ratio with its
 plain spread (min..max) was the other; it states no confidence.
-
-**The host's load as a covariate.** :func:`theil_sen` fits how the current configuration's log
-throughput falls with the CPU other processes used during its rounds (read from /proc); the pair
-ratios are corrected by that slope times the difference in the others' load between the two
-rounds. The slope is the median of pairwise slopes, so a few odd rounds do not set it.
 """
 
 from __future__ import annotations
@@ -111,15 +106,3 @@ def hodges_lehmann(values: Sequence[float], confidence: float = 0.90) -> Interva
         return Interval(estimate, -math.inf, math.inf, n, 0.0)
     return Interval(estimate, walsh[k - 1], walsh[len(walsh) - k], n, coverage(n, k))
 
-
-def theil_sen(xs: Sequence[float], ys: Sequence[float], min_spread: float) -> float | None:
-    """The median of the pairwise slopes ``(y_j - y_i) / (x_j - x_i)``; None when the ``x``
-    values span less than ``min_spread`` (a slope over a range that narrow is noise) or there are
-    fewer than 4 points."""
-    if len(xs) != len(ys):
-        raise ValueError(f"theil_sen needs as many x as y values, got {len(xs)} and {len(ys)}")
-    if len(xs) < 4 or max(xs) - min(xs) < min_spread:
-        return None
-    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(len(xs)) for j in range(i + 1, len(xs))
-              if abs(xs[j] - xs[i]) >= min_spread / 10]
-    return median(slopes) if slopes else None

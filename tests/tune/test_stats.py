@@ -1,5 +1,4 @@
-"""inferd.tune.stats: the signed-rank interval and Hodges–Lehmann estimate decisions rest on,
-and the robust slope the host's load is taken out with."""
+"""inferd.tune.stats: the signed-rank interval and Hodges–Lehmann estimate decisions rest on."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import random
 
 import pytest
 
-from inferd.tune.stats import MIN_PAIRS, coverage, hodges_lehmann, median, signed_rank_critical, theil_sen
+from inferd.tune.stats import MIN_PAIRS, coverage, hodges_lehmann, median, signed_rank_critical
 
 
 def test_the_critical_values_are_the_signed_rank_tables() -> None:
@@ -41,18 +40,6 @@ def test_the_interval_covers_the_centre_as_often_as_it_says() -> None:
     hits = sum(1 for _ in range(400) if (lambda e: e.low <= 0.05 <= e.high)(
         hodges_lehmann([rng.gauss(0.05, 0.2) for _ in range(12)], 0.90)))
     assert 0.86 * 400 <= hits <= 0.97 * 400
-
-
-def test_theil_sen_finds_the_slope_past_outliers_and_refuses_a_narrow_range() -> None:
-    xs = [i / 10 for i in range(20)]
-    ys = [-0.8 * x + 7 for x in xs]
-    ys[3] += 2.0
-    ys[11] -= 3.0
-    assert theil_sen(xs, ys, 0.25) == pytest.approx(-0.8, abs=0.05)
-    assert theil_sen([0.5, 0.52, 0.51, 0.53], [1, 2, 3, 4], 0.25) is None
-    assert theil_sen([0.0, 1.0, 2.0], [0, 1, 2], 0.25) is None  # too few points
-    with pytest.raises(ValueError, match="as many x as y"):
-        theil_sen([1.0], [1.0, 2.0], 0.25)
 
 
 def test_median() -> None:

@@ -1,0 +1,120 @@
+"""inferd tune against real servers: rounds through the twin (and, with -u, through reloads),
+figures from /proc, and a short run of the command end to end."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+
+from inferd._proto import grpc_service_pb2 as pb
+from inferd._proto import grpc_service_pb2_grpc as pb_grpc
+from inferd.config import parse_config_file
+from inferd.tune.run import Fleet, InferdRounds, ServerSettings, TuneError, link_repository
+from inferd.tune.space import current
+
+# The fleet starts its own servers in the server's default mode (or as --frontend-workers says).
+pytestmark = [pytest.mark.server, pytest.mark.fixed_mode]
+
+
+def _ready(url: str) -> set[str]:
+    with grpc.insecure_channel(url) as channel:
+        index = pb_grpc.GRPCInferenceServiceStub(channel).RepositoryIndex(pb.RepositoryIndexRequest(ready=True))
+    return {m.name for m in index.models}
+
+
+def test_rounds_run_through_the_twin_with_figures_from_proc(example_repository: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(example_repository / "mlp", repo / "mlp")
+    base = parse_config_file(repo / "mlp" / "config.pbtxt", model="mlp")
+    fleet = Fleet(ServerSettings(repo, "mlp", window_ms=100, levels=(4.0,)))
+    rounds = InferdRounds(fleet, base)
+    now = current(base)
+    other = replace(now, instances=2, delay_us=100)
+    try:
+        measured = [rounds(c, 4.0) for c in (now, other, other, now)]
+        url = fleet.target(None, False).grpc_url
+        # both stay loaded: the current config under its own name, the candidate in the twin
+        assert {"mlp", "mlp__tune"} <= _ready(url)
+        assert len(rounds.sessions) == 2  # one load client each, kept between rounds
+    finally:
+        rounds.close()
+        fleet.stop()
+    for r in measured:
+        assert not r.error and r.throughput > 0 and 0 < r.p50_us <= r.p99_us
+        assert r.server_cpu_us is not None and r.server_cpu_us > 0  # from the server's process tree
+        assert r.others_cores is not None and r.others_cores >= 0  # /proc/stat less the server and the client
+        assert r.client_cpu_s > 0
+    assert fleet.servers == {}
+
+
+def test_a_candidate_that_does_not_load_is_a_failed_round_not_a_crash(example_repository: Path,
+                                                                      tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(example_repository / "mlp", repo / "mlp")
+    base = parse_config_file(repo / "mlp" / "config.pbtxt", model="mlp")
+    fleet = Fleet(ServerSettings(repo, "mlp", window_ms=100, levels=(2.0,)))
+    rounds = InferdRounds(fleet, base)
+    try:
+        bad = replace(current(base), kind="KIND_GPU")  # no GPU here
+        r = rounds(bad, 2.0)
+        assert r.error and "mlp__tune" in r.error and not r.ok
+        assert rounds(current(base), 2.0).ok
+    finally:
+        rounds.close()
+        fleet.stop()
+
+
+def test_a_model_named_like_the_twin_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "repo" / "m").mkdir(parents=True)
+    (tmp_path / "repo" / "m__tune").mkdir()
+    with pytest.raises(TuneError, match="already holds a model named 'm__tune'"):
+        link_repository(tmp_path / "repo", "m", "m__tune", tmp_path / "links")
+
+
+def test_a_short_real_run_decides_or_says_why(example_repository: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(example_repository / "simple", repo / "simple")
+    before = (repo / "simple" / "config.pbtxt").read_text()
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "inferd.cli", "tune", "-m", "simple", "--model-repository",
+                           str(repo), "--time-budget", "40s", "-p", "100", "--concurrency-range", "2",
+                           "--out", str(out), "--frontend-workers", "0", "--write"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode in (0, 3), proc.stdout + proc.stderr
+    doc = json.loads((out / "tune.json").read_text())
+    assert doc["decision"] in ("winner", "current", "none") and doc["reason"]
+    assert (proc.returncode == 0) == (doc["decision"] in ("winner", "current"))
+    rounds = doc["rounds"]
+    assert [r["phase"] for r in rounds[:3]] == ["scan"] * 3
+    measured = [r for r in rounds if not r["error"]]
+    assert measured and all(r["throughput"] > 0 and r["server_cpu_us"] > 0 for r in measured)
+    assert all(r["others_cores"] is not None for r in measured)
+    assert doc["measured"] + len(doc["never_reached"]) == doc["distinct"]
+    # the repository changes only with a verified winner
+    written = (repo / "simple" / "config.pbtxt").read_text() != before
+    assert written == (doc["decision"] == "winner")
+    if written:
+        assert doc["verification"]["passed"] and (out / "verification.txt").exists()
+    assert (out / "tune.png").stat().st_size > 0
+    last = [line for line in proc.stdout.splitlines() if "decision:" in line][-1]
+    assert last.startswith("decision:" if proc.returncode == 0 else "no decision:"), last
+
+
+def test_the_options_that_do_not_fit_together_are_refused(example_repository: Path, tmp_path: Path) -> None:
+    def tune(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "inferd.cli", "tune", "-m", "simple", "--model-repository",
+                               str(example_repository), *args], capture_output=True, text=True, timeout=120)
+
+    r = tune("-u", "127.0.0.1:1", "--frontend-workers", "0,2")
+    assert r.returncode == 2 and "--frontend-workers needs a server started by tune" in r.stderr
+    r = tune("--load-generator", "aiperf", "-u", "127.0.0.1:1")
+    assert r.returncode == 2 and "KServe v2 over HTTP" in r.stderr
+    r = tune("--min-gain", "150%")
+    assert r.returncode == 2 and "--min-gain takes a percentage between 0 and 100" in r.stderr
