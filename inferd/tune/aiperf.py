@@ -202,7 +202,7 @@ class AIPerfRounds:
                      cpu1 - cpu0, u.seconds, u.rss_mib, error)
 
     def close(self) -> None:
-        pass
+        self.loader.restore()
 
 
 class _Statistics:

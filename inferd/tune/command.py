@@ -103,8 +103,9 @@ def _problem(args: argparse.Namespace) -> str | None:
     if args.url and args.frontend_workers:
         return "--frontend-workers needs a server started by tune (not -u)"
     if args.load_generator == "aiperf":
-        if args.url and args.protocol != "http":
-            return "--load-generator aiperf speaks KServe v2 over HTTP: with -u give the HTTP port and -i http"
+        if args.url:
+            return ("--load-generator aiperf needs a server started by tune (not -u): its rounds load over "
+                    "KServe v2 HTTP while tune loads the configurations over gRPC")
         if args.request_rate_range:
             return "--load-generator aiperf: tune drives it at concurrency levels only (--concurrency-range)"
     return None

@@ -305,6 +305,15 @@ class Loader:
             t.loaded_now = True
         return t
 
+    def restore(self) -> None:
+        """With -u, leave the user's server serving the model as its config.pbtxt says."""
+        if self.fleet.twins:
+            return
+        key = (None, self.settings.model)
+        if key in self.loaded and self.loaded[key][0] != self.current:
+            load(self.settings.url or "", self.settings.model, self.base)
+            self.loaded[key] = (self.current, None)
+
 
 class InferdRounds:
     """The search's ``measure``: one round of ``candidate`` at ``level`` with ``inferd perf``'s
@@ -372,3 +381,4 @@ class InferdRounds:
         for session in self.sessions.values():
             session.close()
         self.sessions.clear()
+        self.loader.restore()

@@ -16,8 +16,8 @@ and a fake clock. The steps:
    the budget allows while keeping half of it for the verification. Before each cut a candidate
    whose p99 (estimated from its pairs) misses the budget, or whose rounds failed, is dropped,
    and the report says why. (On the scripted host of tests/tune, a candidate truly 10% better
-   survived the halving in 27 of 40 runs with one pair each in the first rung and in 35 of 40
-   with two; with three, fewer candidates fit and it was missed more often.)
+   survived the halving in 16 of 40 runs with one pair each in the first rung, in 29 of 40 with
+   two, and in 21 of 40 with three, where fewer candidates fit.)
 4. **The verification** (:mod:`inferd.tune.verify`): the one left against the current
    configuration in fresh pairs (its earlier pairs chose it, so they flatter it), until the budget
    ends, looked at up to three times with the confidence shared among the looks, stopping at the
@@ -62,7 +62,7 @@ class SearchSettings:
     confidence: float = 0.90  # two-sided: the interval "the current config is best" is read from
     win_confidence: float = 0.98  # two-sided: the interval a winner must clear (its lower end, a one-sided 99%)
     eta: int = 3  # successive halving keeps the best 1/eta and gives it eta times the pairs
-    first_pairs: int = 2  # each candidate's first rung: one A-B-B-A block (a single pair was too few: see the docstring)
+    first_pairs: int = 2  # each candidate's first rung: one A-B-B-A block (1 or 3 did worse: see the docstring)
     scan_rounds: int = 3
     max_verify_pairs: int = 80  # the verification stops here (a decision usually comes earlier)
     verify_looks: int = 3  # the verification is looked at this many times (evenly), at most

@@ -115,6 +115,34 @@ def test_the_options_that_do_not_fit_together_are_refused(example_repository: Pa
     r = tune("-u", "127.0.0.1:1", "--frontend-workers", "0,2")
     assert r.returncode == 2 and "--frontend-workers needs a server started by tune" in r.stderr
     r = tune("--load-generator", "aiperf", "-u", "127.0.0.1:1")
-    assert r.returncode == 2 and "KServe v2 over HTTP" in r.stderr
+    assert r.returncode == 2 and "--load-generator aiperf needs a server started by tune" in r.stderr
     r = tune("--min-gain", "150%")
     assert r.returncode == 2 and "--min-gain takes a percentage between 0 and 100" in r.stderr
+
+
+def test_with_a_running_server_each_round_reloads_and_the_config_is_put_back(example_repository: Path,
+                                                                              tmp_path: Path) -> None:
+    from conftest import ServerProcess
+
+    repo = tmp_path / "repo"
+    shutil.copytree(example_repository / "mlp", repo / "mlp")
+    base = parse_config_file(repo / "mlp" / "config.pbtxt", model="mlp")
+    server = ServerProcess(repo, ["--model-control-mode", "explicit", "--load-model", "mlp"])
+    try:
+        fleet = Fleet(ServerSettings(repo, "mlp", url=server.url, window_ms=100, levels=(2.0,)))
+        rounds = InferdRounds(fleet, base)
+        other = replace(current(base), instances=2, delay_us=500)
+        try:
+            measured = [rounds(c, 2.0) for c in (current(base), other)]
+            with grpc.insecure_channel(server.url) as channel:
+                stub = pb_grpc.GRPCInferenceServiceStub(channel)
+                during = stub.ModelConfig(pb.ModelConfigRequest(name="mlp")).config
+        finally:
+            rounds.close()
+        with grpc.insecure_channel(server.url) as channel:
+            after = pb_grpc.GRPCInferenceServiceStub(channel).ModelConfig(pb.ModelConfigRequest(name="mlp")).config
+    finally:
+        server.stop()
+    assert all(r.ok for r in measured) and measured[0].server_cpu_us is None  # -u: no process tree to read
+    assert during.dynamic_batching.max_queue_delay_microseconds == 500 and during.instance_group[0].count == 2
+    assert after.dynamic_batching.max_queue_delay_microseconds == 0 and after.instance_group[0].count == 1
