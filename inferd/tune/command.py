@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -151,6 +152,9 @@ def run(args: argparse.Namespace) -> int:
     except TuneError as exc:
         print(f"inferd tune: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("inferd tune: interrupted; the servers it started are stopped, nothing written", file=sys.stderr)
+        return 130
     return _output(args, base, result, settings, extra)
 
 
@@ -171,16 +175,24 @@ def _search(args: argparse.Namespace, base: Any, candidates: list, settings: Any
         rounds: Any = AIPerfRounds(fleet, base, args.out / "aiperf")
     else:
         rounds = InferdRounds(fleet, base)
+    # SIGTERM (a CI timeout, a kill) ends the run like Ctrl-C, so the servers and load processes
+    # started here are stopped on the way out instead of being left behind.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         result = search(candidates, now, settings, rounds, time.monotonic,
                         progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     finally:
+        signal.signal(signal.SIGTERM, previous)
         rounds.close()
         fleet.stop()
     wall = sum(r.wall_s for r in result.ledger.rounds) or 1.0
     client = sum(r.client_cpu_s for r in result.ledger.rounds)
     return result, {"model": args.model, "client_cores": client / wall, "load_generator": args.load_generator,
                     "window_ms": window}
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _output(args: argparse.Namespace, base: Any, result: Any, settings: Any, extra: dict[str, Any]) -> int:

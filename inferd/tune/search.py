@@ -287,6 +287,8 @@ def halve(driver: Driver, pool: list[Candidate], level: float, deadline: float,
         limit = p99_limit(s, driver.base_p99(level))
         for c in survivors:
             pairs = driver.ledger.pairs.get(c, [])
+            if not pairs:  # the budget ended the rung before it: never reached
+                continue
             est = driver.estimate(pairs, level)
             errors = [p.other.error for p in pairs if p.other.error]
             why = _prune_reason(est, rung, s, limit) if est or not errors else f"rung {rung}: {errors[0]}"
@@ -398,9 +400,10 @@ def search(candidates: Sequence[Candidate], base: Candidate, settings: SearchSet
     search_end = end - max(2 * MIN_PAIRS, min(settings.max_verify_pairs, available // 2)) * 2 * driver.cost
     best = halve(driver, pool[:n0], target, search_end, reports)
     result.reports = list(reports.values())
-    result.never_reached = pool[n0:]
+    result.never_reached = [c for c in pool if c not in reports]
     if best is None:
-        return finish("none", "every candidate measured failed or missed the latency budget")
+        return finish("none", "every candidate measured failed or missed the latency budget" if reports
+                      else "the time budget ended before a candidate was measured")
     result.final = best
     progress(f"verification: {best.label()} against the current config in fresh pairs")
     result.verification = verify(driver, best, target, end, n0)

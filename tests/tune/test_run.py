@@ -146,3 +146,38 @@ def test_with_a_running_server_each_round_reloads_and_the_config_is_put_back(exa
     assert all(r.ok for r in measured) and measured[0].server_cpu_us is None  # -u: no process tree to read
     assert during.dynamic_batching.max_queue_delay_microseconds == 500 and during.instance_group[0].count == 2
     assert after.dynamic_batching.max_queue_delay_microseconds == 0 and after.instance_group[0].count == 1
+
+
+def test_a_terminated_run_stops_what_it_started(example_repository: Path, tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    from inferd.observability.procfs import all_stats
+
+    repo = tmp_path / "repo"
+    shutil.copytree(example_repository / "simple", repo / "simple")
+    proc = subprocess.Popen([sys.executable, "-m", "inferd.cli", "tune", "-m", "simple", "--model-repository", str(repo),
+                             "--time-budget", "5m", "-p", "100", "--concurrency-range", "2", "--out", str(tmp_path / "out"),
+                             "--write"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started: list[int] = []
+    try:
+        assert proc.stderr is not None
+        for _ in range(200):  # its progress lines: the scan has run once the target level is named
+            line = proc.stderr.readline()
+            if not line or "target level" in line:
+                break
+        started = [s.pid for s in all_stats() if s.ppid == proc.pid]  # its server and load processes
+        assert started
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "interrupted" in err
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(f"/proc/{pid}") for pid in started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in started if os.path.exists(f"/proc/{pid}")]
+    assert (repo / "simple" / "config.pbtxt").read_text() == (example_repository / "simple" / "config.pbtxt").read_text()
