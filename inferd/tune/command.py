@@ -103,6 +103,9 @@ def _problem(args: argparse.Namespace) -> str | None:
                 "repository's config; write one, or run inferd check to see what it would be)")
     if args.url and args.frontend_workers:
         return "--frontend-workers needs a server started by tune (not -u)"
+    if args.url and args.protocol == "http":
+        return ("-u with -i http: tune loads each configuration over gRPC, so -u takes the server's gRPC address "
+                "(HOST:8001) and the load goes over gRPC too")
     if args.load_generator == "aiperf":
         if args.url:
             return ("--load-generator aiperf needs a server started by tune (not -u): its rounds load over "

@@ -20,14 +20,14 @@ and a fake clock. The steps:
    two, and in 21 of 40 with three, where fewer candidates fit.)
 4. **The verification** (:mod:`inferd.tune.verify`): the one left against the current
    configuration in fresh pairs (its earlier pairs chose it, so they flatter it), until the budget
-   ends, looked at up to three times with the confidence shared among the looks, stopping at the
-   first decision. The decision rule (:func:`decide`), on the intervals of its ratio to the
-   current configuration: the 98% one entirely above 1 -> **it wins** and is recommended
-   (written with --write); the 90% one below ``1 + min_gain`` and no wider than ``±min_gain`` ->
-   **the current configuration is best** (the best candidate screened does not beat it by
-   ``min_gain``; the others fell behind it in the halving); otherwise **no decision**: the
-   measurements cannot tell, and the report says how far they got. A change needs the stronger
-   proof: on pure noise (tests/tune) a 90% bound named a winner in about 1 run of 30.
+   ends. The decision rule (:func:`decide`), on the intervals of its ratio to the current
+   configuration: the 98% one entirely above 1 -> **it wins** and is recommended (written with
+   --write); the 90% one below ``1 + min_gain`` and no wider than ``±min_gain`` -> **the current
+   configuration is best** (the best candidate screened does not beat it by ``min_gain``; the
+   others fell behind it in the halving); otherwise **no decision**: the measurements cannot
+   tell, and the report says how far they got. A change needs the stronger proof: on the
+   scripted host a 90% bound named a winner in about 1 run in 30 of pure noise, the 98% one in
+   none of 600 runs where no candidate was better.
 
 Why not optuna: the space is small and discrete, and each point costs pairs of noisy rounds; what
 makes a decision possible on a shared host is how rounds are spent (paired, alternating,
@@ -64,8 +64,7 @@ class SearchSettings:
     eta: int = 3  # successive halving keeps the best 1/eta and gives it eta times the pairs
     first_pairs: int = 2  # each candidate's first rung: one A-B-B-A block (1 or 3 did worse: see the docstring)
     scan_rounds: int = 3
-    max_verify_pairs: int = 80  # the verification stops here (a decision usually comes earlier)
-    verify_looks: int = 3  # the verification is looked at this many times (evenly), at most
+    max_verify_pairs: int = 80  # the verification stops here (a longer budget buys more candidates)
     round_estimate_s: float = 1.5  # one round's cost until rounds have been timed
     closed_loop: bool = True  # the levels are concurrencies (False: request rates)
 
@@ -102,7 +101,6 @@ class Verification:
     level: float
     pairs: list[Pair]
     estimate: Estimate | None
-    looks: int  # planned looks; each look's intervals are at the confidences shared among them
     decision: str  # "winner" | "current" | "none"
     reason: str
 

@@ -111,8 +111,8 @@ def verification_text(v: Verification) -> str:
     verdict = {"winner": "WINS", "current": "does not win: the current config stays",
                "none": "is not decided"}[v.decision]
     return (f"verification at {v.level:g}: {v.candidate.label()} against the current config, {len(v.pairs)} fresh "
-            f"pairs in alternating order ({v.looks} look(s) planned; p99 and CPU per inference in us from /proc; "
-            f"others: cores used by other processes during each round)\n{pair_table(v.pairs)}\n"
+            f"pairs in alternating order (p99 in ms; CPU per inference in us, from /proc; others: cores used by "
+            f"other processes during each round)\n{pair_table(v.pairs)}\n"
             f"{v.candidate.label()} {verdict}: {v.reason}")
 
 
@@ -227,7 +227,7 @@ def to_json(result: SearchResult, settings: SearchSettings, extra: dict[str, Any
         "verification": None if result.verification is None else {
             "candidate": result.verification.candidate.to_dict(), "level": result.verification.level,
             "decision": result.verification.decision, "passed": result.verification.passed,
-            "reason": result.verification.reason, "looks": result.verification.looks,
+            "reason": result.verification.reason,
             "estimate": result.verification.estimate.to_dict() if result.verification.estimate else None,
             "pairs": [_pair_dict(p) for p in result.verification.pairs]},
         "elapsed_s": result.elapsed_s, "stopped_by_budget": result.stopped_by_budget, "notes": result.notes,

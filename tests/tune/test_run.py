@@ -116,6 +116,8 @@ def test_the_options_that_do_not_fit_together_are_refused(example_repository: Pa
     assert r.returncode == 2 and "--frontend-workers needs a server started by tune" in r.stderr
     r = tune("--load-generator", "aiperf", "-u", "127.0.0.1:1")
     assert r.returncode == 2 and "--load-generator aiperf needs a server started by tune" in r.stderr
+    r = tune("-u", "127.0.0.1:1", "-i", "http")
+    assert r.returncode == 2 and "-u takes the server's gRPC address" in r.stderr
     r = tune("--min-gain", "150%")
     assert r.returncode == 2 and "--min-gain takes a percentage between 0 and 100" in r.stderr
 

@@ -42,37 +42,34 @@ def run(seed: int, noise: float, truth: dict[Candidate, float] | None = None, **
 
 def test_no_decision_on_pure_noise() -> None:
     # Every candidate is the current config's equal and a round's own wobble (sd 0.4 in log terms,
-    # on top of the host's drift) swamps any 10% difference: the rule must not claim the current
-    # config is best (it cannot tell) and must not pick anything, but for the rare run whose pairs
-    # fall as a 99% bound allows (1 of these 40: a winner needs a one-sided 99% bound per run).
+    # on top of the host's drift) swamps any 10% difference: the rule must pick nothing and must
+    # not claim the current config is best either: it cannot tell.
     outcomes = [run(seed, noise=0.4)[0] for seed in SEEDS]
-    assert not any(r.decision == "current" for r in outcomes)
-    undecided = [r for r in outcomes if r.decision == "none"]
-    assert len(undecided) >= len(outcomes) - 1
-    assert all("cannot tell" in r.reason for r in undecided)
-    assert all(r.recommended is None for r in undecided)
+    assert [r.decision for r in outcomes] == ["none"] * len(outcomes)
+    assert all(r.recommended is None and "cannot tell" in r.reason for r in outcomes)
+    assert all("too noisy to resolve" in r.reason for r in outcomes)
+    assert all(r.verification is not None and len(r.verification.pairs) >= 20 for r in outcomes)
 
 
 def test_the_right_one_on_a_real_ten_percent_difference() -> None:
     outcomes = [run(seed, noise=0.06, truth={BETTER: 1.10})[0] for seed in SEEDS]
     winners = [r for r in outcomes if r.decision == "winner"]
     assert all(r.recommended == BETTER for r in winners)  # never a wrong one
-    # 26 of these 40 seeds: the misses are the first rung's screening on two pairs placing it below
+    # 29 of these 40 seeds: the misses are the first rung's screening on two pairs placing it below
     # the best third; those runs keep the current config, saying the best candidate *screened* is
     # not 10% better, which is true of what they measured.
-    assert len(winners) >= 26, [r.reason for r in outcomes if r.decision != "winner"]
+    assert len(winners) >= 29, [r.reason for r in outcomes if r.decision != "winner"]
     assert all(r.decision == "current" and "screened" in r.reason for r in outcomes if r.decision != "winner")
     for r in winners:  # ... each proven in its own verification, in fresh pairs
         v = r.verification
         assert v is not None and v.passed and v.candidate == BETTER and len(v.pairs) >= 10
-        assert all(p.other.phase == "verify" for p in v.pairs) and 1.0 < v.estimate.ratio < 1.3
+        assert all(p.other.phase == "verify" for p in v.pairs) and 1.04 < v.estimate.ratio < 1.16
 
 
 def test_the_current_config_stays_when_nothing_differs() -> None:
     outcomes = [run(seed, noise=0.06)[0] for seed in SEEDS]
-    assert sum(r.decision == "winner" for r in outcomes) <= 1  # the 99% bound's rare miss
-    current_best = [r for r in outcomes if r.decision == "current"]
-    assert len(current_best) >= 36
+    assert [r.decision for r in outcomes] == ["current"] * len(outcomes)
+    current_best = outcomes
     for r in current_best:  # with the evidence: the verification's interval, below +10% and narrow
         est = r.verification.estimate
         assert est is not None and est.pairs >= 10 and est.high < 1.10 and est.high / est.low <= 1.10 ** 2
