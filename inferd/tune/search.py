@@ -100,7 +100,8 @@ class Verification:
     candidate: Candidate
     level: float
     pairs: list[Pair]
-    estimate: Estimate | None
+    estimate: Estimate | None  # with the interval at ``confidence`` (what "the current config is best" reads)
+    win: Estimate | None  # the same pairs, the interval at ``win_confidence`` (what a winner must clear)
     decision: str  # "winner" | "current" | "none"
     reason: str
 

@@ -229,6 +229,7 @@ def to_json(result: SearchResult, settings: SearchSettings, extra: dict[str, Any
             "decision": result.verification.decision, "passed": result.verification.passed,
             "reason": result.verification.reason,
             "estimate": result.verification.estimate.to_dict() if result.verification.estimate else None,
+            "win_estimate": result.verification.win.to_dict() if result.verification.win else None,
             "pairs": [_pair_dict(p) for p in result.verification.pairs]},
         "elapsed_s": result.elapsed_s, "stopped_by_budget": result.stopped_by_budget, "notes": result.notes,
         "rounds": [r.to_dict() for r in result.ledger.rounds], **extra,

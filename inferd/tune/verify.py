@@ -33,5 +33,5 @@ def verify(driver: "Driver", candidate: "Candidate", level: float, deadline: flo
             break
         pairs.append(p)
     keep, win = (driver.estimate(pairs, level, c) for c in (s.confidence, s.win_confidence))
-    return Verification(candidate, level, pairs, keep,
+    return Verification(candidate, level, pairs, keep, win,
                         *decide(keep, win, candidate, screened, s, p99_limit(s, driver.base_p99(level))))

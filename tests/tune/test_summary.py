@@ -50,6 +50,7 @@ def test_the_json_holds_the_decision_and_every_round(tmp_path: Path) -> None:
     assert len(doc["never_reached"]) == len(result.never_reached)
     v = doc["verification"]
     assert v["decision"] == "current" and not v["passed"] and v["estimate"]["pairs"] >= 10 and v["estimate"]["high"] < 1.1
+    assert v["win_estimate"]["low"] < v["estimate"]["low"]  # the same pairs, the winner's wider interval
     assert len(v["pairs"]) == v["estimate"]["pairs"]
     assert summary.decision_line(result).startswith("decision: the current config is best")
 
