@@ -76,7 +76,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="inferd: inferd perf's load client; aiperf: NVIDIA AIPerf over KServe v2 HTTP, when "
                         "installed (the aiperf command, or $AIPERF)")
     p.add_argument("-p", "--measurement-interval", type=int, metavar="MS",
-                   help="a window of a round: one to warm up, three measured (default 250; 2000 with aiperf)")
+                   help="a window of a round: three measured, after one to warm up when the configuration was "
+                        "just loaded (default 250; 2000 with aiperf)")
     p.add_argument("--shape", action="append", default=[], metavar="NAME:DIMS",
                    help="an input's shape for a model with variable dimensions, as inferd perf takes it (repeatable)")
     p.add_argument("--input-data", metavar="PATH|random|zero",
