@@ -2,8 +2,8 @@
 time budget (10 minutes each, 3 with --quick) against the repository's hand-written configuration and
 against Triton's default (no dynamic batching), each then measured in one run on one server: throughput
 under the 20 ms p99 budget at the tune's load levels (the best level whose p99 kept it). When tune
-recommends nothing (the spread between its repeats was larger than the difference it found), that is
-reported and its best candidate is measured instead, marked so. The client and the server share the 2
+recommends nothing (its verification did not prove a gain), that is reported and the candidate it
+verified is measured instead, marked so. The client and the server share the 2
 cores, and the machine was shared with other engineers' work while this ran."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from inferd.config import parse_config_file
-from inferd.tune.run import Measurer, Server, ServerSettings
+from inferd.tune.run import Fleet, InferdRounds, ServerSettings
 from inferd.tune.space import Candidate, current
 
 from bench.bench import OUT
@@ -38,12 +38,12 @@ def _repository(root: Path) -> Path:
 
 def _tune(repo: Path, model: str, budget: str, out: Path) -> dict:
     subprocess.run([sys.executable, "-m", "inferd.cli", "tune", "-m", model, "--model-repository", str(repo),
-                    "--time-budget", budget, "-p", "1000", "--concurrency-range", "1:16:15",
+                    "--time-budget", budget, "--concurrency-range", "1:16:15",
                     "--out", str(out), *PERF_ARGS[model]], capture_output=True, text=True, timeout=3600)
     return json.loads((out / "tune.json").read_text())
 
 
-def _best_within_budget(measure: Measurer, candidate: Candidate) -> tuple[float, float, float, float]:
+def _best_within_budget(measure: InferdRounds, candidate: Candidate) -> tuple[float, float, float, float]:
     """(throughput, its p50, its p99, level) at the best load level whose p99 kept the budget (0s if none did)."""
     best = (0.0, 0.0, 0.0, 0.0)
     for level in LEVELS:
@@ -60,22 +60,24 @@ def run(quick: bool) -> dict:
     for model in MODELS:
         doc = _tune(repo, model, "3m" if quick else "10m", root / f"tune-{model}")
         base = parse_config_file(repo / model / "config.pbtxt", model=model)
-        chosen = doc["recommended"] or doc["best"]
+        chosen = doc["recommended"] or doc["verified"]  # verified: the candidate tune measured last
         rows = [("repository's config", current(base)), ("Triton's default (no batching)", Candidate(batching=False)),
                 ("inferd tune's choice" if doc["recommended"] else "inferd tune's best (not recommended)",
                  Candidate.from_dict(chosen) if chosen else current(base))]
-        server = Server(ServerSettings(repo, model, measurement_interval_ms=1000, perf_args=PERF_ARGS[model]))
+        fleet = Fleet(ServerSettings(repo, model, window_ms=1000, levels=tuple(float(v) for v in LEVELS),
+                                     perf_args=PERF_ARGS[model]))
+        measure = InferdRounds(fleet, base)
         try:
-            measure = Measurer(server, base, server.settings)
             results = [(label, c, _best_within_budget(measure, c)) for label, c in rows]
         finally:
-            server.stop()
+            measure.close()
+            fleet.stop()
         for label, c, (throughput, p50, p99, level) in results:
             measures.append({"label": f"{model}: {label}", "concurrency": int(level), "batch": 1,
                              "infer_per_s": throughput, "p50_us": p50, "p99_us": p99,
                              "note": c.label() + ("" if throughput else "; no level kept p99 within 20 ms")})
-        details.append({"model": model, "tune": {k: doc[k] for k in ("space", "sampled", "measured", "elapsed_s",
-                                                                       "reason", "recommended", "best")}})
+        details.append({"model": model, "tune": {k: doc[k] for k in ("space", "distinct", "measured", "elapsed_s",
+                                                                       "decision", "reason", "recommended", "verified")}})
     shutil.rmtree(root, ignore_errors=True)
     notes = "; ".join(f"{d['model']}: tune measured {d['tune']['measured']} of {d['tune']['space']} candidates in "
                       f"{d['tune']['elapsed_s']:.0f} s: {d['tune']['reason']}" for d in details)

@@ -125,13 +125,14 @@ def batch_sizes(model_max: int) -> list[int]:
 def space(base: mc.ModelConfig, limits: SpaceLimits) -> list[Candidate]:
     """Every candidate the model allows: batch sizes up to its max_batch_size (a model that cannot
     batch, max_batch_size 0, varies only its instances), waits, instance counts up to the cores
-    (and GPU instances where there are GPUs), plus Triton's default (no batching) as a reference."""
+    (and GPU instances where there are GPUs), plus Triton's default (no batching) as a reference,
+    except for a padded model (``limits.varlen``), whose padding works on the batcher's batches."""
     kinds = ["KIND_CPU"] + (["KIND_GPU"] if limits.gpus else [])
     instances = [n for n in range(1, limits.max_instances + 1) if n <= max(1, limits.cores)]
     out: list[Candidate] = []
     for workers, kind, count in itertools.product(limits.frontend_workers, kinds, instances):
-        plain = Candidate(batching=False, instances=count, kind=kind, frontend_workers=workers)
-        out.append(plain)
+        if not limits.varlen:  # padding and length buckets shape dynamic batches: they need the batcher
+            out.append(Candidate(batching=False, instances=count, kind=kind, frontend_workers=workers))
         if base.max_batch_size <= 0:
             continue
         for size, delay in itertools.product(batch_sizes(base.max_batch_size), limits.delays_us):
@@ -145,3 +146,49 @@ def space(base: mc.ModelConfig, limits: SpaceLimits) -> list[Candidate]:
 
 def with_workers(candidate: Candidate, workers: int | None) -> Candidate:
     return replace(candidate, frontend_workers=workers)
+
+
+def distance(a: Candidate, b: Candidate) -> int:
+    """How many of the fields that matter differ between ``a`` and ``b``. The wait's kind counts
+    as what it does: without a delay there is no wait, which is what "adaptive" does too, so a
+    fixed 500 us wait is two steps from no delay and an adaptive one is one. Without batching
+    there are no batch fields to differ in."""
+    if a.batching != b.batching:
+        fields = 1
+    elif a.batching:
+        fields = sum((a.max_batch_size != b.max_batch_size, a.delay_us != b.delay_us, a.preferred != b.preferred,
+                      a.max_batch_elements != b.max_batch_elements, _wait(a) != _wait(b)))
+    else:
+        fields = 0
+    return fields + sum((a.instances != b.instances, a.kind != b.kind, a.frontend_workers != b.frontend_workers))
+
+
+def _wait(c: Candidate) -> str:
+    return c.batch_wait if c.batching and c.delay_us else "adaptive"
+
+
+def as_seen_at(candidate: Candidate, concurrency: int) -> Candidate:
+    """What a closed loop of ``concurrency`` clients can tell of ``candidate``: never more than
+    that many requests are queued, so a preferred size above it is never reached (it behaves as
+    if absent), and every ``max_batch_size`` above it behaves the same (the batch is never full:
+    it runs when the wait ends). Those are mapped to ``concurrency + 1``; a size of exactly
+    ``concurrency`` is kept (that batch does fill, and runs without waiting)."""
+    if not candidate.batching:
+        return candidate
+    mbs = candidate.max_batch_size if candidate.max_batch_size <= concurrency else concurrency + 1
+    return replace(candidate, max_batch_size=mbs, preferred=tuple(p for p in candidate.preferred if p <= concurrency))
+
+
+def distinct_at(candidates: list[Candidate], concurrency: int | None, current: Candidate) -> list[Candidate]:
+    """``candidates`` less those that behave like another one (or like ``current``) at the
+    concurrency (:func:`as_seen_at`; None: an open loop, where all differ). Of each group the one
+    nearest ``current`` stays, so a choice among equals keeps the repository's values."""
+    if concurrency is None:
+        return [c for c in candidates if c != current]
+    groups: dict[Candidate, Candidate] = {as_seen_at(current, concurrency): current}
+    for c in candidates:
+        key = as_seen_at(c, concurrency)
+        kept = groups.get(key)
+        if kept is None or (kept != current and distance(c, current) < distance(kept, current)):
+            groups[key] = c
+    return [c for c in groups.values() if c != current]
