@@ -77,9 +77,12 @@ def role(pid: int, root: int, proc: Path = PROC) -> str:
     if WORKER_MODULE in words:
         index = words[words.index("--index") + 1] if "--index" in words[:-1] else "?"
         return f"frontend {index}"
-    if HOST_MODULE in words:
-        label = words[words.index("--label") + 1] if "--label" in words[:-1] else "?"
-        return f"host {label}"
+    if HOST_MODULE in words:  # a host forked by the zygote keeps its command line: its name tells
+        try:
+            name = (proc / str(pid) / "comm").read_text().strip()
+        except OSError:
+            return "gone"
+        return "host zygote" if name == "inferd-zygote" else f"host {name.removeprefix('host:')}"
     try:
         return (proc / str(pid) / "comm").read_text().strip()
     except OSError:

@@ -13,6 +13,8 @@ host, and the host then exits at once, whatever its model is doing) and ``PR_SET
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import logging
 import os
@@ -46,6 +48,7 @@ async def serve(batch_fd: int, control_fd: int, to_host: str, from_host: str) ->
 
 # What the zygote imports before it forks: what every host imports (the runtime above) and what a
 # Python model's instance loads (the backend, pb_utils, numpy), and the event loop.
+PR_SET_NAME = 15
 PRELOADED = ("numpy", "triton_python_backend_utils", "inferd.backends.python", "uvloop")
 
 
@@ -105,8 +108,16 @@ def _reap(sock: socket.socket) -> None:
         sock.send(json.dumps({"exited": pid, "status": os.waitstatus_to_exitcode(status)}).encode())
 
 
+def _name_process(name: str) -> None:
+    """The process's name as ps and /proc/<pid>/comm show it (15 bytes): a forked host keeps the
+    zygote's command line, so its name is what tells it apart."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+
+
 def _host(fds: list[int], request: dict) -> int:
     """A forked host: as ``main`` would run it, on the fds the core sent."""
+    _name_process(f"host:{request['label']}")
     batch, control, to_host, from_host = fds
     to_size, from_size = request["sizes"]
     _log_as(request["label"])
@@ -143,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
     heap.limit_arenas()  # before any thread starts (INFERD_MALLOC_ARENA_MAX)
     if args.zygote:
+        _name_process("inferd-zygote")
         _log_as("zygote")
         return _zygote(args.control_fd, args.parent)
     _log_as(args.label)

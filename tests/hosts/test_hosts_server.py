@@ -289,3 +289,27 @@ def test_sigterm_ends_the_tree_within_the_exit_timeout_with_a_model_stuck_in_exe
     finally:
         server.stop()
     assert not server.left_behind
+
+
+def _zygote_of(server: ServerProcess) -> int:
+    pids = [p for p in server.group() if Path(f"/proc/{p}/comm").read_text().strip() == "inferd-zygote"]
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+def test_a_killed_zygote_takes_its_hosts_and_the_next_host_starts_another(server: ServerProcess, client) -> None:
+    """Hosts die with the zygote that forked them; the core sees each host go (its pidfd: the zygote that
+    would report the status is gone too), restarts it through a new zygote, and serves again."""
+    before = _restarts(server, "crasher")
+    old = _zygote_of(server)
+    os.kill(old, signal.SIGKILL)
+    _wait_for(lambda: _restarts(server, "crasher") == before + 1, "the crasher's host to be restarted")
+
+    def serves() -> bool:
+        try:
+            return int(client.infer("crasher", _x(3)).as_numpy("Y")[0]) == 3
+        except InferenceServerException:
+            return False
+
+    _wait_for(serves, "the crasher to serve from a new host")
+    assert _zygote_of(server) != old
