@@ -6,8 +6,7 @@ Runs ``qa/L0_sequence_batcher/test.sh`` from a checkout of Triton's server repos
 ``qa/L0_implicit_state/test.sh`` (the same script with IMPLICIT_STATE=1, no ensembles, the
 libtorch and onnx backends); its first half needs Triton's C++ ``implicit_state`` backend.
 
-    PYTHONPATH=$PWD /work/main/.venv/bin/python -m bench.triton_sequence_qa \\
-        --triton /work/.mirror/triton-inference-server+server/repo --implicit 0 1
+    python -m bench.triton_sequence_qa --triton PATH_TO_TRITON_SERVER_REPO --implicit 0 1
 
 What it does, all offline once the repository is here:
 
