@@ -178,6 +178,7 @@ async def handoff(dp: Any) -> tuple[Call, Callable[[], None]]:
     loop; and the function that closes them."""
     from inferd.frontends.grpc_service import InferenceServicer
     from inferd.handoff.core.endpoint import DataPlaneEndpoint
+    from inferd.handoff.messages import ToCore, ToWorker
     from inferd.handoff.worker.core_link import CoreLink
     from inferd.handoff.worker.proxy import RemoteDataPlane
     from inferd.ipc.arena import Arena, ArenaWriter
@@ -186,10 +187,11 @@ async def handoff(dp: Any) -> tuple[Call, Callable[[], None]]:
     core_end, worker_end = socket_pair()
     inputs, outputs = Arena.create(HANDOFF_ARENA, "counts-inputs"), Arena.create(HANDOFF_ARENA, "counts-outputs")
     ends: dict[str, Any] = {}
-    core_channel = await Channel.open(core_end, lambda msg: ends["core"].on_message(msg), "core")
+    core_channel = await Channel.open(core_end, lambda msg: ends["core"].on_message(msg), "core", receives=ToCore)
     worker = SimpleNamespace(index=0, channel=core_channel, inputs=inputs, outputs=ArenaWriter(outputs))
     ends["core"] = DataPlaneEndpoint(worker, dp, lambda method, args, kwargs: None)  # type: ignore[arg-type]
-    worker_channel = await Channel.open(worker_end, lambda msg: ends["worker"].on_message(msg), "worker")
+    worker_channel = await Channel.open(worker_end, lambda msg: ends["worker"].on_message(msg), "worker",
+                                        receives=ToWorker)
     # The worker maps the arenas through fds of its own, as a worker process does.
     ends["worker"] = link = CoreLink(worker_channel, {"inputs": [os.dup(inputs.fd), inputs.size],
                                                       "outputs": [os.dup(outputs.fd), outputs.size]})

@@ -18,7 +18,7 @@ import logging
 import socket
 from typing import Any
 
-from inferd.handoff import wire
+from inferd.handoff.messages import CALLS, State
 from inferd.handoff.core.endpoint import DataPlaneEndpoint
 from inferd.serve.supervisor import Supervisor, WorkerProcess, reserve
 from inferd.serve.one_process import InferenceServer, ServerOptions
@@ -93,13 +93,13 @@ class MultiProcessServer(InferenceServer):
 
     async def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
         """A worker's proxy calling the data plane's façade."""
-        if method not in wire.CALLS:
+        if method not in CALLS:
             raise ValueError(f"'{method}' is not a data plane call")
         result = await getattr(self.dataplane, method)(*args, **kwargs)
         if self.dataplane.tracing.enabled != self._tracing_sent:  # a trace setting turned it on or off
             self._tracing_sent = self.dataplane.tracing.enabled
             for worker in self.supervisor.workers.values() if self.supervisor else ():
-                worker.channel.send([wire.STATE, {"tracing": self._tracing_sent}])
+                worker.channel.send(State(tracing=self._tracing_sent))
         return result
 
     async def stop(self, grace: float | None = None) -> None:
