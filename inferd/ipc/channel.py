@@ -109,8 +109,9 @@ class Channel(asyncio.Protocol):
 
     def _opened(self) -> None:
         self._opening = False
-        if self._transport is not None and self._inbox:
-            self._deliver()
+        inbox, self._inbox = self._inbox, []
+        if self._transport is not None and inbox:
+            self._deliver(inbox)
 
     # -- asyncio.Protocol -----------------------------------------------------------
 
@@ -120,45 +121,64 @@ class Channel(asyncio.Protocol):
         self.closed = self._loop.create_future()
 
     def data_received(self, data: bytes) -> None:
+        n = len(data)
+        if n >= 4 and not self._partial and _LENGTH.unpack_from(data)[0] == n - 4:
+            # The usual read: one whole frame, one peer's write.
+            try:
+                messages = self._decode(data[4:])
+            except msgspec.DecodeError as exc:  # ValidationError too: a message not of `receives`
+                self._broken(f"a frame that does not decode: {exc}")
+                return
+        else:
+            messages = self._frames(data)
+        if self._opening:
+            self._inbox += messages
+        elif messages:
+            self._deliver(messages)
+
+    def _frames(self, data: bytes) -> list[Any]:
+        """The messages of every whole frame in what has arrived; the start of a frame whose end has
+        not arrived yet waits for the next read."""
         partial = self._partial
         if partial:  # a frame larger than a read: gathered until its end arrives
             partial += data
             data = partial  # type: ignore[assignment]
         at, end = 0, len(data)
-        inbox = self._inbox
+        messages: list[Any] = []
         while end - at >= 4:
             size = _LENGTH.unpack_from(data, at)[0]
             if size > MAX_FRAME:
-                self._broken(f"a frame of {size} bytes, over the {MAX_FRAME} a channel takes")
-                return
+                self._broken(f"a frame of {size} bytes, over the {MAX_FRAME} a channel takes", messages)
+                return []
             if end - at - 4 < size:
                 break
             try:
-                inbox += self._decode(memoryview(data)[at + 4:at + 4 + size])
+                messages += self._decode(memoryview(data)[at + 4:at + 4 + size])
             except msgspec.DecodeError as exc:  # ValidationError too: a message not of `receives`
-                self._broken(f"a frame that does not decode: {exc}")
-                return
+                self._broken(f"a frame that does not decode: {exc}", messages)
+                return []
             at += 4 + size
         if partial:
             del partial[:at]
         elif at < end:
             self._partial = bytearray(memoryview(data)[at:])
-        if inbox and not self._opening:
-            self._deliver()
+        return messages
 
-    def _broken(self, what: str) -> None:
-        """The peer sent what no peer of ours sends: the messages before it are delivered, and the
+    def _broken(self, what: str, before: list[Any] | None = None) -> None:
+        """The peer sent what no peer of ours sends: the messages ``before`` it are delivered, and the
         channel closes (both ends then see it end: a worker's requests fail, the core restarts it)."""
         log.error("%s: the peer sent %s; closing the channel", self.name, what)
         self._partial = bytearray()
-        if self._inbox and not self._opening:
-            self._deliver()
+        if before:
+            if self._opening:
+                self._inbox += before
+            else:
+                self._deliver(before)
         if self._transport is not None:
             self._transport.close()
 
-    def _deliver(self) -> None:
+    def _deliver(self, messages: list[Any]) -> None:
         handle = self.on_message
-        messages, self._inbox = self._inbox, []
         self._delivering = True
         try:
             last = len(messages) - 1

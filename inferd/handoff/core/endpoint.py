@@ -229,35 +229,35 @@ class DataPlaneEndpoint:
     # -- Endpoint -------------------------------------------------------------------
 
     def on_message(self, msg: ToCore) -> None:
-        match msg:
-            case Infer():
-                self._infer(msg)
-            case Free():
-                free = self.outputs.free
-                for block in msg.blocks:
-                    free(block)
-            case Cancel():
-                run = self.runs.get(msg.rid)
-                if run is not None:
-                    run.cancel()  # answered at once (_answered), whether or not it had started
-                    return
-                task = self.tasks.get(msg.rid)
-                if task is not None:
-                    task.cancel()
-            case Sent():
-                stamps = self.sending.pop(msg.rid, None)
-                if stamps is not None:
-                    stamps.sent(msg.start, msg.end)
-            case Credit():
-                pacing = self.credits.get(msg.rid)
-                if pacing is not None:
-                    pacing.grant(msg.n)
-            case Call():
-                self._loop.create_task(self._call(msg.cid, msg.method, msg.payload))
-            case Refused():
-                self.dp.admission.count_refused(msg.n)
-            case _:  # Hello: the supervisor's, never delivered here
-                log.warning("frontend %d sent an unexpected %s", self.worker.index, type(msg).__name__)
+        # type() comparisons, not a match statement: its class patterns cost the hot path ~10x more.
+        if type(msg) is Infer:
+            self._infer(msg)
+        elif type(msg) is Free:
+            free = self.outputs.free
+            for block in msg.blocks:
+                free(block)
+        elif type(msg) is Cancel:
+            run = self.runs.get(msg.rid)
+            if run is not None:
+                run.cancel()  # answered at once (_answered), whether or not it had started
+                return
+            task = self.tasks.get(msg.rid)
+            if task is not None:
+                task.cancel()
+        elif type(msg) is Sent:
+            stamps = self.sending.pop(msg.rid, None)
+            if stamps is not None:
+                stamps.sent(msg.start, msg.end)
+        elif type(msg) is Credit:
+            pacing = self.credits.get(msg.rid)
+            if pacing is not None:
+                pacing.grant(msg.n)
+        elif type(msg) is Call:
+            self._loop.create_task(self._call(msg.cid, msg.method, msg.payload))
+        elif type(msg) is Refused:
+            self.dp.admission.count_refused(msg.n)
+        else:  # Hello: the supervisor's, never delivered here
+            log.warning("frontend %d sent an unexpected %s", self.worker.index, type(msg).__name__)
 
     def lost(self) -> None:
         """The worker died: its requests are dropped (queued ones never run)."""

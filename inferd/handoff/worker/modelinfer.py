@@ -68,9 +68,8 @@ def infer_message(link: CoreLink, msg: pb.ModelInferRequest, deadline: float | N
     outputs = None
     if msg.outputs:
         outputs = [OutputRequest(o.name, params_of(o.parameters)) for o in msg.outputs]
-    return link.infer(model=model, version=msg.model_version, request_id=msg.id, parameters=params_of(msg.parameters),
-                      inputs=tensors, placed=placed, parts=parts, outputs=outputs, flags=0, deadline=deadline,
-                      trace_carrier=trace_carrier, received_ns=received_ns, protocol="grpc")
+    return link.infer(model, msg.model_version, msg.id, params_of(msg.parameters), tensors, outputs, 0, deadline,
+                      received_ns, None, trace_carrier, placed, parts, "grpc", 0)  # None: not a /v1 request
 
 
 def _contents_bytes(model: str, t: pb.ModelInferRequest.InferInputTensor) -> bytes:

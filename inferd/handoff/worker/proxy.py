@@ -159,12 +159,10 @@ class RemoteDataPlane:
             outputs = [OutputRequest(r.name, r.parameters or None) for r in request.requested_outputs]
         stamps = request.frontend
         block, message = link.infer(
-            model=request.model_name, version=str(request.model_version or ""), request_id=request.id,
-            parameters=request.parameters or None, inputs=tensors, placed=placed, parts=parts, outputs=outputs,
-            flags=flags, deadline=request.deadline, trace_carrier=trace_carrier,
-            received_ns=request.received_ns or time.monotonic_ns(), openai_prompt_tokens=request.openai_prompt_tokens,
-            protocol=stamps.protocol if stamps is not None else "",
-            decoded_ns=stamps.recv_end_ns if stamps is not None else 0)
+            request.model_name, str(request.model_version or ""), request.id, request.parameters or None, tensors,
+            outputs, flags, request.deadline, request.received_ns or time.monotonic_ns(), request.openai_prompt_tokens,
+            trace_carrier, placed, parts, "" if stamps is None else stamps.protocol,
+            0 if stamps is None else stamps.recv_end_ns)
         if message.frontend is not None:  # the core may trace it: it learns when the answer was sent
             in_flight, rid = link.in_flight, message.rid
             stamps.on_sent = lambda start, end: in_flight.sent(rid, start, end)  # type: ignore[union-attr]
