@@ -113,8 +113,9 @@ def response_message(rid: int, final: bool, response: Any, requested: list[Reque
     """A Response for an InferenceResponse; its tensors go into one new output block.
     Outputs requested into shared memory were written there already: they carry no data."""
     entries, block = _outputs_message(response.outputs, requested, outputs)
-    return Response(rid=rid, final=final, model=response.model_name, version=response.model_version,
-                    id=response.id, outputs=entries, parameters=response.parameters or None, block=block)
+    # Positional, in the struct's field order: a few hundred instructions less than keywords, per response.
+    return Response(rid, final, response.model_name, response.model_version, response.id, entries,
+                    response.parameters or None, block)
 
 
 def run_message(rid: int, run: Any, outputs: ArenaWriter) -> Response:
@@ -122,8 +123,8 @@ def run_message(rid: int, run: Any, outputs: ArenaWriter) -> Response:
     request = run.request
     entries, block = _outputs_message(run.outputs, request.requested_outputs, outputs)
     model = run.model
-    return Response(rid=rid, final=True, model=model.spec.name, version=model.version, id=request.id,
-                    outputs=entries, parameters=None, block=block)
+    # Positional, in the struct's field order (rid, final, model, version, id, outputs, parameters, block).
+    return Response(rid, True, model.spec.name, model.version, request.id, entries, None, block)
 
 
 def _outputs_message(arrays: dict[str, np.ndarray], requested: list[RequestedOutput] | None,

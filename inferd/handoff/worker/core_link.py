@@ -331,9 +331,9 @@ class CoreLink:
             if protocol:
                 frontend = FrontendStamp(protocol, decoded_ns or time.monotonic_ns())
         self._next_rid += 1
-        return block, Infer(rid=self._next_rid, model=model, version=version, id=request_id, parameters=parameters,
-                            inputs=inputs, outputs=outputs, flags=flags, deadline=deadline, trace=trace,
-                            received=received_ns, openai_prompt_tokens=openai_prompt_tokens, frontend=frontend)
+        # Positional, in the struct's field order (rid first): ~500 instructions less than keywords.
+        return block, Infer(self._next_rid, model, version, request_id, parameters, inputs, outputs, flags, deadline,
+                            trace, received_ns, openai_prompt_tokens, frontend)
 
     # -- calls to the core ------------------------------------------------------------------
 
