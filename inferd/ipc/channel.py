@@ -68,9 +68,9 @@ class Channel(asyncio.Protocol):
         self.name = name
         self.on_message = on_message
         self._decode = msgspec.msgpack.Decoder(list[receives]).decode  # type: ignore[valid-type]
-        self._encode_into = _ENCODER.encode_into
+        self._encode = _ENCODER.encode
         self._frame = bytearray(_HEADER.size)  # the frame being built: its header's room, then the messages
-        self._count = 0  # messages in it
+        self._framed = 0  # messages sent before it (``sent`` counts them all)
         self._partial = bytearray()  # the start of a frame whose end has not arrived yet
         self._inbox: list[Any] = []  # decoded, not yet delivered (while open() runs)
         self._transport: asyncio.Transport | None = None
@@ -219,14 +219,7 @@ class Channel(asyncio.Protocol):
         together as its handling ends."""
         if self._transport is None:
             return
-        frame = self._frame
-        end = len(frame)
-        try:
-            self._encode_into(msg, frame, -1)
-        except BaseException:
-            del frame[end:]
-            raise
-        self._count += 1
+        self._frame += self._encode(msg)  # encoded whole before it joins the frame
         self.sent += 1
         if at_once and not self._delivering:
             self._flush()
@@ -265,11 +258,11 @@ class Channel(asyncio.Protocol):
         for hook in self._before_flush:  # while _flush_pending holds, their sends join this write
             hook()
         self._flush_pending = False
-        count = self._count
+        count = self.sent - self._framed
         if not count:
             return
         # A new frame for the next turn: the transport may keep this one until the socket takes it all.
-        frame, self._frame, self._count = self._frame, bytearray(_HEADER.size), 0
+        frame, self._frame, self._framed = self._frame, bytearray(_HEADER.size), self.sent
         _HEADER.pack_into(frame, 0, len(frame) - 4, _ARRAY32, count)
         transport = self._transport
         if transport is not None:
