@@ -4,9 +4,9 @@
 
 A real DataPlane (identity_fp32 from the benchmark repository, dynamic_batching {}) behind a
 DataPlaneEndpoint whose channel only records what it sends; the input and output arenas are real
-(4 GiB sparse memfds, as a server's). Each round hands the endpoint INFER messages,
+(4 GiB sparse memfds, as a server's). Each round hands the endpoint Infer messages,
 ``--per-turn`` of them in one loop turn (as one socket read would bring them), waits for every
-RESPONSE and sends their blocks back in a FREE. Reported: process CPU per request, the best
+Response and sends their blocks back in a Free. Reported: process CPU per request, the best
 round (the machine is shared; the best round is the least disturbed). The figure is the
 Python work of decode -> validate -> schedule -> ONNX Runtime -> shape -> encode -> free with
 warm caches; a served request costs more (socket reads and writes, loop wake-ups, caches
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from inferd.dataplane import DataPlane
-from inferd.handoff import wire
+from inferd.handoff.messages import Free, Infer, InputTensor, Response
 from inferd.ipc.arena import Arena, ArenaWriter
 from inferd.handoff.core.endpoint import DataPlaneEndpoint
 from inferd.repository import ModelManager
@@ -36,9 +36,9 @@ class _Recorder:
     more = False
 
     def __init__(self) -> None:
-        self.sent: list[list[Any]] = []
+        self.sent: list[Any] = []
 
-    def send(self, message: list[Any]) -> None:
+    def send(self, message: Any, at_once: bool = False) -> None:
         self.sent.append(message)
 
 
@@ -51,8 +51,10 @@ class _Worker:
         self.outputs = ArenaWriter(Arena.create(ARENA_BYTES))
 
 
-def _infer(rid: int) -> list[Any]:
-    return wire.infer(rid, "identity_fp32", "", "", None, [["INPUT0", "FP32", [1, 16], 0, 64, None]], None)
+def _infer(rid: int) -> Infer:
+    return Infer(rid=rid, model="identity_fp32", version="", id="", parameters=None,
+                 inputs=[InputTensor("INPUT0", "FP32", [1, 16], 0, 64, None)], outputs=None, flags=0, deadline=None,
+                 trace=None, received=0, openai_prompt_tokens=None, frontend=None)
 
 
 async def measure(per_turn: int, requests: int, rounds: int) -> float:
@@ -75,11 +77,11 @@ async def measure(per_turn: int, requests: int, rounds: int) -> float:
                     endpoint.on_message(_infer(turn * per_turn + i))
                 while len(sent) < per_turn:
                     await asyncio.sleep(0)
-                if any(m[0] != wire.RESPONSE for m in sent):
-                    raise RuntimeError(f"the core did not answer with a RESPONSE: {sent[0]}")
-                blocks = [m[wire.R_BLOCK] for m in sent]
+                if any(type(m) is not Response for m in sent):
+                    raise RuntimeError(f"the core did not answer with a Response: {sent[0]}")
+                blocks = [m.block for m in sent]
                 sent.clear()
-                endpoint.on_message([wire.FREE, blocks])
+                endpoint.on_message(Free(blocks))
             best = min(best, (time.process_time() - t) / (requests // per_turn * per_turn) * 1e6)
     finally:
         await dp.close()

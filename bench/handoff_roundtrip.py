@@ -3,12 +3,14 @@
     python -m bench.handoff_roundtrip [--concurrency 1 16 64] [--seconds 3] [--bytes 64]
 
 This process plays a frontend: ``--concurrency`` coroutines each write a request's
-input tensor into the input arena, send an INFER header and await the answer. A child
+input tensor into the input arena, send an Infer header and await the answer. A child
 process plays the core: it views each input in place (numpy), allocates an output block,
-copies the tensor there and answers with a RESPONSE header; freed output blocks come back
-in FREE messages. Nothing else runs (no gRPC, no model), so the figures are the hand-off's
-own cost: round trips per second, each side's CPU per round trip (from /proc), the
-latency of one round trip, and how many messages each socket write carried.
+copies the tensor there and answers with a Response header; freed output blocks come back
+in Free messages. The messages are the hand-off's own (inferd.handoff.messages) over its
+channel, so their encoding and decoding are counted. Nothing else runs (no gRPC, no
+model), so the figures are the hand-off's own cost: round trips per second, each side's
+CPU per round trip (from /proc), the latency of one round trip, and how many messages
+each socket write carried.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 
 import numpy as np
 
-from inferd.handoff import wire
+from inferd.handoff.messages import Free, Infer, InputTensor, OutputTensor, Response, ToCore, ToWorker
 from inferd.ipc.arena import Arena, ArenaWriter
 from inferd.ipc.channel import Channel, socket_pair
 
@@ -47,21 +49,20 @@ async def _core(sock_fd: int, in_fd: int, out_fd: int) -> None:
     outputs = ArenaWriter(Arena(out_fd, ARENA_BYTES))
     channel: Channel
 
-    def on_message(msg: list) -> None:
-        kind = msg[0]
-        if kind == wire.INFER:
-            (name, datatype, shape, offset, nbytes, _), = msg[wire.I_INPUTS]
-            count = nbytes // 4
-            x = inputs.array(_DTYPES[datatype], offset, count).reshape(shape)
+    def on_message(msg: ToCore) -> None:
+        if type(msg) is Infer:
+            (t,) = msg.inputs
+            x = inputs.array(_DTYPES[t.datatype], t.offset, t.nbytes // 4).reshape(t.shape)
             block, (at,) = outputs.reserve([x.nbytes])
             outputs.arena.write(at, memoryview(x).cast("B"))
-            channel.send(wire.response(msg[wire.I_RID], True, msg[wire.I_MODEL], 1, msg[wire.I_ID],
-                                       [["OUTPUT0", datatype, shape, at, x.nbytes]], None, block))
-        elif kind == wire.FREE:
-            for block in msg[1]:
+            channel.send(Response(rid=msg.rid, final=True, model=msg.model, version=1, id=msg.id,
+                                  outputs=[OutputTensor("OUTPUT0", t.datatype, t.shape, at, x.nbytes)],
+                                  parameters=None, block=block))
+        elif type(msg) is Free:
+            for block in msg.blocks:
                 outputs.free(block)
 
-    channel = await Channel.open(socket.socket(fileno=sock_fd), on_message, "core")
+    channel = await Channel.open(socket.socket(fileno=sock_fd), on_message, "core", receives=ToCore)
     await channel.closed  # type: ignore[misc]
 
 
@@ -76,12 +77,12 @@ async def _frontend(concurrency: int, seconds: float, nbytes: int, core_pid: int
     answering = [False]  # answers were read this turn: the clients they wake send in one write
     channel: Channel
 
-    def on_message(msg: list) -> None:
-        if msg[0] == wire.RESPONSE:
-            fut = waiting.pop(msg[wire.R_RID])
-            _, _, shape, at, n = msg[wire.R_OUTPUTS][0]
-            fut.set_result(outputs.read(at, n))
-            freed.append(msg[wire.R_BLOCK])
+    def on_message(msg: ToWorker) -> None:
+        if type(msg) is Response:
+            fut = waiting.pop(msg.rid)
+            out = msg.outputs[0]
+            fut.set_result(outputs.read(out.offset, out.nbytes))
+            freed.append(msg.block)
             channel.wake()
             answering[0] = True
             if not channel.more:  # after the wake-ups of this read's answers (as InFlight)
@@ -89,10 +90,10 @@ async def _frontend(concurrency: int, seconds: float, nbytes: int, core_pid: int
 
     def send_frees() -> None:
         if freed:
-            channel.send([wire.FREE, freed[:]])
+            channel.send(Free(freed[:]))
             freed.clear()
 
-    channel = await Channel.open(sock, on_message, "frontend")
+    channel = await Channel.open(sock, on_message, "frontend", receives=ToWorker)
     channel.before_flush(send_frees)
     payload = np.arange(nbytes // 4, dtype=np.float32).tobytes()
     shape = [1, nbytes // 4]
@@ -110,8 +111,9 @@ async def _frontend(concurrency: int, seconds: float, nbytes: int, core_pid: int
             waiting[rid] = fut
             # As a worker's InFlight: the only request in flight is written at once unless answers just
             # woke it, a burst in one write per loop turn.
-            channel.send(wire.infer(rid, "identity_fp32", "", "", None,
-                                    [["INPUT0", "FP32", shape, at, nbytes, None]], None),
+            channel.send(Infer(rid=rid, model="identity_fp32", version="", id="", parameters=None,
+                               inputs=[InputTensor("INPUT0", "FP32", shape, at, nbytes, None)], outputs=None, flags=0,
+                               deadline=None, trace=None, received=0, openai_prompt_tokens=None, frontend=None),
                          at_once=len(waiting) == 1 and not answering[0])
             data = await fut
             inputs.free(block)

@@ -1,4 +1,4 @@
-"""Deterministic per-request counts of the one-process request path, with no sockets.
+"""Deterministic per-request counts of the request path in one process, with no network.
 
     python -m bench.request_counts [--requests 400] [--concurrency 1 16] [--json]
 
@@ -7,7 +7,10 @@ real gRPC servicer (``InferenceServicer.ModelInfer``), handed protobuf requests 
 hand them, with a context that only answers what ModelInfer asks; the bare echo servicer
 (bench/echo_server.py) is driven the same way, and so are two more models of the same data plane
 (issue 30): "ensemble", ensemble_mlp (scale -> mlp -> relu, three batching ONNX models), and
-"fused", mlp_fused (the same computation as one model). Their counts include the runtime's calls,
+"fused", mlp_fused (the same computation as one model). "handoff" is the default process mode's path in
+one process: the servicer a frontend worker runs (over RemoteDataPlane and its CoreLink), the hand-off's
+channel over a real unix socket pair, and the core's DataPlaneEndpoint over the same DataPlane, both ends
+on this loop, so its counts are the worker's and the core's together. Their counts include the runtime's calls,
 and which of its batches run on the loop or on an instance thread follows the executions' measured
 times, so they are exact only for one such choice. Counted over ``--requests`` requests after a warm-up,
 ``--concurrency`` of them started together in one loop turn (as one socket read brings them):
@@ -36,12 +39,14 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import sys
 import tempfile
 import threading
 import tracemalloc
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -87,7 +92,8 @@ def infer_request(rid: int = 0, model: str = MODEL) -> Any:
 
 Call = Callable[[Any, Any], Awaitable[Any]]
 # Which model each servicer path is handed requests for.
-PATH_MODELS = {"inferd": MODEL, "echo": MODEL, "ensemble": ENSEMBLE, "fused": FUSED}
+PATH_MODELS = {"inferd": MODEL, "echo": MODEL, "ensemble": ENSEMBLE, "fused": FUSED, "handoff": MODEL}
+HANDOFF_ARENA = 64 << 20  # each of the hand-off path's arenas (sparse memfds)
 
 
 async def _drive(call: Call, requests: int, concurrency: int, model: str = MODEL) -> None:
@@ -157,7 +163,46 @@ async def servicers(repo: Path | None = None) -> tuple[dict[str, Call], Callable
     calls: dict[str, Call] = {"inferd": infer, "echo": EchoServicer().ModelInfer}
     if (folder / ENSEMBLE).is_dir():
         calls.update(ensemble=infer, fused=infer)
-    return calls, dp.close
+    calls["handoff"], close_handoff = await handoff(dp)
+
+    async def close() -> None:
+        close_handoff()
+        await dp.close()
+
+    return calls, close
+
+
+async def handoff(dp: Any) -> tuple[Call, Callable[[], None]]:
+    """ModelInfer as a frontend worker serves it (the servicer over RemoteDataPlane and its CoreLink), handed
+    off through a real channel and arenas to the core's DataPlaneEndpoint over ``dp``, both ends on this
+    loop; and the function that closes them."""
+    from inferd.frontends.grpc_service import InferenceServicer
+    from inferd.handoff.core.endpoint import DataPlaneEndpoint
+    from inferd.handoff.messages import ToCore, ToWorker
+    from inferd.handoff.worker.core_link import CoreLink
+    from inferd.handoff.worker.proxy import RemoteDataPlane
+    from inferd.ipc.arena import Arena, ArenaWriter
+    from inferd.ipc.channel import Channel, socket_pair
+
+    core_end, worker_end = socket_pair()
+    inputs, outputs = Arena.create(HANDOFF_ARENA, "counts-inputs"), Arena.create(HANDOFF_ARENA, "counts-outputs")
+    ends: dict[str, Any] = {}
+    core_channel = await Channel.open(core_end, lambda msg: ends["core"].on_message(msg), "core", receives=ToCore)
+    worker = SimpleNamespace(index=0, channel=core_channel, inputs=inputs, outputs=ArenaWriter(outputs))
+    ends["core"] = DataPlaneEndpoint(worker, dp, lambda method, args, kwargs: None)  # type: ignore[arg-type]
+    worker_channel = await Channel.open(worker_end, lambda msg: ends["worker"].on_message(msg), "worker",
+                                        receives=ToWorker)
+    # The worker maps the arenas through fds of its own, as a worker process does.
+    ends["worker"] = link = CoreLink(worker_channel, {"inputs": [os.dup(inputs.fd), inputs.size],
+                                                      "outputs": [os.dup(outputs.fd), outputs.size]})
+
+    def close() -> None:
+        worker_channel.close()
+        core_channel.close()
+        for arena in (link.inputs.arena, link.outputs, inputs, outputs):
+            arena.close()
+
+    return InferenceServicer(RemoteDataPlane(link)).ModelInfer, close
 
 
 async def count(call: Call, requests: int, concurrency: int, model: str = MODEL) -> dict[str, float]:

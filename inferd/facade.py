@@ -333,6 +333,6 @@ class OpenAIBatchAPI(Protocol):
     async def openai_batch_cancel(self, batch_id: str) -> dict[str, Any]: ...
 
 
-# The calls a core answers for a frontend worker besides the hand-off's own (inferd.handoff.wire.CALLS).
+# The calls a frontend worker's /v1 routes make to the core (part of inferd.handoff.messages.CALLS).
 OPENAI_BATCH_CALLS = frozenset(name for name, value in vars(OpenAIBatchAPI).items()
                                if callable(value) and not name.startswith("_"))

@@ -18,8 +18,7 @@ import logging
 import socket
 from typing import Any
 
-from inferd.facade import OPENAI_BATCH_CALLS
-from inferd.handoff import wire
+from inferd.handoff.messages import CALLS, State
 from inferd.handoff.core.endpoint import DataPlaneEndpoint
 from inferd.serve.supervisor import Supervisor, WorkerProcess, reserve
 from inferd.serve.one_process import InferenceServer, ServerOptions
@@ -96,14 +95,14 @@ class MultiProcessServer(InferenceServer):
 
     async def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
         """A worker's proxy calling the data plane's façade, or its /v1 routes calling OpenAI's Batch API
-        (the core's batches: :class:`~inferd.facade.OpenAIBatchAPI`, which the data plane implements)."""
-        if method not in wire.CALLS and method not in OPENAI_BATCH_CALLS:
+        (the core's batches, which the data plane implements)."""
+        if method not in CALLS:
             raise ValueError(f"'{method}' is not a data plane call")
         result = await getattr(self.dataplane, method)(*args, **kwargs)
         if self.dataplane.tracing.enabled != self._tracing_sent:  # a trace setting turned it on or off
             self._tracing_sent = self.dataplane.tracing.enabled
             for worker in self.supervisor.workers.values() if self.supervisor else ():
-                worker.channel.send([wire.STATE, {"tracing": self._tracing_sent}])
+                worker.channel.send(State(tracing=self._tracing_sent))
         return result
 
     async def stop(self, grace: float | None = None) -> None:

@@ -6,8 +6,8 @@ with its own control socket and pair of arenas (fds inherited at spawn, nothing
 else: ``close_fds``). The workers stay in the core's process group, so a signal
 to the group reaches every process and nothing outlives a ``kill -- -PGID``.
 
-A worker first receives ``CONFIG`` (what to serve, where its arenas are), binds
-the reserved ports and answers ``HELLO``; :meth:`Supervisor.start` returns once
+A worker first receives ``Config`` (what to serve, where its arenas are), binds
+the reserved ports and answers ``Hello``; :meth:`Supervisor.start` returns once
 every worker has. A worker that dies (its pidfd becomes readable, or its channel
 closes) is *lost*: the core's endpoint for it fails what it had in flight, and
 the slot is started again (when: :class:`RestartState`, a pure decision) with
@@ -37,11 +37,11 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Awaitable, Callable, Protocol
 
 from inferd import event_loop
 from inferd.clock import Clock, MonotonicClock
-from inferd.handoff import wire
+from inferd.handoff.messages import Close, Config, Drain, Hello, ToCore
 from inferd.ipc.arena import Arena, ArenaWriter
 from inferd.ipc.channel import Channel, socket_pair
 from inferd.ipc.processes import RestartPolicy, RestartState, describe_status, kill, watch_exit
@@ -65,15 +65,15 @@ class Endpoint(Protocol):
     """What the core runs for one live worker, the request hand-off proper
     (:class:`~inferd.handoff.core.endpoint.DataPlaneEndpoint`)."""
 
-    def on_message(self, msg: list[Any]) -> None:
-        """Every message from the worker but HELLO, in order, on the loop."""
+    def on_message(self, msg: ToCore) -> None:
+        """Every message from the worker but Hello, in order, on the loop."""
 
     def lost(self) -> None:
         """The worker is gone: answer nothing more to it, drop its requests."""
 
 
 class WorkerFailed(Exception):
-    """A worker could not be started (it exited, or never said HELLO in time)."""
+    """A worker could not be started (it exited, or never said Hello in time)."""
 
 
 def worker_command(index: int, channel_fd: int) -> list[str]:
@@ -164,21 +164,21 @@ class Supervisor:
         gone: asyncio.Future = loop.create_future()
         box: list[WorkerProcess] = []
 
-        def on_message(msg: list[Any]) -> None:
-            if msg[0] == wire.HELLO:
+        def on_message(msg: ToCore) -> None:
+            if type(msg) is Hello:
                 if not hello.done():
                     hello.set_result(msg)
             elif box[0].endpoint is not None:
                 box[0].endpoint.on_message(msg)
 
-        channel = await Channel.open(core_end, on_message, f"frontend {index}")
+        channel = await Channel.open(core_end, on_message, f"frontend {index}", receives=ToCore)
         worker = WorkerProcess(index, process, channel, inputs, ArenaWriter(outputs), self.clock.now(), hello, gone)
         box.append(worker)
         self.workers[index] = worker
         self._watch_exit(worker)
         worker.endpoint = self.make_endpoint(worker)
         config = dict(self.config(index), inputs=[inputs.fd, inputs.size], outputs=[outputs.fd, outputs.size])
-        channel.send([wire.CONFIG, config])
+        channel.send(Config(config))
         try:
             done, _ = await asyncio.wait([hello, gone], timeout=self.start_timeout,
                                          return_when=asyncio.FIRST_COMPLETED)
@@ -273,14 +273,14 @@ class Supervisor:
                 fut.set_result(None)
         workers = list(self.workers.values())
         for worker in workers:
-            worker.channel.send([wire.DRAIN, grace])
+            worker.channel.send(Drain(grace))
         if drained is not None and workers:
             try:
                 await asyncio.wait_for(drained, timeout=max(grace - min(grace / 4, 1.0), 0.0))
             except asyncio.TimeoutError:
                 pass  # the workers' own grace ends it
         for worker in workers:
-            worker.channel.send([wire.CLOSE])
+            worker.channel.send(Close())
         if workers:
             await asyncio.wait([worker.gone for worker in workers], timeout=grace + EXIT_MARGIN)
         for worker in workers:

@@ -62,8 +62,7 @@ def listen(host: str, port: int, what: str, backlog: int = 2048) -> socket.socke
 class ForwardedBatches:
     """OpenAI's Batch API (:class:`~inferd.facade.OpenAIBatchAPI`) as a worker's /v1 routes see it: every
     call answered by the core, which owns the batches and runs them. Sent with the link's own call, as
-    :class:`RemoteDataPlane`'s control calls are; the core accepts these names beside the hand-off's
-    (``OPENAI_BATCH_CALLS``)."""
+    :class:`RemoteDataPlane`'s control calls are (the hand-off's ``CALLS`` name them)."""
 
     def __init__(self, link: CoreLink) -> None:
         self.link = link

@@ -15,7 +15,7 @@ import os
 import socket
 import time
 
-from inferd.handoff import wire
+from inferd.handoff.messages import Config, Drain, Hello, ToWorker
 from inferd.ipc.channel import Channel
 from inferd.ipc.processes import die_with_parent
 from inferd.serve.worker_process import listen
@@ -39,23 +39,21 @@ async def main(index: int, fd: int) -> int:
         sock = listen("127.0.0.1", config["port"], "test")
         server.append(await asyncio.start_server(answer, sock=sock))
         if behaviour != "silent":
-            channel.send([wire.HELLO, index, os.getpid()])
+            channel.send(Hello(index, os.getpid()))
         if behaviour == "deaf":
             server.append(None)  # type: ignore[arg-type]
         if behaviour == "stuck":
             channel.flush_now()
             time.sleep(600)
 
-    def on_message(msg: list) -> None:
-        if msg[0] == wire.CONFIG:
-            loop.create_task(configure(msg[1]))
-        elif msg[0] == wire.DRAIN and len(server) == 1 and not done.done():
+    def on_message(msg: ToWorker) -> None:
+        if type(msg) is Config:
+            loop.create_task(configure(msg.options))
+        elif type(msg) is Drain and len(server) == 1 and not done.done():
             server[0].close()
             done.set_result(0)
-        elif msg[0] == "echo":
-            channel.send(msg)
 
-    channel = await Channel.open(socket.socket(fileno=fd), on_message, "worker")
+    channel = await Channel.open(socket.socket(fileno=fd), on_message, "worker", receives=ToWorker)
     channel.closed.add_done_callback(lambda _: done.done() or done.set_result(0))  # type: ignore[union-attr]
     code = await done
     channel.close()

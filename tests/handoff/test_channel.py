@@ -1,14 +1,34 @@
-"""inferd.ipc.channel: ordered delivery, one socket write per loop turn, close on either side."""
+"""inferd.ipc.channel: ordered delivery, one socket write per loop turn (one frame), close on either side,
+any message type decoded (plain values here; the hand-off's structs in tests/handoff/test_messages.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import io
+import logging
+import struct
+from typing import Any
 
-import msgpack
+import msgspec
 import pytest
 
-from inferd.ipc.channel import Channel, socket_pair
+from inferd.ipc.channel import MAX_FRAME, Channel, socket_pair
+
+
+def frame(*messages: Any) -> bytes:
+    """One write as the channel frames it: its length (4 bytes, big-endian), then the messages as one
+    msgpack array (array32: 0xdd and the count)."""
+    body = b"".join(msgspec.msgpack.encode(m) for m in messages)
+    return struct.pack(">IBI", 5 + len(body), 0xDD, len(messages)) + body
+
+
+def unframe(data: bytes) -> list[list[Any]]:
+    """Each frame's messages, for frames written back to back."""
+    frames, at = [], 0
+    while at < len(data):
+        (size,) = struct.unpack_from(">I", data, at)
+        frames.append(msgspec.msgpack.decode(data[at + 4:at + 4 + size]))
+        at += 4 + size
+    return frames
 
 
 class Collector:
@@ -34,8 +54,8 @@ class Collector:
 
 async def _pair(on_a, on_b):  # type: ignore[no-untyped-def]
     sa, sb = socket_pair()
-    a = await Channel.open(sa, on_a, "a")
-    b = await Channel.open(sb, on_b, "b")
+    a = await Channel.open(sa, on_a, "a", receives=Any)
+    b = await Channel.open(sb, on_b, "b", receives=Any)
     return a, b
 
 
@@ -127,13 +147,13 @@ async def test_answers_to_one_read_go_out_in_one_write_as_its_handling_ends() ->
         seen_more.append(channel.more)
         channel.send(["answer", msg[1]])
 
-    channel = Channel(answer)
+    channel = Channel(answer, receives=Any)
     transport = Transport()
     channel.connection_made(transport)
-    channel.data_received(b"".join(msgpack.packb(["ask", i]) for i in range(3)))
+    channel.data_received(frame(["ask", 0], ["ask", 1]) + frame(["ask", 2]))  # two frames in one read
     assert seen_more == [True, True, False]  # more: others of the same read follow
     assert len(transport.written) == 1  # already written, not a loop turn later
-    assert list(msgpack.Unpacker(io.BytesIO(transport.written[0]))) == [["answer", i] for i in range(3)]
+    assert unframe(transport.written[0]) == [[["answer", i] for i in range(3)]]
     channel.send(["later", 0])  # outside a read: written as the turn ends
     assert len(transport.written) == 1
     await asyncio.sleep(0)
@@ -150,7 +170,7 @@ def test_what_arrives_before_open_returns_waits_until_the_caller_holds_the_chann
 
     async def scenario() -> tuple[list, list]:
         ours, peer = socket_pair()
-        peer.sendall(msgpack.packb(["config", 1]) + msgpack.packb(["state", 2]))
+        peer.sendall(frame(["config", 1], ["state", 2]))
         seen: list = []
         channel: Channel | None = None
 
@@ -159,16 +179,19 @@ def test_what_arrives_before_open_returns_waits_until_the_caller_holds_the_chann
             seen.append(msg)
             channel.send(["ack", msg[1]])
 
-        channel = await Channel.open(ours, handle, "early")
+        channel = await Channel.open(ours, handle, "early", receives=Any)
         for _ in range(200):  # both delivered, within 2 s
             if len(seen) == 2:
                 break
             await asyncio.sleep(0.01)
         peer.settimeout(5)
-        unpacker, acks = msgpack.Unpacker(), []
+        data, acks = b"", []
         while len(acks) < 2:  # the handler's answers reached the peer
-            unpacker.feed(peer.recv(1024))
-            acks.extend(unpacker)
+            data += peer.recv(1024)
+            try:
+                acks = [m for f in unframe(data) for m in f]
+            except (struct.error, msgspec.DecodeError):  # a frame not all here yet
+                continue
         channel.close()
         peer.close()
         return seen, acks
@@ -176,3 +199,63 @@ def test_what_arrives_before_open_returns_waits_until_the_caller_holds_the_chann
     seen, acks = event_loop.run(scenario(), kind)
     assert seen == [["config", 1], ["state", 2]]  # both, in order, once the caller held the channel
     assert acks == [["ack", 1], ["ack", 2]]
+
+
+async def test_a_frame_split_over_reads_is_delivered_once_whole() -> None:
+    received = Collector()
+    channel = Channel(received, receives=Any)
+    channel.connection_made(Transport())
+    data = frame(["first", b"x" * 1000]) + frame(["second", 2], ["third", 3])
+    for at in range(0, len(data), 7):  # 7 bytes a read: lengths and messages cut anywhere
+        channel.data_received(data[at:at + 7])
+    assert received.messages == [["first", b"x" * 1000], ["second", 2], ["third", 3]]
+    assert channel.received == 3
+
+
+async def test_a_message_that_cannot_be_encoded_leaves_the_turns_others_intact() -> None:
+    received = Collector()
+    a, b = await _pair(lambda m: None, received)
+    a.send(["before", 1])
+    with pytest.raises(TypeError):
+        a.send(["bad", object()])
+    a.send(["after", 2])
+    assert await received.wait(2) == [["before", 1], ["after", 2]]
+    assert a.sent == 2
+    a.close()
+    b.close()
+
+
+class Hello(msgspec.Struct, array_like=True, tag=0):
+    pid: int
+
+
+class Bye(msgspec.Struct, array_like=True, tag=1):
+    pass
+
+
+async def test_messages_decode_to_the_type_the_receiver_names() -> None:
+    received = Collector()
+    sa, sb = socket_pair()
+    a = await Channel.open(sa, lambda m: None, "a", receives=Any)
+    b = await Channel.open(sb, received, "b", receives=Hello | Bye)
+    a.send(Hello(7))
+    a.send(Bye())
+    assert await received.wait(2) == [Hello(7), Bye()]
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("what", ["undecodable", "oversized"])
+async def test_a_peer_that_sends_what_no_peer_sends_is_logged_and_the_channel_closed(
+        what: str, caplog: pytest.LogCaptureFixture) -> None:
+    received = Collector()
+    ours, peer = socket_pair()
+    channel = await Channel.open(ours, received, "strict", receives=Hello | Bye)
+    bad = frame([9, "no such kind"]) if what == "undecodable" else struct.pack(">I", MAX_FRAME + 1)
+    peer.sendall(frame([0, 3]) + bad)
+    with caplog.at_level(logging.ERROR):
+        await asyncio.wait_for(channel.closed, 5)  # type: ignore[arg-type]
+    assert received.messages == [Hello(3)]  # what came before it was delivered
+    assert "strict: the peer sent a frame" in caplog.text
+    assert ("does not decode" if what == "undecodable" else f"over the {MAX_FRAME}") in caplog.text
+    peer.close()

@@ -14,7 +14,7 @@ import pytest
 from inferd.dataplane import DataPlane
 from inferd.examples import onnx_models as om
 from inferd.handoff.core import endpoint as ep
-from inferd.handoff import wire
+from inferd.handoff.messages import STREAM, Cancel, Error, Free, Infer, InputTensor, Response
 from inferd.ipc.arena import Arena, ArenaWriter
 from inferd.handoff.core.endpoint import CANCELLED, DataPlaneEndpoint
 from inferd.repository import ModelManager
@@ -31,9 +31,9 @@ class Recorder:
     more = False
 
     def __init__(self) -> None:
-        self.sent: list[list] = []
+        self.sent: list[Any] = []
 
-    def send(self, message: list, at_once: bool = False) -> None:
+    def send(self, message: Any, at_once: bool = False) -> None:
         self.sent.append(message)
 
 
@@ -61,9 +61,10 @@ async def core(tmp_path):
     await dp.close()
 
 
-def infer(rid: int, model: str) -> list:
-    tensors = [[name, "INT32", [1, 16], 0, 64, None] for name in ("INPUT0", "INPUT1")]
-    return wire.infer(rid, model, "", f"r{rid}", None, tensors, None)
+def infer(rid: int, model: str, flags: int = 0) -> Infer:
+    tensors = [InputTensor(name, "INT32", [1, 16], 0, 64, None) for name in ("INPUT0", "INPUT1")]
+    return Infer(rid=rid, model=model, version="", id=f"r{rid}", parameters=None, inputs=tensors, outputs=None,
+                 flags=flags, deadline=None, trace=None, received=0, openai_prompt_tokens=None, frontend=None)
 
 
 async def until(predicate) -> None:  # type: ignore[no-untyped-def]
@@ -77,22 +78,23 @@ async def test_an_infer_is_answered_with_its_outputs_in_the_output_arena(core):
     endpoint, link = core
     endpoint.on_message(infer(1, "simple"))
     await until(lambda: link.channel.sent)
-    (kind, rid, final, model, _, request_id, outputs, _, block), = link.channel.sent
-    assert (kind, rid, final, model, request_id) == (wire.RESPONSE, 1, True, "simple", "r1")
-    by_name = {o[0]: o for o in outputs}
-    _, datatype, shape, offset, nbytes = by_name["OUTPUT0"]
-    got = np.frombuffer(link.outputs.arena.read(offset, nbytes), np.int32).reshape(shape)
+    (reply,) = link.channel.sent
+    assert type(reply) is Response
+    assert (reply.rid, reply.final, reply.model, reply.id) == (1, True, "simple", "r1")
+    out = {o.name: o for o in reply.outputs}["OUTPUT0"]
+    got = np.frombuffer(link.outputs.arena.read(out.offset, out.nbytes), np.int32).reshape(out.shape)
     np.testing.assert_array_equal(got, 2 * np.arange(16, dtype=np.int32).reshape(1, 16))
-    assert datatype == "INT32" and not endpoint.runs
+    assert out.datatype == "INT32" and not endpoint.runs
     assert endpoint.dp.admission.requests == 0 and endpoint.dp.admission.bytes == 0  # released as answered
-    endpoint.on_message([wire.FREE, [block]])
+    endpoint.on_message(Free([reply.block]))
 
 
 async def test_a_refused_request_gets_one_final_error_naming_the_model(core):
     endpoint, link = core
     endpoint.on_message(infer(2, "missing"))
-    (kind, rid, final, error_kind, message), = link.channel.sent
-    assert (kind, rid, final, error_kind) == (wire.ERROR, 2, True, "NotFound") and "missing" in message
+    (reply,) = link.channel.sent
+    assert type(reply) is Error and (reply.rid, reply.final, reply.kind) == (2, True, "NotFound")
+    assert "missing" in reply.message
 
 
 async def test_a_cancelled_queued_request_never_runs_and_gets_one_final_error(core):
@@ -101,8 +103,8 @@ async def test_a_cancelled_queued_request_never_runs_and_gets_one_final_error(co
     await asyncio.sleep(0)
     assert 3 in endpoint.runs and not link.channel.sent
     assert endpoint.dp.admission.requests == 1
-    endpoint.on_message([wire.CANCEL, 3])
-    assert link.channel.sent == [[wire.ERROR, 3, True, "Cancelled", CANCELLED]]
+    endpoint.on_message(Cancel(3))
+    assert link.channel.sent == [Error(3, True, "Cancelled", CANCELLED)]
     assert endpoint.dp.admission.requests == 0 and endpoint.dp.admission.bytes == 0
     await asyncio.sleep(0)
     (stats,) = await endpoint.dp.model_statistics("delayed")
@@ -134,10 +136,8 @@ class _StreamPlane:
         yield None
 
 
-def _stream_message(rid: int) -> list[Any]:
-    msg: list[Any] = [None] * (wire.I_TRACE + 1)
-    msg[0], msg[wire.I_RID], msg[wire.I_FLAGS] = wire.INFER, rid, wire.STREAM
-    return msg
+def _stream_message(rid: int) -> Infer:
+    return infer(rid, "streaming", STREAM)
 
 
 @pytest.fixture
@@ -151,10 +151,10 @@ async def stream_core(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyp
 async def test_a_cancel_read_with_its_stream_infer_still_gets_the_final_answer(stream_core) -> None:  # type: ignore[no-untyped-def]
     core, channel = stream_core
     core.on_message(_stream_message(7))
-    core.on_message([wire.CANCEL, 7])  # same read: the task has not started
+    core.on_message(Cancel(7))  # same read: the task has not started
     for _ in range(5):
         await asyncio.sleep(0)
-    assert channel.sent == [[wire.ERROR, 7, True, "Cancelled", CANCELLED]]
+    assert channel.sent == [Error(7, True, "Cancelled", CANCELLED)]
     assert core.tasks == {} and core.dp.started == 0
 
 
@@ -162,8 +162,8 @@ async def test_a_stream_cancelled_after_its_start_is_answered_once(stream_core) 
     core, channel = stream_core
     core.on_message(_stream_message(8))
     await asyncio.sleep(0)  # the request reached the data plane
-    core.on_message([wire.CANCEL, 8])
+    core.on_message(Cancel(8))
     for _ in range(5):
         await asyncio.sleep(0)
-    assert channel.sent == [[wire.ERROR, 8, True, "Cancelled", CANCELLED]]
+    assert channel.sent == [Error(8, True, "Cancelled", CANCELLED)]
     assert core.tasks == {} and core.dp.started == 1

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from inferd.dataplane.plane import DataPlane
 from inferd.facade import DataPlaneAPI, GrpcFastPath
-from inferd.handoff.wire import CALLS
+from inferd.handoff.messages import CALLS
 from inferd.handoff.worker.proxy import RemoteDataPlane
 
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # rendering), the frontends, the hand-off's shared protocol and worker side, and the worker's entry.
 ALLOWED = ("inferd._proto", "inferd.types", "inferd.errors", "inferd.clock", "inferd.event_loop", "inferd.dtypes",
            "inferd.streaming", "inferd.suggest", "inferd.host", "inferd.gpu", "inferd.observability", "inferd.facade",
-           "inferd.frontends", "inferd.handoff.wire", "inferd.handoff.worker", "inferd.ipc", "inferd.serve.worker_process")
+           "inferd.frontends", "inferd.handoff.messages", "inferd.handoff.worker", "inferd.ipc", "inferd.serve.worker_process")
 # Never in a worker: the core's side, the data plane's implementation, the layers that hold the models,
 # and the runtimes and libraries only they use.
 FORBIDDEN = ("inferd.handoff.core", "inferd.dataplane", "inferd.config", "inferd.model", "inferd.repository", "inferd.scheduling",

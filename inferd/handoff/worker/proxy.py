@@ -11,7 +11,7 @@ input arena and read the answers' from the output arena.
 gRPC ModelInfer, the hot path, skips even the numpy decoding:
 :meth:`RemoteDataPlane.grpc_infer` (the façade's
 :class:`~inferd.facade.GrpcFastPath`, which the servicer takes when its data
-plane offers it) goes from the protobuf request straight to an INFER message:
+plane offers it) goes from the protobuf request straight to an Infer message:
 each ``raw_input_contents`` entry is copied once into the input block and the
 core decodes and validates it there; no numpy array, InferenceRequest or
 InferenceResponse is built in the worker (:mod:`inferd.handoff.worker.modelinfer`).
@@ -31,10 +31,12 @@ from inferd.errors import InferdError
 from inferd.facade import (
     DECOUPLED_UNARY, CudaRegionStatus, IndexEntry, ModelMetadata, RegionStatus, ServerMetadata, TraceCarrier,
 )
-from inferd.handoff import wire
-from inferd.ipc.arena import ArenaFull
+from inferd.handoff.messages import (
+    CREDIT_EVERY, HTTP, NOT_IN_ARENA, STREAM, Error, Infer, InputTensor, OutputRequest, Response, datatype_of,
+)
 from inferd.handoff.worker.core_link import CoreLink, error_from
 from inferd.handoff.worker.modelinfer import fill_response, infer_message
+from inferd.ipc.arena import Buffer
 from inferd.facade import OpenAIModel
 from inferd.observability.stats import ModelStatistics
 from inferd.streaming import StreamResponse
@@ -134,78 +136,72 @@ class RemoteDataPlane:
     # -- inference: tensors through the arenas ---------------------------------------------
 
     def _send(self, request: InferenceRequest, flags: int,
-              trace_carrier: TraceCarrier | None) -> tuple[int, int, list[Any]]:
+              trace_carrier: TraceCarrier | None) -> tuple[int, Infer]:
+        """(input block, Infer) for ``request`` (the caller sends it through InFlight)."""
         link = self.link
         link.refuse_if_draining()
         link.refuse_if_full(request.model_name)
-        tensors, parts = [], []
+        tensors: list[InputTensor] = []
+        placed: list[InputTensor] = []
+        parts: list[Buffer] = []
         for name, array in request.inputs.items():
             if isinstance(array, SharedTensor):
                 ref = array.ref
-                tensors.append([name, array.datatype.name, list(array.shape), wire.NOT_IN_ARENA, 0,
-                                {"shared_memory_region": ref.region, "shared_memory_offset": ref.offset,
-                                 "shared_memory_byte_size": ref.byte_size}])
+                tensors.append(InputTensor(name, array.datatype.name, list(array.shape), NOT_IN_ARENA, 0,
+                                           {"shared_memory_region": ref.region, "shared_memory_offset": ref.offset,
+                                            "shared_memory_byte_size": ref.byte_size}))
                 continue
-            datatype = wire.datatype_of(array)
+            datatype = datatype_of(array)
             data = encode_bytes(array) if datatype == "BYTES" else np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-            tensors.append([name, datatype, list(array.shape), None, len(data), None])
+            tensor = InputTensor(name, datatype, list(array.shape), NOT_IN_ARENA, len(data), None)  # placed below
+            tensors.append(tensor)
+            placed.append(tensor)
             parts.append(data)
-        block = wire.NO_BLOCK
-        if parts:
-            try:
-                block, offsets = link.inputs.put(parts)
-            except ArenaFull:
-                link.count_refused()
-                raise
-            at = iter(offsets)
-            for t in tensors:
-                if t[wire.T_OFFSET] is None:
-                    t[wire.T_OFFSET] = next(at)
         outputs = None
         if request.requested_outputs is not None:
-            outputs = [[r.name, r.parameters or None] for r in request.requested_outputs]
-        trace = dict(trace_carrier()) if link.tracing and trace_carrier is not None else None
-        rid = link.in_flight.next_rid()
-        message = [wire.INFER, rid, request.model_name, str(request.model_version or ""), request.id,
-                   request.parameters or None, tensors, outputs, flags, request.deadline, trace,
-                   request.received_ns or time.monotonic_ns(), request.openai_prompt_tokens]
+            outputs = [OutputRequest(r.name, r.parameters or None) for r in request.requested_outputs]
         stamps = request.frontend
-        if stamps is not None and link.tracing:  # the core may trace it: its frontend stamps travel too
-            message.append([stamps.protocol, stamps.recv_end_ns])
-            in_flight = link.in_flight
-            stamps.on_sent = lambda start, end: in_flight.sent(rid, start, end)
-        return rid, block, message
+        block, message = link.infer(
+            request.model_name, str(request.model_version or ""), request.id, request.parameters or None, tensors,
+            outputs, flags, request.deadline, request.received_ns or time.monotonic_ns(), request.openai_prompt_tokens,
+            trace_carrier, placed, parts, "" if stamps is None else stamps.protocol,
+            0 if stamps is None else stamps.recv_end_ns)
+        if message.frontend is not None:  # the core may trace it: it learns when the answer was sent
+            in_flight, rid = link.in_flight, message.rid
+            stamps.on_sent = lambda start, end: in_flight.sent(rid, start, end)  # type: ignore[union-attr]
+        return block, message
 
-    def _response(self, reply: list[Any]) -> InferenceResponse:
+    def _response(self, reply: Response) -> InferenceResponse:
         """An InferenceResponse that owns its arrays (copied out), the output block released."""
         outputs = self.link.outputs
         arrays: dict[str, np.ndarray] = {}
-        for name, datatype, shape, offset, nbytes in reply[wire.R_OUTPUTS]:
+        for o in reply.outputs:
+            name, datatype, shape = o.name, o.datatype, o.shape
             dtype = BY_NAME[datatype]
             count = int(np.prod(shape)) if shape else 1
-            if offset == wire.NOT_IN_ARENA:  # written to the client's region: shape and type only
+            if o.offset == NOT_IN_ARENA:  # written to the client's region: shape and type only
                 arrays[name] = np.empty(shape, dtype=dtype.numpy if dtype.numpy is not None else np.object_)
             elif datatype == "BYTES" or dtype.numpy is None:
-                arrays[name] = decode_bytes(outputs.read(offset, nbytes), count, name).reshape(shape)
+                arrays[name] = decode_bytes(outputs.read(o.offset, o.nbytes), count, name).reshape(shape)
             else:
-                arrays[name] = outputs.array(dtype.numpy, offset, count).reshape(shape).copy()
+                arrays[name] = outputs.array(dtype.numpy, o.offset, count).reshape(shape).copy()
         self.link.in_flight.release(reply)
-        return InferenceResponse(model_name=reply[wire.R_MODEL], model_version=reply[wire.R_VERSION],
-                                 outputs=arrays, id=reply[wire.R_ID], parameters=reply[wire.R_PARAMS] or {})
+        return InferenceResponse(model_name=reply.model, model_version=reply.version, outputs=arrays, id=reply.id,
+                                 parameters=reply.parameters or {})
 
     def tracing_on(self) -> bool:
         return self.link.tracing  # the core's, pushed in STATE messages
 
     async def infer(self, request: InferenceRequest, decoupled_error: str = DECOUPLED_UNARY,
                     trace_carrier: TraceCarrier | None = None) -> InferenceResponse:
-        flags = 0 if decoupled_error == DECOUPLED_UNARY else wire.HTTP
-        rid, block, message = self._send(request, flags, trace_carrier)
+        flags = 0 if decoupled_error == DECOUPLED_UNARY else HTTP
+        block, message = self._send(request, flags, trace_carrier)
         in_flight = self.link.in_flight
-        fut = in_flight.unary(rid, message, block)
+        fut = in_flight.unary(message, block)
         try:
             reply = await fut
         except asyncio.CancelledError:
-            in_flight.cancel(rid)
+            in_flight.cancel(message.rid)
             raise
         return self._response(reply)
 
@@ -215,17 +211,10 @@ class RemoteDataPlane:
         in_flight = link.in_flight
         link.refuse_if_draining()
         link.refuse_if_full(message.model_name)
-        rid = in_flight.next_rid()
-        traced = link.tracing
-        trace = dict(trace_carrier()) if traced and trace_carrier is not None else None
-        try:
-            block, infer = infer_message(rid, message, link.inputs, 0, deadline, trace, received_ns)
-        except ArenaFull:
-            link.count_refused()
-            raise
-        if traced:  # Triton's GRPC_* trace timestamps: the core may sample it
-            infer.append(["grpc", time.monotonic_ns()])
-        fut = in_flight.unary(rid, infer, block)
+        block, infer = infer_message(link, message, deadline, trace_carrier, received_ns)
+        rid = infer.rid
+        traced = infer.frontend is not None  # Triton's GRPC_* trace timestamps: the core may sample it
+        fut = in_flight.unary(infer, block)
         send_ns: int | None = None
         try:
             reply = await fut
@@ -246,11 +235,12 @@ class RemoteDataPlane:
 
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[StreamResponse]:
         try:
-            rid, block, message = self._send(request, wire.STREAM, None)
-            stream = self.link.in_flight.stream(rid, message, block)
+            block, message = self._send(request, STREAM, None)
+            stream = self.link.in_flight.stream(message, block)
         except InferdError as exc:
             yield StreamResponse(error=exc, final=True)
             return
+        rid = message.rid
         done = False
         taken = 0  # responses the client took since the last credit sent back
         try:
@@ -260,17 +250,16 @@ class RemoteDataPlane:
                     done = True
                     yield StreamResponse(error=item, final=True)
                     return
-                kind = item[0]
-                done = kind == wire.FINAL or item[2]
-                if kind == wire.RESPONSE:
+                done = item.final
+                if type(item) is Response:
                     yield StreamResponse(response=self._response(item), final=done)
-                elif kind == wire.ERROR:
-                    yield StreamResponse(error=error_from(item[3], item[4]), final=done)
+                elif type(item) is Error:
+                    yield StreamResponse(error=error_from(item.kind, item.message), final=done)
                 else:
                     yield StreamResponse(final=True)
                 # Back here: the client asked for the next one (the frontend wrote this one).
                 taken += 1
-                if taken >= wire.CREDIT_EVERY and not done:
+                if taken >= CREDIT_EVERY and not done:
                     self.link.in_flight.credit(rid, taken)
                     taken = 0
         finally:
