@@ -6,7 +6,7 @@ import inspect
 from types import SimpleNamespace
 
 from inferd.dataplane.plane import DataPlane
-from inferd.facade import DataPlaneAPI, GrpcFastPath
+from inferd.facade import OPENAI_BATCH_CALLS, DataPlaneAPI, GrpcFastPath
 from inferd.handoff.messages import CALLS
 from inferd.handoff.worker.proxy import RemoteDataPlane
 
@@ -39,6 +39,6 @@ def test_the_proxy_offers_the_grpc_fast_path_the_servicer_takes_and_the_core_doe
 def test_the_core_answers_every_control_call_and_nothing_else() -> None:
     api = set(_methods(DataPlaneAPI))
     # tracing_on is the worker's own answer (the core's flag, pushed to it in STATE messages): no hop.
-    assert CALLS == api - {"infer", "infer_stream", "tracing_on"}
+    assert CALLS == (api - {"infer", "infer_stream", "tracing_on"}) | OPENAI_BATCH_CALLS
     assert all(hasattr(DataPlane, name) for name in CALLS)
     assert RemoteDataPlane.tracing_on(RemoteDataPlane(SimpleNamespace(tracing=True))) is True  # type: ignore[arg-type]
