@@ -23,10 +23,57 @@ from inferd.frontends.tls import TlsFiles
 log = logging.getLogger(__name__)
 
 
+# How often a stopping server looks whether its connections and tasks have ended. uvicorn looks every
+# 0.1 s and sleeps 0.1 s more before its first look, so each stop of an idle port took 0.1-0.3 s (a
+# server's stop waits for three ports in turn); a look costs a few microseconds.
+STOP_POLL_SECONDS = 0.005
+
+
 class _Server(uvicorn.Server):
+    """uvicorn's server, kept off the process's signals, and stopping as soon as its work is done:
+    :meth:`stop_now` wakes its main loop at once (uvicorn's ticks every 0.1 s), and :meth:`shutdown`
+    waits for connections and tasks in :data:`STOP_POLL_SECONDS` steps, with uvicorn's rules
+    otherwise (close the listeners, ask every connection to close after its response, cancel what
+    is left when the graceful timeout ends)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._exit = asyncio.Event()
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:  # the application owns SIGINT/SIGTERM
         yield
+
+    def stop_now(self) -> None:
+        self.should_exit = True
+        self._exit.set()
+
+    async def main_loop(self) -> None:
+        counter = 0
+        while not await self.on_tick(counter):  # on_tick refreshes the Date header every 10th tick
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._exit.wait(), 0.1)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        state = self.server_state
+        for connection in list(state.connections):
+            connection.shutdown()  # an idle one closes now, a busy one after its response
+        try:
+            async with asyncio.timeout(self.config.timeout_graceful_shutdown):
+                while (state.connections or state.tasks) and not self.force_exit:
+                    await asyncio.sleep(STOP_POLL_SECONDS)
+        except TimeoutError:
+            log.error("%d HTTP request(s) still running past the graceful shutdown timeout: cancelled",
+                      len(state.tasks))
+            for task in state.tasks:
+                task.cancel(msg="cancelled: the graceful shutdown timeout ended")
+        for server in self.servers:
+            await server.wait_closed()
 
 
 def bind(host: str, port: int, what: str, reuse_port: bool = False) -> socket.socket:
@@ -106,9 +153,8 @@ class AsgiServer:
         if server is None or task is None:
             return
         server.config.timeout_graceful_shutdown = max(grace, 0.0)
-        server.should_exit = True
-        try:
-            # uvicorn notices should_exit within 0.1 s and waits up to the grace itself.
+        server.stop_now()
+        try:  # the server waits up to the grace itself
             await asyncio.wait_for(asyncio.shield(task), timeout=grace + 2.0)
         except asyncio.TimeoutError:
             server.force_exit = True
