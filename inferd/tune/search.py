@@ -213,6 +213,11 @@ def scan(driver: Driver, deadline: float) -> tuple[float | None, list[LevelScan]
         if s.objective == "latency" or (entry.p99_us is not None and entry.p99_us <= s.latency_budget_us):
             return level, out, []
     measured = [e for e in out if e.p99_us is not None]
+    if not measured and not any(e.rounds for e in out):
+        need = (s.scan_rounds + 4 * MIN_PAIRS) * driver.cost
+        return None, out, [f"the time budget ({s.time_budget_s:g} s) allows no round: a round takes about "
+                           f"{driver.cost:.1f} s, and a scan with its verification needs at least about "
+                           f"{need:.0f} s (--time-budget)"]
     if not measured:
         return None, out, ["the current configuration could not be measured at any level"]
     lowest = min(measured, key=lambda e: e.level)

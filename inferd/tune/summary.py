@@ -168,7 +168,8 @@ def plot(result: SearchResult, settings: SearchSettings, path: Path) -> None:
         ax.axhline(settings.latency_budget_us / 1e3, color="tab:orange", ls="--", label="p99 budget")
     ax.set_xlabel(f"{settings.objective} ratio to the current config (bars: 90% interval over its pairs)")
     ax.set_ylabel("p99 (ms, estimated)")
-    ax.set_title(f"{result.measured} candidates at {result.target_level:g}: grey pruned, blue verified, red chosen")
+    level = f"at {result.target_level:g}" if result.target_level is not None else "(no level could be measured)"
+    ax.set_title(f"{result.measured} candidates {level}: grey pruned, blue verified, red chosen")
     ax.legend(fontsize=8)
     pairs = result.verification.pairs if result.verification else []
     ratios = [p.other.throughput / p.base.throughput for p in pairs if p.base.ok and p.other.ok]

@@ -84,7 +84,7 @@ def test_a_short_real_run_decides_or_says_why(example_repository: Path, tmp_path
     before = (repo / "simple" / "config.pbtxt").read_text()
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "inferd.cli", "tune", "-m", "simple", "--model-repository",
-                           str(repo), "--time-budget", "40s", "-p", "100", "--concurrency-range", "2",
+                           str(repo), "--time-budget", "20s", "-p", "100", "--concurrency-range", "2",
                            "--out", str(out), "--frontend-workers", "0", "--write"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode in (0, 3), proc.stdout + proc.stderr

@@ -155,3 +155,11 @@ def test_the_decision_rule_on_given_intervals() -> None:
     assert few[0] == "none" and "too few" in few[1]
     slow = verdict([1.2] * 8, p99=30_000)  # faster, but its p99 breaks the budget
     assert slow[0] == "none" and "over the 20 ms budget" in slow[1]
+
+
+def test_a_budget_too_short_for_any_round_says_so_and_how_much_would_do() -> None:
+    result, host, _ = run(1, noise=0.06, time_budget_s=5.0)
+    assert result.decision == "none" and not host.calls
+    assert "time budget (5 s) allows no round" in result.reason and "--time-budget" in result.reason
+    needed = float(result.reason.split("needs at least about ")[1].split(" s")[0])
+    assert run(1, noise=0.06, time_budget_s=needed + 1)[0].target_level is not None  # and that much does
