@@ -62,6 +62,7 @@ the model starts itself; outside a server there is none.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import importlib.util
 import inspect
@@ -135,6 +136,27 @@ def _model_class(model: str, module: Any, path: Path) -> Any:
     return cls
 
 
+def _plainly_without_auto_complete(path: Path) -> bool:
+    """Whether the file's own text shows a model with nothing to auto-complete: it parses, defines a
+    ``TritonPythonModel`` class with no base class and an ``execute``, and never names
+    ``auto_complete_config``. Such a model's config needs no import of it: its imports (torch, for
+    one: seconds, and hundreds of MiB kept) then happen only where its instances run, in their model
+    hosts. Anything else (a base class, a syntax error, no such class) is imported as before, which
+    completes the config or names what is wrong."""
+    try:
+        source = path.read_text()
+        tree = ast.parse(source, str(path))
+    except (OSError, SyntaxError, ValueError):
+        return False
+    if "auto_complete_config" in source:
+        return False
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "TritonPythonModel":
+            return not node.bases and not node.keywords and any(
+                isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == "execute" for f in node.body)
+    return False
+
+
 # -- the config as Triton's JSON ------------------------------------------------------
 
 # -- the backend ---------------------------------------------------------------------------
@@ -167,6 +189,8 @@ class PythonBackend(Backend):
 
     def complete_config(self, config: ModelConfig, model_file: Path) -> None:
         name = config.name
+        if _plainly_without_auto_complete(model_file):
+            return
         module = _load_module(name, model_file, "autocomplete")
         try:
             cls = _model_class(name, module, model_file)

@@ -25,10 +25,14 @@ from conftest import ServerProcess, running
 from inferd.examples import onnx_models as om
 from repo_builder import add_model, add_python_model, config
 
+# Notes each process that imports it (its config needs no import: nothing to auto-complete).
 PID_MODEL = '''
 import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+with open(os.path.join(os.path.dirname(__file__), "imported_by"), "a") as imported:
+    imported.write(f"{os.getpid()}\\n")
 
 
 class TritonPythonModel:
@@ -162,10 +166,13 @@ def _restarts(server: ServerProcess, model: str) -> float:
     return server.metric("inferd_model_host_restarts_total", f'{{model="{model}"}}') or 0.0
 
 
-def test_each_instance_of_a_python_model_runs_in_a_host_process_of_its_own(server: ServerProcess, client) -> None:
+def test_each_instance_of_a_python_model_runs_in_a_host_process_of_its_own(server: ServerProcess, client,
+                                                                          repo: Path) -> None:
     assert server.metric("inferd_model_host_processes", '{model="pids"}') == 2
     pid = int(client.infer("pids", _x(0)).as_numpy("PID")[0])
     assert pid != server.proc.pid and pid in server.group()  # a child in the server's group, not the core
+    importers = {int(line) for line in (repo / "pids" / "1" / "imported_by").read_text().split()}
+    assert pid in importers and server.proc.pid not in importers  # the core never imported the model's module
     stats = client.get_inference_statistics("pids", as_json=True)["model_stats"][0]
     memory = stats["memory_usage"]
     assert memory and int(memory[0]["byte_size"]) > 10 * 2**20  # the hosts' resident memory: the footprint
