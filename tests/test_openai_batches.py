@@ -248,7 +248,9 @@ async def test_batch_lines_run_in_the_core_as_background_requests(repo, tmp_path
 def test_a_batch_survives_a_killed_server_and_each_line_is_answered_once(repo, tmp_path):
     """The core owns a batch: killed mid-batch (no chance to tidy up), the next server on the same batch
     directory resumes it and runs only the lines without an answer."""
-    lines = [_chat_line(f"c{i}", f"line {i}", "long_generator", max_tokens=150 * (i + 1)) for i in range(24)]
+    # the lines step together and finish in order of their lengths: the kill comes after two (120 steps)
+    # and 360 steps before the last
+    lines = [_chat_line(f"c{i}", f"line {i}", "long_generator", max_tokens=60 * (i + 1)) for i in range(8)]
     first = ServerProcess(repo, ["--batch-dir", str(tmp_path)])
     try:
         with openai.OpenAI(base_url=f"http://{first.http_url}/v1", api_key="unused", max_retries=0) as c:
@@ -270,7 +272,7 @@ def test_a_batch_survives_a_killed_server_and_each_line_is_answered_once(repo, t
     assert done.status == "completed" and done.request_counts.completed == len(lines), done
     ids = [a["custom_id"] for a in out]
     assert len(ids) == len(set(ids)) == len(lines)  # each once
-    assert all(a["response"]["body"]["usage"]["completion_tokens"] == 150 * (int(a["custom_id"][1:]) + 1)
+    assert all(a["response"]["body"]["usage"]["completion_tokens"] == 60 * (int(a["custom_id"][1:]) + 1)
                for a in out)
 
 
