@@ -299,7 +299,17 @@ def test_sigterm_ends_the_tree_within_the_exit_timeout_with_a_model_stuck_in_exe
 
 
 def _zygote_of(server: ServerProcess) -> int:
-    pids = [p for p in server.group() if Path(f"/proc/{p}/comm").read_text().strip() == "inferd-zygote"]
+    """The core's child named inferd-zygote (a host it has just forked bears that name too, until it
+    names itself host:<model>, but its parent is the zygote)."""
+    def is_zygote(pid: int) -> bool:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()  # "pid (comm) state ppid ..."
+        except OSError:  # gone since the group was listed
+            return False
+        name, ppid = stat[stat.index("(") + 1:stat.rindex(")")], int(stat[stat.rindex(")") + 2:].split()[1])
+        return name == "inferd-zygote" and ppid == server.proc.pid
+
+    pids = [p for p in server.group() if is_zygote(p)]
     assert len(pids) == 1, pids
     return pids[0]
 
