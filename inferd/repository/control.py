@@ -115,7 +115,7 @@ class ModelLoading:
             self.manager.demand.check_nested(name, caller, "asked (pb_utils.load_model) to load")
             await self.manager.demand.load_pinned(name, parsed, folder)
         else:
-            await self.manager.load_model(name, parsed, folder)
+            await self.manager.load_model(name, parsed, folder, within=caller or None)
 
     async def unload(self, name: str, unload_dependents: bool) -> None:
         """``pb_utils.unload_model``: refuses new requests to ``name`` at once and returns; the
