@@ -256,6 +256,16 @@ def parse_gpu_budgets(texts: Sequence[str], what: str = "--model-gpu-memory-budg
     return out
 
 
+def usage_line(used: int, budget: int | None, gpu_used: Mapping[int, int], gpu_budgets: Mapping[int, int]) -> str:
+    """What the loaded models hold against the budgets, as a log line says it."""
+    line = (f"{format_size(used)} of the {format_size(budget)} budget in use" if budget is not None
+            else f"{format_size(used)} in use (no budget)")
+    for device, n in sorted(gpu_used.items()):
+        limit = gpu_budgets.get(device)
+        line += f"; GPU {device}: {format_size(n)}" + (f" of {format_size(limit)}" if limit is not None else "")
+    return line
+
+
 def format_size(n: int) -> str:
     """Bytes as people read them: ``12.3 MiB``."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
