@@ -21,7 +21,9 @@ naming the budget, the footprint and what holds the memory). A load holds its
 room (its footprint as last measured, or its files before its first load) from
 that decision to its end, so parallel loads never promise the same bytes
 twice. Models in hosts build in their hosts, side by side; in-process builds
-are measured one at a time (:class:`~inferd.repository.footprint.MeasureGate`).
+are measured one at a time (:class:`~inferd.repository.footprint.MeasureGate`),
+and a reload from unchanged files reuses its measured figure and builds beside
+other loads.
 
 A footprint is what the model's last load measured
 (:mod:`inferd.repository.footprint`). A model measured past a whole budget is

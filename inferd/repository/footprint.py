@@ -30,7 +30,12 @@ process-wide figures are the model's only if nothing else grows or frees
 memory in this process meanwhile, so such builds are measured one at a time
 (:class:`MeasureGate`): nothing is lost by it, since a runtime's build holds
 the GIL (ONNX Runtime's whole session build does) and in-process builds did
-not run in parallel anyway. Builds in hosts are not held by it.
+not run in parallel anyway. Builds in hosts are not held by it, nor (beyond a
+shared hold) a rebuild from the files and config an earlier build measured:
+malloc's figure was the same for every build of the same model, so an
+on_demand reload takes it again and builds beside other loads
+(``ModelManager._known_footprint``; not Python models, whose ``initialize``
+may load others).
 """
 
 from __future__ import annotations

@@ -152,6 +152,9 @@ class ModelManager:
         # by its hosts, an in-process one around its build, one such build at a time (footprint.py).
         # (``measure_footprints`` is accepted for the callers that asked for it before: always on now.)
         self.gate = MeasureGate()
+        # (name, version) -> (the files and config it was built from, the footprint its build measured):
+        # a rebuild of the same (an on_demand reload) reuses the figure and builds beside other loads.
+        self._measured: dict[tuple[str, int], tuple[tuple, tuple[tuple[str, int, int], ...]]] = {}
         self._skip_warmup = self.demand is not None and not demand_warmup
         # What a load of a file leaves for the next load of the same file (the ONNX backend's optimised
         # models): on_demand loads the same files again and again, so it gets a temporary folder of its
@@ -319,11 +322,24 @@ class ModelManager:
                 elif entry.hosted:
                     models[version] = await loop.run_in_executor(None, self._build_version, entry.name, prepared,
                                                                  version, file, None)
+                elif (known := self._known_footprint(entry.name, version, source)) is not None:
+                    # Built from these files before and measured then: the same figure again, so this build
+                    # needs the process only shared (beside other such builds and reads, not beside a measure).
+                    async with self.gate.holding(False, entry.name, within):
+                        models[version] = await loop.run_in_executor(None, self._build_version, entry.name,
+                                                                     prepared, version, file, None)
+                        await loop.run_in_executor(None, trim)  # what the build parsed and freed goes back
+                    models[version].stats.memory_usage = known
+                    if within is not None and within == self.gate.owner:  # inside that model's measured build
+                        cpu = sum(n for kind, _, n in known if kind == "CPU")
+                        self.gate.nested[within] = self.gate.nested.get(within, 0) + cpu
                 else:
                     nested = within is not None and within == self.gate.owner
                     async with self.gate.holding(True, entry.name, within):
                         models[version] = await loop.run_in_executor(None, self._build_version, entry.name,
                                                                      prepared, version, file, within if nested else "")
+                    if prepared.backend.name != "python":  # its initialize may load models: measured every time
+                        self._measured[(entry.name, version)] = (source, models[version].stats.memory_usage)
         except BaseException:
             for version, model in models.items():
                 if model is not old.get(version):
@@ -331,6 +347,14 @@ class ModelManager:
                         worker.close()
             raise
         return models, sources
+
+    def _known_footprint(self, name: str, version: int, source: tuple) -> tuple[tuple[str, int, int], ...] | None:
+        """The footprint (memory_usage) an earlier in-process build of this version from the same files
+        and config (``source``) measured (malloc's figure is the same for every build of the same model),
+        or None: never measured, or changed since. Python models are never recorded: their ``initialize``
+        may load other models, whose figures come out of their own measured build's."""
+        known = self._measured.get((name, version))
+        return known[1] if known is not None and known[0] == source else None
 
     def _prepare_blocking(self, entry: ModelEntry, config: ModelConfig | None) -> tuple[Prepared, tuple]:
         """Read and validate the model's folder (:func:`prepare`); blocking (a loader thread)."""
@@ -343,8 +367,9 @@ class ModelManager:
     def _build_version(self, name: str, prepared: Prepared, version: int, file: Path,
                        measure_within: str | None) -> Model:
         """Build one version; blocking (a loader thread). ``measure_within``: None for a hosted model (its
-        hosts' memory is its footprint), else this process's growth during the build is (the gate held,
-        or ``measure_within`` names the model whose measured build this one is nested in)."""
+        hosts' memory is its footprint) or one whose footprint is known (:meth:`_known_footprint`), else
+        this process's growth during the build is (the gate held, or ``measure_within`` names the model
+        whose measured build this one is nested in)."""
         path = self._entries[name].path
         build = functools.partial(build_model, prepared.spec, prepared.backend, path, version, file, self.clock,
                                   self.dispatcher.for_model(name), cache=self.cache, limiter=self.limiter,

@@ -422,3 +422,43 @@ async def test_in_process_builds_are_measured_one_at_a_time(tmp_path: Path) -> N
         release(gate)
         await asyncio.gather(*calls, return_exceptions=True)
         await dp.close()
+
+
+async def test_a_rebuild_from_the_same_files_reuses_its_footprint_and_builds_beside_others(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    import inferd.repository.manager as manager_module
+
+    for i, name in enumerate(("a", "b")):
+        add_table_model(tmp_path, name, i, 250_000)  # 1 MB tables, in this process
+    dp = await plane(tmp_path)
+    try:
+        for name in ("a", "b"):  # first loads: measured, one at a time
+            await dp.infer(table_request(name))
+        measured = {name: dp.manager.get(name).stats.memory_usage for name in ("a", "b")}
+        assert all(usage[0][0] == "CPU" and usage[0][2] >= 1_000_000 for usage in measured.values()), measured
+        for name in ("a", "b"):
+            await dp.manager.evict(name, "evicted by the test")
+        real = manager_module.build_model
+        inside: list[str] = []
+        go = threading.Event()
+
+        def held(spec, *args, **kwargs):  # type: ignore[no-untyped-def]
+            inside.append(spec.name)
+            go.wait(60)
+            return real(spec, *args, **kwargs)
+
+        monkeypatch.setattr(manager_module, "build_model", held)
+        calls = [asyncio.ensure_future(dp.infer(table_request(name, 5))) for name in ("a", "b")]
+        try:
+            # Both rebuilds under way at once (before, the second waited for the first's measure to end).
+            await _until(lambda: len(inside) == 2, f"both rebuilds under way at once, got {inside}")
+            assert dp.manager.gate.owner is None  # neither holds the process alone
+        finally:
+            go.set()
+        answers = await asyncio.gather(*calls)
+        assert [float(a.outputs["Y"][0]) for a in answers] == [expected(0, 5), expected(1, 5)]
+        assert {name: dp.manager.get(name).stats.memory_usage for name in ("a", "b")} == measured
+    finally:
+        await dp.close()
