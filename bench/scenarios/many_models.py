@@ -14,7 +14,9 @@ budget: each load's time ("one load's time": its first request, in the server's 
 and the growth of the process tree's summed PSS (proportional set size: each page counted once across
 the server, the zygote and the hosts) and RSS against the model's footprint (ModelStatistics
 memory_usage); (2) the stream with every model loaded: warm latency; (3) a fresh server with
-``--model-memory-budget`` a third of the footprints' sum: the same stream; cold and warm latency,
+``--model-memory-budget`` a third of the footprints' sum, every model asked for once in turn (its first
+load measures it, alone: the stream then sees the steady state of a server that has run a while,
+reloads), then the same stream; cold and warm latency,
 loads and evictions per second, the tree's peak PSS (sampled by the client process every 0.25 s)
 against its PSS at start-up plus the budget. (2) and (3) alternate: four rounds, each on its own quarter
 of the stream, in the order L B, B L, L B, B L; one load's time is each model's median over the rounds. The machine (2 cores, the client beside the server) was
@@ -173,13 +175,17 @@ async def _paced(server: Server, schedule: list[int], rate: float) -> dict:
 async def _round(repo: Path, names: list[str], host: str, half: list[int], rate: float, budget: int | None,
                  measure: bool) -> dict:
     """One server: without a budget, every model loaded (alone, measured when ``measure``) then the
-    stream; with one, the stream from start-up."""
+    stream; with one, every model asked for once, one after the other (each measured at its first load, as
+    a server that has run a while has: the stream sees the steady state, reloads), then the stream."""
     gc.collect()
     await asyncio.sleep(1.0)
     async with Server(repo, host, budget) as server:
         await asyncio.sleep(0.5)
         base = _pss()
-        alone = await _load_each(server, names, measure) if budget is None else []
+        alone = await _load_each(server, names, measure and budget is None)
+        if budget is not None:
+            alone = []
+            await asyncio.sleep(0.5)
         got = await _paced(server, half, rate)
     return {**got, "alone": alone, "base_pss": base}
 
