@@ -29,7 +29,6 @@ import asyncio
 import gc
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
