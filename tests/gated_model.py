@@ -5,9 +5,9 @@ requests, queues, orders and slow loads, without timing guesses.
 model's instances, in the order they began; the file holds the first element of each
 request's INPUT0, one a line, so a test can tell which requests an execution ran) and
 waits for ``<gate>/release`` (then answers OUTPUT0 = INPUT0); with ``hold_load``,
-``initialize`` waits for ``<gate>/loaded`` first; with ``sleep_s``, each execution
-also sleeps that long (a known least execution time, for estimates). Waits give up
-after 120 s.
+``initialize`` creates ``<gate>/loading.<pid>.<id>`` (loads under way can be counted)
+and waits for ``<gate>/loaded`` first; with ``sleep_s``, each execution also sleeps
+that long (a known least execution time, for estimates). Waits give up after 120 s.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ def _started(lines):
 class TritonPythonModel:
     def initialize(self, args):
         if HOLD_LOAD:
+            open(os.path.join(GATE, "loading.%d.%d" % (os.getpid(), id(self))), "w").close()
             _wait(os.path.join(GATE, "loaded"))
 
     def execute(self, requests):
@@ -88,6 +89,11 @@ def reset(gate: Path) -> None:
     (gate / "release").unlink(missing_ok=True)
     for path in gate.glob("started.*"):
         path.unlink()
+
+
+def loading_count(gate: Path) -> int:
+    """How many loads of held models (``hold_load``) sharing ``gate`` have begun their ``initialize``."""
+    return len(list(gate.glob("loading.*")))
 
 
 def started_count(gate: Path) -> int:

@@ -607,8 +607,13 @@ async def test_control_load_of_an_unselected_model_during_startup_stays_wanted(r
         control = asyncio.ensure_future(manager.load_model("scaler"))
         while not started.is_set():
             await asyncio.sleep(0.01)
-        await manager.load_all()
+        startup = asyncio.ensure_future(manager.load_all())
+        # In-process builds are measured one at a time: adder's waits for scaler's, held here until
+        # start-up has chosen what it loads (adder's load has begun).
+        while "adder" not in manager._entries or not manager._entries["adder"].lock.locked():
+            await asyncio.sleep(0.01)
         gate.set()
+        await startup
         await control
         assert {e.name: e.state for e in manager.index()} == {"adder": "READY", "scaler": "READY"}
         assert manager._entries["scaler"].wanted  # asked for: it counts for server readiness

@@ -1,6 +1,7 @@
 """``--model-control-mode on_demand`` through tritonclient, what goes wrong: a Python model's BLS call into a
-model that is not loaded loads it; a model whose ``initialize`` BLS-calls a cold model (its own load would
-wait for itself) fails at once with both models named; a broken model is not loaded again on every request
+model that is not loaded loads it, from ``execute`` and, in a model host, from ``initialize`` (loads run in
+parallel); a model in the server's process whose ``initialize`` BLS-calls a cold model (that load would wait
+for its own measured build) fails at once with both models named; a broken model is not loaded again on every request
 (its failure is remembered until a backoff passes or its files change); ``--model-gpu-memory-budget``'s
 refusals at start-up and its help. One server for the module (both process modes: `make test`)."""
 
@@ -70,6 +71,9 @@ class TritonPythonModel:
 '''
 
 
+INLINE = 'parameters { key: "inferd.host" value: { string_value: "inline" } }\n'
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("on_demand_robust")
@@ -78,6 +82,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     add_python_model(root, "bls_caller", BLS_CALLER, 'name: "bls_caller"\nbackend: "python"\n' + TABLE_IO)
     add_python_model(root, "calls_in_initialize", CALLS_IN_INITIALIZE,
                      'name: "calls_in_initialize"\nbackend: "python"\n' + TABLE_IO)
+    add_table_model(root, "cold_callee2", 6, 100)
+    add_python_model(root, "inline_calls_in_initialize", CALLS_IN_INITIALIZE.replace("cold_callee", "cold_callee2"),
+                     'name: "inline_calls_in_initialize"\nbackend: "python"\n' + TABLE_IO + INLINE)
     broken = add_table_model(root, "broken", 5, 100)
     good = (broken / "1" / "model.onnx").read_bytes()
     (broken / "1" / "model.onnx").write_bytes(b"not an onnx file")
@@ -122,16 +129,24 @@ def test_a_bls_call_into_a_cold_model_loads_it(client) -> None:  # type: ignore[
     assert ask(client, "bls_caller", 8) == expected(3, 8)  # and now it is found loaded
 
 
-def test_a_bls_call_from_initialize_into_a_cold_model_fails_fast_naming_both(client) -> None:  # type: ignore[no-untyped-def]
+def test_a_hosted_models_bls_call_from_initialize_into_a_cold_model_loads_it(client) -> None:  # type: ignore[no-untyped-def]
+    assert states(client)["cold_callee"] == "UNAVAILABLE"
+    # Its initialize waits for cold_callee's load, which runs beside its own (before: refused, as loads ran
+    # one at a time and that load would have waited for this one).
+    assert ask(client, "calls_in_initialize", 1) == expected(4, 1)
+    assert states(client)["cold_callee"] == "READY"
+
+
+def test_an_in_process_models_bls_call_from_initialize_into_a_cold_model_fails_fast_naming_both(client) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(InferenceServerException) as info:
-        ask(client, "calls_in_initialize", 1)  # bounded: client_timeout; a deadlock would hit it
+        ask(client, "inline_calls_in_initialize", 1)  # bounded: client_timeout; a deadlock would hit it
     message = info.value.message()
-    assert "model 'calls_in_initialize' failed to load on demand" in message, message
-    assert ("model 'calls_in_initialize' made a BLS call to model 'cold_callee' while 'calls_in_initialize' itself "
-            "was loading") in message, message
-    assert "load 'cold_callee' first" in message
-    assert states(client)["cold_callee"] == "UNAVAILABLE"  # nothing loaded it
-    assert ask(client, "cold_callee", 2) == expected(4, 2)  # the server goes on; a direct request loads it
+    assert "model 'inline_calls_in_initialize' failed to load on demand" in message, message
+    assert ("model 'inline_calls_in_initialize' made a BLS call to model 'cold_callee2' while "
+            "'inline_calls_in_initialize' itself was loading") in message, message
+    assert "load 'cold_callee2' first" in message and "inferd.host: process" in message
+    assert states(client)["cold_callee2"] == "UNAVAILABLE"  # nothing loaded it
+    assert ask(client, "cold_callee2", 2) == expected(6, 2)  # the server goes on; a direct request loads it
 
 
 def test_a_broken_model_is_not_loaded_again_on_every_request(server: ServerProcess, client, repo: Path) -> None:  # type: ignore[no-untyped-def]

@@ -1,5 +1,5 @@
 """A repository of many small ONNX models that hold real memory, for on-demand loading
-(tests/test_on_demand.py, bench/scenarios/residency.py).
+(tests/test_on_demand.py, bench/scenarios/residency.py, bench/scenarios/many_models.py).
 
 Each model ``<prefix>NN`` is a lookup table: ``Y = TABLE[I]`` (``I``: INT64 [1], ``Y``: FP32 [1]),
 ``TABLE[i] = NN * 1_000_000 + i``, so every answer says which model gave it and the table (an
@@ -10,6 +10,7 @@ random; the same arguments write the same files.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
@@ -53,11 +54,23 @@ def pinned(text: str = "true") -> str:
     return f'parameters {{ key: "inferd.pinned" value: {{ string_value: "{text}" }} }}\n'
 
 
-def build_many(repo: Path, count: int, floats: int, prefix: str = "m") -> list[str]:
-    """``count`` table models ``<prefix>00``.. of ``floats`` elements each; their names."""
+def build_many(repo: Path, count: int, floats: int | Sequence[int], prefix: str = "m") -> list[str]:
+    """``count`` table models ``<prefix>00``.. of ``floats`` elements each (or ``floats[i]`` for model
+    ``i``: mixed sizes); their names."""
+    sizes = [floats] * count if isinstance(floats, int) else list(floats)
+    if len(sizes) != count:
+        raise ValueError(f"build_many: {count} models but {len(sizes)} sizes")
     names = []
     for i in range(count):
         name = f"{prefix}{i:02d}"
-        add_table_model(repo, name, i, floats)
+        add_table_model(repo, name, i, sizes[i])
         names.append(name)
     return names
+
+
+def mixed_sizes(count: int, low_mb: float, high_mb: float, seed: int = 43) -> list[int]:
+    """Table sizes (elements) for ``count`` models from ``low_mb`` to ``high_mb`` MB of table, evenly
+    spread and shuffled (the same for the same arguments)."""
+    mb = np.linspace(low_mb, high_mb, count)
+    np.random.default_rng(seed).shuffle(mb)
+    return [int(m * 1e6) // 4 for m in mb]

@@ -113,9 +113,9 @@ class ModelLoading:
         parsed, folder = load_parameters(name, params)
         if self.manager.demand is not None:
             self.manager.demand.check_nested(name, caller, "asked (pb_utils.load_model) to load")
-            await self.manager.demand.load_pinned(name, parsed, folder)
+            await self.manager.demand.load_pinned(name, parsed, folder, caller=caller)
         else:
-            await self.manager.load_model(name, parsed, folder)
+            await self.manager.load_model(name, parsed, folder, within=caller or None)
 
     async def unload(self, name: str, unload_dependents: bool) -> None:
         """``pb_utils.unload_model``: refuses new requests to ``name`` at once and returns; the

@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from inferd.errors import ConfigError
+from inferd.config import parse_config_file
+from inferd.errors import ConfigError, InferdError
 
 
 def check_repositories(repositories: list[Path]) -> list[Path]:
@@ -98,3 +99,14 @@ def change_stamp(model_dir: Path) -> tuple[tuple[str, int, int], ...]:
             for item in inner:
                 add(f"{entry.name}/{item.name}", item.path)
     return tuple(items)
+
+
+def pinned_in_config(name: str, model_dir: Path) -> bool:
+    """Whether a model's config.pbtxt says ``inferd.pinned: true`` (read before it loads, on_demand's
+    start-up; a config that does not parse is not pinned: its load reports it)."""
+    try:
+        config = parse_config_file(model_dir / "config.pbtxt", model=name)
+    except (InferdError, OSError):
+        return False
+    param = config.parameters.get("inferd.pinned")
+    return param is not None and param.string_value.strip().lower() in ("true", "1")

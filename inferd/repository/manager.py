@@ -20,8 +20,9 @@ says what failed).
 from __future__ import annotations
 
 import asyncio
-import ctypes
+import contextlib
 import dataclasses
+import functools
 import gc
 import logging
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ from inferd.model.cache import ResponseCache
 from inferd.repository import ensembles as ensemble_loader
 from inferd.repository.control import ModelLoading
 from inferd.repository.demand import OnDemand
-from inferd.repository.footprint import Measure
+from inferd.repository.footprint import Footprint, Measure, MeasureGate, trim
 from inferd.repository.overrides import OverrideFolders
 from inferd.repository.layout import available_versions, fingerprint, scan
 from inferd.repository.build import Model, build_model
@@ -75,6 +76,7 @@ class ModelEntry:
     origin: Path | None = None  # its folder in the repository (None: known only from an override)
     override: Path | None = None  # the override folder ``path`` points to, while loaded from one
     plain_config: tuple | None = None  # config.pbtxt's (inode, size, mtime) when last read as no ensemble
+    hosted: bool = False  # its instances run in model hosts (its memory is theirs, not this process's)
 
     def __post_init__(self) -> None:
         if self.origin is None and self.override is None:
@@ -146,11 +148,14 @@ class ModelManager:
                        if mode == "on_demand" else None)
         if self.demand is not None:
             self.dispatcher.cold = self.demand.call_from
-        # Each version's footprint (malloc / RSS delta around its build, ModelStatistics' memory_usage) is
-        # measured where loads do not overlap: on_demand loads one at a time, ``inferd check`` too.
-        self.measure_footprints = measure_footprints or mode == "on_demand"
+        # Each version's footprint (ModelStatistics' memory_usage) is measured in every mode: a hosted one's
+        # by its hosts, an in-process one around its build, one such build at a time (footprint.py).
+        # (``measure_footprints`` is accepted for the callers that asked for it before: always on now.)
+        self.gate = MeasureGate()
+        # (name, version) -> (the files and config it was built from, the footprint its build measured):
+        # a rebuild of the same (an on_demand reload) reuses the figure and builds beside other loads.
+        self._measured: dict[tuple[str, int], tuple[tuple, tuple[tuple[str, int, int], ...]]] = {}
         self._skip_warmup = self.demand is not None and not demand_warmup
-        self._runtimes_loaded: set[str] = set()  # platforms/backends loaded once (their set-up is paid)
         # What a load of a file leaves for the next load of the same file (the ONNX backend's optimised
         # models): on_demand loads the same files again and again, so it gets a temporary folder of its
         # own unless handed one (``--model-cache-dir``); False, or another mode without one: none.
@@ -236,24 +241,23 @@ class ModelManager:
         # Ensembles after the models they compose (nested ones in dependency order).
         graphs = {name: g for name in found if (g := self.ensemble_graph(name)) is not None}
         plain = [name for name in found if name not in graphs]
-        if self.measure_footprints:  # one at a time: each footprint is its own load's
-            for name in plain:
-                await self.load_locked(name)
-        else:
-            await asyncio.gather(*(self.load_locked(name) for name in plain))
+        # Concurrently: models in hosts build in parallel; in-process builds are measured one at a time
+        # (the gate), as their runtimes' builds, holding the GIL, would run anyway.
+        await asyncio.gather(*(self.load_locked(name) for name in plain))
         for name in load_order(graphs):
             await self.load_locked(name)
 
-    async def load_locked(self, name: str) -> InferdError | None:
-        """A start-up load, under the model's lock as RepositoryModelLoad's: one that
-        arrives meanwhile waits, then finds the versions built and keeps them."""
+    async def load_locked(self, name: str, within: str | None = None) -> InferdError | None:
+        """A start-up (or on-demand) load, under the model's lock as RepositoryModelLoad's: one that
+        arrives meanwhile waits, then finds the versions built and keeps them. ``within``: as :meth:`load`."""
         entry = self._entries[name]
         async with entry.lock:
-            return await self.load(name)
+            return await self.load(name, within=within)
 
-    async def load(self, name: str, config: ModelConfig | None = None) -> InferdError | None:
+    async def load(self, name: str, config: ModelConfig | None = None, within: str | None = None) -> InferdError | None:
         """(Re)load ``name``; never raises: returns the error when it failed.
-        ``config``: use it instead of config.pbtxt (RepositoryModelLoad)."""
+        ``config``: use it instead of config.pbtxt (RepositoryModelLoad); ``within``: the model whose
+        own load asked for this one (``pb_utils.load_model`` from its ``initialize``), which waits for it."""
         self.dispatcher.bind(asyncio.get_running_loop())  # before any instance can call it
         entry = self._entries[name]
         entry.state = LOADING if not entry.versions else entry.state
@@ -266,9 +270,8 @@ class ModelManager:
                 ensemble_config = None  # prepare() reports the broken config
         if ensemble_config is not None:
             return await self._load_ensemble(entry, ensemble_config)
-        loop = asyncio.get_running_loop()
         try:
-            models, sources = await loop.run_in_executor(None, self._load_blocking, entry, config)
+            models, sources = await self._build(entry, config, within)
         except InferdError as exc:
             log.error("failed to load model '%s': %s", name, exc.message)
             return self._failed(entry, exc)
@@ -282,7 +285,10 @@ class ModelManager:
         entry.state, entry.reason = READY, ""
         log.info("loaded model '%s' versions %s", name, sorted(models))
         kept = set(map(id, models.values()))
-        await asyncio.gather(*(m.scheduler.stop() for m in old.values() if id(m) not in kept))
+        dropped = [m for m in old.values() if id(m) not in kept]
+        if dropped:
+            async with self.gate.holding(False, name, within) if not entry.hosted else _nothing():
+                await asyncio.gather(*(m.scheduler.stop() for m in dropped))
         return None
 
     def _failed(self, entry: ModelEntry, exc: InferdError) -> InferdError:
@@ -293,16 +299,15 @@ class ModelManager:
             entry.state, entry.reason = UNAVAILABLE, exc.message
         return exc
 
-    def _load_blocking(self, entry: ModelEntry,
-                       config: ModelConfig | None) -> tuple[dict[int, Model], dict[int, tuple]]:
-        """Build the selected versions; a version whose files and config are those
-        it was built from is kept as it is. Blocking (runs on a worker thread)."""
-        path = entry.path
-        entry.fingerprint = folder = fingerprint(path)  # first: a change during the load is seen next poll
-        with Measure() as reading:  # parsing the model files: part of what the first version holds
-            prepared = prepare(entry.name, path, config, self.auto_complete, [g.index for g in self.gpus.gpus()])
-        if self._skip_warmup and prepared.spec.warmup:  # --model-warmup-on-demand false
-            prepared = Prepared(dataclasses.replace(prepared.spec, warmup=()), prepared.backend, prepared.files)
+    async def _build(self, entry: ModelEntry, config: ModelConfig | None,
+                     within: str | None) -> tuple[dict[int, Model], dict[int, tuple]]:
+        """Build the selected versions (on loader threads); a version whose files and config are those
+        it was built from is kept as it is. Each version's footprint is measured (ModelStatistics'
+        memory_usage): a hosted one's by its hosts, an in-process one around its build, alone."""
+        loop = asyncio.get_running_loop()
+        async with self.gate.holding(False, entry.name, within):  # reading may build a session: not beside a measure
+            prepared, folder = await loop.run_in_executor(None, self._prepare_blocking, entry, config)
+        entry.hosted = self.hosts is not None and self.hosts.hosted(prepared.spec, prepared.backend)
         config_bytes = prepared.spec.config_bytes()
         shared = tuple(f for f in folder if not f[0].split("/", 1)[0].isdigit())
         old, old_sources = entry.versions, entry.sources
@@ -314,21 +319,27 @@ class ModelManager:
                 sources[version] = source = (config_bytes, shared, tuple(f for f in folder if f[0].startswith(prefix)))
                 if version in old and old_sources.get(version) == source:
                     models[version] = old[version]
+                elif entry.hosted:
+                    models[version] = await loop.run_in_executor(None, self._build_version, entry.name, prepared,
+                                                                 version, file, None)
+                elif (known := self._known_footprint(entry.name, version, source)) is not None:
+                    # Built from these files before and measured then: the same figure again, so this build
+                    # needs the process only shared (beside other such builds and reads, not beside a measure).
+                    async with self.gate.holding(False, entry.name, within):
+                        models[version] = await loop.run_in_executor(None, self._build_version, entry.name,
+                                                                     prepared, version, file, None)
+                        await loop.run_in_executor(None, trim)  # what the build parsed and freed goes back
+                    models[version].stats.memory_usage = known
+                    if within is not None and within == self.gate.owner:  # inside that model's measured build
+                        cpu = sum(n for kind, _, n in known if kind == "CPU")
+                        self.gate.nested[within] = self.gate.nested.get(within, 0) + cpu
                 else:
-                    # The first version built counts from before the reading (one span: what the reading
-                    # left behind plus the build, not the reading's transient peak added to the build's).
-                    first_built = not any(m is not old.get(v) for v, m in models.items())
-                    with Measure(since=reading if first_built else None) as measured:
-                        models[version] = build_model(prepared.spec, prepared.backend, path, version, file,
-                                                      self.clock, self.dispatcher.for_model(entry.name),
-                                                      cache=self.cache, limiter=self.limiter,
-                                                      session_cache=self.session_cache, hosts=self.hosts)
-                    if self.measure_footprints and not models[version].stats.memory_usage:  # hosted: set by build
-                        runtime = prepared.spec.platform or prepared.spec.backend
-                        first = runtime not in self._runtimes_loaded  # its set-up grew the resident set too
-                        self._runtimes_loaded.add(runtime)
-                        footprint = measured.allocated if first else measured.footprint
-                        models[version].stats.memory_usage = footprint.usage()
+                    nested = within is not None and within == self.gate.owner
+                    async with self.gate.holding(True, entry.name, within):
+                        models[version] = await loop.run_in_executor(None, self._build_version, entry.name,
+                                                                     prepared, version, file, within if nested else "")
+                    if prepared.backend.name != "python":  # its initialize may load models: measured every time
+                        self._measured[(entry.name, version)] = (source, models[version].stats.memory_usage)
         except BaseException:
             for version, model in models.items():
                 if model is not old.get(version):
@@ -336,6 +347,46 @@ class ModelManager:
                         worker.close()
             raise
         return models, sources
+
+    def _known_footprint(self, name: str, version: int, source: tuple) -> tuple[tuple[str, int, int], ...] | None:
+        """The footprint (memory_usage) an earlier in-process build of this version from the same files
+        and config (``source``) measured (malloc's figure is the same for every build of the same model),
+        or None: never measured, or changed since. Python models are never recorded: their ``initialize``
+        may load other models, whose figures come out of their own measured build's."""
+        known = self._measured.get((name, version))
+        return known[1] if known is not None and known[0] == source else None
+
+    def _prepare_blocking(self, entry: ModelEntry, config: ModelConfig | None) -> tuple[Prepared, tuple]:
+        """Read and validate the model's folder (:func:`prepare`); blocking (a loader thread)."""
+        entry.fingerprint = folder = fingerprint(entry.path)  # first: a change during the load is seen next poll
+        prepared = prepare(entry.name, entry.path, config, self.auto_complete, [g.index for g in self.gpus.gpus()])
+        if self._skip_warmup and prepared.spec.warmup:  # --model-warmup-on-demand false
+            prepared = Prepared(dataclasses.replace(prepared.spec, warmup=()), prepared.backend, prepared.files)
+        return prepared, folder
+
+    def _build_version(self, name: str, prepared: Prepared, version: int, file: Path,
+                       measure_within: str | None) -> Model:
+        """Build one version; blocking (a loader thread). ``measure_within``: None for a hosted model (its
+        hosts' memory is its footprint) or one whose footprint is known (:meth:`_known_footprint`), else
+        this process's growth during the build is (the gate held, or ``measure_within`` names the model
+        whose measured build this one is nested in)."""
+        path = self._entries[name].path
+        build = functools.partial(build_model, prepared.spec, prepared.backend, path, version, file, self.clock,
+                                  self.dispatcher.for_model(name), cache=self.cache, limiter=self.limiter,
+                                  session_cache=self.session_cache, hosts=self.hosts)
+        if measure_within is None:
+            return build()
+        with Measure() as measured:
+            model = build()
+        if model.stats.memory_usage:  # set by its build (hosted after all): not this process's growth
+            return model
+        footprint = measured.footprint
+        inner = self.gate.nested.pop(name, 0)  # loads made within this build, measured there
+        footprint = Footprint(max(0, footprint.cpu - inner), footprint.gpus)
+        if measure_within:  # nested in that model's build: what it measured includes this
+            self.gate.nested[measure_within] = self.gate.nested.get(measure_within, 0) + footprint.cpu
+        model.stats.memory_usage = footprint.usage()
+        return model
 
     # -- model control ---------------------------------------------------------------
 
@@ -369,10 +420,11 @@ class ModelManager:
         return dependents(name, graphs) if graphs else []
 
     async def load_model(self, name: str, config: ModelConfig | None = None,
-                         files: dict[str, object] | None = None) -> None:
+                         files: dict[str, object] | None = None, within: str | None = None) -> None:
         """Load or reload ``name`` (RepositoryModelLoad, poll mode); raises when it fails.
         ``files`` (``file:<path>`` -> bytes): load from an override folder made of them and
-        ``config`` instead of the repository's folder (:mod:`inferd.repository.overrides`)."""
+        ``config`` instead of the repository's folder (:mod:`inferd.repository.overrides`);
+        ``within``: as :meth:`load`."""
         loop = asyncio.get_running_loop()
         entry = self._entries.get(name)
         folder = None
@@ -390,7 +442,7 @@ class ModelManager:
             entry.wanted = True
             before = (entry.path, entry.override)
             entry.path, entry.override = (folder, folder) if folder is not None else (entry.origin, None)
-            error = await self.load(name, config)
+            error = await self.load(name, config, within)
             if error is None:
                 dropped = before[1]
             else:  # what still serves, if anything, was loaded from where the entry pointed before
@@ -420,23 +472,26 @@ class ModelManager:
         """``collect``: run a full collection after (25 ms here, on the loop); an eviction
         (on_demand) leaves it out: the model goes by reference count, glibc's trim runs off the loop."""
         entry = self._entries[name]
-        async with entry.lock:
-            entry.wanted = False
-            old = entry.versions
-            entry.state, entry.reason = UNLOADING, ""
-            entry.set_versions({})
-            entry.sources = {}
-            if getattr(entry, "ensemble", None) is not None:
-                entry.ensemble = None
-            await asyncio.gather(*(m.scheduler.stop() for m in old.values()))
-            entry.state, entry.reason = UNAVAILABLE, "unloaded"
-        if old:
-            log.info("unloaded model '%s' versions %s", name, sorted(old))
-            del old
-            if collect:
-                _release_memory()
-            else:
-                await asyncio.get_running_loop().run_in_executor(None, _trim)
+        # An in-process model's memory goes back while no in-process build is measured (the gate, taken
+        # before the model's lock: a build that loads this model from its initialize is not held up).
+        async with self.gate.holding(False, name) if entry.versions and not entry.hosted else _nothing():
+            async with entry.lock:
+                entry.wanted = False
+                old = entry.versions
+                entry.state, entry.reason = UNLOADING, ""
+                entry.set_versions({})
+                entry.sources = {}
+                if getattr(entry, "ensemble", None) is not None:
+                    entry.ensemble = None
+                await asyncio.gather(*(m.scheduler.stop() for m in old.values()))
+                entry.state, entry.reason = UNAVAILABLE, "unloaded"
+            if old:
+                log.info("unloaded model '%s' versions %s", name, sorted(old))
+                del old
+                if collect:
+                    _release_memory()
+                else:
+                    await asyncio.get_running_loop().run_in_executor(None, trim)
 
     async def evict(self, name: str, reason: str) -> None:
         """Unload ``name`` to make room (the on-demand driver), saying ``reason`` while nothing of it
@@ -567,12 +622,10 @@ def _release_memory() -> None:
     reference cycles hold, then ask glibc to return freed heap pages (a
     runtime's arenas otherwise stay mapped, and RSS only grows)."""
     gc.collect()
-    _trim()
+    trim()
 
 
-def _trim() -> None:
-    """Ask glibc to return freed heap pages to the system (ctypes drops the GIL meanwhile)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+@contextlib.asynccontextmanager
+async def _nothing():  # type: ignore[no-untyped-def]
+    """No gate to hold (a hosted model's memory is its hosts')."""
+    yield

@@ -22,7 +22,16 @@ The rules:
   decision is the same on every run), only as many as the load needs;
 - if even evicting all of them leaves too little room, nothing is evicted and
   the load is refused (:attr:`Plan.refusal` says why, naming the budget, the
-  footprint and what holds the memory).
+  footprint and what holds the memory), unless the room could be made once
+  the loads in progress have ended (were their models idle): then it waits
+  (:attr:`Plan.wait`) and is decided again when one of them ends (a load's
+  room is held from its decision to its end, so loads in parallel never
+  promise the same bytes twice);
+- loads run in parallel, at most ``slots`` at a time (the cores: a load is CPU
+  work, and each holds a transient peak of memory besides its footprint); a
+  load past them waits for one to end. A load that a loading model waits for
+  (a BLS call from its ``initialize``) neither waits for a slot nor for memory:
+  the model it would wait for waits for it.
 
 Per GPU (``--model-gpu-memory-budget 0:8GiB,1:4GiB``) the same rules hold for
 each device on its own: a load that needs bytes on GPU k (its footprint there,
@@ -37,7 +46,7 @@ device it does not use.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 
@@ -52,6 +61,7 @@ class Resident:
     pinned: bool = False
     keep_warm_until: float = 0.0  # not evicted before this time (last use + inferd.keep_warm_seconds)
     gpus: tuple[tuple[int, int], ...] = ()  # (GPU index, bytes it holds there), as measured at its load
+    loading: bool = False  # a load in progress: ``footprint`` and ``gpus`` are the room held for it
 
     def holds(self, device: int | None) -> int:
         """Bytes held on ``device``: None is host memory, an int a GPU index."""
@@ -62,28 +72,43 @@ class Resident:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What to do before loading a model: the models to unload first (least recently used
-    first), or why the load cannot fit (then ``evict`` is empty)."""
+    """What to do about a load: start it after unloading ``evict`` (least recently used first; empty:
+    it fits), or not now: ``wait`` says for what (a slot, or memory that loads in progress hold; decide
+    again when one of them ends), ``refusal`` why it cannot fit (then ``evict`` is empty)."""
 
     evict: tuple[str, ...] = ()
     refusal: str | None = None
+    wait: str | None = None
 
 
 def plan_load(name: str, footprint: int, budget: int | None, residents: Sequence[Resident], now: float,
-              gpu_footprint: Mapping[int, int] | None = None, gpu_budgets: Mapping[int, int] | None = None) -> Plan:
+              gpu_footprint: Mapping[int, int] | None = None, gpu_budgets: Mapping[int, int] | None = None, *,
+              slots: int | None = None, may_wait: bool = True) -> Plan:
     """Make room for ``name`` (``footprint`` host bytes, ``gpu_footprint`` bytes per GPU index) under
     ``budget`` host bytes (None: no limit) and ``gpu_budgets`` (GPU index -> bytes; a GPU without one
-    has no limit) among ``residents`` (``name`` itself must not be among them). One pass in least
-    recently used order evicts an idle model only when it holds memory somewhere the load is still
-    short of room (a model on GPU 0 alone is not evicted for GPU 1). Pure: reads only its arguments."""
+    has no limit) among ``residents`` (``name`` itself must not be among them; loads in progress are
+    among them, ``loading``, never evicted). ``slots``: how many loads may run at once (None: no
+    limit); ``may_wait``: False for a load another load waits for, which is refused rather than made
+    to wait. One pass in least recently used order evicts an idle model only when it holds memory
+    somewhere the load is still short of room (a model on GPU 0 alone is not evicted for GPU 1).
+    Pure: reads only its arguments."""
     needs = _needs(footprint, budget, gpu_footprint or {}, gpu_budgets or {})
+    for device, need, limit in needs:
+        if need > limit:
+            return Plan(refusal=_too_large(name, device, need, limit))
+    plan = _make_room(name, needs, residents, now, may_wait)
+    loads = sum(1 for r in residents if r.loading)
+    if plan.refusal is None and plan.wait is None and may_wait and slots is not None and loads >= slots:
+        return Plan(wait=f"a load slot ({loads} loads in progress, {slots} at a time)")
+    return plan
+
+
+def _make_room(name: str, needs: list[tuple[int | None, int, int]], residents: Sequence[Resident], now: float,
+               may_wait: bool) -> Plan:
     used = {device: sum(r.holds(device) for r in residents) for device, _, _ in needs}
     short = [d for d, need, limit in needs if used[d] + need > limit]
     if not short:
         return Plan()
-    for device, need, limit in needs:
-        if need > limit:
-            return Plan(refusal=_too_large(name, device, need, limit))
     limits = {d: (need, limit) for d, need, limit in needs}
     evict: list[str] = []
     for r in sorted((r for r in residents if evictable(r, now)), key=lambda r: (r.last_use, r.name)):
@@ -96,10 +121,20 @@ def plan_load(name: str, footprint: int, budget: int | None, residents: Sequence
             used[d] -= r.holds(d)
         short = [d for d in short if used[d] + limits[d][0] > limits[d][1]]
     if short:
+        if may_wait and any(r.loading for r in residents) and _room_once_loaded(name, needs, residents, now):
+            return Plan(wait="memory that loads in progress hold")
         device = short[0]
         need, limit = limits[device]
         return Plan(refusal=_refusal(name, device, need, limit, residents, now))
     return Plan(tuple(evict))
+
+
+def _room_once_loaded(name: str, needs: list[tuple[int | None, int, int]], residents: Sequence[Resident],
+                      now: float) -> bool:
+    """Whether room could be made if the loads in progress had ended and their models were idle: then
+    waiting for them may help; otherwise the load is refused at once."""
+    ended = [replace(r, loading=False, busy=False) if r.loading else r for r in residents]
+    return _make_room(name, needs, ended, now, may_wait=False).refusal is None
 
 
 def over_budget(budget: int | None, residents: Sequence[Resident], now: float,
@@ -125,7 +160,7 @@ def over_budget(budget: int | None, residents: Sequence[Resident], now: float,
 
 
 def evictable(r: Resident, now: float) -> bool:
-    return not (r.busy or r.pinned or now < r.keep_warm_until)
+    return not (r.busy or r.loading or r.pinned or now < r.keep_warm_until)
 
 
 def _needs(footprint: int, budget: int | None, gpu_footprint: Mapping[int, int], gpu_budgets: Mapping[int, int],
@@ -151,10 +186,16 @@ def _where(device: int | None) -> tuple[str, str]:
 
 
 def _too_large(name: str, device: int | None, need: int, limit: int) -> str:
+    return too_large(name, device, need, limit, "its footprint")
+
+
+def too_large(name: str, device: int | None, need: int, limit: int, what: str) -> str:
+    """The refusal of a model that cannot fit even alone: ``need`` bytes on ``device`` (None: the host)
+    past a budget of ``limit``; ``what`` says where ``need`` comes from (its files, its last load)."""
     budget, flag = _where(device)
     there = "" if device is None else f" on GPU {device}"
     whole = "the whole model memory budget" if device is None else f"the whole of {budget}"
-    return (f"model '{name}' needs {format_size(need)}{there} (its footprint), more than {whole} of "
+    return (f"model '{name}' needs {format_size(need)}{there} ({what}), more than {whole} of "
             f"{format_size(limit)}; raise {flag}")
 
 
@@ -163,9 +204,10 @@ def _refusal(name: str, device: int | None, need: int, limit: int, residents: Se
     budget, flag = _where(device)
     holders = [r for r in residents if r.holds(device)]
     used = sum(r.holds(device) for r in holders)
-    groups: dict[str, list[Resident]] = {"pinned": [], "in use": [], "kept warm": [], "idle": []}
+    groups: dict[str, list[Resident]] = {"pinned": [], "loading": [], "in use": [], "kept warm": [], "idle": []}
     for r in holders:
-        key = "pinned" if r.pinned else "in use" if r.busy else "kept warm" if now < r.keep_warm_until else "idle"
+        key = ("pinned" if r.pinned else "loading" if r.loading else "in use" if r.busy
+               else "kept warm" if now < r.keep_warm_until else "idle")
         groups[key].append(r)
     held = "; ".join(
         f"{key}: " + ", ".join(f"'{r.name}' {format_size(r.holds(device))}" for r in sorted(rs, key=lambda r: r.name))
@@ -212,6 +254,16 @@ def parse_gpu_budgets(texts: Sequence[str], what: str = "--model-gpu-memory-budg
                 raise ValueError(f"{what} gives GPU {index} twice ('{text}'): one budget per GPU")
             out[index] = parse_size(size, f"{what} {index}:SIZE")
     return out
+
+
+def usage_line(used: int, budget: int | None, gpu_used: Mapping[int, int], gpu_budgets: Mapping[int, int]) -> str:
+    """What the loaded models hold against the budgets, as a log line says it."""
+    line = (f"{format_size(used)} of the {format_size(budget)} budget in use" if budget is not None
+            else f"{format_size(used)} in use (no budget)")
+    for device, n in sorted(gpu_used.items()):
+        limit = gpu_budgets.get(device)
+        line += f"; GPU {device}: {format_size(n)}" + (f" of {format_size(limit)}" if limit is not None else "")
+    return line
 
 
 def format_size(n: int) -> str:

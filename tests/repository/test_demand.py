@@ -119,9 +119,9 @@ async def test_a_model_just_loaded_for_a_request_is_the_freshest_not_the_coldest
     from inferd.repository.footprint import file_bytes
 
     for i in range(3):
-        add_table_model(tmp_path, f"t{i}", i, 100_000)
-    per_model = file_bytes(tmp_path / "t0")
-    dp = DataPlane(ModelManager([tmp_path], mode="on_demand", memory_budget=4 * per_model))
+        add_table_model(tmp_path, f"t{i}", i, 1_000_000)
+    per_model = file_bytes(tmp_path / "t0")  # 4 MB; a load measures that and ~0.2 MiB (t0: ~1 MiB more, the runtime)
+    dp = DataPlane(ModelManager([tmp_path], mode="on_demand", memory_budget=int(2.5 * per_model)))
     await dp.load_models()
     demand = dp.manager.demand
     evicted: list[str] = []
@@ -236,17 +236,16 @@ async def test_changed_files_or_an_explicit_load_end_the_backoff(tmp_path: Path)
 def _fake_gpu_footprints(manager: ModelManager, gpu_mb: dict[str, int]) -> None:
     """Each build of a model named in ``gpu_mb`` reports that many MiB on GPU 0 (as torch's allocator
     delta would, in ModelStatistics' memory_usage), which is what the driver reads."""
-    build = manager._load_blocking
+    build = manager._build_version
 
-    def with_gpu(entry, config):  # type: ignore[no-untyped-def]
-        models, sources = build(entry, config)
-        for model in models.values():
-            if entry.name in gpu_mb:  # a version kept by a reload has its entry already
-                host = tuple(u for u in model.stats.memory_usage if u[0] != "GPU")
-                model.stats.memory_usage = host + (("GPU", 0, gpu_mb[entry.name] * 2**20),)
-        return models, sources
+    def with_gpu(name, *args):  # type: ignore[no-untyped-def]
+        model = build(name, *args)
+        if name in gpu_mb:
+            host = tuple(u for u in model.stats.memory_usage if u[0] != "GPU")
+            model.stats.memory_usage = host + (("GPU", 0, gpu_mb[name] * 2**20),)
+        return model
 
-    manager._load_blocking = with_gpu  # type: ignore[method-assign]
+    manager._build_version = with_gpu  # type: ignore[method-assign]
 
 
 async def test_a_gpu_budget_evicts_models_on_that_gpu_and_refuses_naming_it(tmp_path: Path) -> None:
@@ -271,20 +270,22 @@ async def test_a_gpu_budget_evicts_models_on_that_gpu_and_refuses_naming_it(tmp_
         # Now known: g0's next load makes room first.
         await dp.infer(table_request("g0"))
         assert loaded() == {"cpu", "g2", "g0"} and demand.gpu_used() == {0: 80 * 2**20}
-        # 'big' measures 120 MiB: more than GPU 0's budget; once known, its load is refused at once.
-        await dp.infer(table_request("big"))
-        await dp.infer(table_request("g1"))  # evicts 'big' (idle, the coldest on GPU 0)
-        assert "big" not in loaded()
-        with pytest.raises(ResourceExhausted, match=r"model 'big' needs 120\.0 MiB on GPU 0 \(its footprint\), "
-                                                    r"more than the whole of GPU 0's model memory budget of "
-                                                    r"100\.0 MiB; raise --model-gpu-memory-budget 0:SIZE"):
-            await dp.infer(table_request("big"))
-        assert demand.counters["big"].refusals == 1
+        # 'big' measures 120 MiB: more than GPU 0's budget. Refused as soon as its load measured it (and
+        # unloaded), then at once, without a load.
+        for _ in range(2):
+            with pytest.raises(ResourceExhausted, match=r"model 'big' needs 120\.0 MiB on GPU 0 \(its footprint, "
+                                                        r"measured at its load\), more than the whole of GPU 0's "
+                                                        r"model memory budget of 100\.0 MiB; raise "
+                                                        r"--model-gpu-memory-budget 0:SIZE"):
+                await dp.infer(table_request("big"))
+            assert "big" not in loaded()
+        assert demand.counters["big"].refusals == 2 and demand.counters["big"].loads == 1
+        await dp.infer(table_request("g1"))  # evicts g2, the coldest on GPU 0
         # Pinned models hold GPU 0: a load that needs room there is refused naming them.
         await dp.load_model("g0")
         await dp.load_model("g1")
         with pytest.raises(ResourceExhausted) as info:
-            await dp.infer(table_request("g2", 1))  # evicted by 'big' earlier; its 40 MiB known
+            await dp.infer(table_request("g2", 1))  # evicted by g1's load; its 40 MiB known
         for words in ("model 'g2' needs 40.0 MiB on GPU 0",
                       "GPU 0's model memory budget of 100.0 MiB has 20.0 MiB free",
                       "pinned: 'g0' 40.0 MiB, 'g1' 40.0 MiB", "--model-gpu-memory-budget 0:SIZE"):
@@ -349,3 +350,115 @@ def test_the_driver_uses_the_managers_public_surface_only() -> None:
     assert all(callable(getattr(manager, name)) for name in ("ensemble_graph", "load_locked", "evict",
                                                               "set_unavailable"))
     assert dict(manager.known) == {}
+
+
+# -- loads side by side: slots, and in-process builds measured one at a time ------------------
+
+
+async def _until(condition, what: str) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(6000):  # bounded: 60 s
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(what)
+
+
+async def test_loads_in_hosts_run_side_by_side_up_to_the_slots(tmp_path: Path) -> None:
+    from gated_model import loading_count
+
+    from inferd.hosts.registry import Hosts
+
+    gates = {name: tmp_path / f"gate-{name}" for name in ("a", "b", "c")}
+    for name, gate in gates.items():
+        add_gated_model(tmp_path / "repo", name, gate, hold_load=True, dims=(1,))
+    hosts = Hosts("auto")  # Python models in model hosts
+    manager = ModelManager([tmp_path / "repo"], mode="on_demand", hosts=hosts)
+    manager.demand.slots = 2
+    dp = DataPlane(manager)
+    await dp.load_models()
+    calls = [asyncio.ensure_future(dp.infer(InferenceRequest(model_name=name, inputs={"INPUT0": np.full(1, i, np.float32)})))
+             for i, name in enumerate(gates)]
+    try:
+        await _until(lambda: loading_count(gates["a"]) + loading_count(gates["b"]) == 2, "a and b loading together")
+        assert loading_count(gates["c"]) == 0 and list(manager.demand._held) == ["a", "b"]  # c waits for a slot
+        release(gates["a"], "loaded")
+        await _until(lambda: loading_count(gates["c"]) == 1, "c loading once a's load ended")
+        for gate in gates.values():
+            release(gate, "loaded")
+            release(gate)
+        answers = await asyncio.gather(*calls)
+        assert [float(a.outputs["OUTPUT0"][0]) for a in answers] == [0.0, 1.0, 2.0]
+    finally:
+        for gate in gates.values():
+            release(gate, "loaded")
+            release(gate)
+        await asyncio.gather(*calls, return_exceptions=True)
+        await dp.close()
+        hosts.kill_all()
+
+
+async def test_in_process_builds_are_measured_one_at_a_time(tmp_path: Path) -> None:
+    from gated_model import loading_count
+
+    gate = tmp_path / "gate"
+    for name in ("a", "b"):
+        add_gated_model(tmp_path / "repo", name, gate, hold_load=True, dims=(1,))
+    dp = await plane(tmp_path / "repo")  # no hosts: every model in this process
+    calls = [asyncio.ensure_future(dp.infer(InferenceRequest(model_name=name, inputs={"INPUT0": np.ones(1, np.float32)})))
+             for name in ("a", "b")]
+    try:
+        await _until(lambda: loading_count(gate) == 1, "one build under way")
+        assert len(dp.manager.demand._held) == 2  # both admitted: the second waits for the measure, not a slot
+        assert dp.manager.gate.owner in ("a", "b")
+        release(gate, "loaded")
+        release(gate)
+        await asyncio.gather(*calls)
+        assert loading_count(gate) == 2
+        for name in ("a", "b"):
+            (usage,) = dp.manager.get(name).stats.memory_usage
+            assert usage[0] == "CPU"
+    finally:
+        release(gate, "loaded")
+        release(gate)
+        await asyncio.gather(*calls, return_exceptions=True)
+        await dp.close()
+
+
+async def test_a_rebuild_from_the_same_files_reuses_its_footprint_and_builds_beside_others(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    import inferd.repository.manager as manager_module
+
+    for i, name in enumerate(("a", "b")):
+        add_table_model(tmp_path, name, i, 250_000)  # 1 MB tables, in this process
+    dp = await plane(tmp_path)
+    try:
+        for name in ("a", "b"):  # first loads: measured, one at a time
+            await dp.infer(table_request(name))
+        measured = {name: dp.manager.get(name).stats.memory_usage for name in ("a", "b")}
+        assert all(usage[0][0] == "CPU" and usage[0][2] >= 1_000_000 for usage in measured.values()), measured
+        for name in ("a", "b"):
+            await dp.manager.evict(name, "evicted by the test")
+        real = manager_module.build_model
+        inside: list[str] = []
+        go = threading.Event()
+
+        def held(spec, *args, **kwargs):  # type: ignore[no-untyped-def]
+            inside.append(spec.name)
+            go.wait(60)
+            return real(spec, *args, **kwargs)
+
+        monkeypatch.setattr(manager_module, "build_model", held)
+        calls = [asyncio.ensure_future(dp.infer(table_request(name, 5))) for name in ("a", "b")]
+        try:
+            # Both rebuilds under way at once (before, the second waited for the first's measure to end).
+            await _until(lambda: len(inside) == 2, f"both rebuilds under way at once, got {inside}")
+            assert dp.manager.gate.owner is None  # neither holds the process alone
+        finally:
+            go.set()
+        answers = await asyncio.gather(*calls)
+        assert [float(a.outputs["Y"][0]) for a in answers] == [expected(0, 5), expected(1, 5)]
+        assert {name: dp.manager.get(name).stats.memory_usage for name in ("a", "b")} == measured
+    finally:
+        await dp.close()

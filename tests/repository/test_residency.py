@@ -1,13 +1,14 @@
 """The residency decision (inferd/repository/residency.py) as a state machine on made-up
 times: which models a load evicts, which it never may, and when it is refused; per GPU too
-(``--model-gpu-memory-budget``)."""
+(``--model-gpu-memory-budget``); with loads in progress beside it, when it waits (for a slot, or for
+memory they hold) and when it is refused at once."""
 
 from __future__ import annotations
 
 import pytest
 
-from inferd.repository.residency import (Resident, format_size, over_budget, parse_gpu_budgets, parse_size,
-                                        plan_load)
+from inferd.repository.residency import (Plan, Resident, format_size, over_budget, parse_gpu_budgets,
+                                        parse_size, plan_load)
 
 MB = 2**20
 
@@ -171,3 +172,58 @@ def test_parse_gpu_budgets_refuses(text: str, words: str) -> None:
     with pytest.raises(ValueError, match="--model-gpu-memory-budget") as info:
         parse_gpu_budgets([text])
     assert words in str(info.value)
+
+
+# -- loads in parallel: the room they hold, slots, waiting ------------------------------------
+
+
+def loading(name: str, mb: int, **kw) -> Resident:  # type: ignore[no-untyped-def]
+    return Resident(name, mb * MB, 0.0, busy=True, loading=True, **kw)
+
+
+def test_a_load_in_progress_holds_its_room_and_is_never_evicted() -> None:
+    residents = [loading("other", 40), r("idle", 40, 1.0)]
+    plan = plan_load("new", 40 * MB, 100 * MB, residents, now=2.0)
+    assert plan.evict == ("idle",)  # 'other' holds 40 MiB though nothing of it is loaded yet
+
+
+def test_waits_when_loads_in_progress_hold_the_room_it_needs() -> None:
+    residents = [loading("a", 50), r("busy", 40, 1.0, busy=True)]
+    plan = plan_load("new", 30 * MB, 100 * MB, residents, now=2.0)
+    assert plan.wait == "memory that loads in progress hold" and plan.evict == () and plan.refusal is None
+
+
+def test_refused_at_once_when_the_loads_in_progress_could_not_make_the_room_either() -> None:
+    residents = [loading("a", 10), r("busy", 70, 1.0, busy=True)]
+    assert plan_load("new", 25 * MB, 100 * MB, residents, now=2.0).wait is not None  # 'a' idle later: room
+    plan = plan_load("new", 40 * MB, 100 * MB, residents, now=2.0)  # 'busy' alone leaves 30 MiB: never
+    assert plan.wait is None and plan.refusal is not None
+    assert "loading: 'a' 10.0 MiB" in plan.refusal and "in use: 'busy' 70.0 MiB" in plan.refusal
+
+
+def test_a_refusal_names_the_loads_in_progress_holding_memory() -> None:
+    plan = plan_load("new", 60 * MB, 100 * MB, [loading("a", 50)], now=1.0, may_wait=False)
+    assert plan.refusal is not None and "loading: 'a' 50.0 MiB" in plan.refusal
+
+
+def test_loads_past_the_slots_wait_for_one_to_end() -> None:
+    residents = [loading("a", 1), loading("b", 1)]
+    assert plan_load("c", MB, None, residents, now=0.0, slots=2).wait == "a load slot (2 loads in progress, 2 at a time)"
+    assert plan_load("c", MB, None, residents, now=0.0, slots=3) == Plan()
+    assert plan_load("c", MB, None, residents, now=0.0) == Plan()  # no limit
+
+
+def test_a_load_another_load_waits_for_neither_waits_for_a_slot_nor_for_memory() -> None:
+    residents = [loading("caller", 60), loading("b", 1)]
+    assert plan_load("callee", MB, 100 * MB, residents, now=0.0, slots=2, may_wait=False) == Plan()
+    plan = plan_load("callee", 50 * MB, 100 * MB, residents, now=0.0, slots=2, may_wait=False)
+    assert plan.wait is None and plan.refusal is not None  # refused: it would wait for its own caller
+
+
+def test_a_model_too_large_for_the_budget_is_refused_before_waiting_for_a_slot() -> None:
+    plan = plan_load("huge", 200 * MB, 100 * MB, [loading("a", 1)], now=0.0, slots=1)
+    assert plan.refusal is not None and "more than the whole model memory budget" in plan.refusal
+
+
+def test_over_budget_never_picks_a_load_in_progress() -> None:
+    assert over_budget(50 * MB, [loading("a", 40), r("b", 40, 1.0)], now=2.0) == ("b",)
