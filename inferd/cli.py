@@ -146,7 +146,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
 
 def _overload_arguments(p: argparse.ArgumentParser) -> None:
     from inferd.dataplane.admission import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS
-    from inferd.dataplane.shedding import DEFAULT_EXECUTION_MULTIPLE, DEFAULT_INTERVAL_US, DEFAULT_TARGET_US
+    from inferd.dataplane.shedding import (
+        DEFAULT_EXECUTION_MULTIPLE, DEFAULT_INTERVAL_US, DEFAULT_TARGET_US, SUGGESTED_TARGET_US,
+    )
 
     p.add_argument("--max-queued-requests", type=int, default=DEFAULT_MAX_REQUESTS, metavar="N",
                    help="requests the server holds at once, over all models (queued or executing); one more is "
@@ -159,7 +161,8 @@ def _overload_arguments(p: argparse.ArgumentParser) -> None:
                    help="shed load (UNAVAILABLE / 503) once requests keep waiting longer than this from their "
                         "frontend receiving them to their model starting them: while even the least-delayed "
                         "request over a --queue-delay-interval-us waited more, a request that has already waited "
-                        f"longer is refused (default {DEFAULT_TARGET_US}; 0: never shed, as --no-shed)")
+                        f"longer is refused (e.g. {SUGGESTED_TARGET_US}; default {DEFAULT_TARGET_US}: never shed, as "
+                        "a closed loop of N clients waits N executions' worth by its own choice)")
     p.add_argument("--queue-delay-interval-us", type=int, default=DEFAULT_INTERVAL_US, metavar="US",
                    help="how long queueing delays must stay above --queue-delay-target-us before the server "
                         f"sheds: a burst that drains sooner is never shed (default {DEFAULT_INTERVAL_US})")
@@ -168,8 +171,8 @@ def _overload_arguments(p: argparse.ArgumentParser) -> None:
                                      "so a slow model is not shed for the queue its own executions make "
                                      f"(default {DEFAULT_EXECUTION_MULTIPLE:g}; 0: --queue-delay-target-us alone)")
     p.add_argument("--no-shed", action="store_true",
-                   help="never shed on queueing delay (--queue-delay-target-us 0): requests wait, bounded only "
-                        "by --max-queued-requests, the models' queue policies and their clients' deadlines")
+                   help="never shed on queueing delay (--queue-delay-target-us 0, the default): requests wait, "
+                        "bounded by --max-queued-requests, the models' queue policies and their clients' deadlines")
 
 
 def _stream_arguments(p: argparse.ArgumentParser) -> None:

@@ -81,8 +81,10 @@ class MultiProcessServer(InferenceServer):
                      "openai": o.openai.to_plain(),
                      "header_forward_pattern": o.http_header_forward_pattern} if o.allow_http else None,
             "state": {"tracing": self._tracing_sent},
-            # What waits in a worker counts in the server-wide request cap: each takes its share.
-            "max_pending": -(-o.max_queued_requests // self.workers) if o.max_queued_requests else 0,
+            # A worker holds at most what the whole server may (the core's admission bounds their sum). Not
+            # a share of it: the kernel spreads connections, not calls, so one worker can carry a client's
+            # whole closed loop (perf_analyzer at concurrency 1,024 over a few connections; issue 42).
+            "max_pending": o.max_queued_requests,
             "max_queued_requests": o.max_queued_requests,
             "grace": o.grace_seconds,  # a worker's own SIGTERM drains with the server's grace
             "log_level": logging.getLogger().level,
