@@ -281,13 +281,27 @@ class Supervisor:
                 pass  # the workers' own grace ends it
         for worker in workers:
             worker.channel.send([wire.CLOSE])
-        if workers:
-            await asyncio.wait([worker.gone for worker in workers], timeout=grace + EXIT_MARGIN)
+        await self._until_gone(workers, self.clock.now() + grace + EXIT_MARGIN)
         for worker in workers:
             await self._reap(worker, force=True)
         if self._slots:
             await asyncio.gather(*self._slots, return_exceptions=True)
         self._slots.clear()
+
+    async def _until_gone(self, workers: list[WorkerProcess], when: float) -> None:
+        """Return once every one of ``workers`` has exited, or at ``when`` on the clock (stop's
+        deadline: whatever is left is then killed)."""
+        pending: set[asyncio.Future] = {w.gone for w in workers if not w.gone.done()}
+        if not pending:
+            return
+        deadline = asyncio.get_running_loop().create_future()
+        handle = self.clock.call_at(when, lambda: deadline.done() or deadline.set_result(None))
+        try:
+            while pending and not deadline.done():
+                _, pending = await asyncio.wait(pending | {deadline}, return_when=asyncio.FIRST_COMPLETED)
+                pending.discard(deadline)
+        finally:
+            handle.cancel()
 
     async def _reap(self, worker: WorkerProcess, force: bool) -> None:
         if not worker.gone.done() and force:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from inferd.ipc.processes import RestartPolicy, RestartState
-from inferd.serve.supervisor import Supervisor, WorkerFailed, WorkerProcess, reserve
+from inferd.clock import FakeClock
+from inferd.serve.supervisor import EXIT_MARGIN, Supervisor, WorkerFailed, WorkerProcess, reserve
 
 FAKE = str(Path(__file__).with_name("fake_worker.py"))
 ARENA = 1 << 20
@@ -135,10 +136,18 @@ async def test_a_worker_that_never_serves_fails_start_after_the_timeout(port: in
 
 
 async def test_a_worker_ignoring_drain_is_killed_after_the_grace(port: int) -> None:
+    """The grace runs on the supervisor's clock: the obedient worker exits on the DRAIN however long it
+    takes (a loaded machine), and only then does the test move time past the grace."""
     endpoints = Endpoints()
-    sup = supervisor(port, endpoints, behaviour={1: "deaf"})
+    clock = FakeClock()
+    sup = supervisor(port, endpoints, behaviour={1: "deaf"}, clock=clock)
     await sup.start()
-    await sup.stop(0.2)
+    obedient = sup.workers[0]
+    stopping = asyncio.get_running_loop().create_task(sup.stop(0.2))
+    assert await asyncio.wait_for(asyncio.shield(obedient.gone), 60) == 0
+    assert not stopping.done()  # the deaf worker holds the stop until its grace has passed
+    clock.advance(0.2 + EXIT_MARGIN)
+    await asyncio.wait_for(stopping, 60)
     codes = {link.index: link.process.returncode for link in endpoints.made}
     assert codes == {0: 0, 1: -signal.SIGKILL}
 
