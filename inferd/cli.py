@@ -146,6 +146,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
 
 def _overload_arguments(p: argparse.ArgumentParser) -> None:
     from inferd.dataplane.admission import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS
+    from inferd.frontends.door import DEFAULT_MAX_HELD_CALLS, SUGGESTED_MAX_HELD_CALLS
     from inferd.dataplane.shedding import (
         DEFAULT_EXECUTION_MULTIPLE, DEFAULT_INTERVAL_US, DEFAULT_TARGET_US, SUGGESTED_TARGET_US,
     )
@@ -154,6 +155,13 @@ def _overload_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests the server holds at once, over all models (queued or executing); one more is "
                         f"refused at once with UNAVAILABLE / 503 and the reason (default {DEFAULT_MAX_REQUESTS}; "
                         "0: no cap). Per model queues: Triton's max_queue_size")
+    p.add_argument("--grpc-max-held-calls", type=int, default=DEFAULT_MAX_HELD_CALLS, metavar="N",
+                   help="gRPC calls the server holds at once, counting those gRPC has received and no handler has "
+                        "taken yet (its own queue, where a transport-bound overload waits); an inference call "
+                        "taken past it is refused with UNAVAILABLE and the reason, undecoded (e.g. "
+                        f"{SUGGESTED_MAX_HELD_CALLS}, past what a closed loop of 1,024 clients holds; default "
+                        f"{DEFAULT_MAX_HELD_CALLS}: no bound, as refusing costs a transport-bound server about what "
+                        "serving does: bench/RESULTS.md, door)")
     p.add_argument("--max-queued-bytes", type=int, default=DEFAULT_MAX_BYTES, metavar="BYTES",
                    help="input tensor bytes the requests held may add up to, as --max-queued-requests "
                         f"(default {DEFAULT_MAX_BYTES // 2**20} MiB; 0: no cap)")
@@ -440,6 +448,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"inferd: --queue-delay-interval-us must be >= 1, got {args.queue_delay_interval_us}", file=sys.stderr)
         return 2
     for value, name in ((args.max_queued_requests, "--max-queued-requests"),
+                        (args.grpc_max_held_calls, "--grpc-max-held-calls"),
                         (args.max_queued_bytes, "--max-queued-bytes"), (args.http_max_input_bytes, "--http-max-input-size"),
                         (args.queue_delay_target_us, "--queue-delay-target-us")):
         if value < 0 or (value == 0 and name == "--http-max-input-size"):
@@ -492,6 +501,7 @@ def _serve(args: argparse.Namespace) -> int:
         http_max_input_bytes=args.http_max_input_bytes,
         max_queued_requests=args.max_queued_requests,
         max_queued_bytes=args.max_queued_bytes,
+        grpc_max_held_calls=args.grpc_max_held_calls,
         stream_limits=stream_limits,
         queue_delay_target_us=0 if args.no_shed else args.queue_delay_target_us,
         queue_delay_interval_us=args.queue_delay_interval_us,

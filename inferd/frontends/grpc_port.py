@@ -22,6 +22,10 @@ client waiting for its answer sends nothing more, and once no call arrived for
 ``QUIET_SECONDS`` (at most ``LONGEST_HOLD_SECONDS``) nothing is left unclaimed.
 Then the server shuts down (GOAWAY: clients take new calls elsewhere) and the
 held calls, and any open stream, are answered UNAVAILABLE.
+
+The port's door (:mod:`inferd.frontends.door`) counts every call a handler takes and gives back,
+and refuses an inference call taken while the server holds more than its bound, counting the calls
+still waiting in gRPC core's queue (issue 42).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from grpc_health.v1 import health_pb2_grpc
 
 from inferd.clock import Alarm, Clock, MonotonicClock
 from inferd.errors import Unavailable
+from inferd.frontends.door import METHODS as DOOR_METHODS
+from inferd.frontends.door import Door, DoorPolicy, channelz_counter, channelz_servers
 from inferd.frontends.grpc_service import InferenceServicer, add_to_server
 from inferd.frontends.grpc_health import Health, enable_reflection
 from inferd.frontends.restrictions import GRPC_METHODS, Restrictions
@@ -124,12 +130,13 @@ class Gate:
 
 
 class _Guarded:
-    """A servicer as grpc registers it: each method behind the port's restrictions and gate."""
+    """A servicer as grpc registers it: each method behind the port's restrictions, gate and door."""
 
-    def __init__(self, servicer: Any, restrictions: Restrictions, gate: Gate) -> None:
+    def __init__(self, servicer: Any, restrictions: Restrictions, gate: Gate, door: Door) -> None:
         self._servicer = servicer
         self._restrictions = restrictions
         self._gate = gate
+        self._door = door
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._servicer, name)
@@ -137,11 +144,11 @@ class _Guarded:
             return method
         group = GRPC_METHODS.get(name)
         restricted = group is not None and group in self._restrictions.by_group
-        return _guard(method, name, group if restricted else None, self._restrictions, self._gate)
+        return _guard(method, name, group if restricted else None, self._restrictions, self._gate, self._door)
 
 
 def _guard(method: Callable[..., Any], name: str, group: str | None, restrictions: Restrictions,
-           gate: Gate) -> Callable[..., Any]:
+           gate: Gate, door: Door) -> Callable[..., Any]:
     async def refusal(context: grpc.aio.ServicerContext) -> Exception | None:
         if group is not None:
             error = restrictions.refusal(group, _header(context), name, context.peer())
@@ -154,19 +161,33 @@ def _guard(method: Callable[..., Any], name: str, group: str | None, restriction
 
     if inspect.isasyncgenfunction(method):
         async def streamed(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            error = await refusal(context) if group is not None or gate.closed else None
-            if error is not None:
-                await context.abort(*grpc_status(error))
-            async for message in method(request, context):
-                yield message
+            door.enter()
+            try:
+                error = await refusal(context) if group is not None or gate.closed else None
+                if error is not None:
+                    await context.abort(*grpc_status(error))
+                async for message in method(request, context):
+                    yield message
+            finally:
+                door.leave()
         return streamed
 
+    at_the_door = name in DOOR_METHODS and door.enabled
+
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if group is not None or gate.closed:
-            error = await refusal(context)
-            if error is not None:
-                await context.abort(*grpc_status(error))
-        return await method(request, context)
+        door.enter()
+        try:
+            if group is not None or gate.closed:
+                error = await refusal(context)
+                if error is not None:
+                    await context.abort(*grpc_status(error))
+            if at_the_door:
+                turned = door.refusal(request.model_name)
+                if turned is not None:
+                    await context.abort(*grpc_status(turned))
+            return await method(request, context)
+        finally:
+            door.leave()
     return unary
 
 
@@ -183,21 +204,23 @@ class GrpcPort:
     """One gRPC port: ``servicer`` (the inference service), ``health`` and reflection."""
 
     def __init__(self, servicer: InferenceServicer, health: Health, options: GrpcPortOptions,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, door: Door | None = None) -> None:
         self.servicer = servicer
         self.health = health
         self.options = options
         self.gate = Gate(clock)
+        self.door = door or Door(DoorPolicy(bound=0))  # none given: counts, never refuses
         self.port = 0
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> int:
         """Bind and serve; the bound port. SystemExit when the address cannot be listened on."""
         o = self.options
+        known = channelz_servers() if self.door.enabled else set()
         server = grpc.aio.server(options=server_options(o))
-        add_to_server(_Guarded(self.servicer, o.restrictions, self.gate), server)  # type: ignore[arg-type]
+        add_to_server(_Guarded(self.servicer, o.restrictions, self.gate, self.door), server)  # type: ignore[arg-type]
         health_pb2_grpc.add_HealthServicer_to_server(
-            _Guarded(self.health.servicer, o.restrictions, self.gate), server)  # type: ignore[arg-type]
+            _Guarded(self.health.servicer, o.restrictions, self.gate, self.door), server)  # type: ignore[arg-type]
         enable_reflection(server)
         address = f"{o.address}:{o.port}"
         try:
@@ -211,6 +234,8 @@ class GrpcPort:
             raise SystemExit(f"cannot listen for gRPC on {address}")
         await server.start()
         self._server = server
+        if self.door.enabled:
+            self.door.counter = channelz_counter(known)  # gRPC core's count of the calls it holds here
         await self.health.start()
         return self.port
 

@@ -21,6 +21,7 @@ from typing import Any
 from inferd.facade import OPENAI_BATCH_CALLS
 from inferd.handoff import wire
 from inferd.handoff.core.endpoint import DataPlaneEndpoint
+from inferd.ipc.tally import Tally
 from inferd.serve.supervisor import Supervisor, WorkerProcess, reserve
 from inferd.serve.one_process import InferenceServer, ServerOptions
 
@@ -36,6 +37,8 @@ class MultiProcessServer(InferenceServer):
         self._grpc_port = 0
         self._http_port = 0
         self._tracing_sent: bool | None = None
+        # The gRPC door's counts, one slot per worker, so each bounds the calls of the whole server.
+        self.door_tally: Tally | None = None
 
     @property
     def grpc_port(self) -> int:  # type: ignore[override]
@@ -57,7 +60,10 @@ class MultiProcessServer(InferenceServer):
             sock = reserve(self.http_address, o.http_port, "HTTP")
             self._reserved.append(sock)
             self._http_port = sock.getsockname()[1]
-        self.supervisor = Supervisor(self.workers, self._worker_config, self._endpoint)
+        if o.allow_grpc and o.grpc_max_held_calls:
+            self.door_tally = Tally.create(self.workers, "inferd-door")
+        shared = (self.door_tally.fd,) if self.door_tally is not None else ()
+        self.supervisor = Supervisor(self.workers, self._worker_config, self._endpoint, shared_fds=shared)
         await self.supervisor.start()
         log.info("%d frontend workers serving%s%s", self.workers,
                  f" gRPC on {o.address}:{self.grpc_port}" if o.allow_grpc else "",
@@ -74,7 +80,10 @@ class MultiProcessServer(InferenceServer):
                      "options": [list(kv) for kv in o.grpc_options],
                      "tls": o.grpc_tls.to_plain() if o.grpc_tls else None,
                      "restrictions": o.grpc_restrictions.to_plain(),
-                     "header_forward_pattern": o.grpc_header_forward_pattern} if o.allow_grpc else None,
+                     "header_forward_pattern": o.grpc_header_forward_pattern,
+                     "door": {"bound": o.grpc_max_held_calls, "slot": index,
+                              "tally": [self.door_tally.fd, self.door_tally.slots] if self.door_tally else None},
+                     } if o.allow_grpc else None,
             "http": {"address": self.http_address, "port": self.http_port, "max_input_bytes": o.http_max_input_bytes,
                      "tls": o.http_tls.to_plain() if o.http_tls else None,
                      "restrictions": o.http_restrictions.to_plain(),
@@ -122,4 +131,7 @@ class MultiProcessServer(InferenceServer):
         for sock in self._reserved:
             sock.close()
         self._reserved.clear()
+        if self.door_tally is not None:
+            self.door_tally.close()
+            self.door_tally = None
         await super().stop(max(deadline - loop.time(), 0.0))

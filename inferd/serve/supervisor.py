@@ -113,7 +113,7 @@ class Supervisor:
     def __init__(self, count: int, config: Callable[[int], dict], endpoint: Callable[[WorkerProcess], Endpoint],
                  *, command: Callable[[int, int], list[str]] = worker_command, clock: Clock | None = None,
                  policy: RestartPolicy | None = None, arena_bytes: int = ARENA_BYTES,
-                 start_timeout: float = 120.0) -> None:
+                 start_timeout: float = 120.0, shared_fds: tuple[int, ...] = ()) -> None:
         if count < 1:
             raise ValueError(f"frontend workers: need at least 1, got {count}")
         self.count = count
@@ -124,6 +124,7 @@ class Supervisor:
         self.policy = policy or RestartPolicy()
         self.arena_bytes = arena_bytes
         self.start_timeout = start_timeout
+        self.shared_fds = shared_fds  # inherited by every worker (the gRPC door's tally)
         self.workers: dict[int, WorkerProcess] = {}
         self.restarts = 0
         self._stopping = False
@@ -153,7 +154,7 @@ class Supervisor:
         outputs = Arena.create(self.arena_bytes, f"inferd-frontend-{index}-outputs")
         try:
             process = subprocess.Popen(self.command(index, worker_end.fileno()),
-                                       pass_fds=(worker_end.fileno(), inputs.fd, outputs.fd))
+                                       pass_fds=(worker_end.fileno(), inputs.fd, outputs.fd, *self.shared_fds))
         except BaseException:
             for thing in (core_end, inputs, outputs):
                 thing.close()

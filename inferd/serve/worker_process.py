@@ -35,7 +35,9 @@ from inferd.ipc.processes import die_with_parent
 from inferd.handoff.worker.proxy import RemoteDataPlane
 from inferd.observability import memtrace
 from inferd.frontends.asgi import AsgiServer, bind
+from inferd.frontends.door import Door, DoorPolicy
 from inferd.frontends.grpc_port import GrpcPort, GrpcPortOptions
+from inferd.ipc.tally import Tally
 from inferd.frontends.grpc_service import InferenceServicer
 from inferd.frontends.grpc_health import Health
 from inferd.frontends.http_limits import chunk_limited_protocol
@@ -97,15 +99,25 @@ class ForwardedBatches:
         return await self.link.call("openai_batch_cancel", batch_id)
 
 
+def _door(link: CoreLink, config: dict[str, Any] | None) -> Door:
+    """The port's door: the server's bound on held calls, this worker's slot of the core's tally (the
+    other workers' counts), refusals counted by the core as its own."""
+    if not config or not config.get("bound"):
+        return Door(DoorPolicy(bound=0))
+    tally = Tally(*config["tally"]) if config.get("tally") else None
+    return Door(DoorPolicy(config["bound"]), on_refused=link.count_refused, tally=tally, slot=config.get("slot", 0))
+
+
 async def _start_grpc(dataplane: RemoteDataPlane, index: int, config: dict[str, Any]) -> GrpcPort:
     """The gRPC port, built as the one-process server builds its own (limits, TLS, restricted groups,
-    the closing gate), on the reserved port with SO_REUSEPORT."""
+    the closing gate, the door), on the reserved port with SO_REUSEPORT."""
     forward = header_forward(config.get("header_forward_pattern"), "--grpc-header-forward-pattern")
     port = GrpcPort(InferenceServicer(dataplane, forward=forward), Health(dataplane), GrpcPortOptions(  # readiness asked of the core
         address=config["address"], port=config["port"], max_message_bytes=config["max_message_bytes"],
         tls=TlsFiles.from_plain(config.get("tls")),
         restrictions=Restrictions.from_plain(config.get("restrictions"), protocol="protocol"),
-        channel_args=(("grpc.so_reuseport", 1), *[tuple(kv) for kv in config["options"]])))
+        channel_args=(("grpc.so_reuseport", 1), *[tuple(kv) for kv in config["options"]])),
+        door=_door(dataplane.link, config.get("door")))
     if await port.start() != config["port"]:
         raise SystemExit(f"frontend {index}: cannot listen for gRPC on {config['address']}:{config['port']}")
     return port
