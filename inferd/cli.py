@@ -127,6 +127,18 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="processes that serve the gRPC and HTTP ports (SO_REUSEPORT) and hand each request to "
                         "this process, which runs the models: 0 serves everything in one process. Default: "
                         f"one process on a single core, else half the cores, at least 2 (here {default_frontend_workers()})")
+    from inferd.serve.recycling import DEFAULT_CHECK_S as DEFAULT_RECYCLE_CHECK_S
+    from inferd.serve.recycling import DEFAULT_MAX_MIB as DEFAULT_RECYCLE_MIB
+
+    p.add_argument("--frontend-worker-max-memory-mib", type=int, default=DEFAULT_RECYCLE_MIB, metavar="MIB",
+                   help="a frontend worker whose heap (anonymous resident memory) passes this is replaced: its "
+                        "successor starts first, then it serves every call it took and exits, losing none "
+                        "(grpc.aio leaks on client-cancelled calls, grpc/grpc#43360). Default "
+                        f"{DEFAULT_RECYCLE_MIB}; 0: never")
+    p.add_argument("--frontend-worker-memory-check-secs", type=float, default=DEFAULT_RECYCLE_CHECK_S,
+                   metavar="SECONDS", help="how often the frontend workers' memory is read (default "
+                                           f"{DEFAULT_RECYCLE_CHECK_S:g}); a worker is replaced at most once "
+                                           "per 6 of these")
     p.add_argument("--model-host", choices=["auto", "process", "inline"], default="auto",
                    help="where model instances run: auto (default) runs each instance of a Python model in a "
                         "model host process of its own, as Triton runs Python models, and ONNX Runtime and "
@@ -463,6 +475,13 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"inferd: {exc}", file=sys.stderr)
         return 2
     workers = default_frontend_workers() if args.frontend_workers is None else args.frontend_workers
+    from inferd.serve.recycling import RecyclePolicy
+
+    try:
+        recycle = RecyclePolicy.from_flags(args.frontend_worker_max_memory_mib, args.frontend_worker_memory_check_secs)
+    except ValueError as exc:
+        print(f"inferd: {exc}", file=sys.stderr)
+        return 2
     from inferd.observability import memtrace
 
     memtrace.install("core" if workers else "server")  # INFERD_TRACEMALLOC: a leak hunt's snapshots
@@ -532,7 +551,7 @@ def _serve(args: argparse.Namespace) -> int:
         if workers:
             from inferd.serve.core_process import MultiProcessServer
 
-            server: InferenceServer = MultiProcessServer(options, workers)
+            server: InferenceServer = MultiProcessServer(options, workers, recycle)
         else:
             server = InferenceServer(options)
         if args.port_file is not None:

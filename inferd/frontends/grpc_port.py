@@ -21,7 +21,12 @@ loops). So the port first *holds* every call it claims (the shutdown gate): a
 client waiting for its answer sends nothing more, and once no call arrived for
 ``QUIET_SECONDS`` (at most ``LONGEST_HOLD_SECONDS``) nothing is left unclaimed.
 Then the server shuts down (GOAWAY: clients take new calls elsewhere) and the
-held calls, and any open stream, are answered UNAVAILABLE.
+held calls, and any open stream, are answered UNAVAILABLE. A recycled frontend worker's port
+(``close(grace, serve_held=True)``, :mod:`inferd.serve.recycling`) closes the same way but then
+*serves* the calls it held: the server goes on, through the worker that replaced this one. It first
+stops listening (:func:`stop_listening`), so that the clients its GOAWAY sends to a new connection
+find only the other workers' sockets: a connection the kernel queued on a listener that then closes
+is reset, and its client's calls fail UNAVAILABLE.
 
 The port's door (:mod:`inferd.frontends.door`) counts every call a handler takes and gives back,
 and refuses an inference call taken while the server holds more than its bound, counting the calls
@@ -33,7 +38,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
+import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import grpc
@@ -56,6 +64,8 @@ PENDING_LIMIT = 1 << 20
 QUIET_SECONDS = 0.05
 LONGEST_HOLD_SECONDS = 1.0
 CLOSING = "inferd is shutting down and this port is closing; retry the call on another server"
+RECYCLING = ("this inferd frontend worker is being replaced (its memory passed --frontend-worker-max-memory-mib); "
+             "open the stream again: another worker takes it")
 
 
 @dataclass(frozen=True)
@@ -79,8 +89,38 @@ def server_options(o: GrpcPortOptions) -> list[tuple[str, Any]]:
     ]
 
 
+def stop_listening(port: int) -> int:
+    """Shut this process's listening sockets on ``port`` (gRPC core's own, found through /proc): the kernel
+    gives new connections to the other sockets of the SO_REUSEPORT group, and the connections already
+    accepted serve on. gRPC core then logs "Closing acceptor. Failed accept4: Invalid argument" once and
+    stops accepting. The sockets shut."""
+    sockets: dict[str, int] = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            sockets[target[8:-1]] = int(fd)
+    shut = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # local address, state 0A (LISTEN), inode
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A" and fields[9] in sockets:
+                with socket.socket(fileno=os.dup(sockets[fields[9]])) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+                shut += 1
+    return shut
+
+
 class Gate:
-    """The shutdown gate: once closed, calls are held until :meth:`release`, then refused.
+    """The shutdown gate: once closed, calls are held until :meth:`release`, then refused (or served,
+    as :meth:`release` says).
 
     :meth:`quiet` waits, on the injected clock, until no call arrived for a while."""
 
@@ -88,6 +128,7 @@ class Gate:
         self.clock = clock or MonotonicClock()
         self.closed = False
         self.held = 0  # calls held since the gate closed
+        self.serve_held = False  # what release said: serve the held calls, not refuse them
         self._last = 0.0
         self._released: asyncio.Event | None = None
 
@@ -96,12 +137,14 @@ class Gate:
         self._last = self.clock.now()
         self._released = asyncio.Event()
 
-    async def hold(self) -> None:
-        """Wait until the gate is released (the server is shutting down by then)."""
+    async def hold(self) -> bool:
+        """Wait until the gate is released (the server is shutting down by then); whether the call is
+        then served (True) or refused."""
         self.held += 1
         self._last = self.clock.now()
         assert self._released is not None
         await self._released.wait()
+        return self.serve_held
 
     async def quiet(self, quiet_s: float = QUIET_SECONDS, longest_s: float = LONGEST_HOLD_SECONDS) -> None:
         """Return once no call arrived for ``quiet_s``, or ``longest_s`` after this was called."""
@@ -124,7 +167,9 @@ class Gate:
         finally:
             alarm.cancel()
 
-    def release(self) -> None:
+    def release(self, serve: bool = False) -> None:
+        """Let the held calls go on: refused, or served (``serve``)."""
+        self.serve_held = serve
         if self._released is not None:
             self._released.set()
 
@@ -154,8 +199,7 @@ def _guard(method: Callable[..., Any], name: str, group: str | None, restriction
             error = restrictions.refusal(group, _header(context), name, context.peer())
             if error is not None:
                 return error
-        if gate.closed:
-            await gate.hold()
+        if gate.closed and not await gate.hold():
             return Unavailable(CLOSING)
         return None
 
@@ -239,8 +283,9 @@ class GrpcPort:
         await self.health.start()
         return self.port
 
-    async def close(self, grace: float) -> None:
-        """Close the port, answering every call UNAVAILABLE or as served, never CANCELLED (see the module).
+    async def close(self, grace: float, serve_held: bool = False) -> None:
+        """Close the port, answering every call UNAVAILABLE or as served, never CANCELLED (see the module);
+        ``serve_held``: the calls held while it closes are served (a recycled worker's port).
         Calls being served when this is called get up to ``grace`` seconds to finish."""
         server = self._server
         if server is None:
@@ -248,14 +293,17 @@ class GrpcPort:
         self._server = None
         loop = asyncio.get_running_loop()
         started = loop.time()
+        if serve_held:  # new connections go to the other workers before any client is told GOAWAY
+            log.info("gRPC port %d: stopped listening (%d sockets) before it closes", self.port,
+                     stop_listening(self.port))
         self.gate.close()
         await self.gate.quiet(longest_s=min(LONGEST_HOLD_SECONDS, max(grace, 0.0)))
         self.health.close()
         stopping = loop.create_task(server.stop(max(grace - (loop.time() - started), 0.0)))
         await asyncio.sleep(0)  # the shutdown has begun (GOAWAY sent, nothing more is claimed)
-        self.gate.release()
-        self.servicer.close_streams(Unavailable(CLOSING))
+        self.gate.release(serve=serve_held)
+        self.servicer.close_streams(Unavailable(RECYCLING if serve_held else CLOSING))
         await stopping
         if self.gate.held:
-            log.info("gRPC port closed; %d calls that arrived while it closed were answered UNAVAILABLE",
-                     self.gate.held)
+            log.info("gRPC port closed; %d calls that arrived while it closed were %s", self.gate.held,
+                     "served" if serve_held else "answered UNAVAILABLE")

@@ -52,6 +52,9 @@ Core -> frontend::
     [CLOSE]                                every worker's accepted requests are answered: close the
                                            ports and exit (until then an idle worker keeps its
                                            ports answering, as the one-process server does)
+    [RECYCLE, grace_seconds]               this worker is replaced (its memory passed the bound; the
+                                           replacement already serves): close the ports, serve every
+                                           call taken, exit (inferd.serve.recycling)
 
 A stream request's responses are paced by credit: the core sends at most
 STREAM_WINDOW responses of one stream beyond those the frontend has credited
@@ -88,6 +91,7 @@ REPLY = 20
 DRAIN = 21
 STATE = 22
 CLOSE = 23
+RECYCLE = 24
 
 NOT_IN_ARENA = -1
 NO_BLOCK = -1

@@ -22,6 +22,7 @@ from inferd.facade import OPENAI_BATCH_CALLS
 from inferd.handoff import wire
 from inferd.handoff.core.endpoint import DataPlaneEndpoint
 from inferd.ipc.tally import Tally
+from inferd.serve.recycling import RecyclePolicy
 from inferd.serve.supervisor import Supervisor, WorkerProcess, reserve
 from inferd.serve.one_process import InferenceServer, ServerOptions
 
@@ -29,9 +30,10 @@ log = logging.getLogger("inferd")
 
 
 class MultiProcessServer(InferenceServer):
-    def __init__(self, options: ServerOptions, workers: int) -> None:
+    def __init__(self, options: ServerOptions, workers: int, recycle: RecyclePolicy | None = None) -> None:
         super().__init__(options)
         self.workers = workers
+        self.recycle = recycle or RecyclePolicy()  # a worker past its memory bound is replaced (issue 42)
         self.supervisor: Supervisor | None = None
         self._reserved: list[socket.socket] = []
         self._grpc_port = 0
@@ -63,7 +65,8 @@ class MultiProcessServer(InferenceServer):
         if o.allow_grpc and o.grpc_max_held_calls:
             self.door_tally = Tally.create(self.workers, "inferd-door")
         shared = (self.door_tally.fd,) if self.door_tally is not None else ()
-        self.supervisor = Supervisor(self.workers, self._worker_config, self._endpoint, shared_fds=shared)
+        self.supervisor = Supervisor(self.workers, self._worker_config, self._endpoint, shared_fds=shared,
+                                     recycle=self.recycle, grace=o.grace_seconds)
         await self.supervisor.start()
         log.info("%d frontend workers serving%s%s", self.workers,
                  f" gRPC on {o.address}:{self.grpc_port}" if o.allow_grpc else "",

@@ -1,7 +1,7 @@
 """A stand-in frontend worker for the supervisor's tests: the real one's lifecycle, no servicers.
 
 On CONFIG it listens on ``config["port"]`` (SO_REUSEPORT, as a real worker does) and says HELLO;
-each accepted connection is answered with its pid and closed; DRAIN closes the port and exits 0;
+each accepted connection is answered with its pid and closed; DRAIN (or RECYCLE) closes the port and exits 0;
 the channel closing exits at once. ``config["behaviour"]`` makes it misbehave: ``exit`` (exit 3
 before HELLO), ``silent`` (never HELLO), ``deaf`` (ignore DRAIN), ``stuck`` (block its loop after HELLO, so
 that only PR_SET_PDEATHSIG can end it when the core dies).
@@ -49,7 +49,7 @@ async def main(index: int, fd: int) -> int:
     def on_message(msg: list) -> None:
         if msg[0] == wire.CONFIG:
             loop.create_task(configure(msg[1]))
-        elif msg[0] == wire.DRAIN and len(server) == 1 and not done.done():
+        elif msg[0] in (wire.DRAIN, wire.RECYCLE) and len(server) == 1 and not done.done():
             server[0].close()
             done.set_result(0)
         elif msg[0] == "echo":

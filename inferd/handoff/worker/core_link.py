@@ -231,6 +231,7 @@ class CoreLink:
         self.drain_requested: asyncio.Future = asyncio.get_running_loop().create_future()
         self.core_draining = False  # the core sent DRAIN: it will say CLOSE when the whole server is drained
         self.close_requested: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.recycle_requested: asyncio.Future = asyncio.get_running_loop().create_future()  # its grace
         self._refused = 0  # refused here for overload, not yet told to the core
         channel.before_flush(self._send_refused)
         self.update_state(config.get("state") or {})
@@ -281,6 +282,9 @@ class CoreLink:
         elif kind == wire.CLOSE:
             if not self.close_requested.done():
                 self.close_requested.set_result(None)
+        elif kind == wire.RECYCLE:
+            if not self.recycle_requested.done():
+                self.recycle_requested.set_result(msg[1])
         else:
             log.warning("frontend %d: unknown message kind %r from the core", self.index, kind)
 
