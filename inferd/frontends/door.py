@@ -12,14 +12,18 @@ more than ``--grpc-max-held-calls``, with UNAVAILABLE and the reason, before it 
 
 Off by default (:data:`DEFAULT_MAX_HELD_CALLS` 0), as measured (bench/RESULTS.md, "door"): a call is
 refused only once a handler takes it, and taking it is the transport-bound server's bottleneck (the
-event loop claims one call per few turns; a refusal cost the worker ~2/3 of what serving mlp did), so
-refusing cannot shorten gRPC's queue, only answer what passes through it. Against clients that resend
-a refused call at once (the issue's load), the server keeps holding 1,800 calls whatever it answers:
-with a bound of 1,088 nearly every call was refused (~100 served/s instead of ~1,770) and the few
-admitted waited as long. Against clients that back off (exponentially, from 50 ms), admitted calls
-waited about half as long (p99 0.76 s against 1.2 s) but the server answered about a third as many.
-A server whose clients back off, and that would rather bound its queue than serve every call, sets
-it: 1,088 (:data:`SUGGESTED_MAX_HELD_CALLS`) is past what a closed loop of 1,024 clients can hold
+event loop claims one call per few turns; a refusal costs the process 0.55-0.8x what serving mlp does),
+so refusing cannot shorten gRPC's queue, only answer what passes through it. Against clients that resend
+a refused call at once (the issue's load: 1,800 kept in flight on mlp), the server keeps holding 1,800
+calls whatever it answers, so every call taken is past a bound of 1,088 but the few read while the count
+was stale: 2 frontend workers admitted 93 calls/s instead of 2,225 (2,806/s answered), at the same p99
+(1.40 s against 1.32 s); one process 134/s instead of 2,027 (p99 0.69 s against 1.11 s). No rule at this
+door meets the issue's 500 ms: the admitted calls wait for the whole queue ahead of them, 1,800 calls at
+the 2,800-3,600 answers/s this machine's two cores make, whatever fraction is refused. A closed loop of
+1,024 clients was never refused. Earlier (not in RESULTS.md) against clients that back off
+(exponentially, from 50 ms), admitted calls waited about half as long (p99 0.76 s against 1.2 s) but
+the server answered about a third as many. A server whose clients back off, and that would rather
+bound its queue than serve every call, sets it: 1,088 (:data:`SUGGESTED_MAX_HELD_CALLS`) is past what a closed loop of 1,024 clients can hold
 (1,024 calls and a few control calls beside), so such a benchmark is never refused. A door in front of
 gRPC's queue needs a native front: gRPC core answers its own pending-call limit CANCELLED, while a
 proxy's circuit breaker (Envoy's ``max_requests``, 1,024 by default, in front of the replicas
