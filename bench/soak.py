@@ -346,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--no-client-cancels", action="store_true",
                         help="send the mix's 5%% of client cancels as ordinary requests")
+    parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                        help="one more argument for inferd serve (repeatable), e.g. "
+                             "--server-arg=--frontend-worker-max-memory-mib=160 to see workers recycled")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="inferd-soak-"))
     repo = work / "repo"
@@ -355,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     server = subprocess.Popen(
         [sys.executable, "-m", "inferd.cli", "serve", "--model-repository", str(repo), "--grpc-address", "127.0.0.1",
          "--grpc-port", "0", "--http-address", "127.0.0.1", "--http-port", "0", "--metrics-port", "0",
-         "--port-file", str(port_file)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+         "--port-file", str(port_file), *args.server_arg], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while not (port_file.exists() and port_file.read_text()):

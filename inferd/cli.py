@@ -127,6 +127,18 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="processes that serve the gRPC and HTTP ports (SO_REUSEPORT) and hand each request to "
                         "this process, which runs the models: 0 serves everything in one process. Default: "
                         f"one process on a single core, else half the cores, at least 2 (here {default_frontend_workers()})")
+    from inferd.serve.recycling import DEFAULT_CHECK_S as DEFAULT_RECYCLE_CHECK_S
+    from inferd.serve.recycling import DEFAULT_MAX_MIB as DEFAULT_RECYCLE_MIB
+
+    p.add_argument("--frontend-worker-max-memory-mib", type=int, default=DEFAULT_RECYCLE_MIB, metavar="MIB",
+                   help="a frontend worker whose heap (anonymous resident memory) passes this is replaced: its "
+                        "successor starts first, then it serves every call it took and exits, losing none "
+                        "(grpc.aio leaks on client-cancelled calls, grpc/grpc#43360). Default "
+                        f"{DEFAULT_RECYCLE_MIB}; 0: never")
+    p.add_argument("--frontend-worker-memory-check-secs", type=float, default=DEFAULT_RECYCLE_CHECK_S,
+                   metavar="SECONDS", help="how often the frontend workers' memory is read (default "
+                                           f"{DEFAULT_RECYCLE_CHECK_S:g}); a worker is replaced at most once "
+                                           "per 6 of these")
     p.add_argument("--model-host", choices=["auto", "process", "inline"], default="auto",
                    help="where model instances run: auto (default) runs each instance of a Python model in a "
                         "model host process of its own, as Triton runs Python models, and ONNX Runtime and "
@@ -146,12 +158,22 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
 
 def _overload_arguments(p: argparse.ArgumentParser) -> None:
     from inferd.dataplane.admission import DEFAULT_MAX_BYTES, DEFAULT_MAX_REQUESTS
-    from inferd.dataplane.shedding import DEFAULT_EXECUTION_MULTIPLE, DEFAULT_INTERVAL_US, DEFAULT_TARGET_US
+    from inferd.frontends.door import DEFAULT_MAX_HELD_CALLS, SUGGESTED_MAX_HELD_CALLS
+    from inferd.dataplane.shedding import (
+        DEFAULT_EXECUTION_MULTIPLE, DEFAULT_INTERVAL_US, DEFAULT_TARGET_US, SUGGESTED_TARGET_US,
+    )
 
     p.add_argument("--max-queued-requests", type=int, default=DEFAULT_MAX_REQUESTS, metavar="N",
                    help="requests the server holds at once, over all models (queued or executing); one more is "
                         f"refused at once with UNAVAILABLE / 503 and the reason (default {DEFAULT_MAX_REQUESTS}; "
                         "0: no cap). Per model queues: Triton's max_queue_size")
+    p.add_argument("--grpc-max-held-calls", type=int, default=DEFAULT_MAX_HELD_CALLS, metavar="N",
+                   help="gRPC calls the server holds at once, counting those gRPC has received and no handler has "
+                        "taken yet (its own queue, where a transport-bound overload waits); an inference call "
+                        "taken past it is refused with UNAVAILABLE and the reason, undecoded (e.g. "
+                        f"{SUGGESTED_MAX_HELD_CALLS}, past what a closed loop of 1,024 clients holds; default "
+                        f"{DEFAULT_MAX_HELD_CALLS}: no bound, as refusing costs a transport-bound server about what "
+                        "serving does: bench/RESULTS.md, door)")
     p.add_argument("--max-queued-bytes", type=int, default=DEFAULT_MAX_BYTES, metavar="BYTES",
                    help="input tensor bytes the requests held may add up to, as --max-queued-requests "
                         f"(default {DEFAULT_MAX_BYTES // 2**20} MiB; 0: no cap)")
@@ -159,7 +181,8 @@ def _overload_arguments(p: argparse.ArgumentParser) -> None:
                    help="shed load (UNAVAILABLE / 503) once requests keep waiting longer than this from their "
                         "frontend receiving them to their model starting them: while even the least-delayed "
                         "request over a --queue-delay-interval-us waited more, a request that has already waited "
-                        f"longer is refused (default {DEFAULT_TARGET_US}; 0: never shed, as --no-shed)")
+                        f"longer is refused (e.g. {SUGGESTED_TARGET_US}; default {DEFAULT_TARGET_US}: never shed, as "
+                        "a closed loop of N clients waits N executions' worth by its own choice)")
     p.add_argument("--queue-delay-interval-us", type=int, default=DEFAULT_INTERVAL_US, metavar="US",
                    help="how long queueing delays must stay above --queue-delay-target-us before the server "
                         f"sheds: a burst that drains sooner is never shed (default {DEFAULT_INTERVAL_US})")
@@ -168,8 +191,8 @@ def _overload_arguments(p: argparse.ArgumentParser) -> None:
                                      "so a slow model is not shed for the queue its own executions make "
                                      f"(default {DEFAULT_EXECUTION_MULTIPLE:g}; 0: --queue-delay-target-us alone)")
     p.add_argument("--no-shed", action="store_true",
-                   help="never shed on queueing delay (--queue-delay-target-us 0): requests wait, bounded only "
-                        "by --max-queued-requests, the models' queue policies and their clients' deadlines")
+                   help="never shed on queueing delay (--queue-delay-target-us 0, the default): requests wait, "
+                        "bounded by --max-queued-requests, the models' queue policies and their clients' deadlines")
 
 
 def _stream_arguments(p: argparse.ArgumentParser) -> None:
@@ -437,6 +460,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"inferd: --queue-delay-interval-us must be >= 1, got {args.queue_delay_interval_us}", file=sys.stderr)
         return 2
     for value, name in ((args.max_queued_requests, "--max-queued-requests"),
+                        (args.grpc_max_held_calls, "--grpc-max-held-calls"),
                         (args.max_queued_bytes, "--max-queued-bytes"), (args.http_max_input_bytes, "--http-max-input-size"),
                         (args.queue_delay_target_us, "--queue-delay-target-us")):
         if value < 0 or (value == 0 and name == "--http-max-input-size"):
@@ -451,6 +475,13 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"inferd: {exc}", file=sys.stderr)
         return 2
     workers = default_frontend_workers() if args.frontend_workers is None else args.frontend_workers
+    from inferd.serve.recycling import RecyclePolicy
+
+    try:
+        recycle = RecyclePolicy.from_flags(args.frontend_worker_max_memory_mib, args.frontend_worker_memory_check_secs)
+    except ValueError as exc:
+        print(f"inferd: {exc}", file=sys.stderr)
+        return 2
     from inferd.observability import memtrace
 
     memtrace.install("core" if workers else "server")  # INFERD_TRACEMALLOC: a leak hunt's snapshots
@@ -489,6 +520,7 @@ def _serve(args: argparse.Namespace) -> int:
         http_max_input_bytes=args.http_max_input_bytes,
         max_queued_requests=args.max_queued_requests,
         max_queued_bytes=args.max_queued_bytes,
+        grpc_max_held_calls=args.grpc_max_held_calls,
         stream_limits=stream_limits,
         queue_delay_target_us=0 if args.no_shed else args.queue_delay_target_us,
         queue_delay_interval_us=args.queue_delay_interval_us,
@@ -519,7 +551,7 @@ def _serve(args: argparse.Namespace) -> int:
         if workers:
             from inferd.serve.core_process import MultiProcessServer
 
-            server: InferenceServer = MultiProcessServer(options, workers)
+            server: InferenceServer = MultiProcessServer(options, workers, recycle)
         else:
             server = InferenceServer(options)
         if args.port_file is not None:

@@ -338,8 +338,13 @@ def rss_bytes(pid: int) -> int:
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 def test_memory_is_returned_after_unload(start_server, repo):
     """50 load/infer/unload cycles: the second 25 must not keep growing the way a
-    leak would (a leak grows both halves alike; warm-up growth is all in the first)."""
-    server = start_server(repo, ["--model-control-mode", "explicit"])
+    leak would (a leak grows both halves alike; warm-up growth is all in the first).
+
+    The heap trimmer is off (INFERD_MALLOC_TRIM_INTERVAL=0): it gives freed pages back every 30 s, on
+    its own time, and the next cycle faults them in again, so a trim near the middle of the run (a
+    loaded machine makes the run long) moved growth into the second half. Without it the cycles alone
+    move the RSS, each reusing what the last one freed."""
+    server = start_server(repo, ["--model-control-mode", "explicit"], env={"INFERD_MALLOC_TRIM_INTERVAL": "0"})
     client = grpcclient.InferenceServerClient(server.url)
     pid = server.proc.pid
     samples = []

@@ -168,7 +168,7 @@ def test_a_grpc_burst_far_beyond_capacity_is_shed_unavailable_never_cancelled(se
     # Recovery: nothing left inside, the refusals counted, and a normal request is served.
     assert _metric(server, "inferd_server_queued_requests") == 0
     assert _metric(server, "nv_inference_pending_request_count", '{model="slow",version="1"}') == 0
-    # Every refusal is counted, the frontend workers' (past their share of the cap) with the core's.
+    # Every refusal is counted, the frontend workers' (past their in-flight cap) with the core's.
     assert _wait_metric(server, "inferd_server_overload_rejected_total", codes["UNAVAILABLE"])
     codes, _ = asyncio.run(_burst(server.url, 1))
     assert codes == {"OK": 1}
@@ -197,7 +197,7 @@ def test_an_http_burst_is_shed_503_with_the_reason(server) -> None:  # type: ign
 
 @pytest.mark.fixed_mode
 def test_a_frontend_workers_own_refusal_is_counted_by_the_cores_metric(tmp_path: Path) -> None:
-    """Default process mode: a worker at its share of the cap refuses by itself, before the core sees
+    """Default process mode: a worker at its in-flight cap refuses by itself, before the core sees
     the request; the server-wide counter the core serves counts it all the same."""
     import grpc
     from tritonclient.grpc import service_pb2 as pb
@@ -208,8 +208,8 @@ def test_a_frontend_workers_own_refusal_is_counted_by_the_cores_metric(tmp_path:
 
     gate = tmp_path / "gate"
     add_gated_model(tmp_path / "repo", "gated", gate)
-    # Two workers, a cap of 2: each worker's share is 1, and the core alone would take 2.
-    server = ServerProcess(tmp_path / "repo", ["--frontend-workers", "2", "--max-queued-requests", "2", "--no-shed"])
+    # A cap of 1: the worker holding one request refuses the next itself, before sending it to the core.
+    server = ServerProcess(tmp_path / "repo", ["--frontend-workers", "2", "--max-queued-requests", "1", "--no-shed"])
     channel = grpc.insecure_channel(server.url)  # one connection: one worker serves both calls
     try:
         stub = pbg.GRPCInferenceServiceStub(channel)
@@ -234,3 +234,46 @@ def test_a_frontend_workers_own_refusal_is_counted_by_the_cores_metric(tmp_path:
         code = server.stop()
     assert code == 0, server.log()
     assert "Traceback" not in server.log(), server.log()
+
+
+@pytest.mark.fixed_mode
+def test_one_connection_may_carry_the_whole_request_cap_to_one_frontend_worker(tmp_path: Path) -> None:
+    """The kernel spreads connections over the workers, not calls: a closed loop of as many clients as
+    --max-queued-requests over one connection lands on one worker, which must hold them all (issue 42:
+    perf_analyzer at concurrency 1,024 over a few connections was refused at a worker's share, 512)."""
+    import tritonclient.grpc.aio as aioclient
+    from tritonclient.utils import InferenceServerException
+
+    from conftest import ServerProcess
+
+    cap = 32
+    add_model(tmp_path / "repo", "slow", sleeping_identity(0.002).encode(), config(
+        "slow", [("INPUT0", "TYPE_FP32", [-1])], [("OUTPUT0", "TYPE_FP32", [-1])], 0, platform=None,
+        extra='backend: "python"\ninstance_group [ { kind: KIND_CPU count: 1 } ]\n'), filename="model.py")
+    server = ServerProcess(tmp_path / "repo", ["--frontend-workers", "2", "--max-queued-requests", str(cap)])
+
+    async def loop() -> collections.Counter:
+        client = aioclient.InferenceServerClient(server.url)  # one channel: one connection, one worker
+        x = aioclient.InferInput("INPUT0", [4], "FP32")
+        x.set_data_from_numpy(np.ones(4, np.float32))
+        codes: collections.Counter = collections.Counter()
+
+        async def caller() -> None:
+            for _ in range(3):
+                try:
+                    await client.infer("slow", [x], client_timeout=300)
+                    codes["OK"] += 1
+                except InferenceServerException as exc:
+                    codes[exc.message()] += 1
+
+        try:
+            await asyncio.gather(*(caller() for _ in range(cap)))
+        finally:
+            await client.close()
+        return codes
+
+    try:
+        assert asyncio.run(loop()) == {"OK": 3 * cap}
+    finally:
+        code = server.stop()
+    assert code == 0, server.log()

@@ -116,7 +116,15 @@ def test_time_windows_and_open_loop(server, capsys, tmp_path) -> None:  # type: 
     result = _run_ok(capsys, tmp_path, "-m", "mlp", "-u", server.url, "--request-rate-range", "100",
                      "--request-distribution", "poisson", *FAST)
     (lv,) = result["levels"]
-    assert lv["windows"] == 3 and lv["stable"] is True
+    assert lv["windows"] == 3
+    # Stable or not is the machine's load; what the tool owes is perf_analyzer's rule applied to the windows
+    # it measured (-s 1000: the last three within 11x of each other in throughput and mean latency).
+    history = lv["window_history"]
+    throughputs = [w["throughput"] for w in history]
+    latencies = [w["avg_latency_us"] for w in history]
+    rule = (all(w["count"] > 0 for w in history) and max(throughputs) <= 11 * min(throughputs)
+            and max(latencies) <= 11 * min(latencies))
+    assert lv["stable"] is rule, history
     assert lv["requests"] > 0 and lv["send_rate"] > 0
     assert lv["latency_us"]["p50"] <= lv["latency_us"]["p99"]
 

@@ -31,9 +31,18 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args):
-        family = pb_utils.MetricFamily("api_counter_cancelled", "Requests the counter found cancelled",
-                                       pb_utils.MetricFamily.COUNTER)
-        self.cancelled = family.Metric(labels={"model": "counter"})
+        self.family = pb_utils.MetricFamily("api_counter_cancelled", "Requests the counter found cancelled",
+                                            pb_utils.MetricFamily.COUNTER)
+        self.lock = threading.Lock()
+        self.by_n = {}
+
+    def cancelled(self, n):
+        # Counted per IN value: a test reads only the cancels of its own calls, whenever another test's
+        # cancel (noticed by its thread on its own time) is counted.
+        with self.lock:
+            if n not in self.by_n:
+                self.by_n[n] = self.family.Metric(labels={"model": "counter", "n": str(n)})
+            return self.by_n[n]
 
     def execute(self, requests):
         for request in requests:
@@ -44,7 +53,7 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         for i in range(n):
             if request.is_cancelled() or sender.is_cancelled():
-                self.cancelled.increment(1)
+                self.cancelled(n).increment(1)
                 sender.send(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError("stopped", pb_utils.TritonError.CANCELLED)),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -249,18 +258,20 @@ def test_bls_into_a_sequence_model_carries_correlation_id_and_flags(server):
     assert seen == [[77, 1], [77, 2]], seen  # START, then END, of sequence 77
 
 
-def _cancelled_count(server) -> int:
-    found = re.search(r'^api_counter_cancelled\{model="counter"\} (\d+)', _metrics(server), re.M)
+def _cancelled_count(server, n: int) -> int:
+    """Calls of the counter with IN = ``n`` that it found cancelled."""
+    found = re.search(rf'^api_counter_cancelled\{{model="counter",n="{n}"\}} (\d+)', _metrics(server), re.M)
     return int(found.group(1)) if found else 0
 
 
 def test_an_iterator_dropped_unread_cancels_its_call(server):
-    before = _cancelled_count(server)
-    assert _ask(server, "caller", np.array([4, 1000], np.int32))["seen"] == [0, 1]
+    n = 1001  # no other test calls the counter with it: only this test's cancel is counted under it
+    assert _cancelled_count(server, n) == 0
+    assert _ask(server, "caller", np.array([4, n], np.int32))["seen"] == [0, 1]
     deadline = time.monotonic() + 30  # bounded: the callee notices within its 5 ms checks
-    while _cancelled_count(server) == before and time.monotonic() < deadline:
+    while _cancelled_count(server, n) == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _cancelled_count(server) == before + 1
+    assert _cancelled_count(server, n) == 1
 
 
 def test_get_model_dir_is_the_version_folder(server):

@@ -26,7 +26,7 @@ from inferd.dataplane.batches import BatchService
 from inferd.dataplane.cold import ColdRun
 from inferd.dataplane.shared_memory import CLIENT_SHM_DISABLED, SharedMemoryManager
 from inferd.dataplane.shedding import QueueDelay
-from inferd.errors import InferdError, InvalidArgument, Unavailable, Unimplemented
+from inferd.errors import DeadlineExceeded, InferdError, InvalidArgument, Unavailable, Unimplemented
 from inferd.facade import (
     DECOUPLED_UNARY, DRAINING, CudaRegionStatus, IndexEntry, ModelMetadata, RegionStatus, ServerMetadata, TensorMetadata,
     TraceCarrier,
@@ -50,6 +50,9 @@ EXTENSIONS = [
     "classification", "sequence", "model_repository", "schedule_policy", "model_configuration", "statistics",
     "binary_tensor_data", "parameters", "model_repository(unload_dependents)", "system_shared_memory", "trace", "logging",
 ]
+# A request whose client's deadline passed before the data plane saw it (waiting in the transport, the
+# hand-off or a cold model's load) is refused, not run for nobody (issue 42).
+_PASSED = "model '{model}': the request's deadline passed {us} us before inferd admitted it; it was not run"
 # The custom metric family an ORCA load report reads (the TensorRT-LLM backend's name, as Triton's orca_http).
 KV_CACHE_BLOCK_FAMILY = "nv_trt_llm_kv_cache_block_metrics"
 
@@ -391,6 +394,9 @@ class DataPlane:
         written out here."""
         if self.draining:
             raise Unavailable(DRAINING)
+        if request.deadline is not None and request.deadline <= self.clock.now():
+            raise DeadlineExceeded(_PASSED.format(model=request.model_name,
+                                                  us=round((self.clock.now() - request.deadline) * 1e6)))
         nbytes = request_bytes(request.inputs)
         admission = self.admission
         admission.admit(nbytes, request.model_name)  # raises Unavailable when the server is full

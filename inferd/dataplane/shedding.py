@@ -36,6 +36,23 @@ bound is on queueing relative to the model's own work (a default server keeps
 a request's wait within about five of its model's executions), and one model's
 overload sheds only its own requests.
 
+Off by default (issue 42): a server cannot tell, from queueing delay alone, an
+overload from a load its user chose. A closed loop of N clients (perf_analyzer
+at concurrency N, a pool of N workers) keeps N requests inside the server, so
+each waits behind the others about N times its share of the work (Little's
+law): 128 clients of an unbatched model taking 5 ms an execution wait ~640 ms,
+far past any target, and a standing queue by CoDel's test. Shedding them
+answered UNAVAILABLE to a load that can never grow past 128 (perf_analyzer
+stops at its first error; Triton served the same command). What makes an
+overload is a queue that keeps growing, and a closed loop's cannot; so the
+default bound is on what the server *holds*: the admission caps
+(:mod:`inferd.dataplane.admission`), set so that a benchmark at concurrency
+1,024 never reaches them, refuse the excess of a load that does grow. Waits are bounded where a
+client asks for a bound: its deadline or ``timeout`` (refused at admission when
+the queue ahead cannot meet it), the model's queue policy, or its latency SLO.
+A server that prefers bounded waits to serving every chosen load sets
+``--queue-delay-target-us`` (50,000 is the value measured in bench/RESULTS.md).
+
 Plain data and ``now`` in, a verdict out; no clock, no loop, no lock (the data
 plane calls it on the event loop). ``target`` 0 turns it off.
 """
@@ -44,7 +61,8 @@ from __future__ import annotations
 
 from inferd.errors import Unavailable
 
-# Defaults. mlp at 16 in flight, unloaded, answers with p99 25-56 ms here (2 cores shared with the
+# The target when shedding is asked for (--queue-delay-target-us; off by default, the module's last
+# paragraph says why): mlp at 16 in flight, unloaded, answers with p99 25-56 ms here (2 cores shared with the
 # client and other engineers' tests), its requests waiting a few ms each for the batch ahead of them but
 # now and then tens of ms when the machine is busy: a 20 ms target made that normal load shed after an
 # overload (bench/RESULTS.md, shedding: throughput after 0.51x before), so the target is 50 ms, twice
@@ -53,12 +71,13 @@ from inferd.errors import Unavailable
 # CoDel's own interval: a burst that drains within it is never shed. The memory of a past overload is
 # two intervals: long enough to stop the queue regrowing for an interval each time shedding pauses,
 # short enough that the normal load after an overload is not shed for its noise.
-DEFAULT_TARGET_US = 50_000
+SUGGESTED_TARGET_US = 50_000
+DEFAULT_TARGET_US = 0  # off: a closed loop of clients is a load the user chose
 DEFAULT_EXECUTION_MULTIPLE = 5.0
 DEFAULT_INTERVAL_US = 100_000
 REENTER_INTERVALS = 2
 FLAGS = ("--queue-delay-target-us, --queue-delay-interval-us, --queue-delay-execution-multiple; "
-         "--no-shed turns shedding off")
+         "--queue-delay-target-us 0 or --no-shed turns shedding off")
 
 
 class QueueDelay:

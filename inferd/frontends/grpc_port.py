@@ -21,7 +21,16 @@ loops). So the port first *holds* every call it claims (the shutdown gate): a
 client waiting for its answer sends nothing more, and once no call arrived for
 ``QUIET_SECONDS`` (at most ``LONGEST_HOLD_SECONDS``) nothing is left unclaimed.
 Then the server shuts down (GOAWAY: clients take new calls elsewhere) and the
-held calls, and any open stream, are answered UNAVAILABLE.
+held calls, and any open stream, are answered UNAVAILABLE. A recycled frontend worker's port
+(``close(grace, serve_held=True)``, :mod:`inferd.serve.recycling`) closes the same way but then
+*serves* the calls it held: the server goes on, through the worker that replaced this one. It first
+stops listening (:func:`stop_listening`), so that the clients its GOAWAY sends to a new connection
+find only the other workers' sockets: a connection the kernel queued on a listener that then closes
+is reset, and its client's calls fail UNAVAILABLE.
+
+The port's door (:mod:`inferd.frontends.door`) counts every call a handler takes and gives back,
+and refuses an inference call taken while the server holds more than its bound, counting the calls
+still waiting in gRPC core's queue (issue 42).
 """
 
 from __future__ import annotations
@@ -29,7 +38,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
+import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import grpc
@@ -37,6 +49,8 @@ from grpc_health.v1 import health_pb2_grpc
 
 from inferd.clock import Alarm, Clock, MonotonicClock
 from inferd.errors import Unavailable
+from inferd.frontends.door import METHODS as DOOR_METHODS
+from inferd.frontends.door import Door, DoorPolicy, channelz_counter, channelz_servers
 from inferd.frontends.grpc_service import InferenceServicer, add_to_server
 from inferd.frontends.grpc_health import Health, enable_reflection
 from inferd.frontends.restrictions import GRPC_METHODS, Restrictions
@@ -50,6 +64,8 @@ PENDING_LIMIT = 1 << 20
 QUIET_SECONDS = 0.05
 LONGEST_HOLD_SECONDS = 1.0
 CLOSING = "inferd is shutting down and this port is closing; retry the call on another server"
+RECYCLING = ("this inferd frontend worker is being replaced (its memory passed --frontend-worker-max-memory-mib); "
+             "open the stream again: another worker takes it")
 
 
 @dataclass(frozen=True)
@@ -73,8 +89,38 @@ def server_options(o: GrpcPortOptions) -> list[tuple[str, Any]]:
     ]
 
 
+def stop_listening(port: int) -> int:
+    """Shut this process's listening sockets on ``port`` (gRPC core's own, found through /proc): the kernel
+    gives new connections to the other sockets of the SO_REUSEPORT group, and the connections already
+    accepted serve on. gRPC core then logs "Closing acceptor. Failed accept4: Invalid argument" once and
+    stops accepting. The sockets shut."""
+    sockets: dict[str, int] = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            sockets[target[8:-1]] = int(fd)
+    shut = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # local address, state 0A (LISTEN), inode
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A" and fields[9] in sockets:
+                with socket.socket(fileno=os.dup(sockets[fields[9]])) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+                shut += 1
+    return shut
+
+
 class Gate:
-    """The shutdown gate: once closed, calls are held until :meth:`release`, then refused.
+    """The shutdown gate: once closed, calls are held until :meth:`release`, then refused (or served,
+    as :meth:`release` says).
 
     :meth:`quiet` waits, on the injected clock, until no call arrived for a while."""
 
@@ -82,6 +128,7 @@ class Gate:
         self.clock = clock or MonotonicClock()
         self.closed = False
         self.held = 0  # calls held since the gate closed
+        self.serve_held = False  # what release said: serve the held calls, not refuse them
         self._last = 0.0
         self._released: asyncio.Event | None = None
 
@@ -90,12 +137,14 @@ class Gate:
         self._last = self.clock.now()
         self._released = asyncio.Event()
 
-    async def hold(self) -> None:
-        """Wait until the gate is released (the server is shutting down by then)."""
+    async def hold(self) -> bool:
+        """Wait until the gate is released (the server is shutting down by then); whether the call is
+        then served (True) or refused."""
         self.held += 1
         self._last = self.clock.now()
         assert self._released is not None
         await self._released.wait()
+        return self.serve_held
 
     async def quiet(self, quiet_s: float = QUIET_SECONDS, longest_s: float = LONGEST_HOLD_SECONDS) -> None:
         """Return once no call arrived for ``quiet_s``, or ``longest_s`` after this was called."""
@@ -118,18 +167,21 @@ class Gate:
         finally:
             alarm.cancel()
 
-    def release(self) -> None:
+    def release(self, serve: bool = False) -> None:
+        """Let the held calls go on: refused, or served (``serve``)."""
+        self.serve_held = serve
         if self._released is not None:
             self._released.set()
 
 
 class _Guarded:
-    """A servicer as grpc registers it: each method behind the port's restrictions and gate."""
+    """A servicer as grpc registers it: each method behind the port's restrictions, gate and door."""
 
-    def __init__(self, servicer: Any, restrictions: Restrictions, gate: Gate) -> None:
+    def __init__(self, servicer: Any, restrictions: Restrictions, gate: Gate, door: Door) -> None:
         self._servicer = servicer
         self._restrictions = restrictions
         self._gate = gate
+        self._door = door
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._servicer, name)
@@ -137,36 +189,49 @@ class _Guarded:
             return method
         group = GRPC_METHODS.get(name)
         restricted = group is not None and group in self._restrictions.by_group
-        return _guard(method, name, group if restricted else None, self._restrictions, self._gate)
+        return _guard(method, name, group if restricted else None, self._restrictions, self._gate, self._door)
 
 
 def _guard(method: Callable[..., Any], name: str, group: str | None, restrictions: Restrictions,
-           gate: Gate) -> Callable[..., Any]:
+           gate: Gate, door: Door) -> Callable[..., Any]:
     async def refusal(context: grpc.aio.ServicerContext) -> Exception | None:
         if group is not None:
             error = restrictions.refusal(group, _header(context), name, context.peer())
             if error is not None:
                 return error
-        if gate.closed:
-            await gate.hold()
+        if gate.closed and not await gate.hold():
             return Unavailable(CLOSING)
         return None
 
     if inspect.isasyncgenfunction(method):
         async def streamed(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            error = await refusal(context) if group is not None or gate.closed else None
-            if error is not None:
-                await context.abort(*grpc_status(error))
-            async for message in method(request, context):
-                yield message
+            door.enter()
+            try:
+                error = await refusal(context) if group is not None or gate.closed else None
+                if error is not None:
+                    await context.abort(*grpc_status(error))
+                async for message in method(request, context):
+                    yield message
+            finally:
+                door.leave()
         return streamed
 
+    at_the_door = name in DOOR_METHODS and door.enabled
+
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if group is not None or gate.closed:
-            error = await refusal(context)
-            if error is not None:
-                await context.abort(*grpc_status(error))
-        return await method(request, context)
+        door.enter()
+        try:
+            if group is not None or gate.closed:
+                error = await refusal(context)
+                if error is not None:
+                    await context.abort(*grpc_status(error))
+            if at_the_door:
+                turned = door.refusal(request.model_name)
+                if turned is not None:
+                    await context.abort(*grpc_status(turned))
+            return await method(request, context)
+        finally:
+            door.leave()
     return unary
 
 
@@ -183,21 +248,23 @@ class GrpcPort:
     """One gRPC port: ``servicer`` (the inference service), ``health`` and reflection."""
 
     def __init__(self, servicer: InferenceServicer, health: Health, options: GrpcPortOptions,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, door: Door | None = None) -> None:
         self.servicer = servicer
         self.health = health
         self.options = options
         self.gate = Gate(clock)
+        self.door = door or Door(DoorPolicy(bound=0))  # none given: counts, never refuses
         self.port = 0
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> int:
         """Bind and serve; the bound port. SystemExit when the address cannot be listened on."""
         o = self.options
+        known = channelz_servers() if self.door.enabled else set()
         server = grpc.aio.server(options=server_options(o))
-        add_to_server(_Guarded(self.servicer, o.restrictions, self.gate), server)  # type: ignore[arg-type]
+        add_to_server(_Guarded(self.servicer, o.restrictions, self.gate, self.door), server)  # type: ignore[arg-type]
         health_pb2_grpc.add_HealthServicer_to_server(
-            _Guarded(self.health.servicer, o.restrictions, self.gate), server)  # type: ignore[arg-type]
+            _Guarded(self.health.servicer, o.restrictions, self.gate, self.door), server)  # type: ignore[arg-type]
         enable_reflection(server)
         address = f"{o.address}:{o.port}"
         try:
@@ -211,11 +278,14 @@ class GrpcPort:
             raise SystemExit(f"cannot listen for gRPC on {address}")
         await server.start()
         self._server = server
+        if self.door.enabled:
+            self.door.counter = channelz_counter(known)  # gRPC core's count of the calls it holds here
         await self.health.start()
         return self.port
 
-    async def close(self, grace: float) -> None:
-        """Close the port, answering every call UNAVAILABLE or as served, never CANCELLED (see the module).
+    async def close(self, grace: float, serve_held: bool = False) -> None:
+        """Close the port, answering every call UNAVAILABLE or as served, never CANCELLED (see the module);
+        ``serve_held``: the calls held while it closes are served (a recycled worker's port).
         Calls being served when this is called get up to ``grace`` seconds to finish."""
         server = self._server
         if server is None:
@@ -223,14 +293,17 @@ class GrpcPort:
         self._server = None
         loop = asyncio.get_running_loop()
         started = loop.time()
+        if serve_held:  # new connections go to the other workers before any client is told GOAWAY
+            log.info("gRPC port %d: stopped listening (%d sockets) before it closes", self.port,
+                     stop_listening(self.port))
         self.gate.close()
         await self.gate.quiet(longest_s=min(LONGEST_HOLD_SECONDS, max(grace, 0.0)))
         self.health.close()
         stopping = loop.create_task(server.stop(max(grace - (loop.time() - started), 0.0)))
         await asyncio.sleep(0)  # the shutdown has begun (GOAWAY sent, nothing more is claimed)
-        self.gate.release()
-        self.servicer.close_streams(Unavailable(CLOSING))
+        self.gate.release(serve=serve_held)
+        self.servicer.close_streams(Unavailable(RECYCLING if serve_held else CLOSING))
         await stopping
         if self.gate.held:
-            log.info("gRPC port closed; %d calls that arrived while it closed were answered UNAVAILABLE",
-                     self.gate.held)
+            log.info("gRPC port closed; %d calls that arrived while it closed were %s", self.gate.held,
+                     "served" if serve_held else "answered UNAVAILABLE")

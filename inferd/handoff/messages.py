@@ -44,7 +44,7 @@ Frontend -> core::
     Sent(rid, start, end)                  6  that request's answer was sent between these moments
                                               (CLOCK_MONOTONIC ns; None: it never was)
     Refused(n)                             7  the frontend refused n more requests itself for overload
-                                              (its share of --max-queued-requests, a full input arena):
+                                              (past --max-queued-requests in flight, a full input arena):
                                               the core counts them with its own
                                               (inferd_server_overload_rejected_total)
 
@@ -65,6 +65,9 @@ Core -> frontend::
     Close()                                23 every worker's accepted requests are answered: close the
                                               ports and exit (until then an idle worker keeps its
                                               ports answering, as the one-process server does)
+    Recycle(grace)                         24 this worker is replaced (its memory passed the bound; the
+                                              replacement already serves): close the ports, serve every
+                                              call taken, exit (inferd.serve.recycling)
 
 A stream request's responses are paced by credit: the core sends at most
 STREAM_WINDOW responses of one stream beyond those the frontend has credited
@@ -258,9 +261,13 @@ class Close(_Part, tag=23):
     pass
 
 
+class Recycle(_Part, tag=24):
+    grace: float
+
+
 # What each end of the channel receives (its Channel decodes to these).
 ToCore = Hello | Infer | Cancel | Free | Call | Credit | Sent | Refused
-ToWorker = Config | Response | Error | Final | Reply | Drain | State | Close
+ToWorker = Config | Response | Error | Final | Reply | Drain | State | Close | Recycle
 # The messages that answer an Infer; final: Response or Error with final set, and Final.
 Answer = Response | Error | Final
 

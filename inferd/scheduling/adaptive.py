@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from inferd.errors import SloRefused
+from inferd.errors import DeadlineExceeded, InferdError, SloRefused, Unavailable
 from inferd.scheduling.estimates import PROBE_EVERY, ArrivalRate, ExecutionModel
 
 ADAPTIVE, FIXED = "adaptive", "fixed"
@@ -106,25 +106,93 @@ class Instance:
     model: ExecutionModel
 
 
-def completion(now: float, rows_ahead: int, rows: int, max_rows: int, instances: Sequence[Instance]) -> float:
+def completion(now: float, rows_ahead: int, rows: int, max_rows: int, instances: Sequence[Instance],
+               expected: bool = False) -> float:
     """When a request of ``rows`` rows, queued behind ``rows_ahead`` rows, is expected to be
-    answered: the rows run in full batches, in order, each on the instance that frees first."""
+    answered: the rows run in full batches, in order, each on the instance that frees first.
+    Each batch takes its upper estimate (a budget's view), or its expected time (``expected``)."""
+    return _simulate(now, rows_ahead + rows, max_rows, instances, expected)[1]
+
+
+def start(now: float, rows_ahead: int, max_rows: int, instances: Sequence[Instance]) -> float:
+    """When a request queued behind ``rows_ahead`` rows is expected to be taken by an instance: the
+    rows ahead run in full batches at their expected times, then the first instance free takes it."""
+    return _simulate(now, rows_ahead, max_rows, instances, True)[0]
+
+
+def _simulate(now: float, rows: int, max_rows: int, instances: Sequence[Instance],
+              expected: bool) -> tuple[float, float]:
+    """``rows`` rows run in full batches, each on the instance that frees first: (when an instance is
+    next free after the last of them is taken, when the last of them is done)."""
     if not instances:
-        return now
+        return now, now
     free = [max(i.free_at, now) for i in instances]
-    remaining = rows_ahead + rows
+    remaining = rows
     done = now
     for _ in range(MAX_SIMULATED):
         if remaining <= 0:
-            return done
+            return min(free), done
         k = min(range(len(free)), key=free.__getitem__)
         batch = min(max_rows, remaining)
-        free[k] += instances[k].model.upper(batch)
+        model = instances[k].model
+        free[k] += model.predict(batch) if expected else model.upper(batch)
         done = free[k]
         remaining -= batch
     # A very long queue: the rest at the pace of the simulated batches.
-    per_row = (done - now) / max(1, rows_ahead + rows - remaining)
-    return done + per_row * remaining
+    per_row = (done - now) / max(1, rows - remaining)
+    return min(free) + per_row * remaining, done + per_row * remaining
+
+
+def deadline_refusal(model: str, now: float, deadline: float | None, start_by: float | None, rows_ahead: int,
+                     rows: int, max_rows: int, instances: Sequence[Instance]) -> InferdError | None:
+    """The refusal of a request that cannot be answered in time, or None to admit it: its client's
+    ``deadline`` (absolute) has passed, or its queue timeout (``start_by``: when it must have been taken by an
+    instance) has; or, with ``rows_ahead`` rows queued ahead of it on ``instances``, even the expected
+    execution times (not the upper ones an SLO plans with: refusing is the harsher error) take it past
+    either. Running such a request would answer nobody (issue 42). A request finding nothing ahead of it
+    and an instance free is admitted whatever the estimates say."""
+    if deadline is not None and deadline <= now:
+        return DeadlineExceeded(f"model '{model}': the request's deadline passed {round((now - deadline) * 1e6)} us "
+                                "before it reached the model's queue; it was not run")
+    if start_by is not None and start_by <= now:
+        return Unavailable(f"model '{model}': request timed out before it reached the model's queue: its queue "
+                           f"timeout passed {round((now - start_by) * 1e6)} us ago; it was not run")
+    if not instances or (rows_ahead == 0 and any(i.free_at <= now for i in instances)):
+        return None
+    # Most requests have time to spare (a client's deadline of seconds): settled without simulating.
+    if (deadline is None or deadline >= _latest(now, rows_ahead + rows, max_rows, instances)) and \
+            (start_by is None or start_by >= _latest(now, rows_ahead, max_rows, instances)):
+        return None
+    if start_by is not None:
+        taken = start(now, rows_ahead, max_rows, instances)
+        if taken > start_by:
+            return Unavailable(
+                f"model '{model}': request refused: it cannot start within its queue timeout: estimated "
+                f"{round((taken - now) * 1e6)} us until an instance takes it, {round((start_by - now) * 1e6)} us "
+                f"left ({_ahead(rows_ahead, rows, max_rows, instances)}); retry later")
+    if deadline is not None:
+        done = completion(now, rows_ahead, rows, max_rows, instances, expected=True)
+        if done > deadline:
+            return Unavailable(
+                f"model '{model}': request refused: its deadline cannot be met: estimated "
+                f"{round((done - now) * 1e6)} us to answer it, {round((deadline - now) * 1e6)} us left "
+                f"({_ahead(rows_ahead, rows, max_rows, instances)}); retry later or elsewhere")
+    return None
+
+
+def _latest(now: float, rows: int, max_rows: int, instances: Sequence[Instance]) -> float:
+    """A time the simulation of ``rows`` rows never passes: every instance's current execution done,
+    then every batch run one after another at the slowest instance's expected time for a batch."""
+    batches = -(-rows // max(1, max_rows))
+    slowest = max(max(i.model.predict(1), i.model.predict(max(1, max_rows))) for i in instances)
+    return max(now, *(i.free_at for i in instances)) + batches * slowest
+
+
+def _ahead(rows_ahead: int, rows: int, max_rows: int, instances: Sequence[Instance]) -> str:
+    batch = min(max_rows, rows_ahead + rows)
+    per_batch = min(i.model.predict(batch) for i in instances)
+    return (f"{rows_ahead} rows queued ahead of it, about {round(per_batch * 1e6)} us per batch of {batch} rows "
+            f"on {len(instances)} instance{'s' if len(instances) != 1 else ''}")
 
 
 def admission(policy: WaitPolicy, model: str, now: float, rows_ahead: int, rows: int, max_rows: int,

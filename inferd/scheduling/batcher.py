@@ -213,7 +213,9 @@ class BatchScheduler(PumpedScheduler):
             shed_at=request.shed_at,
         )
         # Raises Unavailable when the queue is full, SloRefused when the SLO cannot be met.
-        self._queue.admit(item, now, self._instances(now) if p.slo_us else ())
+        # Raises DeadlineExceeded / Unavailable when its deadline or timeout cannot be met behind the queue.
+        estimates = p.slo_us or request.deadline is not None or request.timeout_us
+        self._queue.admit(item, now, self._instances(now) if estimates else ())
         if not self._pump_scheduled:
             if not more and _nothing_else_ready(loop):
                 # No other callback is waiting to run this turn, so no other

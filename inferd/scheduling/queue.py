@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterator, Sequence
 
 from inferd.errors import DeadlineExceeded, InferdError, Unavailable
-from inferd.scheduling.adaptive import Instance, admission, slo_rows, wait_until
+from inferd.scheduling.adaptive import Instance, admission, deadline_refusal, slo_rows, wait_until
 from inferd.scheduling.estimates import ArrivalRate, ExecutionModel
 from inferd.scheduling.formation import FULL, OTHER_GROUP, OVER_BUDGET, OpenBatch
 from inferd.scheduling.policy import DELAY, BatchingPolicy
@@ -117,7 +117,9 @@ class BatchQueue:
     def admit(self, item: Pending, now: float, instances: Sequence[Instance] = ()) -> None:
         """Queue ``item``, or raise :class:`Unavailable` if its level is full, or
         :class:`SloRefused` when, with a latency SLO, its estimated completion on
-        ``instances`` (when each is expected free, its execution model) passes it."""
+        ``instances`` (when each is expected free, its execution model) passes it, or
+        :class:`DeadlineExceeded` / :class:`Unavailable` when its deadline or queue timeout
+        has passed or cannot be met behind the queue (``deadline_refusal``)."""
         p = self.policy
         if item.level <= 0 or item.level > p.priority_levels:
             item.level = p.default_priority_level
@@ -141,6 +143,15 @@ class BatchQueue:
         if requested is not None and (qp.allow_timeout_override or timeout is None):
             # A request may shorten the policy's timeout, never lengthen it.
             timeout = requested if timeout is None else min(timeout, requested)
+        # What cannot be answered in time is refused here, not run for nobody: a deadline or a rejecting
+        # queue timeout already passed, or out of reach behind the queue (estimated when ``instances`` given).
+        start_by = arrival + timeout if timeout is not None and qp.timeout_action != DELAY else None
+        if item.deadline is not None or start_by is not None:
+            ahead = sum(lv.rows for lv in self._levels[:item.level])
+            refused = deadline_refusal(self.model, now, item.deadline, start_by, ahead, item.rows, p.max_rows,
+                                       instances)
+            if refused is not None:
+                raise refused
         item.arrival = arrival
         item.seq = self._next_seq
         self._next_seq += 1

@@ -20,6 +20,8 @@ from typing import Any
 
 from inferd.handoff.messages import CALLS, State
 from inferd.handoff.core.endpoint import DataPlaneEndpoint
+from inferd.ipc.tally import Tally
+from inferd.serve.recycling import RecyclePolicy
 from inferd.serve.supervisor import Supervisor, WorkerProcess, reserve
 from inferd.serve.one_process import InferenceServer, ServerOptions
 
@@ -27,14 +29,17 @@ log = logging.getLogger("inferd")
 
 
 class MultiProcessServer(InferenceServer):
-    def __init__(self, options: ServerOptions, workers: int) -> None:
+    def __init__(self, options: ServerOptions, workers: int, recycle: RecyclePolicy | None = None) -> None:
         super().__init__(options)
         self.workers = workers
+        self.recycle = recycle or RecyclePolicy()  # a worker past its memory bound is replaced (issue 42)
         self.supervisor: Supervisor | None = None
         self._reserved: list[socket.socket] = []
         self._grpc_port = 0
         self._http_port = 0
         self._tracing_sent: bool | None = None
+        # The gRPC door's counts, one slot per worker, so each bounds the calls of the whole server.
+        self.door_tally: Tally | None = None
 
     @property
     def grpc_port(self) -> int:  # type: ignore[override]
@@ -56,7 +61,11 @@ class MultiProcessServer(InferenceServer):
             sock = reserve(self.http_address, o.http_port, "HTTP")
             self._reserved.append(sock)
             self._http_port = sock.getsockname()[1]
-        self.supervisor = Supervisor(self.workers, self._worker_config, self._endpoint)
+        if o.allow_grpc and o.grpc_max_held_calls:
+            self.door_tally = Tally.create(self.workers, "inferd-door")
+        shared = (self.door_tally.fd,) if self.door_tally is not None else ()
+        self.supervisor = Supervisor(self.workers, self._worker_config, self._endpoint, shared_fds=shared,
+                                     recycle=self.recycle, grace=o.grace_seconds)
         await self.supervisor.start()
         log.info("%d frontend workers serving%s%s", self.workers,
                  f" gRPC on {o.address}:{self.grpc_port}" if o.allow_grpc else "",
@@ -73,15 +82,20 @@ class MultiProcessServer(InferenceServer):
                      "options": [list(kv) for kv in o.grpc_options],
                      "tls": o.grpc_tls.to_plain() if o.grpc_tls else None,
                      "restrictions": o.grpc_restrictions.to_plain(),
-                     "header_forward_pattern": o.grpc_header_forward_pattern} if o.allow_grpc else None,
+                     "header_forward_pattern": o.grpc_header_forward_pattern,
+                     "door": {"bound": o.grpc_max_held_calls, "slot": index,
+                              "tally": [self.door_tally.fd, self.door_tally.slots] if self.door_tally else None},
+                     } if o.allow_grpc else None,
             "http": {"address": self.http_address, "port": self.http_port, "max_input_bytes": o.http_max_input_bytes,
                      "tls": o.http_tls.to_plain() if o.http_tls else None,
                      "restrictions": o.http_restrictions.to_plain(),
                      "openai": o.openai.to_plain(),
                      "header_forward_pattern": o.http_header_forward_pattern} if o.allow_http else None,
             "state": {"tracing": self._tracing_sent},
-            # What waits in a worker counts in the server-wide request cap: each takes its share.
-            "max_pending": -(-o.max_queued_requests // self.workers) if o.max_queued_requests else 0,
+            # A worker holds at most what the whole server may (the core's admission bounds their sum). Not
+            # a share of it: the kernel spreads connections, not calls, so one worker can carry a client's
+            # whole closed loop (perf_analyzer at concurrency 1,024 over a few connections; issue 42).
+            "max_pending": o.max_queued_requests,
             "max_queued_requests": o.max_queued_requests,
             "grace": o.grace_seconds,  # a worker's own SIGTERM drains with the server's grace
             "log_level": logging.getLogger().level,
@@ -119,4 +133,7 @@ class MultiProcessServer(InferenceServer):
         for sock in self._reserved:
             sock.close()
         self._reserved.clear()
+        if self.door_tally is not None:
+            self.door_tally.close()
+            self.door_tally = None
         await super().stop(max(deadline - loop.time(), 0.0))

@@ -41,6 +41,7 @@ from inferd.repository.layout import check_repositories
 from inferd.repository.table import format_table, model_rows, readiness
 from inferd.scheduling.rate_limiter import RateLimiter
 from inferd.frontends.asgi import AsgiServer
+from inferd.frontends.door import DEFAULT_MAX_HELD_CALLS, Door, DoorPolicy
 from inferd.frontends.grpc_port import GrpcPort, GrpcPortOptions
 from inferd.frontends.grpc_service import InferenceServicer
 from inferd.frontends.grpc_health import Health
@@ -76,6 +77,7 @@ class ServerOptions:
     openai: OpenAIOptions = field(default_factory=OpenAIOptions)  # /v1: its API keys
     max_queued_requests: int = DEFAULT_MAX_REQUESTS  # server-wide admission caps (0: none)
     max_queued_bytes: int = DEFAULT_MAX_BYTES
+    grpc_max_held_calls: int = DEFAULT_MAX_HELD_CALLS  # the gRPC door: calls the server holds (0: no bound)
     stream_limits: StreamLimits = field(default_factory=StreamLimits)  # how far a stream's client may lag
     queue_delay_target_us: int = DEFAULT_TARGET_US  # the server-wide queueing-delay bound (0: off, --no-shed)
     queue_delay_interval_us: int = DEFAULT_INTERVAL_US
@@ -238,9 +240,11 @@ class InferenceServer:
     async def _start_grpc(self) -> None:
         o = self.options
         forward = header_forward(o.grpc_header_forward_pattern, "--grpc-header-forward-pattern")
+        admission = self.dataplane.admission
+        door = Door(DoorPolicy(o.grpc_max_held_calls), on_refused=lambda: admission.count_refused(1))
         port = GrpcPort(InferenceServicer(self.dataplane, forward=forward), Health(self.dataplane), GrpcPortOptions(
             address=o.address, port=o.grpc_port, max_message_bytes=o.max_message_bytes, tls=o.grpc_tls,
-            restrictions=o.grpc_restrictions, channel_args=tuple(o.grpc_options)))
+            restrictions=o.grpc_restrictions, channel_args=tuple(o.grpc_options)), door=door)
         await port.start()
         self._grpc = port
         log.info("serving gRPC%s on %s:%d", " (TLS)" if o.grpc_tls else "", o.address, self.grpc_port)

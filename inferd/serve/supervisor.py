@@ -17,6 +17,10 @@ requests and answers those it accepted, its ports still answering (not ready,
 UNAVAILABLE); once the core's requests are all answered it sends ``CLOSE``, and
 each closes its ports and exits; one still running after the grace is killed. Every worker is reaped before stop returns.
 
+A worker whose memory grew past a bound is *recycled* (:mod:`inferd.serve.recycling`): its
+replacement is started in its slot first, then the old one is sent ``RECYCLE``; it closes its ports,
+serves every call it took and exits, and is reaped as a worker that finished, not one that died.
+
 The ports: the core *reserves* each one (:func:`reserve`): it binds a socket
 with SO_REUSEPORT and never listens on it, so the kernel sends it no
 connection, but the port stays the server's for its whole life (a restarted
@@ -41,11 +45,13 @@ from typing import Awaitable, Callable, Protocol
 
 from inferd import event_loop
 from inferd.clock import Clock, MonotonicClock
-from inferd.handoff.messages import Close, Config, Drain, Hello, ToCore
+from inferd.handoff.messages import Close, Config, Drain, Hello, Recycle, ToCore
 from inferd.ipc.arena import Arena, ArenaWriter
 from inferd.ipc.channel import Channel, socket_pair
 from inferd.ipc.processes import RestartPolicy, RestartState, describe_status, kill, watch_exit
 from inferd.frontends.asgi import bind
+from inferd.serve.recycling import FLAG as RECYCLE_FLAG
+from inferd.serve.recycling import RecyclePolicy, anon_rss, recycle_due
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +102,8 @@ class WorkerProcess:
     gone: asyncio.Future = field(repr=False)  # resolves with the exit status
     endpoint: Endpoint | None = None
     closed: bool = False
+    # Resolves once the worker is being recycled: with its replacement, or None when none could start.
+    replaced: asyncio.Future | None = field(default=None, repr=False)
 
     @property
     def pid(self) -> int:
@@ -113,7 +121,8 @@ class Supervisor:
     def __init__(self, count: int, config: Callable[[int], dict], endpoint: Callable[[WorkerProcess], Endpoint],
                  *, command: Callable[[int, int], list[str]] = worker_command, clock: Clock | None = None,
                  policy: RestartPolicy | None = None, arena_bytes: int = ARENA_BYTES,
-                 start_timeout: float = 120.0) -> None:
+                 start_timeout: float = 120.0, shared_fds: tuple[int, ...] = (),
+                 recycle: RecyclePolicy | None = None, grace: float = 30.0) -> None:
         if count < 1:
             raise ValueError(f"frontend workers: need at least 1, got {count}")
         self.count = count
@@ -124,14 +133,19 @@ class Supervisor:
         self.policy = policy or RestartPolicy()
         self.arena_bytes = arena_bytes
         self.start_timeout = start_timeout
+        self.shared_fds = shared_fds  # inherited by every worker (the gRPC door's tally)
+        self.recycle = recycle or RecyclePolicy(0)
+        self.grace = grace  # how long a recycled worker may take to answer what it took
         self.workers: dict[int, WorkerProcess] = {}
+        self.retiring: set[WorkerProcess] = set()  # recycled, still answering what they took
         self.restarts = 0
+        self.recycles = 0
         self._stopping = False
         self._slots: list[asyncio.Task] = []
         self._waits: set[asyncio.Future] = set()
 
     def pids(self) -> list[int]:
-        return [worker.pid for worker in self.workers.values()]
+        return [worker.pid for worker in (*self.workers.values(), *self.retiring)]
 
     # -- start ------------------------------------------------------------------------
 
@@ -142,9 +156,12 @@ class Supervisor:
         if failures:
             await self.stop(0.0)
             raise failures[0]
+        loop = asyncio.get_running_loop()
         for worker in results:
             assert isinstance(worker, WorkerProcess)
-            self._slots.append(asyncio.get_running_loop().create_task(self._watch(worker), name=f"frontend {worker.index}"))
+            self._slots.append(loop.create_task(self._watch(worker), name=f"frontend {worker.index}"))
+        if self.recycle.enabled:
+            self._slots.append(loop.create_task(self._sample(), name="frontend memory"))
 
     async def _spawn(self, index: int) -> WorkerProcess:
         loop = asyncio.get_running_loop()
@@ -153,7 +170,7 @@ class Supervisor:
         outputs = Arena.create(self.arena_bytes, f"inferd-frontend-{index}-outputs")
         try:
             process = subprocess.Popen(self.command(index, worker_end.fileno()),
-                                       pass_fds=(worker_end.fileno(), inputs.fd, outputs.fd))
+                                       pass_fds=(worker_end.fileno(), inputs.fd, outputs.fd, *self.shared_fds))
         except BaseException:
             for thing in (core_end, inputs, outputs):
                 thing.close()
@@ -172,7 +189,8 @@ class Supervisor:
                 box[0].endpoint.on_message(msg)
 
         channel = await Channel.open(core_end, on_message, f"frontend {index}", receives=ToCore)
-        worker = WorkerProcess(index, process, channel, inputs, ArenaWriter(outputs), self.clock.now(), hello, gone)
+        worker = WorkerProcess(index, process, channel, inputs, ArenaWriter(outputs), self.clock.now(), hello, gone,
+                               replaced=loop.create_future())
         box.append(worker)
         self.workers[index] = worker
         self._watch_exit(worker)
@@ -211,8 +229,21 @@ class Supervisor:
     # -- watch and restart ------------------------------------------------------------
 
     async def _watch(self, worker: WorkerProcess) -> None:
+        """Keep slot ``worker.index`` served: follow it to its replacement when it is recycled, start
+        it again when it dies."""
         state = RestartState(self.policy)
         while True:
+            replaced = worker.replaced
+            assert replaced is not None
+            await asyncio.wait([worker.gone, replaced], return_when=asyncio.FIRST_COMPLETED)
+            if worker in self.retiring and not replaced.done():
+                await replaced  # it died while its replacement starts: that decides
+            if replaced.done():
+                if replaced.result() is not None:
+                    worker = replaced.result()  # the recycling reaps the old one
+                    continue
+                if not worker.gone.done():
+                    continue  # its replacement could not start: it serves on
             status = await worker.gone
             died = self.clock.now()
             self._lost(worker)
@@ -231,6 +262,64 @@ class Supervisor:
                 except (WorkerFailed, OSError) as exc:
                     log.error("restarting frontend %d failed: %s", worker.index, exc)
                     died = self.clock.now()
+
+    # -- recycle ----------------------------------------------------------------------
+
+    async def _sample(self) -> None:
+        """Every ``recycle.check_s``, recycle the first worker whose memory is past the bound (one at
+        a time: the others keep serving while it is replaced)."""
+        policy = self.recycle
+        while not self._stopping:
+            await self._sleep_until(self.clock.now() + policy.check_s)
+            if self._stopping or self.retiring:
+                continue
+            now = self.clock.now()
+            for worker in list(self.workers.values()):
+                rss = anon_rss(worker.pid)
+                if not worker.closed and worker.hello.done() and recycle_due(policy, rss, now - worker.started):
+                    assert rss is not None
+                    await self._recycle(worker, rss)
+                    break
+
+    async def _recycle(self, old: WorkerProcess, rss: int) -> None:
+        """Start ``old``'s replacement in its slot, then tell ``old`` to finish what it took and exit;
+        return once it is reaped (killed if it takes past the grace)."""
+        assert old.replaced is not None
+        self.retiring.add(old)
+        bound = self.recycle.max_rss_bytes >> 20
+        try:
+            new = await self._spawn(old.index)
+        except BaseException as exc:
+            if not old.closed:
+                self.workers[old.index] = old  # it keeps its slot
+            self.retiring.discard(old)
+            old.replaced.set_result(None)
+            old.replaced = asyncio.get_running_loop().create_future()  # it may be recycled again later
+            if not isinstance(exc, (WorkerFailed, OSError)):
+                raise
+            log.error("frontend %d (pid %d): %d MiB of heap, past %s %d, but its replacement could not start "
+                      "(%s); it keeps serving", old.index, old.pid, rss >> 20, RECYCLE_FLAG, bound, exc)
+            return
+        if self._stopping:  # the server stops: the replacement is not needed (stop drains the old one)
+            self.retiring.discard(old)
+            old.replaced.set_result(None)
+            old.replaced = asyncio.get_running_loop().create_future()
+            await self._reap(new, force=True)
+            return
+        old.replaced.set_result(new)
+        self.recycles += 1
+        log.info("frontend %d (pid %d): %d MiB of heap, past %s %d: recycled; pid %d serves in its place, "
+                 "pid %d answers what it took and exits", old.index, old.pid, rss >> 20, RECYCLE_FLAG, bound,
+                 new.pid, old.pid)
+        try:
+            old.channel.send(Recycle(self.grace))
+            await self._until_gone([old], self.clock.now() + self.grace + EXIT_MARGIN)
+            if not old.gone.done():
+                log.warning("frontend %d (pid %d): recycled, still running after %.0f s; killed", old.index,
+                            old.pid, self.grace + EXIT_MARGIN)
+            await self._reap(old, force=True)
+        finally:
+            self.retiring.discard(old)
 
     def _lost(self, worker: WorkerProcess) -> None:
         if worker.closed:
@@ -271,7 +360,7 @@ class Supervisor:
         for fut in self._waits:
             if not fut.done():
                 fut.set_result(None)
-        workers = list(self.workers.values())
+        workers = [*self.workers.values(), *self.retiring]  # a recycled one finishes as it was told
         for worker in workers:
             worker.channel.send(Drain(grace))
         if drained is not None and workers:
@@ -281,13 +370,27 @@ class Supervisor:
                 pass  # the workers' own grace ends it
         for worker in workers:
             worker.channel.send(Close())
-        if workers:
-            await asyncio.wait([worker.gone for worker in workers], timeout=grace + EXIT_MARGIN)
+        await self._until_gone(workers, self.clock.now() + grace + EXIT_MARGIN)
         for worker in workers:
             await self._reap(worker, force=True)
         if self._slots:
             await asyncio.gather(*self._slots, return_exceptions=True)
         self._slots.clear()
+
+    async def _until_gone(self, workers: list[WorkerProcess], when: float) -> None:
+        """Return once every one of ``workers`` has exited, or at ``when`` on the clock (stop's
+        deadline: whatever is left is then killed)."""
+        pending: set[asyncio.Future] = {w.gone for w in workers if not w.gone.done()}
+        if not pending:
+            return
+        deadline = asyncio.get_running_loop().create_future()
+        handle = self.clock.call_at(when, lambda: deadline.done() or deadline.set_result(None))
+        try:
+            while pending and not deadline.done():
+                _, pending = await asyncio.wait(pending | {deadline}, return_when=asyncio.FIRST_COMPLETED)
+                pending.discard(deadline)
+        finally:
+            handle.cancel()
 
     async def _reap(self, worker: WorkerProcess, force: bool) -> None:
         if not worker.gone.done() and force:

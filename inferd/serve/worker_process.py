@@ -5,7 +5,9 @@ serves the reserved gRPC and HTTP ports (SO_REUSEPORT, :func:`listen`) with the
 one-process frontends over :class:`~inferd.handoff.worker.proxy.RemoteDataPlane`
 and hands every request to the core. It ends when the core says DRAIN or the
 worker gets SIGTERM/SIGINT (stop taking requests, answer the accepted ones,
-close the ports, exit 0), or at once when the core goes away.
+close the ports, exit 0), when the core says RECYCLE (its replacement serves
+already: close the ports, serve every call taken, exit 0), or at once when the
+core goes away.
 
 A worker never outlives its core, by two ties, either enough on its own: the
 control channel (the core's end closes when the core exits or is killed, and
@@ -35,7 +37,9 @@ from inferd.ipc.processes import die_with_parent
 from inferd.handoff.worker.proxy import RemoteDataPlane
 from inferd.observability import memtrace
 from inferd.frontends.asgi import AsgiServer, bind
+from inferd.frontends.door import Door, DoorPolicy
 from inferd.frontends.grpc_port import GrpcPort, GrpcPortOptions
+from inferd.ipc.tally import Tally
 from inferd.frontends.grpc_service import InferenceServicer
 from inferd.frontends.grpc_health import Health
 from inferd.frontends.http_limits import chunk_limited_protocol
@@ -96,15 +100,25 @@ class ForwardedBatches:
         return await self.link.call("openai_batch_cancel", batch_id)
 
 
+def _door(link: CoreLink, config: dict[str, Any] | None) -> Door:
+    """The port's door: the server's bound on held calls, this worker's slot of the core's tally (the
+    other workers' counts), refusals counted by the core as its own."""
+    if not config or not config.get("bound"):
+        return Door(DoorPolicy(bound=0))
+    tally = Tally(*config["tally"]) if config.get("tally") else None
+    return Door(DoorPolicy(config["bound"]), on_refused=link.count_refused, tally=tally, slot=config.get("slot", 0))
+
+
 async def _start_grpc(dataplane: RemoteDataPlane, index: int, config: dict[str, Any]) -> GrpcPort:
     """The gRPC port, built as the one-process server builds its own (limits, TLS, restricted groups,
-    the closing gate), on the reserved port with SO_REUSEPORT."""
+    the closing gate, the door), on the reserved port with SO_REUSEPORT."""
     forward = header_forward(config.get("header_forward_pattern"), "--grpc-header-forward-pattern")
     port = GrpcPort(InferenceServicer(dataplane, forward=forward), Health(dataplane), GrpcPortOptions(  # readiness asked of the core
         address=config["address"], port=config["port"], max_message_bytes=config["max_message_bytes"],
         tls=TlsFiles.from_plain(config.get("tls")),
         restrictions=Restrictions.from_plain(config.get("restrictions"), protocol="protocol"),
-        channel_args=(("grpc.so_reuseport", 1), *[tuple(kv) for kv in config["options"]])))
+        channel_args=(("grpc.so_reuseport", 1), *[tuple(kv) for kv in config["options"]])),
+        door=_door(dataplane.link, config.get("door")))
     if await port.start() != config["port"]:
         raise SystemExit(f"frontend {index}: cannot listen for gRPC on {config['address']}:{config['port']}")
     return port
@@ -138,7 +152,10 @@ async def serve(index: int, channel_fd: int) -> int:
                           protocol=chunk_limited_protocol())
         await http.start()
     link.hello()
-    grace: float | None = await link.drain_requested
+    await asyncio.wait([link.drain_requested, link.recycle_requested], return_when=asyncio.FIRST_COMPLETED)
+    if not link.drain_requested.done():
+        return await _retire(index, link, grpc_port, http, link.recycle_requested.result())
+    grace: float | None = link.drain_requested.result()
     if grace is None:  # the core went away: nothing can be answered any more
         log.warning("frontend %d: the core went away; exiting", index)
         grace = 0.0
@@ -169,6 +186,29 @@ async def serve(index: int, channel_fd: int) -> int:
     if http is not None:
         closing.append(http.stop(left))
     await asyncio.gather(*closing)
+    link.channel.close()
+    return 0
+
+
+async def _retire(index: int, link: CoreLink, grpc_port: GrpcPort | None, http: AsgiServer | None,
+                  grace: float) -> int:
+    """Recycled (:mod:`inferd.serve.recycling`): the core already runs this worker's replacement. Stop
+    taking connections and calls, serve every call taken (the gRPC calls held while the port closes
+    too: nothing is refused), then exit. A DRAIN arriving meanwhile changes nothing: this ends sooner."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    closing = []
+    if grpc_port is not None:
+        closing.append(grpc_port.close(grace, serve_held=True))
+    if http is not None:
+        closing.append(http.stop(grace))
+    await asyncio.gather(*closing)
+    try:
+        await asyncio.wait_for(link.in_flight.idle(), timeout=max(deadline - loop.time(), 0.0))
+    except asyncio.TimeoutError:
+        log.warning("frontend %d: recycled with %d requests still unanswered after %.1f s", index,
+                    len(link.in_flight), grace)
+    log.info("frontend %d: recycled; its calls answered, exiting", index)
     link.channel.close()
     return 0
 

@@ -1,7 +1,7 @@
 """A stand-in frontend worker for the supervisor's tests: the real one's lifecycle, no servicers.
 
 On CONFIG it listens on ``config["port"]`` (SO_REUSEPORT, as a real worker does) and says HELLO;
-each accepted connection is answered with its pid and closed; DRAIN closes the port and exits 0;
+each accepted connection is answered with its pid and closed; DRAIN (or RECYCLE) closes the port and exits 0;
 the channel closing exits at once. ``config["behaviour"]`` makes it misbehave: ``exit`` (exit 3
 before HELLO), ``silent`` (never HELLO), ``deaf`` (ignore DRAIN), ``stuck`` (block its loop after HELLO, so
 that only PR_SET_PDEATHSIG can end it when the core dies).
@@ -15,7 +15,7 @@ import os
 import socket
 import time
 
-from inferd.handoff.messages import Config, Drain, Hello, ToWorker
+from inferd.handoff.messages import Config, Drain, Hello, Recycle, ToWorker
 from inferd.ipc.channel import Channel
 from inferd.ipc.processes import die_with_parent
 from inferd.serve.worker_process import listen
@@ -49,7 +49,7 @@ async def main(index: int, fd: int) -> int:
     def on_message(msg: ToWorker) -> None:
         if type(msg) is Config:
             loop.create_task(configure(msg.options))
-        elif type(msg) is Drain and len(server) == 1 and not done.done():
+        elif type(msg) in (Drain, Recycle) and len(server) == 1 and not done.done():
             server[0].close()
             done.set_result(0)
 

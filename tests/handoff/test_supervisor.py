@@ -1,5 +1,6 @@
 """inferd.serve.supervisor with stand-in workers (fake_worker.py): spawn on a shared port, restart
-after a kill, clean failure at start, drain and kill at stop, and workers that die with their core."""
+after a kill, clean failure at start, drain and kill at stop, workers that die with their core, and a
+worker past its memory bound recycled (its replacement first)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from inferd.ipc.processes import RestartPolicy, RestartState
-from inferd.serve.supervisor import Supervisor, WorkerFailed, WorkerProcess, reserve
+from inferd.clock import FakeClock
+from inferd.serve.recycling import RecyclePolicy, anon_rss, recycle_due
+from inferd.serve.supervisor import EXIT_MARGIN, Supervisor, WorkerFailed, WorkerProcess, reserve
 
 FAKE = str(Path(__file__).with_name("fake_worker.py"))
 ARENA = 1 << 20
@@ -135,12 +138,67 @@ async def test_a_worker_that_never_serves_fails_start_after_the_timeout(port: in
 
 
 async def test_a_worker_ignoring_drain_is_killed_after_the_grace(port: int) -> None:
+    """The grace runs on the supervisor's clock: the obedient worker exits on the DRAIN however long it
+    takes (a loaded machine), and only then does the test move time past the grace."""
     endpoints = Endpoints()
-    sup = supervisor(port, endpoints, behaviour={1: "deaf"})
+    clock = FakeClock()
+    sup = supervisor(port, endpoints, behaviour={1: "deaf"}, clock=clock)
     await sup.start()
-    await sup.stop(0.2)
+    obedient = sup.workers[0]
+    stopping = asyncio.get_running_loop().create_task(sup.stop(0.2))
+    assert await asyncio.wait_for(asyncio.shield(obedient.gone), 60) == 0
+    assert not stopping.done()  # the deaf worker holds the stop until its grace has passed
+    clock.advance(0.2 + EXIT_MARGIN)
+    await asyncio.wait_for(stopping, 60)
     codes = {link.index: link.process.returncode for link in endpoints.made}
     assert codes == {0: 0, 1: -signal.SIGKILL}
+
+
+async def test_a_worker_past_its_memory_bound_is_replaced_first_then_finishes_and_is_not_restarted(
+        port: int) -> None:
+    """Time on a FakeClock: before its minimum age nothing happens, whatever its memory; then the
+    replacement serves the port beside it before it is told RECYCLE, and it exits 0, a recycle, not a
+    death (no restart, its slot already served)."""
+    endpoints = Endpoints()
+    clock = FakeClock()
+    policy = RecyclePolicy(max_rss_bytes=1 << 20, check_s=1.0, min_age_s=6.0)  # any process is past 1 MiB
+    sup = supervisor(port, endpoints, count=1, clock=clock, recycle=policy)
+    await sup.start()
+    old = sup.workers[0]
+    clock.advance(1.0)
+    for _ in range(20):  # the sampler's turn: too young to recycle
+        await asyncio.sleep(0)
+    assert len(endpoints.made) == 1 and sup.recycles == 0
+    clock.advance(5.0)  # six seconds old
+    await endpoints.until_made(2)
+    new = endpoints.made[1]
+    await asyncio.wait_for(asyncio.shield(new.hello), 60)
+    assert await asyncio.wait_for(asyncio.shield(old.gone), 60) == 0  # told only once the new one served
+    assert sup.workers[0] is new and sup.recycles == 1 and sup.restarts == 0
+    for _ in range(50):
+        if old in endpoints.lost:
+            break
+        await asyncio.sleep(0.01)
+    assert endpoints.lost == [old]
+    assert await answering_pid(port) == new.pid
+    await sup.stop(5.0)
+    assert gone(new.pid) and sup.workers == {} and not sup.retiring
+
+
+def test_a_worker_is_recycled_past_its_bound_once_old_enough_and_never_with_no_bound() -> None:
+    policy = RecyclePolicy(max_rss_bytes=100 << 20, check_s=10.0, min_age_s=60.0)
+    assert recycle_due(policy, (100 << 20) + 1, age_s=60.0)
+    assert not recycle_due(policy, 100 << 20, age_s=3600.0)  # at the bound, not past it
+    assert not recycle_due(policy, 1 << 30, age_s=59.0)  # too young: a bound below a fresh worker's need
+    assert not recycle_due(policy, None, age_s=3600.0)  # unknown (it is gone)
+    assert not recycle_due(RecyclePolicy(0), 1 << 40, age_s=1e9)
+    assert RecyclePolicy.from_flags(512, 2.0) == RecyclePolicy(512 << 20, 2.0, 12.0)
+    with pytest.raises(ValueError, match="--frontend-worker-max-memory-mib must be >= 0"):
+        RecyclePolicy.from_flags(-1)
+    with pytest.raises(ValueError, match="--frontend-worker-memory-check-secs must be > 0"):
+        RecyclePolicy.from_flags(512, 0.0)
+    rss = anon_rss(os.getpid())
+    assert rss is not None and rss > 1 << 20 and anon_rss(2**22 + 7) is None
 
 
 _CORE = """

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.errors import SloRefused, Unavailable
+from inferd.errors import DeadlineExceeded, SloRefused, Unavailable
 from inferd.scheduling.adaptive import (
-    ADAPTIVE, FIXED, PROBE_NEAR, Instance, WaitPolicy, admission, completion, slo_rows, wait_until,
+    ADAPTIVE, FIXED, PROBE_NEAR, Instance, WaitPolicy, admission, completion, deadline_refusal, slo_rows, start,
+    wait_until,
 )
 from inferd.scheduling.estimates import PROBE_EVERY, ArrivalRate, ExecutionModel
 
@@ -192,3 +193,83 @@ def test_the_slo_counts_the_time_a_request_waited_before_its_queue():
     refused = admission(slo, "mlp", 0.0, 64, 1, 64, instances, waited=1500 * US)  # 850 + 1500 waited
     assert isinstance(refused, SloRefused)
     assert "estimated 2350 us to answer it (1500 us waited since its frontend received it" in refused.message
+
+
+# -- deadlines and queue timeouts at admission (issue 42) ---------------------------------------------------
+
+
+def spread_model(a_us: float = 100, c_us: float = 10) -> ExecutionModel:
+    """A model whose executions miss their line (alternately 20% over and under): its upper estimate
+    is well above its expected time."""
+    model = ExecutionModel()
+    for i, rows in enumerate((1, 4, 16, 64) * 60):
+        model.observe(rows, (a_us + c_us * rows) * US * (1.2 if i % 2 else 0.8))
+    return model
+
+
+def test_a_deadline_that_already_passed_is_refused_deadline_exceeded_and_not_run():
+    refused = deadline_refusal("m", 1.0, 0.999, None, 0, 1, 64, [])
+    assert isinstance(refused, DeadlineExceeded)
+    assert refused.message == "model 'm': the request's deadline passed 1000 us before it reached the model's queue; it was not run"
+
+
+def test_a_queue_timeout_that_already_passed_is_refused_unavailable():
+    refused = deadline_refusal("m", 1.0, None, 0.9995, 0, 1, 64, [])
+    assert isinstance(refused, Unavailable) and "its queue timeout passed 500 us ago; it was not run" in refused.message
+
+
+def test_a_deadline_the_queue_ahead_cannot_meet_is_refused_with_the_estimate():
+    model = batching_model(a_us=100, c_us=10)  # a full batch of 64: 740 us
+    one = [Instance(0.0, model)]
+    assert deadline_refusal("mlp", 0.0, 2000 * US, None, 64, 1, 64, one) is None  # 850 us of 2000
+    refused = deadline_refusal("mlp", 0.0, 2000 * US, None, 64 * 3, 1, 64, one)  # 2330 us
+    assert isinstance(refused, Unavailable) and not isinstance(refused, DeadlineExceeded)
+    assert refused.message.startswith("model 'mlp': request refused: its deadline cannot be met: estimated 2330 us "
+                                      "to answer it, 2000 us left (192 rows queued ahead of it, about 740 us per "
+                                      "batch of 64 rows on 1 instance); retry later or elsewhere")
+
+
+def test_a_deadline_is_refused_on_the_expected_time_not_the_upper_estimate_an_slo_plans_with():
+    model = spread_model()
+    one = [Instance(0.0, model)]
+    expected, upper = completion(0.0, 64, 1, 64, one, expected=True), completion(0.0, 64, 1, 64, one)
+    assert expected < upper
+    deadline = (expected + upper) / 2  # the budget's view misses it, the expectation makes it
+    assert deadline_refusal("m", 0.0, deadline, None, 64, 1, 64, one) is None
+
+
+def test_a_queue_timeout_the_queue_ahead_cannot_meet_is_refused_when_no_instance_would_take_it_in_time():
+    model = batching_model(a_us=100, c_us=10)
+    one = [Instance(0.0, model)]
+    assert start(0.0, 128, 64, one) == pytest.approx(2 * 740 * US, rel=0.01)  # after two full batches
+    assert deadline_refusal("m", 0.0, None, 1500 * US, 128, 1, 64, one) is None
+    refused = deadline_refusal("m", 0.0, None, 1400 * US, 128, 1, 64, one)
+    assert isinstance(refused, Unavailable)
+    assert "it cannot start within its queue timeout: estimated 1480 us until an instance takes it, 1400 us left" \
+        in refused.message
+    two = [Instance(0.0, model), Instance(0.0, model)]  # the second instance takes it after one batch
+    assert deadline_refusal("m", 0.0, None, 1400 * US, 128, 1, 64, two) is None
+
+
+def test_nothing_ahead_and_an_instance_free_is_admitted_whatever_the_estimates_or_none_at_all():
+    slow = batching_model(a_us=50_000, c_us=0)
+    assert deadline_refusal("m", 0.0, 0.001, 0.001, 0, 1, 64, [Instance(0.0, slow)]) is None
+    assert deadline_refusal("m", 0.0, 0.001, None, 0, 1, 64, [Instance(0.01, slow)]) is not None  # it would wait
+    assert deadline_refusal("m", 0.0, 0.001, 0.001, 10_000, 1, 64, []) is None  # no estimates: no refusal
+    cold = [Instance(0.0, ExecutionModel())]  # never executed: expected 0 s, nothing to refuse on
+    assert deadline_refusal("m", 0.0, 0.001, 0.001, 10_000, 1, 64, cold) is None
+
+
+def test_a_deadline_far_beyond_any_simulated_completion_is_admitted_without_simulating(monkeypatch):
+    from inferd.scheduling import adaptive
+
+    model = batching_model(a_us=100, c_us=10)
+    one = [Instance(0.0, model)]
+
+    def simulated(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("simulated")
+
+    monkeypatch.setattr(adaptive, "_simulate", simulated)
+    assert deadline_refusal("m", 0.0, 120.0, 60.0, 10_000, 1, 64, one) is None  # ~0.12 s of work ahead
+    with pytest.raises(AssertionError, match="simulated"):  # a close call is simulated
+        deadline_refusal("m", 0.0, 0.1, None, 10_000, 1, 64, one)

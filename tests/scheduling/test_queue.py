@@ -15,6 +15,8 @@ from inferd.errors import ConfigError, DeadlineExceeded, Unavailable
 from inferd.config import model_spec
 from inferd.scheduling import policy as policy_module
 from inferd.scheduling.policy import DELAY, REJECT, BatchingPolicy, QueuePolicy
+from inferd.scheduling.adaptive import Instance
+from inferd.scheduling.estimates import ExecutionModel
 from inferd.scheduling.queue import BatchQueue, Pending, split_rows
 
 T0 = 1000.0
@@ -392,6 +394,40 @@ def test_deadline_wins_over_a_later_queue_timeout_and_over_delay():
     assert q.step(T0 + 0.02, False).expired == []  # delayed by its queue timeout
     step = q.step(T0 + 0.05, False)  # and still answered at its deadline
     assert [i for i, _ in step.expired] == [a] and isinstance(step.expired[0][1], DeadlineExceeded)
+
+
+def _exact(seconds: float) -> ExecutionModel:
+    """An instance's estimate: every execution took ``seconds``, whatever its rows."""
+    model = ExecutionModel()
+    for _ in range(50):
+        model.observe(1, seconds)
+    return model
+
+
+def test_a_deadline_out_of_reach_behind_the_queue_is_refused_at_admission_not_queued():
+    q = BatchQueue(policy(max_batch_size=1, batching=False), model="m")
+    busy = [Instance(T0 + 0.1, _exact(0.1))]  # executing for 100 ms more, 100 ms an execution
+    admit(q, T0, req("a"), req("b"))  # two ahead: the next one is answered ~400 ms from now
+    q.admit(req("c", deadline=T0 + 0.5), T0, busy)
+    with pytest.raises(Unavailable, match="its deadline cannot be met: estimated 500000 us to answer it, 300000 us"):
+        q.admit(req("d", deadline=T0 + 0.3), T0, busy)
+    with pytest.raises(DeadlineExceeded, match="deadline passed 1000 us before it reached the model's queue"):
+        q.admit(req("e", deadline=T0 - 0.001), T0)
+    assert len(q) == 3 and drain(q, T0) == [["a"], ["b"], ["c"]]  # d and e were never queued
+
+
+def test_a_rejecting_queue_timeout_out_of_reach_is_refused_and_a_delaying_one_is_not():
+    reject = QueuePolicy(timeout_action=REJECT, default_timeout_us=150_000)
+    q = BatchQueue(policy(max_batch_size=1, batching=False, default_queue_policy=reject), model="m")
+    busy = [Instance(T0 + 0.1, _exact(0.1))]
+    admit(q, T0, req("a"))  # an instance takes the next one after 200 ms: past 150 ms
+    with pytest.raises(Unavailable, match="cannot start within its queue timeout: estimated 200000 us"):
+        q.admit(req("b"), T0, busy)
+    delay = QueuePolicy(timeout_action=DELAY, default_timeout_us=150_000)
+    q = BatchQueue(policy(max_batch_size=1, batching=False, default_queue_policy=delay), model="m")
+    admit(q, T0, req("a"))
+    q.admit(req("b"), T0, busy)  # DELAY: its timeout only moves it back; it is served
+    assert len(q) == 2
 
 
 def test_cancel_drops_a_request_before_dispatch():

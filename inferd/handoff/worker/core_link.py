@@ -33,7 +33,7 @@ from inferd.errors import InferdError, Unavailable
 from inferd.facade import DRAINING, TraceCarrier
 from inferd.handoff.messages import (
     NO_BLOCK, Call, Cancel, Close, Config, Credit, Drain, Error, Final, Free, FrontendStamp, Hello, Infer, InputTensor,
-    OutputRequest, Refused, Reply, Response, Sent, State, ToWorker,
+    OutputRequest, Recycle, Refused, Reply, Response, Sent, State, ToWorker,
 )
 from inferd.ipc.arena import RELEASE_BYTES, Arena, ArenaFull, ArenaWriter, Buffer
 from inferd.ipc.channel import Channel
@@ -223,8 +223,8 @@ class CoreLink:
         self._calls: dict[int, asyncio.Future] = {}
         self._next_call = 0
         self.draining = False
-        # This worker's share of --max-queued-requests (0: no cap): what waits here, in the hand-off
-        # or in the core counts against the server-wide cap before it reaches the core's.
+        # At most --max-queued-requests in flight from this worker (0: no cap): what waits here or in the
+        # hand-off is bounded before the core's own, server-wide cap counts it.
         self.max_pending: int = config.get("max_pending", 0)
         self.max_queued: int = config.get("max_queued_requests", 0)
         # The core's tracing is on for some model: send trace carriers (then pushed in State messages).
@@ -232,6 +232,7 @@ class CoreLink:
         self.drain_requested: asyncio.Future = asyncio.get_running_loop().create_future()
         self.core_draining = False  # the core sent Drain: it will say Close when the whole server is drained
         self.close_requested: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.recycle_requested: asyncio.Future = asyncio.get_running_loop().create_future()  # its grace
         self._refused = 0  # refused here for overload, not yet told to the core
         channel.before_flush(self._send_refused)
 
@@ -281,6 +282,9 @@ class CoreLink:
         elif type(msg) is Close:
             if not self.close_requested.done():
                 self.close_requested.set_result(None)
+        elif type(msg) is Recycle:
+            if not self.recycle_requested.done():
+                self.recycle_requested.set_result(msg.grace)
         else:  # a second Config
             log.warning("frontend %d: an unexpected %s from the core", self.index, type(msg).__name__)
 
@@ -359,17 +363,17 @@ class CoreLink:
             raise self.in_flight.lost
 
     def refuse_if_full(self, model: str) -> None:
-        """Refuse (UNAVAILABLE) a request past this worker's share of the server-wide request cap,
-        before its tensors are copied or anything is sent."""
+        """Refuse (UNAVAILABLE) a request past the requests this worker may hold in flight, before its
+        tensors are copied or anything is sent."""
         if self.max_pending and len(self.in_flight) >= self.max_pending:
             self.count_refused()
             raise Unavailable(
                 f"model '{model}': request rejected: the server is overloaded: this frontend worker already "
-                f"holds {len(self.in_flight)} requests in flight, its share ({self.max_pending}) of "
-                f"--max-queued-requests {self.max_queued} over the --frontend-workers; retry later")
+                f"holds {len(self.in_flight)} requests in flight (--max-queued-requests {self.max_queued}); "
+                "retry later")
 
     def count_refused(self) -> None:
-        """A request this worker refused itself for overload (past its share of the cap, or with its
+        """A request this worker refused itself for overload (past its in-flight cap, or with its
         input arena full): the core counts it with its own refusals, told in a Refused message that
         rides on this turn's write."""
         self._refused += 1
