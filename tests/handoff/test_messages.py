@@ -23,7 +23,7 @@ TO_CORE = [m.Hello(0, 4242), INFER, m.Cancel(7), m.Free([4096, 8192]), m.Call(1,
            m.Credit(7, 16), m.Sent(7, 1, 2), m.Sent(8, None, None), m.Refused(3)]
 TO_WORKER = [m.Config({"index": 0, "inputs": [5, 1 << 20], "state": {"tracing": False}}), RESPONSE,
              m.Error(7, True, "NotFound", "model 'x' is not found"), m.Final(7), m.Reply(1, b"\x80\x05N.", "", ""),
-             m.Reply(2, None, "InvalidArgument", "bad"), m.Drain(30.0), m.State(True), m.Close()]
+             m.Reply(2, None, "InvalidArgument", "bad"), m.Drain(30.0), m.State(True), m.Close(), m.Recycle(30.0)]
 
 
 @pytest.mark.parametrize(("sent", "union"), [(TO_CORE, m.ToCore), (TO_WORKER, m.ToWorker)],
@@ -46,7 +46,7 @@ def test_every_kind_has_its_own_tag_and_belongs_to_one_direction() -> None:
     assert not to_core & to_worker
     kinds = to_core | to_worker
     tags = [k.__struct_config__.tag for k in kinds]
-    assert len(set(tags)) == len(tags) == 16
+    assert len(set(tags)) == len(tags) == 17
     assert all(isinstance(t, int) for t in tags)
     assert {type(x) for x in TO_CORE} == to_core and {type(x) for x in TO_WORKER} == to_worker  # all tested
 
