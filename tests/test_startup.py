@@ -5,6 +5,7 @@ the server is ready and why not; an empty repository is warned about;
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -59,12 +60,12 @@ def test_loading_ends_with_a_sorted_table_and_a_not_ready_line_naming_the_broken
     _identity(tmp_path, "alpha")
     _identity(tmp_path, "broken", text="max_batch_sise: 0\n")
     report = _report(start_server(tmp_path))
-    assert report[0].split() == ["MODEL", "VERSIONS", "BACKEND", "INSTANCES", "STATE", "REASON"]
-    rows = [line.split(None, 5) for line in report[1:-1]]
-    assert [r[0] for r in rows] == ["alpha", "broken", "zeta"]
-    assert rows[0][1:5] == ["1", "onnxruntime_onnx", "1", "CPU"]
-    assert rows[1][1:5] == ["-", "-", "-", "UNAVAILABLE"]
-    assert "did you mean 'max_batch_size'?" in rows[1][5]
+    # MEMORY: each loaded model's measured footprint (every control mode measures it)
+    assert report[0].split() == ["MODEL", "VERSIONS", "BACKEND", "INSTANCES", "MEMORY", "STATE", "REASON"]
+    rows = report[1:-1]
+    assert [r.split()[0] for r in rows] == ["alpha", "broken", "zeta"]
+    assert re.fullmatch(r"alpha +1 +onnxruntime_onnx +1 CPU +[\d.]+ [KMG]iB +READY *", rows[0]), rows[0]
+    assert re.match(r"broken +- +- +- +- +UNAVAILABLE +.*did you mean 'max_batch_size'\?", rows[1]), rows[1]
     assert report[-1].startswith("inferd: NOT ready, 2 of 3 models ready; the server is not ready until every "
                                  "model is: broken is UNAVAILABLE; serving gRPC on 127.0.0.1:")
 
