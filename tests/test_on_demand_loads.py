@@ -77,13 +77,6 @@ def server(repo: Path) -> Iterator[ServerProcess]:
         yield s
 
 
-@pytest.fixture(scope="module")
-def client(server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
-    c = grpcclient.InferenceServerClient(server.url)
-    yield c
-    c.close()
-
-
 def scrape(server: ServerProcess) -> dict[tuple[str, str], float]:
     """(family, model label or "") -> value, for the inferd_model_* families."""
     with urllib.request.urlopen(server.metrics_url, timeout=30) as r:
