@@ -11,14 +11,11 @@ engineers' builds and tests while this ran."""
 
 from __future__ import annotations
 
-import asyncio
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-from bench.bench import OUT, Proc, free_port
-from bench.scenarios.overload import _drive, _message
+from bench.bench import OUT
+from bench.scenarios.shedding import before_during_after
 
 NEEDS_PERF_ANALYZER = False
 BOUND = 1088
@@ -34,39 +31,12 @@ RUNS = (  # (label, server options, calls in flight)
 )
 
 
-def _run(repo: Path, label: str, extra: list[str], concurrency: int, quick: bool) -> dict:
-    grpc_port = free_port()
-    server = Proc([sys.executable, "-m", "inferd.cli", "serve", "--model-repository", str(repo),
-                   "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port), "--http-port", "0",
-                   "--metrics-port", "0", *extra], "inferd: ready", "inferd_door")
-    url, pid, msg = f"127.0.0.1:{grpc_port}", server.proc.pid, _message("mlp", 256)
-    try:
-        asyncio.run(_drive(url, msg, concurrency=16, seconds=2, pid=pid))  # warm-up
-        before, before_s, _ = asyncio.run(_drive(url, msg, concurrency=16, seconds=5, pid=pid))
-        load, load_s, peak = asyncio.run(_drive(url, msg, concurrency=concurrency, seconds=6 if quick else 12,
-                                                pid=pid))
-        time.sleep(2)
-        after, after_s, _ = asyncio.run(_drive(url, msg, concurrency=16, seconds=5, pid=pid))
-    finally:
-        server.stop()
-    b, r, a = before.summary(before_s), load.summary(load_s), after.summary(after_s)
-    codes = r["codes"]
-    return {"label": label, "options": extra, "concurrency": concurrency,
-            "before_per_s": b["ok_per_s"], "before_p99_us": b["p99_us"],
-            "answered_per_s": sum(codes.values()) / load_s, "admitted": codes.get("OK", 0),
-            "refused": codes.get("UNAVAILABLE", 0), "cancelled": codes.get("CANCELLED", 0),
-            "other_errors": sum(v for k, v in codes.items() if k not in ("OK", "UNAVAILABLE", "CANCELLED")),
-            "admitted_per_s": r["ok_per_s"], "admitted_p50_us": r["p50_us"], "admitted_p99_us": r["p99_us"],
-            "after_per_s": a["ok_per_s"], "after_p99_us": a["p99_us"], "after_codes": a["codes"],
-            "rss_peak_mib": peak, "reasons": r["reasons"], "seconds": load_s}
-
-
 def run(quick: bool) -> dict:
     from inferd.examples.build import build_repository
 
     repo = Path(tempfile.mkdtemp(dir=OUT if OUT.exists() else None)) / "repo"
     build_repository(repo, only=["mlp"], log=lambda *_: None)
-    details = [_run(repo, label, extra, n, quick) for label, extra, n in RUNS]
+    details = [before_during_after(repo, label, extra, n, quick) for label, extra, n in RUNS]
     measures = []
     for d in details:
         note = (f"answered {d['answered_per_s']:,.0f}/s, admitted {d['admitted']:,}, refused {d['refused']:,}, "
