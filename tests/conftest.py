@@ -147,6 +147,18 @@ class ServerProcess:
         return self.proc.returncode
 
 
+def until(predicate, timeout: float = 60.0):  # type: ignore[no-untyped-def]
+    """``predicate()``'s first true value, asked every 50 ms for up to ``timeout`` seconds (a bound on a
+    failure, never a pace); False when it never came."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    return False
+
+
 def group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes whose process group is ``pgid``, from /proc."""
     out = []

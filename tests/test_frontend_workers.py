@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -19,7 +18,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from conftest import ServerProcess, group_members
+from conftest import ServerProcess, group_members, until
 from inferd.cli import default_frontend_workers
 
 WORKERS = ["--frontend-workers", "2"]
@@ -263,14 +262,6 @@ def _load(client: grpcclient.InferenceServerClient, stop: threading.Event, resul
             results.append(f"{exc.status()} (not sent)" if unsent else exc.status())
 
 
-def _until(predicate, timeout: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
 
 def test_a_frontend_killed_under_load_fails_only_its_requests_and_is_restarted(example_repository: Path,
                                                                                start_server) -> None:  # type: ignore[no-untyped-def]
@@ -284,12 +275,12 @@ def test_a_frontend_killed_under_load_fails_only_its_requests_and_is_restarted(e
         threads = [threading.Thread(target=_load, args=(clients[w], stop, results[w])) for w in workers]
         for t in threads:
             t.start()
-        assert _until(lambda: len(results[victim]) > 20 and len(results[survivor]) > 20)
+        assert until(lambda: len(results[victim]) > 20 and len(results[survivor]) > 20)
         os.kill(victim, signal.SIGKILL)
         # The dead one is replaced by a fresh worker, and every connection serves again.
-        assert _until(lambda: len(workers_of(server)) == 2 and victim not in workers_of(server))
+        assert until(lambda: len(workers_of(server)) == 2 and victim not in workers_of(server))
         n = len(results[victim])
-        assert _until(lambda: len(results[victim]) > n + 20)
+        assert until(lambda: len(results[victim]) > n + 20)
         stop.set()
         for t in threads:
             t.join(60)
@@ -347,15 +338,15 @@ def test_sigterm_under_load_answers_every_accepted_request(tmp_path: Path, start
     for t in holders:
         t.start()
     wait_started(gate)
-    assert _until(lambda: _inflight(server, "gated") == 4)
+    assert until(lambda: _inflight(server, "gated") == 4)
     stop = threading.Event()
     results: list = []
     loaders = [threading.Thread(target=_load, args=(c, stop, results)) for c in clients.values()]
     for t in loaders:
         t.start()
-    assert _until(lambda: len(results) > 50)
+    assert until(lambda: len(results) > 50)
     server.proc.send_signal(signal.SIGTERM)
-    assert _until(lambda: "StatusCode.UNAVAILABLE" in results)  # the drain refuses new requests...
+    assert until(lambda: "StatusCode.UNAVAILABLE" in results)  # the drain refuses new requests...
     release(gate)  # ...and the accepted ones finish
     code = server.stop()
     stop.set()
@@ -380,7 +371,7 @@ def test_the_core_killed_takes_its_frontends_and_frees_the_ports(example_reposit
     assert len(workers) == 2
     server.proc.kill()
     server.proc.wait(30)
-    assert _until(lambda: not group_members(server.proc.pid), 30), group_members(server.proc.pid)
+    assert until(lambda: not group_members(server.proc.pid), 30), group_members(server.proc.pid)
     for port in (server.port, server.http_port):
         with socket.socket() as s:
             # Free: no listener holds it (SO_REUSEADDR: the closed connections' TIME_WAIT does not count).

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ServerProcess
+from conftest import ServerProcess, until
 from test_frontend_workers import workers_of
 
 pytestmark = pytest.mark.fixed_mode
@@ -55,14 +54,6 @@ def _load(client: grpcclient.InferenceServerClient, stop: threading.Event, resul
             results.append(f"{exc.status()}: {exc.message()}")
 
 
-def _until(predicate, timeout: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
 
 def _counted(server: ServerProcess, family: str, model: str) -> float:
     """Counter ``family`` of ``model``, summed over its series (a failure's every reason)."""
@@ -90,10 +81,10 @@ def test_workers_recycled_under_load_lose_and_fail_no_request(simple_repository:
     for t in threads:
         t.start()
     try:
-        assert _until(lambda: len(_recycles(server)) >= 3, 120), server.log()
+        assert until(lambda: len(_recycles(server)) >= 3, 120), server.log()
         done = [len(r) for r in results]
         # Every client goes on being served after the recycles (its connection moved to a replacement).
-        assert _until(lambda: all(len(r) >= n + 20 for r, n in zip(results, done)), 60), server.log()
+        assert until(lambda: all(len(r) >= n + 20 for r, n in zip(results, done)), 60), server.log()
     finally:
         stop.set()
         for t in threads:

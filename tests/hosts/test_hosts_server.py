@@ -21,7 +21,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ServerProcess, running
+from conftest import ServerProcess, running, until
 from inferd.examples import onnx_models as om
 from repo_builder import add_model, add_python_model, config
 
@@ -153,13 +153,10 @@ def _x(value: int) -> list[grpcclient.InferInput]:
 
 
 def _wait_for(check, what: str, timeout: float = 60.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    value = until(check, timeout)
+    if not value:
+        raise AssertionError(f"timed out waiting for {what}")
+    return value
 
 
 def _restarts(server: ServerProcess, model: str) -> float:

@@ -15,8 +15,22 @@ import math
 import random
 from dataclasses import dataclass, field
 
+from inferd.config import ModelConfig, parse_config_text
 from inferd.tune.rounds import Round
 from inferd.tune.space import Candidate
+
+
+def model_config(max_batch_size: int) -> ModelConfig:
+    """The tuned model's config: an ONNX model "m" of one FP32 [4] input, dynamic batching, one CPU instance."""
+    return parse_config_text(f"""
+name: "m"
+platform: "onnxruntime_onnx"
+max_batch_size: {max_batch_size}
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+dynamic_batching {{ }}
+""", model="m")
 
 
 class FakeClock:

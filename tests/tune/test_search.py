@@ -11,22 +11,13 @@ from dataclasses import replace
 
 import pytest
 
-from inferd.config import parse_config_text
 from inferd.tune.rounds import Pair, Round, estimate, log_ratios
 from inferd.tune.search import SearchSettings, decide, first_rung_size, halving_cost, search
 from inferd.tune.space import Candidate, SpaceLimits, current, space
 
-from .fake_host import FakeClock, FakeHost
+from .fake_host import FakeClock, FakeHost, model_config
 
-BASE = parse_config_text("""
-name: "m"
-platform: "onnxruntime_onnx"
-max_batch_size: 32
-input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
-instance_group [ { count: 1 kind: KIND_CPU } ]
-dynamic_batching { }
-""", model="m")
+BASE = model_config(32)
 NOW = current(BASE)
 BETTER = replace(NOW, instances=2)  # one field from the current config, as a real improvement often is
 SEEDS = range(40)

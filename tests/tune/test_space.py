@@ -16,15 +16,9 @@ from inferd.tune.search import order
 from inferd.tune.space import (Candidate, SpaceLimits, as_seen_at, batch_sizes, current, distance, distinct_at,
                                space)
 
-BASE = parse_config_text("""
-name: "m"
-platform: "onnxruntime_onnx"
-max_batch_size: 64
-input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
-instance_group [ { count: 1 kind: KIND_CPU } ]
-dynamic_batching { }
-""", model="m")
+from .fake_host import model_config
+
+BASE = model_config(64)
 NOW = current(BASE)
 
 
