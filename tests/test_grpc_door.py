@@ -254,7 +254,9 @@ async def test_a_call_whose_deadline_passed_in_grpcs_queue_never_reaches_the_dat
     that passes later, in the hand-off to the core, is refused by the data plane's admission
     (tests/dataplane/test_plane_deadlines.py)."""
     plane = Plane()
-    port = GrpcPort(InferenceServicer(plane), Health(plane), GrpcPortOptions(address="127.0.0.1", port=0))  # type: ignore[arg-type]
+    # a door that never refuses: it only counts the handlers, which the client waits on
+    port = GrpcPort(InferenceServicer(plane), Health(plane), GrpcPortOptions(address="127.0.0.1", port=0),  # type: ignore[arg-type]
+                    door=Door(DoorPolicy(bound=10**9)))
     await port.start()
     try:
         outcome = await asyncio.get_running_loop().run_in_executor(None, _late_client, f"127.0.0.1:{port.port}",

@@ -28,8 +28,8 @@ stops listening (:func:`stop_listening`), so that the clients its GOAWAY sends t
 find only the other workers' sockets: a connection the kernel queued on a listener that then closes
 is reset, and its client's calls fail UNAVAILABLE.
 
-The port's door (:mod:`inferd.frontends.door`) counts every call a handler takes and gives back,
-and refuses an inference call taken while the server holds more than its bound, counting the calls
+The port's door (:mod:`inferd.frontends.door`), when it has a bound, counts every call a handler takes and
+gives back, and refuses an inference call taken while the server holds more than its bound, counting the calls
 still waiting in gRPC core's queue (issue 42).
 """
 
@@ -205,34 +205,49 @@ def _guard(method: Callable[..., Any], name: str, group: str | None, restriction
 
     if inspect.isasyncgenfunction(method):
         async def streamed(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            door.enter()
-            try:
-                error = await refusal(context) if group is not None or gate.closed else None
-                if error is not None:
-                    await context.abort(*grpc_status(error))
-                async for message in method(request, context):
-                    yield message
-            finally:
-                door.leave()
-        return streamed
+            error = await refusal(context) if group is not None or gate.closed else None
+            if error is not None:
+                await context.abort(*grpc_status(error))
+            async for message in method(request, context):
+                yield message
+        return _counted_stream(streamed, door) if door.enabled else streamed
 
     at_the_door = name in DOOR_METHODS and door.enabled
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if group is not None or gate.closed:
+            error = await refusal(context)
+            if error is not None:
+                await context.abort(*grpc_status(error))
+        if at_the_door:
+            turned = door.refusal(request.model_name)
+            if turned is not None:
+                await context.abort(*grpc_status(turned))
+        return await method(request, context)
+    return _counted(unary, door) if door.enabled else unary
+
+
+# With a door (--grpc-max-held-calls), every call a handler holds is counted; without one, nothing is
+# added to a call's path.
+def _counted(handler: Callable[..., Any], door: Door) -> Callable[..., Any]:
+    async def counted(request: Any, context: grpc.aio.ServicerContext) -> Any:
         door.enter()
         try:
-            if group is not None or gate.closed:
-                error = await refusal(context)
-                if error is not None:
-                    await context.abort(*grpc_status(error))
-            if at_the_door:
-                turned = door.refusal(request.model_name)
-                if turned is not None:
-                    await context.abort(*grpc_status(turned))
-            return await method(request, context)
+            return await handler(request, context)
         finally:
             door.leave()
-    return unary
+    return counted
+
+
+def _counted_stream(handler: Callable[..., Any], door: Door) -> Callable[..., Any]:
+    async def counted(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        door.enter()
+        try:
+            async for message in handler(request, context):
+                yield message
+        finally:
+            door.leave()
+    return counted
 
 
 def _header(context: grpc.aio.ServicerContext) -> Callable[[str], str | None]:
@@ -253,7 +268,7 @@ class GrpcPort:
         self.health = health
         self.options = options
         self.gate = Gate(clock)
-        self.door = door or Door(DoorPolicy(bound=0))  # none given: counts, never refuses
+        self.door = door or Door(DoorPolicy(bound=0))  # none given: no door
         self.port = 0
         self._server: grpc.aio.Server | None = None
 
