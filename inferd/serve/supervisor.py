@@ -281,6 +281,13 @@ class Supervisor:
                     await self._recycle(worker, rss)
                     break
 
+    def _not_recycled(self, old: WorkerProcess) -> None:
+        """``old`` serves on in its slot after all: its watcher hears so (None), and it may be recycled later."""
+        assert old.replaced is not None
+        self.retiring.discard(old)
+        old.replaced.set_result(None)
+        old.replaced = asyncio.get_running_loop().create_future()
+
     async def _recycle(self, old: WorkerProcess, rss: int) -> None:
         """Start ``old``'s replacement in its slot, then tell ``old`` to finish what it took and exit;
         return once it is reaped (killed if it takes past the grace)."""
@@ -292,18 +299,14 @@ class Supervisor:
         except BaseException as exc:
             if not old.closed:
                 self.workers[old.index] = old  # it keeps its slot
-            self.retiring.discard(old)
-            old.replaced.set_result(None)
-            old.replaced = asyncio.get_running_loop().create_future()  # it may be recycled again later
+            self._not_recycled(old)
             if not isinstance(exc, (WorkerFailed, OSError)):
                 raise
             log.error("frontend %d (pid %d): %d MiB of heap, past %s %d, but its replacement could not start "
                       "(%s); it keeps serving", old.index, old.pid, rss >> 20, RECYCLE_FLAG, bound, exc)
             return
         if self._stopping:  # the server stops: the replacement is not needed (stop drains the old one)
-            self.retiring.discard(old)
-            old.replaced.set_result(None)
-            old.replaced = asyncio.get_running_loop().create_future()
+            self._not_recycled(old)
             await self._reap(new, force=True)
             return
         old.replaced.set_result(new)
