@@ -34,6 +34,7 @@ from inferd.errors import DeadlineExceeded, InvalidArgument, ModelExecutionError
 from inferd.examples import build
 from inferd.examples import onnx_models as om
 from inferd.observability.stats import ModelStats
+from inferd.scheduling.base import run_task
 from inferd.types import InferenceRequest
 from repo_builder import add_model
 
@@ -541,7 +542,10 @@ class FakeScheduler:
     active: int = 0
     peak: int = 0
 
-    async def infer(self, request, rows):  # type: ignore[no-untyped-def]
+    def submit(self, request, rows, completion, more=False):  # type: ignore[no-untyped-def]
+        return run_task(self.work(request), completion)
+
+    async def work(self, request):  # type: ignore[no-untyped-def]
         self.calls.append(request)
         self.active += 1
         self.peak = max(self.peak, self.active)
@@ -763,6 +767,11 @@ async def test_cancelling_the_request_cancels_its_running_steps():
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    # The cancel reaches the ensemble's task, then each step's scheduler's task, a few loop turns later.
+    for _ in range(10):
+        if sched.inflight() == 0:
+            break
+        await asyncio.sleep(0)
     assert a.scheduler.cancelled == 1 and b.scheduler.cancelled == 1
     assert sched.inflight() == 0
 

@@ -57,7 +57,8 @@ class ColdRun:
             return
         self.finished = True
         self.error = error
-        self.on_done(self)
+        on_done, self.on_done = self.on_done, None  # let go of it: see ModelRun._tell
+        on_done(self)
 
     def cancel(self) -> None:
         """The caller has gone: stop waiting (the load goes on for others), or cancel the started run."""

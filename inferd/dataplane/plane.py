@@ -31,7 +31,7 @@ from inferd.facade import (
     DECOUPLED_UNARY, DRAINING, CudaRegionStatus, IndexEntry, ModelMetadata, RegionStatus, ServerMetadata, TensorMetadata,
     TraceCarrier,
 )
-from inferd.model import Model, ModelRun, run_model, submit_model
+from inferd.model import Model, ModelRun, submit_model
 from inferd.model import infer_stream as model_infer_stream
 from inferd.model.readiness import user_ready
 from inferd.observability import custom_metrics
@@ -287,25 +287,27 @@ class DataPlane:
 
     async def infer(self, request: InferenceRequest, decoupled_error: str = DECOUPLED_UNARY,
                     trace_carrier: TraceCarrier | None = None) -> InferenceResponse:
-        demand = self.manager.demand
-        if demand is not None and demand.cold(request.model_name):
-            await self._wait_loaded(request)
-        model, nbytes = self._admit(request, decoupled_error, trace_carrier)
+        """:meth:`submit` for a caller that awaits (the in-process frontends): the response, or the
+        request's error raised. Cancelling the awaiting task cancels the request."""
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        run = self.submit(request, lambda ended: future.done() or future.set_result(ended), decoupled_error,
+                          trace_carrier)
         try:
-            outputs = await run_model(model, request, self.clock)
-            # model.path.response(), written out: once per request
-            return InferenceResponse(model_name=model.spec.name, model_version=model.version, outputs=outputs,
-                                     id=request.id)
-        finally:
-            self.admission.release(nbytes)
-            if request.dispatched and self._shedding_on and not request.background:
-                self._observe(model, request)
+            ended = await future  # the model's run (a cold request's ``run`` is its stand-in)
+        except asyncio.CancelledError:
+            run.cancel()
+            raise
+        if ended.error is not None:
+            raise ended.error
+        model = ended.model
+        return InferenceResponse(model_name=model.spec.name, model_version=model.version, outputs=ended.outputs,
+                                 id=request.id)
 
     def submit(self, request: InferenceRequest, on_done: Callable[[ModelRun], None],
                decoupled_error: str = DECOUPLED_UNARY, trace_carrier: TraceCarrier | None = None,
                more: bool = False) -> ModelRun:
-        """:meth:`infer` with a callback instead of an awaiting task, for the core's hand-off
-        endpoint (not part of the façade): the same checks, then the model's path
+        """The one way a request reaches its model (the core's hand-off endpoint calls it; :meth:`infer`
+        awaits it): the server's checks, then the model's path
         (:func:`~inferd.model.path.submit_model`; ``more``: other requests follow this turn).
         Raises what refuses the request before it reaches a model; otherwise ``on_done(run)``
         comes once, with ``run.outputs`` or ``run.error`` (a CancelledError once cancelled).
@@ -316,14 +318,16 @@ class DataPlane:
             if self.draining:
                 raise Unavailable(DRAINING)
             return ColdRun(request, on_done).start(  # type: ignore[return-value]
-                self._wait_loaded(request),
-                partial(self._submit, request, on_done, decoupled_error, trace_carrier, False))
-        return self._submit(request, on_done, decoupled_error, trace_carrier, more)
-
-    def _submit(self, request: InferenceRequest, on_done: Callable[[ModelRun], None], decoupled_error: str,
-                trace_carrier: TraceCarrier | None, more: bool) -> ModelRun:
+                self._wait_loaded(request), partial(self._submit, request, on_done, decoupled_error, trace_carrier))
+        # _submit, written out: once per request
         model, nbytes = self._admit(request, decoupled_error, trace_carrier)
         return submit_model(model, request, self.clock, partial(self._answered, nbytes, on_done), more=more)
+
+    def _submit(self, request: InferenceRequest, on_done: Callable[[ModelRun], None], decoupled_error: str,
+                trace_carrier: TraceCarrier | None) -> ModelRun:
+        """A cold request's model is loaded: on to its path (its load was counted as a miss, once)."""
+        model, nbytes = self._admit(request, decoupled_error, trace_carrier)
+        return submit_model(model, request, self.clock, partial(self._answered, nbytes, on_done))
 
     async def _wait_loaded(self, request: InferenceRequest) -> None:
         """on_demand: wait until the model ``request`` names is loaded (loading it), its bytes counted

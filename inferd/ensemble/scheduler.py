@@ -32,7 +32,7 @@ from inferd.errors import DeadlineExceeded, InferdError, InvalidArgument, ModelE
 from inferd.model import Model, ModelLookup, run_model
 from inferd.observability.stats import ModelStats
 from inferd.observability.tracing import ensemble_step
-from inferd.scheduling.base import Inflight, Scheduler
+from inferd.scheduling.base import Completion, Inflight, Scheduler, run_task
 from inferd.types import InferenceRequest, RequestedOutput
 
 
@@ -89,7 +89,13 @@ class EnsembleScheduler(Scheduler):
         self._stopped = True
         await self._inflight.drained()
 
-    async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
+    def submit(self, request: InferenceRequest, rows: int, completion: Completion,
+               more: bool = False) -> Callable[[], None]:
+        """:meth:`Scheduler.submit`: the request's steps run in a task (each step's request is
+        its model's, batched there)."""
+        return run_task(self._whole(request, rows), completion)
+
+    async def _whole(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
         if self._stopped:
             raise Unavailable(f"ensemble '{self.graph.name}' is unloading and takes no new requests")
         graph = self.graph
@@ -109,7 +115,7 @@ class EnsembleScheduler(Scheduler):
             self._asks = [None if step.plain and {k for k, _ in step.output_map} == set(model.spec.outputs) else asks
                           for step, model, asks in zip(graph.steps, models, self._requested)]
             self._devices_for = models
-        self._inflight.enter()
+        self._inflight.enter(request.background)
         try:
             if self._admission is None:
                 # No limit, no queue (its steps queue at their models): a queue stage of zero
@@ -119,7 +125,7 @@ class EnsembleScheduler(Scheduler):
             else:
                 outputs = await self._admitted(request)
         finally:
-            self._inflight.leave()
+            self._inflight.leave(request.background)
         stats = self._stats
         stats.inference_count += rows
         stats.execution_count += 1

@@ -1,14 +1,14 @@
 """One request through one model's own path: validate, schedule, shape, count.
 
-The data plane runs every client request through :func:`run_model` (one
-response) or :func:`stream_model` (a stream's request: one response, or a
-decoupled model's many), and an ensemble runs each of its steps through
-:func:`run_model` too, so a step is validated, batched, traced and counted
-exactly as a direct request to that model. :func:`run_model` and
-:func:`submit_model` (the hand-off's core: a callback, no task or coroutine per
-request) share one :class:`ModelRun`. All take
-the same steps (:func:`_admit`, :func:`_shape`, :func:`_record_failure`); only
-how the outputs come back differs.
+The data plane runs every client request through :func:`submit_model` (one
+response, through a callback: no task or coroutine per request) or
+:func:`stream_model` (a stream's request: one response, or a decoupled model's
+many), and an ensemble runs each of its steps through :func:`run_model`
+(:func:`submit_model` awaited), so a step is validated, batched, traced and
+counted exactly as a direct request to that model. A request's one
+:class:`ModelRun` is the completion its scheduler resolves: nothing else wraps
+it on the way. All take the same steps (:func:`_admit`, :func:`_shape`,
+:func:`_record_failure`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ class ModelRun:
     are recorded, its trace is ended, :attr:`outputs` (shaped as the client asked,
     those requested into shared memory written there) or :attr:`error` is set and
     ``on_done(run)`` is called, once, on the loop (maybe before :func:`submit_model`
-    returns; None: nobody is told, :func:`run_model` reads the run once it has ended).
+    returns). It is the one object the request is completed through: its scheduler resolves it
+    directly, with no relay of its own between them.
     :meth:`cancel` ends it early, counted as cancelled, ``on_done`` still called.
     """
 
@@ -73,7 +74,7 @@ class ModelRun:
             self.set_exception(exc)
             return
         self.finished = True
-        self._cancel = None  # the scheduler's relay: nothing to cancel any more
+        self._cancel = None  # nothing to cancel any more
         self.outputs = outputs
         stats = model.stats
         elapsed = time.perf_counter_ns() - self.start
@@ -87,8 +88,9 @@ class ModelRun:
         if trace is not None:
             trace.tensors_attributes("output", outputs)
             trace.end()
-        if self.on_done is not None:
-            self.on_done(self)
+        on_done, self.on_done = self.on_done, None  # _tell, written out: once per request
+        if on_done is not None:
+            on_done(self)
 
     def set_exception(self, exception: BaseException) -> None:
         """The request failed: counted under its reason; ``describe`` says what the caller sees."""
@@ -108,8 +110,14 @@ class ModelRun:
             else:
                 error.__cause__ = exception
         self.error = error
-        if self.on_done is not None:
-            self.on_done(self)
+        self._tell()
+
+    def _tell(self) -> None:
+        """Call ``on_done``, once, and let go of it: whoever it wakes may keep this run (an awaiting
+        caller's future has it as its result), which would otherwise make a reference cycle."""
+        on_done, self.on_done = self.on_done, None
+        if on_done is not None:
+            on_done(self)
 
     def cancel(self) -> None:
         """The caller has gone: drop the request if it has not started (one that has runs on,
@@ -125,8 +133,7 @@ class ModelRun:
         cancelled = asyncio.CancelledError()
         _record_failure(self.model, self.request, self.clock, self.start, cancelled, cancelled)
         self.error = cancelled
-        if self.on_done is not None:
-            self.on_done(self)
+        self._tell()
 
 
 def submit_model(model: Model, request: InferenceRequest, clock: Clock, on_done: Callable[[ModelRun], None],
@@ -153,24 +160,19 @@ async def run_model(
     model: Model, request: InferenceRequest, clock: Clock,
     describe: Callable[[Exception], Exception] | None = None,
 ) -> dict[str, np.ndarray]:
-    """The request's outputs, shaped as the client asked. Records success or
-    failure (with its reason) in ``model.stats`` and ends ``request.trace``;
-    outputs requested into shared memory are written there. ``describe`` turns
-    a failure into the error raised and traced (an ensemble names its step).
-    The same steps as :func:`submit_model` (a :class:`ModelRun`), awaiting the
-    scheduler's ``infer`` (or the response cache) in the caller's task: no task
-    of its own, whatever the scheduler. Cancelling the awaiting task cancels the request."""
-    run = ModelRun(model, request, clock, None, describe)
-    try:
-        rows = _admit(model, request)
-        if model.cache is None:
-            result = await model.scheduler.infer(request, rows)
-        else:
-            result, run.hit_ns = await _cached(model, model.cache, request, rows)
-    except BaseException as exc:
-        run.set_exception(exc)
-    else:
-        run.set_result(result)
+    """:func:`submit_model` for a caller that awaits: the request's outputs, shaped as the client
+    asked (those requested into shared memory written there), or its error raised; recorded in
+    ``model.stats`` and ``request.trace`` as the run records them. ``describe`` turns a failure
+    into the error raised and traced (an ensemble names its step). Cancelling the awaiting task
+    cancels the request."""
+    future: asyncio.Future = asyncio.get_running_loop().create_future()
+    run = submit_model(model, request, clock, lambda _: future.done() or future.set_result(None), describe)
+    if not run.finished:
+        try:
+            await future
+        except asyncio.CancelledError:
+            run.cancel()
+            raise
     if run.error is not None:
         raise run.error
     assert run.outputs is not None

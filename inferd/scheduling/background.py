@@ -22,7 +22,8 @@ and go on to the same scheduler, at its lowest priority level, only when
 
 :func:`admit` is the decision (plain numbers in, a count and a wake-up time
 out); the lane is its thin asyncio driver. It never polls: it decides again
-when a request arrives or leaves, and at the wake-up time.
+when a batch request arrives or leaves, when the scheduler's last interactive
+request in flight is answered, and at the wake-up time.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from inferd.clock import Alarm, Clock, MonotonicClock
-from inferd.scheduling.base import Completion, Relay, Scheduler
+from inferd.scheduling.base import Completion, Scheduler, run_task
 from inferd.types import InferenceRequest
 
 
@@ -52,10 +53,10 @@ class LanePolicy:
 
 @dataclass(slots=True)
 class LaneState:
-    interactive: int = 0  # interactive requests in flight
+    interactive: int = 0  # interactive requests in flight (the scheduler's count, read at each decision)
     batch: int = 0  # batch requests passed on to the scheduler and not answered
     waiting: int = 0  # batch requests waiting in the lane
-    last_interactive: float = -math.inf  # when one last arrived or was answered
+    last_interactive: float = -math.inf  # when one last arrived, or the last in flight was answered
     paced_until: float = -math.inf  # while trickling: no batch request starts before this
 
 
@@ -93,6 +94,7 @@ class BackgroundLane(Scheduler):
         self._clock = clock or MonotonicClock()
         self._lowest = lowest_priority  # the scheduler's lowest priority level (0: it has none)
         self.state = LaneState()
+        inner.when_quiet(self._quiet)
         self._waiters: deque[asyncio.Future] = deque()
         self._alarm = Alarm(self._clock, self._decide)
         # Accounting, read by batch-job status and tests:
@@ -115,24 +117,27 @@ class BackgroundLane(Scheduler):
         self._alarm.cancel()
         await self.inner.stop()
 
-    async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
+    def interactive(self) -> int:
+        return self.inner.interactive()
+
+    def submit(self, request: InferenceRequest, rows: int, completion: Completion,
+               more: bool = False) -> Callable[[], None]:
+        """An interactive request goes straight on to the scheduler, which counts it in flight
+        until it is answered (:meth:`_quiet` hears when none is left); a batch-job request waits
+        in the lane, in a task, for :func:`admit`'s say."""
+        if request.background:
+            return run_task(self._batch_request(request, rows), completion)
         state = self.state
-        if not request.background:
-            # _arrived and _left written out: every interactive request passes here.
-            state.interactive += 1
-            state.last_interactive = self._clock.now()
-            if state.batch:
-                self.interactive_met_batch += 1
-            try:
-                return await self.inner.infer(request, rows)
-            finally:
-                state.interactive -= 1
-                state.last_interactive = self._clock.now()
-                if self._waiters and not state.interactive:
-                    self._decide()
+        state.last_interactive = self._clock.now()
+        if state.batch:
+            self.interactive_met_batch += 1
+        return self.inner.submit(request, rows, completion, more)
+
+    async def _batch_request(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
         await self._admission()
         if self._lowest:
             request.priority = self._lowest
+        state = self.state
         started = self._clock.now()
         try:
             return await self.inner.infer(request, rows)
@@ -142,34 +147,10 @@ class BackgroundLane(Scheduler):
             if self._waiters:
                 self._decide()
 
-    def submit(self, request: InferenceRequest, rows: int, completion: Completion,
-               more: bool = False) -> Callable[[], None]:
-        """:meth:`infer`'s callback twin: an interactive request goes straight on to the
-        scheduler's own ``submit``, its end counted as it relays the outcome; a batch-job
-        request waits in the lane (as a task: the default)."""
-        if request.background:
-            return super().submit(request, rows, completion)
-        self._arrived()
-        relay = _Interactive(self, completion)
-        try:
-            relay.cancel_inner = self.inner.submit(request, rows, relay, more)
-        except BaseException:
-            relay.cancel()
-            raise
-        return relay.cancel
-
-    def _arrived(self) -> None:
-        state = self.state
-        state.interactive += 1
-        state.last_interactive = self._clock.now()
-        if state.batch:
-            self.interactive_met_batch += 1
-
-    def _left(self) -> None:
-        state = self.state
-        state.interactive -= 1
-        state.last_interactive = self._clock.now()
-        if self._waiters and not state.interactive:
+    def _quiet(self) -> None:
+        """The scheduler has no interactive request left in flight: batch work may follow, after the gap."""
+        self.state.last_interactive = self._clock.now()
+        if self._waiters:
             self._decide()
 
     async def _admission(self) -> None:
@@ -191,6 +172,7 @@ class BackgroundLane(Scheduler):
 
     def _decide(self) -> None:
         state = self.state
+        state.interactive = self.inner.interactive()
         waiters = self._waiters
         state.waiting = len(waiters)
         count, wake = admit(self.policy, state, self._clock.now())
@@ -206,16 +188,3 @@ class BackgroundLane(Scheduler):
                 self.admitted_over_interactive += 1
             waiter.set_result(None)
         self._alarm.arm(wake)
-
-
-class _Interactive(Relay):
-    """An interactive request submitted through the lane: its end is counted, once."""
-
-    __slots__ = ("lane",)
-
-    def __init__(self, lane: BackgroundLane, completion: Completion) -> None:
-        super().__init__(completion)
-        self.lane = lane
-
-    def settle(self) -> None:
-        self.lane._left()

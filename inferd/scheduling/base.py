@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, Sized
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Protocol, Sequence, Sized
 
 import numpy as np
 
@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 
 class Completion(Protocol):
-    """What :meth:`Scheduler.submit` resolves: an ``asyncio.Future`` is one."""
+    """What :meth:`Scheduler.submit` resolves: an ``asyncio.Future`` is one, and so is the model
+    path's :class:`~inferd.model.path.ModelRun`, the one object a request is completed through."""
 
     def done(self) -> bool: ...
 
@@ -27,98 +28,42 @@ class Completion(Protocol):
     def set_exception(self, exception: BaseException) -> None: ...
 
 
-class Relay:
-    """A completion between a scheduler and the completion its caller handed it: on the
-    first of the outcome and :meth:`cancel`, :meth:`settle` runs, once; then the outcome goes
-    on to ``completion``, or the cancel to :meth:`drop` (by default ``cancel_inner``: the
-    cancel of the scheduler this one handed the request to, when it did).
-
-    Once closed it lets go of both (:meth:`forget`): the caller keeps this relay's ``cancel``
-    and the inner scheduler keeps this relay as its completion, so each link back is a
-    reference cycle per request. Left in place, the cycles of the requests that were in flight
-    when a young collection ran reach the oldest generation, whose collections a server's heap
-    (a runtime's modules) makes rare: the soak's RSS rose ~40 bytes per request with them."""
-
-    __slots__ = ("completion", "cancel_inner", "open")
-
-    def __init__(self, completion: Completion) -> None:
-        self.completion: Completion | None = completion
-        self.cancel_inner: Callable[[], None] | None = None
-        self.open = True
-
-    def done(self) -> bool:
-        return not self.open
-
-    def set_result(self, result: dict[str, np.ndarray]) -> None:
-        if self.open:
-            self.open = False
-            self.settle()
-            completion = self.completion
-            self.forget()
-            assert completion is not None  # open until now
-            completion.set_result(result)
-
-    def set_exception(self, exception: BaseException) -> None:
-        if self.open:
-            self.open = False
-            self.settle()
-            completion = self.completion
-            self.forget()
-            assert completion is not None
-            completion.set_exception(exception)
-
-    def cancel(self) -> None:
-        if self.open:
-            self.open = False
-            self.settle()
-            self.drop()
-            self.forget()
-
-    def settle(self) -> None:
-        """The request has ended here (answered or cancelled): whatever this scheduler counts."""
-
-    def drop(self) -> None:
-        if self.cancel_inner is not None:
-            self.cancel_inner()
-
-    def forget(self) -> None:
-        """The relay has closed: it holds nothing of the request any more (see the class)."""
-        self.completion = None
-        self.cancel_inner = None
-
-
 class Scheduler(abc.ABC):
     @abc.abstractmethod
-    async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
-        """Run ``request`` (inputs validated, in the model's shapes) and return
-        its outputs. ``rows`` is the request's batch size (1 without batching).
-
-        Raises the domain error the client should see. Cancelling the awaiting
-        task drops the request if it has not started executing.
-        """
-
     def submit(self, request: InferenceRequest, rows: int, completion: Completion,
                more: bool = False) -> Callable[[], None]:
-        """:meth:`infer` with no task awaiting it: ``completion`` gets the outputs or the error,
-        once, on the loop (maybe before this returns). Returns the cancel: called before the
-        completion, it drops the request if it has not started, and the completion is never
-        resolved. ``more``: other requests follow in this loop turn (a batcher may hold this
-        one for them). May raise what :meth:`infer` would raise before queueing.
+        """The one way in: run ``request`` (inputs validated, in the model's shapes; ``rows`` is its
+        batch size, 1 without batching) and resolve ``completion`` with its outputs or the domain
+        error the client should see, once, on the loop (maybe before this returns). ``more``: other
+        requests follow in this loop turn (a batcher may hold this one for them). Raises what
+        refuses the request before it is queued.
 
-        This default runs :meth:`infer` as a task; a scheduler on the hot path admits directly."""
-        task = asyncio.get_running_loop().create_task(self.infer(request, rows))
+        Returns the cancel, which the caller calls at most once, when it no longer wants the outcome
+        (its run ended cancelled, its future was cancelled): the request leaves the scheduler then,
+        dropped from the queue if it has not started; one executing runs on, answering nobody. A
+        scheduler never resolves a completion that is done, and a cancel that comes after the answer
+        (:meth:`infer`'s, a loop turn after its future's) finds nothing to do."""
 
-        def finished(t: asyncio.Task) -> None:
-            if t.cancelled() or completion.done():
-                return
-            error = t.exception()
-            if error is None:
-                completion.set_result(t.result())
-            else:
-                completion.set_exception(error)
+    async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
+        """:meth:`submit` for a caller that awaits the outputs: a future, and the cancel when the
+        awaiting task is cancelled."""
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        cancel = self.submit(request, rows, future)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.cancelled():  # the awaiting task's cancel reached the future: the request is dropped
+                cancel()
+            raise
 
-        task.add_done_callback(finished)
-        return task.cancel
+    def interactive(self) -> int:
+        """Interactive requests (not a batch job's, ``request.background``) accepted and not answered;
+        this default counts every request in flight as one."""
+        return self.inflight()
+
+    def when_quiet(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` each time :meth:`interactive` falls to zero (the batch-job lane's cue).
+        This default never calls it: a scheduler that counts its requests (:class:`Inflight`) does."""
 
     @abc.abstractmethod
     def inflight(self) -> int:
@@ -137,6 +82,27 @@ def workers_problem(workers: Sequence["InstanceWorker"]) -> str | None:
     """The first instance's reason when every one of ``workers`` has failed (InstanceWorker.failed)."""
     reasons = [w.failed for w in workers]
     return reasons[0] if reasons and all(reasons) else None
+
+
+def run_task(work: Coroutine[Any, Any, dict[str, np.ndarray]], completion: Completion) -> Callable[[], None]:
+    """:meth:`Scheduler.submit` for a scheduler whose work is a coroutine (an ensemble's steps, a
+    whole iterative sequence, a batch-job request waiting in its lane): ``work`` runs in a task
+    that resolves ``completion`` as its last step (not in a done callback, a loop turn later); the
+    task's cancel is the request's."""
+    return asyncio.get_running_loop().create_task(_resolving(work, completion)).cancel
+
+
+async def _resolving(work: Coroutine[Any, Any, dict[str, np.ndarray]], completion: Completion) -> None:
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        raise  # the caller's cancel: it resolves nothing
+    except BaseException as exc:
+        if not completion.done():
+            completion.set_exception(exc)
+    else:
+        if not completion.done():
+            completion.set_result(result)
 
 
 class PumpedScheduler(Scheduler):
@@ -173,6 +139,12 @@ class PumpedScheduler(Scheduler):
     def inflight(self) -> int:
         return self._inflight.count
 
+    def interactive(self) -> int:
+        return self._inflight.interactive
+
+    def when_quiet(self, callback: Callable[[], None]) -> None:
+        self._inflight.quiet = callback
+
     def queue_depth(self) -> int:
         return len(self._queue)
 
@@ -197,24 +169,34 @@ class Inflight:
 
     ``pending`` counts in the model's ``ModelStats.pending`` too (the queue
     depth metric); a split request's parent is in flight but not pending.
+    ``interactive`` counts those that are not a batch job's; :attr:`quiet`,
+    when set, is called each time it falls to zero.
     """
 
-    __slots__ = ("count", "_stats", "_idle")
+    __slots__ = ("count", "interactive", "quiet", "_stats", "_idle")
 
     def __init__(self, stats: "ModelStats") -> None:
         self.count = 0
+        self.interactive = 0
+        self.quiet: Callable[[], None] | None = None
         self._stats = stats
         self._idle: asyncio.Event | None = None
 
-    def enter(self, pending: bool = True) -> None:
+    def enter(self, background: bool, pending: bool = True) -> None:
         self.count += 1
+        if not background:
+            self.interactive += 1
         if pending:
             self._stats.pending += 1
 
-    def leave(self, pending: bool = True) -> None:
+    def leave(self, background: bool, pending: bool = True) -> None:
         self.count -= 1
         if pending:
             self._stats.pending -= 1
+        if not background:
+            self.interactive -= 1
+            if not self.interactive and self.quiet is not None:
+                self.quiet()
         if self.count == 0 and self._idle is not None:
             self._idle.set()
 

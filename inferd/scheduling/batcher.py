@@ -18,7 +18,8 @@ import asyncio
 import math
 import time
 from collections import deque
-from typing import Any, Callable, Coroutine
+from functools import partial
+from typing import Callable
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from inferd.backends.base import BatchResult, RequestInputs
 from inferd.clock import Clock
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
-from inferd.scheduling.base import Completion, PumpedScheduler, Relay
+from inferd.scheduling.base import Completion, PumpedScheduler, run_task
 from inferd.scheduling.instances import InstanceWorker
 from inferd.scheduling.adaptive import ADAPTIVE, Instance
 from inferd.scheduling.policy import BatchingPolicy
@@ -46,39 +47,18 @@ STAGE_AT = 0.75
 
 
 class _Job:
-    """What the driver keeps for a queued request; ``future``: an asyncio.Future, or a _Call."""
+    """What the driver keeps for a queued request: the request and the completion its caller
+    handed :meth:`BatchScheduler.submit` (an asyncio.Future, a ModelRun); None once the caller
+    withdrew it (then it has left the in-flight count, and nothing answers it)."""
 
-    __slots__ = ("request", "future", "enqueued", "traced_ns")
+    __slots__ = ("request", "completion", "enqueued", "traced_ns")
 
-    def __init__(self, request: InferenceRequest, future: Completion, enqueued: float) -> None:
+    def __init__(self, request: InferenceRequest, completion: Completion, enqueued: float) -> None:
         self.request = request
-        self.future = future
+        self.completion: Completion | None = completion
         self.enqueued = enqueued
         # A traced request's wall-clock time (ns) when queued, then when dispatched.
         self.traced_ns = time.time_ns() if request.trace is not None else 0
-
-
-class _Call(Relay):
-    """A request :meth:`BatchScheduler.submit` took: it leaves the in-flight count once,
-    answered or cancelled; cancelled, it is dropped from the queue if it has not started."""
-
-    __slots__ = ("owner", "item")
-
-    def __init__(self, owner: "BatchScheduler", completion: Completion) -> None:
-        super().__init__(completion)
-        self.owner = owner
-        self.item: Pending | None = None
-
-    def settle(self) -> None:
-        self.owner._inflight.leave()
-
-    def drop(self) -> None:
-        if self.item is not None:
-            self.owner._queue.cancel(self.item)
-
-    def forget(self) -> None:
-        super().forget()
-        self.item = None  # the queued item's job holds this call: a cycle otherwise
 
 
 class _Batch:
@@ -117,30 +97,34 @@ class BatchScheduler(PumpedScheduler):
 
     # -- Scheduler ---------------------------------------------------------
 
-    def infer(self, request: InferenceRequest, rows: int) -> Coroutine[Any, Any, dict[str, np.ndarray]]:
-        """:meth:`Scheduler.infer`, not a coroutine itself: a refusal raises here, and otherwise the
-        coroutine that runs the request is returned, so a waiting request resumes one frame fewer
-        (its caller awaits it at once: the data plane, the lane, an ensemble step)."""
-        if self._must_split(rows):
-            return self._infer_split(request, rows)
-        return self._infer_one(request, rows)
-
     def submit(self, request: InferenceRequest, rows: int, completion: Completion,
                more: bool = False) -> Callable[[], None]:
-        """:meth:`infer` with no task or coroutine per request (the hand-off's entry point):
-        the same admission, queue and fast path; the batch resolves ``completion``."""
+        """:meth:`Scheduler.submit`: admission, then the queue or the idle fast path, with no task,
+        coroutine or wrapper per request; the batch resolves ``completion`` itself. The request is
+        in flight from here until it is answered, expires, or its caller withdraws it."""
         if self._must_split(rows):
-            return super().submit(request, rows, completion)  # split: several executions, rare
-        call = _Call(self, completion)
-        self._inflight.enter()
+            return run_task(self._infer_split(request, rows), completion)  # several executions, rare
+        background = request.background
+        self._inflight.enter(background)
         try:
-            item = self._enqueue(request, rows, call, more)
-            if call.open:  # an inline model may have answered it already (then it holds nothing)
-                call.item = item
+            item = self._enqueue(request, rows, completion, more)
         except BaseException:
-            call.cancel()  # leaves the count; nothing was queued
+            self._inflight.leave(background)  # nothing was queued
             raise
-        return call.cancel
+        if item is None:  # run at once, answered already
+            self._inflight.leave(background)
+            return _ended
+        return partial(self._withdraw, item)
+
+    def _withdraw(self, item: Pending) -> None:
+        """A caller's cancel: the request leaves now, dropped from the queue if it has not started; one
+        executing runs on, and its batch answers nobody for it (its job lets go of the completion)."""
+        job = item.payload
+        if job.completion is None:
+            return  # answered already (an awaiting caller's future is cancelled a loop turn before its cancel)
+        self._queue.cancel(item)
+        job.completion = None
+        self._inflight.leave(job.request.background)
 
     def _must_split(self, rows: int) -> bool:
         """Raise what refuses a request before it is queued; whether it must be split."""
@@ -155,22 +139,6 @@ class BatchScheduler(PumpedScheduler):
                 )
             return True
         return False
-
-    async def _infer_one(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._inflight.enter()
-        try:
-            item = self._enqueue(request, rows, future, False)
-            if item is None:  # run at once
-                return future.result()
-            try:
-                return await future
-            except asyncio.CancelledError:
-                # The client went away: if the request has not started, it never will.
-                self._queue.cancel(item)
-                raise
-        finally:
-            self._inflight.leave()
 
     def _enqueue(self, request: InferenceRequest, rows: int, completion: Completion, more: bool) -> Pending | None:
         """Queue the request for ``completion`` (and step the queue, or arrange to), or run it at
@@ -286,11 +254,11 @@ class BatchScheduler(PumpedScheduler):
         """Run a too-large request as several executions; reassemble in order."""
         # In flight as a whole: its parts start on a later loop turn, and
         # stop() must not close the instances before they do.
-        self._inflight.enter(pending=False)
+        self._inflight.enter(request.background, pending=False)
         try:
             return await self._run_split(request, rows)
         finally:
-            self._inflight.leave(pending=False)
+            self._inflight.leave(request.background, pending=False)
 
     async def _run_split(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
         parts = []
@@ -307,7 +275,7 @@ class BatchScheduler(PumpedScheduler):
                 received_ns=request.received_ns,
                 shed_at=request.shed_at,
             )
-            parts.append(asyncio.ensure_future(self._infer_one(sub, stop - start)))
+            parts.append(asyncio.ensure_future(self.infer(sub, stop - start)))
         try:
             results = await asyncio.gather(*parts)
         except BaseException:
@@ -347,9 +315,7 @@ class BatchScheduler(PumpedScheduler):
             else:
                 step = queue.step(now, False)
             for item, error in step.expired:
-                future = item.payload.future
-                if not future.done():
-                    future.set_exception(error)
+                self._answer(item.payload, error)
             if step.batch:
                 worker = free.popleft() if free else staging
                 assert worker is not None
@@ -424,13 +390,48 @@ class BatchScheduler(PumpedScheduler):
         if batch.traced:
             _trace_executed(batch)
         if self._ordered is None:
-            _resolve(self.model, batch)
+            self._resolve(batch)
         else:
             # preserve_ordering: answer batches in the order they were dispatched.
             while self._ordered and self._ordered[0].result is not None:
-                _resolve(self.model, self._ordered.popleft())
+                self._resolve(self._ordered.popleft())
         if not self._pumping:
             self._pump()
+
+    def _resolve(self, batch: _Batch) -> None:
+        """Answer each request of an executed batch."""
+        result = batch.result
+        if isinstance(result, BaseException):
+            error = result if isinstance(result, InferdError) else ModelExecutionError(
+                f"model '{self.model}' failed to execute: {type(result).__name__}: {result}")
+            for item in batch.items:
+                self._answer(item.payload, error)
+            return
+        assert result is not None
+        outputs = result.outputs
+        for i, item in enumerate(batch.items):
+            out = outputs[i] if i < len(outputs) else ModelExecutionError(
+                f"model '{self.model}' returned {len(outputs)} responses for a batch of {len(batch.items)} requests")
+            self._answer(item.payload, out)
+
+    def _answer(self, job: _Job, out: dict[str, np.ndarray] | BaseException) -> None:
+        """The request leaves the in-flight count and gets ``out``, unless its caller withdrew it
+        (it left then) or has gone (a cancelled future: its cancel comes next, and finds nothing)."""
+        completion = job.completion
+        if completion is None:
+            return
+        job.completion = None
+        self._inflight.leave(job.request.background)
+        if completion.done():
+            return
+        if isinstance(out, BaseException):
+            completion.set_exception(out)
+        else:
+            completion.set_result(out)
+
+
+def _ended() -> None:
+    """The cancel of a request answered before :meth:`BatchScheduler.submit` returned: nothing to drop."""
 
 
 def _trace_queued(batch: _Batch) -> None:
@@ -456,30 +457,6 @@ def _trace_executed(batch: _Batch) -> None:
         job = item.payload
         if job.traced_ns:
             job.request.trace.record("compute", job.traced_ns, now, attributes)
-
-
-def _resolve(model: str, batch: _Batch) -> None:
-    result = batch.result
-    if isinstance(result, BaseException):
-        error = result if isinstance(result, InferdError) else ModelExecutionError(
-            f"model '{model}' failed to execute: {type(result).__name__}: {result}")
-        for item in batch.items:
-            future = item.payload.future
-            if not future.done():
-                future.set_exception(error)
-        return
-    assert result is not None
-    outputs = result.outputs
-    for i, item in enumerate(batch.items):
-        future = item.payload.future
-        if future.done():
-            continue
-        out = outputs[i] if i < len(outputs) else ModelExecutionError(
-            f"model '{model}' returned {len(outputs)} responses for a batch of {len(batch.items)} requests")
-        if isinstance(out, BaseException):
-            future.set_exception(out)
-        else:
-            future.set_result(out)
 
 
 def _nothing_else_ready(loop: asyncio.AbstractEventLoop) -> bool:

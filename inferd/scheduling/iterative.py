@@ -45,7 +45,7 @@ import logging
 import math
 import threading
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -54,7 +54,7 @@ from inferd.clock import Clock
 from inferd.config._sequence import SequencePolicy
 from inferd.errors import DeadlineExceeded, InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
-from inferd.scheduling.base import PumpedScheduler
+from inferd.scheduling.base import Completion, PumpedScheduler, run_task
 from inferd.scheduling.instances import InstanceWorker
 from inferd.scheduling.iterative_queue import CANCELLED, ENDED, LEFT, WAITING, IterativeQueue, IterSeq
 from inferd.scheduling.sequence import FLAG_START, SequenceControls, SequenceId, _shape_key, sequence_params
@@ -222,7 +222,12 @@ class IterativeScheduler(PumpedScheduler):
         """Steps that ran batch-job rows while interactive work waited for a slot."""
         return self._queue.background_over_foreground
 
-    async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
+    def submit(self, request: InferenceRequest, rows: int, completion: Completion,
+               more: bool = False) -> Callable[[], None]:
+        """:meth:`Scheduler.submit`: a whole sequence (many steps) per request, run by a task."""
+        return run_task(self._run(request, rows), completion)
+
+    async def _run(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
         if self._stopped:
             raise Unavailable(f"model '{self.model}' is unloading and takes no new requests")
         if rows != 1:
@@ -249,7 +254,7 @@ class IterativeScheduler(PumpedScheduler):
                       payload=job)
         self._running[key] = seq
         self._queue.admit(seq, now)
-        self._inflight.enter()
+        self._inflight.enter(request.background)
         self._schedule_pump(loop)
         try:
             return await future
@@ -260,7 +265,7 @@ class IterativeScheduler(PumpedScheduler):
         finally:
             if seq.state in (WAITING, LEFT) and self._running.get(key) is seq:
                 del self._running[key]  # it left before ever joining a step
-            self._inflight.leave()
+            self._inflight.leave(request.background)
 
     def _sequence_key(self, request: InferenceRequest) -> SequenceId:
         raw = request.parameters.get("sequence_id")

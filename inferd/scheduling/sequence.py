@@ -40,7 +40,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any, Iterable
+from functools import partial
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -49,7 +50,7 @@ from inferd.clock import Clock
 from inferd.config import CORRID, END, READY, START, SequencePolicy
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.observability.stats import ModelStats
-from inferd.scheduling.base import PumpedScheduler
+from inferd.scheduling.base import Completion, PumpedScheduler
 from inferd.scheduling.instances import InstanceWorker
 from inferd.scheduling.sequence_queue import (
     BACKLOG_DELAY_ENV, DELAY_ENV, DelayHooks, Row, SeqItem, Sequence, SequenceId, SequenceQueue,
@@ -94,11 +95,13 @@ def _flag(model: str, parameters: dict[str, Any], name: str) -> bool:
 
 
 class _Job:
-    __slots__ = ("request", "future", "enqueued")
+    """A queued request and its completion (None once answered or withdrawn: it has left the in-flight count)."""
 
-    def __init__(self, request: InferenceRequest, future: asyncio.Future, enqueued: float) -> None:
+    __slots__ = ("request", "completion", "enqueued")
+
+    def __init__(self, request: InferenceRequest, completion: Completion, enqueued: float) -> None:
         self.request = request
-        self.future = future
+        self.completion: Completion | None = completion
         self.enqueued = enqueued
 
 
@@ -142,7 +145,10 @@ class SequenceScheduler(PumpedScheduler):
     def active_sequences(self) -> int:
         return self._queue.active()
 
-    async def infer(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
+    def submit(self, request: InferenceRequest, rows: int, completion: Completion,
+               more: bool = False) -> Callable[[], None]:
+        """:meth:`Scheduler.submit`: the request joins its sequence's queue; the batch it runs in
+        resolves ``completion``. In flight until then, or until withdrawn before it started."""
         if self._stopped:
             raise Unavailable(f"model '{self.model}' is unloading and takes no new requests")
         if rows != 1:
@@ -158,21 +164,23 @@ class SequenceScheduler(PumpedScheduler):
             )
         request.correlation_id = key
         request.flags = (FLAG_START if start else 0) | (FLAG_END if end else 0)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
         now = self._clock.now()
-        item = SeqItem(key, start, end, _shape_key(request.inputs), _Job(request, future, now))
+        item = SeqItem(key, start, end, _shape_key(request.inputs), _Job(request, completion, now))
         seq = self._queue.admit(item, now)  # raises for a sequence that was never started
-        self._inflight.enter()
-        self._schedule_pump(loop)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            if self._queue.cancel(item, seq, self._clock.now()):
-                self._schedule_pump(loop)
-            raise
-        finally:
-            self._inflight.leave()
+        self._inflight.enter(request.background)
+        self._schedule_pump(asyncio.get_running_loop())
+        return partial(self._withdraw, item, seq)
+
+    def _withdraw(self, item: SeqItem, seq: Sequence) -> None:
+        """A caller's cancel: the request leaves now, dropped from its sequence's queue if it has not
+        started; one executing runs on, and its batch answers nobody for it."""
+        job = item.payload
+        if job.completion is None:
+            return  # answered already (an awaiting caller's future is cancelled a loop turn before its cancel)
+        job.completion = None
+        self._inflight.leave(job.request.background)
+        if self._queue.cancel(item, seq, self._clock.now()):
+            self._schedule_pump(asyncio.get_running_loop())
 
     # -- driving the queue ---------------------------------------------------
 
@@ -249,13 +257,18 @@ class SequenceScheduler(PumpedScheduler):
                 f"model '{self.model}' returned {len(outputs)} responses for a batch of {len(batch.rows)} rows")
             if isinstance(out, dict) and self._state_outputs:
                 out = self._keep_state(seq, out)
-            future = item.payload.future
-            if future.done():
+            job = item.payload
+            completion = job.completion
+            if completion is None:  # withdrawn: it left then
+                continue
+            job.completion = None
+            self._inflight.leave(job.request.background)
+            if completion.done():
                 continue
             if isinstance(out, BaseException):
-                future.set_exception(out)
+                completion.set_exception(out)
             else:
-                future.set_result(out)
+                completion.set_result(out)
         self._queue.complete(batch.rows, self._clock.now())
         if not self._pumping:
             self._pump()

@@ -7,6 +7,8 @@ inferd's, both ends together. The count is exact for one path and input (no cloc
 so work added to every hand-off fails here. Pinned when the hand-off's messages became typed structs
 (issue 45): the same counts as the position-indexed lists before them (commit ebd1f08's code, counted the
 same way), with a margin of 10% for small honest additions; raise one only with the reason in the commit.
+Lowered when every scheduler took one entry (submit with a completion) and a request one completion object
+(its ModelRun, no relays in the lane and the batcher): 120 and 108.4 before.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 
 from bench import request_counts
 
-PINNED = {1: 120.0, 16: 108.4}
+PINNED = {1: 107.0, 16: 94.5}
 MARGIN = 1.10
 REQUESTS = 480
 

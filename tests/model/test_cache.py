@@ -15,7 +15,7 @@ from inferd.errors import ConfigError, InvalidArgument
 from inferd.model import Model, run_model
 from inferd.model.cache import ResponseCache, parse_cache_config, request_key
 from inferd.observability.stats import ModelStats
-from inferd.scheduling.base import Scheduler
+from inferd.scheduling.base import Scheduler, run_task
 from inferd.types import InferenceRequest, RequestedOutput
 
 CONFIG = '''
@@ -164,7 +164,10 @@ class Counting(Scheduler):
     def __init__(self) -> None:
         self.calls = 0
 
-    async def infer(self, request, rows):  # type: ignore[no-untyped-def]
+    def submit(self, request, rows, completion, more=False):  # type: ignore[no-untyped-def]
+        return run_task(self.work(request), completion)
+
+    async def work(self, request):  # type: ignore[no-untyped-def]
         self.calls += 1
         x = request.inputs["INPUT0"]
         return {"OUTPUT0": x * 2, "OUTPUT1": x * 3}
@@ -218,7 +221,7 @@ def test_failures_are_not_cached():
     model = cached_model(ResponseCache(1 << 20))
 
     class Failing(Counting):
-        async def infer(self, request, rows):  # type: ignore[no-untyped-def]
+        async def work(self, request):  # type: ignore[no-untyped-def]
             self.calls += 1
             raise InvalidArgument("no")
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Callable
 
 import numpy as np
 import pytest
 
 from inferd.clock import FakeClock
 from inferd.scheduling.background import BackgroundLane, LanePolicy, LaneState, admit, pace
-from inferd.scheduling.base import Scheduler
+from inferd.scheduling.base import Completion, Scheduler
 from inferd.types import InferenceRequest
 
 P = LanePolicy(gap_s=0.002, burst_after_s=1.0, trickle=1, burst=8)
@@ -42,15 +43,29 @@ def test_while_interactive_traffic_is_recent_batch_work_keeps_to_its_duty():
 
 
 class Inner(Scheduler):
-    """A scheduler whose requests finish when the test says."""
+    """A scheduler whose requests finish when the test says. Like a real one's in-flight count, it
+    counts its interactive requests and calls back (``when_quiet``) each time none is left."""
 
     def __init__(self) -> None:
-        self.running: list[tuple[InferenceRequest, asyncio.Future]] = []
+        self.running: list[tuple[InferenceRequest, Completion]] = []
+        self.withdrawn: list[InferenceRequest] = []
+        self._quiet: Callable[[], None] | None = None
 
-    async def infer(self, request, rows):  # type: ignore[no-untyped-def]
-        future = asyncio.get_running_loop().create_future()
-        self.running.append((request, future))
-        return await future
+    def submit(self, request, rows, completion, more=False):  # type: ignore[no-untyped-def]
+        entry = (request, completion)
+        self.running.append(entry)
+
+        def cancel() -> None:
+            self.withdrawn.append(request)
+            self._leave(entry)
+
+        return cancel
+
+    def interactive(self) -> int:
+        return sum(not r.background for r, _ in self.running)
+
+    def when_quiet(self, callback: Callable[[], None]) -> None:
+        self._quiet = callback
 
     def inflight(self) -> int:
         return len(self.running)
@@ -59,9 +74,15 @@ class Inner(Scheduler):
         pass
 
     def finish(self, index: int = 0) -> InferenceRequest:
-        request, future = self.running.pop(index)
-        future.set_result({"OUT": np.zeros(1)})
+        request, completion = entry = self.running[index]
+        self._leave(entry)
+        completion.set_result({"OUT": np.zeros(1)})
         return request
+
+    def _leave(self, entry: tuple[InferenceRequest, Completion]) -> None:
+        self.running.remove(entry)
+        if not entry[0].background and not self.interactive() and self._quiet is not None:
+            self._quiet()
 
     queue_depth = 7  # something only the inner scheduler has
 
@@ -162,14 +183,14 @@ async def test_a_submitted_interactive_request_holds_batch_work_until_it_is_answ
     cancel = lane.submit(req(), 1, dropped)
     job = asyncio.ensure_future(lane.infer(req(True), 1))
     await settle()
-    assert len(inner.running) == 2 and lane.state.interactive == 2  # the job waits for them
+    assert len(inner.running) == 2 and lane.interactive() == 2  # the job waits for them
     inner.finish(0)
     await settle()
-    assert answered.done() and lane.state.interactive == 1
+    assert answered.done() and lane.interactive() == 1
     cancel()
     await settle()
-    assert lane.state.interactive == 0 and not dropped.done()
-    assert inner.running.pop()[1].cancelled()  # the cancel reached the inner scheduler
+    assert lane.interactive() == 0 and not dropped.done()
+    assert len(inner.withdrawn) == 1  # the cancel reached the inner scheduler
     clock.advance(P.gap_s)
     await settle()
     assert [r.background for r, _ in inner.running] == [True]  # quiet for the gap: the job goes on

@@ -696,6 +696,44 @@ async def test_a_submitted_request_cancelled_before_it_starts_never_runs_and_nev
     await sched.stop()
 
 
+async def test_a_request_cancelled_while_it_executes_leaves_at_once_and_its_batch_answers_nobody():
+    # stop() waits for what is in flight: a caller that went away (a client gone, a shutdown cancelling
+    # its runs) must not keep it waiting on an execution that may never end.
+    inst = Blocking()
+    sched, stats, _ = make(policy(), inst, mode="thread")
+    loop = asyncio.get_running_loop()
+    gone = loop.create_future()
+    cancel = sched.submit(request(1.0), 1, gone)
+    await inst.wait_started()
+    gone.cancel()  # what the caller does first (a ModelRun ends itself), then calls the cancel
+    cancel()
+    assert sched.inflight() == 0 and stats.pending == 0
+    stopping = asyncio.ensure_future(sched.stop())
+    await settle()
+    assert not stopping.done()  # closing the instance waits for its execution, not the drain
+    inst.release(1)
+    await stopping
+    assert inst.batches == [[1.0]]
+
+
+async def test_a_request_whose_future_is_cancelled_as_its_batch_ends_leaves_the_count_once():
+    # An awaiting task's cancel reaches its future at once and the scheduler's cancel a loop turn later
+    # (Scheduler.infer): a batch that ends in between answers nothing, and the cancel then finds nothing.
+    inst = Blocking()
+    sched, stats, _ = make(policy(), inst, mode="thread")
+    done = DoneCounter(sched)
+    future = asyncio.get_running_loop().create_future()
+    cancel = sched.submit(request(1.0), 1, future)
+    await inst.wait_started()
+    future.cancel()
+    inst.release(1)
+    await done.wait(1)
+    assert sched.inflight() == 0 and stats.pending == 0
+    cancel()
+    assert sched.inflight() == 0 and stats.pending == 0 and sched._inflight.interactive == 0
+    await sched.stop()
+
+
 async def test_submit_refuses_what_infer_refuses_before_queueing():
     sched, _, _ = make(policy(max_batch_size=2), Recording())
     future = asyncio.get_running_loop().create_future()
