@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
@@ -35,7 +36,6 @@ from inferd import event_loop
 from inferd.handoff.worker.core_link import CoreLink
 from inferd.ipc.processes import die_with_parent
 from inferd.handoff.worker.proxy import RemoteDataPlane
-from inferd.observability import memtrace
 from inferd.frontends.asgi import AsgiServer, bind
 from inferd.frontends.door import Door, DoorPolicy
 from inferd.frontends.grpc_port import GrpcPort, GrpcPortOptions
@@ -50,6 +50,9 @@ from inferd.frontends.restrictions import Restrictions
 from inferd.frontends.tls import TlsFiles
 
 log = logging.getLogger("inferd.frontend")
+# memtrace.ENV, read here so that a worker imports memtrace (tracemalloc and the snapshot tool) only when a
+# leak hunt asks for it.
+TRACEMALLOC_ENV = "INFERD_TRACEMALLOC"
 
 
 def listen(host: str, port: int, what: str, backlog: int = 2048) -> socket.socket:
@@ -221,7 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--event-loop", choices=event_loop.KINDS, default="asyncio")
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
-    memtrace.install(f"frontend{args.index}")  # INFERD_TRACEMALLOC: a leak hunt's snapshots
+    if os.environ.get(TRACEMALLOC_ENV):  # a leak hunt's snapshots
+        from inferd.observability import memtrace
+
+        memtrace.install(f"frontend{args.index}")
     from inferd.observability import heap
 
     heap.limit_arenas()  # before grpc starts its threads (INFERD_MALLOC_ARENA_MAX)
