@@ -39,7 +39,6 @@ from inferd.handoff.worker.proxy import RemoteDataPlane
 from inferd.frontends.asgi import AsgiServer, bind
 from inferd.frontends.door import Door, DoorPolicy
 from inferd.frontends.grpc_port import GrpcPort, GrpcPortOptions
-from inferd.ipc.tally import Tally
 from inferd.frontends.grpc_service import InferenceServicer
 from inferd.frontends.grpc_health import Health
 from inferd.frontends.http_limits import chunk_limited_protocol
@@ -108,6 +107,8 @@ def _door(link: CoreLink, config: dict[str, Any] | None) -> Door:
     other workers' counts), refusals counted by the core as its own."""
     if not config or not config.get("bound"):
         return Door(DoorPolicy(bound=0))
+    from inferd.ipc.tally import Tally  # here, past the return: the bound on held calls is off by default
+
     tally = Tally(*config["tally"]) if config.get("tally") else None
     return Door(DoorPolicy(config["bound"]), on_refused=link.count_refused, tally=tally, slot=config.get("slot", 0))
 
