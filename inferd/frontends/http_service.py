@@ -33,7 +33,6 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from inferd._proto.json import message_to_dict
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError
 from inferd.facade import DECOUPLED_HTTP, DataPlaneAPI, OpenAIBatchAPI
 from inferd.frontends import http_codec, http_generate, orca
@@ -313,6 +312,10 @@ class HttpFrontend:
         })
 
     async def model_config(self, request: Request) -> Response:
+        # Imported here: rendering a message as JSON (protobuf's json_format) is this route's alone, so
+        # a frontend worker starts without it.
+        from inferd._proto.json import message_to_dict
+
         return json_response(message_to_dict(await self.dp.model_config(*self._target(request))))
 
     async def statistics(self, request: Request) -> Response:
