@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError
 from inferd.facade import DECOUPLED_HTTP, DataPlaneAPI, OpenAIBatchAPI
-from inferd.frontends import http_codec, http_generate, orca
+from inferd.frontends import http_codec
 from inferd.frontends.grpc_codec import parse_version
 from inferd.frontends.http_limits import BodyLimit, decompress, is_openai
 from inferd.frontends.openai import OpenAIFrontend, OpenAIOptions
@@ -455,10 +455,15 @@ class HttpFrontend:
     # -- inference -----------------------------------------------------------------
 
     # -- the generate extension (inferd/frontends/http_generate.py) ----------------------------
+    # Its modules (http_generate, and orca for the load report) are imported by the routes that use
+    # them, on a server's first generate request: most servers never get one, and a frontend worker
+    # starts without them.
 
     async def _generate_responses(self, request: Request):  # type: ignore[no-untyped-def]
         """The request's responses (StreamResponse items), plain model or decoupled. A request
         that is refused before it reaches the model raises here (a JSON error answer)."""
+        from inferd.frontends import http_generate
+
         name, version = request.path_params["model"], request.path_params.get("version", "")
         metadata = await self.dp.model_metadata(name, parse_version(name, version))
         doc = await _json_body(request, f"generate request for model '{name}'", self.max_input)
@@ -466,6 +471,8 @@ class HttpFrontend:
 
     async def generate(self, request: Request) -> Response:
         """One JSON object; a model that answers with other than exactly one response is an error."""
+        from inferd.frontends import http_generate
+
         responses = []
         async with aclosing(await self._generate_responses(request)) as items:
             async for item in items:
@@ -482,6 +489,8 @@ class HttpFrontend:
 
     async def _load_report(self, request: Request) -> dict[str, str]:
         """The ORCA ``endpoint-load-metrics`` header the request asks for (orca.py), or none."""
+        from inferd.frontends import orca
+
         fmt = request.headers.get(orca.REQUEST_HEADER)
         if fmt is None:
             return {}
@@ -490,6 +499,8 @@ class HttpFrontend:
 
     async def generate_stream(self, request: Request) -> Response:
         """Server-sent events, one per response; the status is the first response's, as Triton sets it."""
+        from inferd.frontends import http_generate
+
         items = (await self._generate_responses(request)).__aiter__()
         first = None
         async for first in items:
