@@ -25,7 +25,7 @@ import logging
 import time
 import zlib
 from contextlib import aclosing
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -38,11 +38,14 @@ from inferd.facade import DECOUPLED_HTTP, DataPlaneAPI, OpenAIBatchAPI
 from inferd.frontends import http_codec
 from inferd.frontends.grpc_codec import parse_version
 from inferd.frontends.http_limits import BodyLimit, decompress, is_openai
-from inferd.frontends.openai import OpenAIFrontend, OpenAIOptions
+from inferd.frontends.openai import OpenAIOptions, lazy_routes
 from inferd.frontends.parameters import HeaderForward
 from inferd.frontends.restrictions import Restrictions
 from inferd.frontends.status import http_status
 from inferd.types import FrontendStamps
+
+if TYPE_CHECKING:
+    from inferd.frontends.openai import OpenAIFrontend
 
 log = logging.getLogger(__name__)
 
@@ -263,9 +266,11 @@ class HttpFrontend:
             route("/v2/models/{model}/trace/setting", self.trace_setting, "trace", method)
             route("/v2/logging", self.log_settings, "logging", method)
 
-        # The OpenAI-compatible routes (/v1, inferd/frontends/openai/), over the same façade.
-        self.v1 = OpenAIFrontend(self.dp, self.restrictions, self.openai, self.openai_batches)
-        r.extend(self.v1.routes())
+        # The OpenAI-compatible routes (/v1, inferd/frontends/openai/), over the same façade. Their
+        # frontend, and the modules behind it, load on the first /v1 request: a server (a frontend
+        # worker) that gets none starts and runs without them.
+        created = int(time.time())  # the /v1 model objects' "created": when this app was built
+        r.extend(lazy_routes(lambda: self._openai(created)))
 
         async def not_found(request: Request, exc: Exception) -> Response:
             status = exc.status_code if isinstance(exc, HTTPException) else 404
@@ -281,6 +286,12 @@ class HttpFrontend:
         if "inference" not in self.restrictions.by_group:
             app = InferRoute(self, app)
         return BodyLimit(app, self.max_input)
+
+    def _openai(self, created: int) -> OpenAIFrontend:
+        """The /v1 routes' frontend, made on their first request (:func:`lazy_routes`)."""
+        from inferd.frontends.openai import OpenAIFrontend
+
+        return OpenAIFrontend(self.dp, self.restrictions, self.openai, self.openai_batches, created=created)
 
     # -- health and metadata ---------------------------------------------------
 
