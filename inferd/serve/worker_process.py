@@ -16,9 +16,13 @@ worker SIGKILL when the core dies, even if the worker is stuck and never reads
 its channel: :func:`die_with_parent`). Either way its listening sockets close
 with it, so the ports are free again.
 
-Everything the worker runs is imported here, at the top: the core types, the
+What every worker runs is imported here, at the top: the core types, the
 façade, the wire protocol and the frontends, nothing of the models
 (tests/handoff/test_worker_imports.py walks what importing this module loads).
+What only some servers or requests use (the /v1 frontend, the generate
+extension, statistics, memory tracing, ...) is imported where it is first used,
+so a worker starts with at most 40 of inferd's modules (issue 45; that test
+counts them).
 """
 
 from __future__ import annotations
