@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from inferd.errors import InvalidArgument
-from inferd.suggest import did_you_mean
 
 try:  # onnx depends on ml_dtypes, so it is normally present
     import ml_dtypes
@@ -65,6 +64,8 @@ def datatype_problem(value: object) -> str:
     if isinstance(value, str) and value in BY_CONFIG:
         return (f"unknown datatype '{value}': that is the config's spelling; a request says "
                 f"'{BY_CONFIG[value].name}' {valid}")
+    from inferd.suggest import did_you_mean  # here: difflib for a bad request only, never at start
+
     hint = did_you_mean(value.upper(), BY_NAME) if isinstance(value, str) else ""
     return f"unknown datatype {value!r}{hint} {valid}"
 _BY_NUMPY: dict[np.dtype, DataType] = {t.numpy: t for t in _TYPES if t.numpy is not None}

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from inferd.suggest import did_you_mean
-
 
 class InferdError(Exception):
     """Base of every error inferd reports to a client."""
@@ -120,6 +118,8 @@ def unknown_model(name: str, version: str | int | None = None, *, known_models: 
     the versions of ``name`` there are, listed when another was asked for."""
     # Triton's wording: clients (and perf_analyzer) match on this prefix.
     if version in (None, "", -1, 0):
+        from inferd.suggest import did_you_mean  # here: difflib for a misspelt name only, never at start
+
         return NotFound(f"Request for unknown model: '{name}' is not found{did_you_mean(name, known_models)}")
     loaded = ", ".join(str(v) for v in sorted(loaded_versions))
     return NotFound(f"Request for unknown model: '{name}' version {version} is not found"

@@ -32,17 +32,33 @@ Errors are :mod:`inferd.errors` types; the frontends map them to statuses.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Callable, Mapping, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, NamedTuple, Protocol, runtime_checkable
 
-from inferd.observability.stats import BatchStatistics, ModelStatistics
 from inferd.streaming import StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse
+
+if TYPE_CHECKING:  # the statistics snapshots load with the first answer that carries them (__getattr__)
+    from inferd.observability.stats import BatchStatistics, ModelStatistics
 
 __all__ = [
     "DECOUPLED_HTTP", "DECOUPLED_UNARY", "DRAINING", "BatchStatistics", "CudaRegionStatus", "DataPlaneAPI",
     "GrpcFastPath", "IndexEntry", "ModelMetadata", "ModelStatistics", "RegionStatus", "ServerMetadata", "TensorMetadata",
     "TraceCarrier",
 ]
+
+_STATISTICS = ("BatchStatistics", "ModelStatistics")
+
+
+def __getattr__(name: str) -> Any:
+    """The statistics snapshots the façade speaks, named here but defined with the counters
+    (:mod:`inferd.observability.stats`) and imported on first use: a frontend worker meets them only
+    when it answers a statistics request, whose pickled reply imports them itself."""
+    if name in _STATISTICS:
+        from inferd.observability import stats
+
+        return getattr(stats, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Triton's words for a one-response call to a decoupled model (clients match on them): gRPC ModelInfer's
 # (and a Python model's BLS call's), and HTTP's.

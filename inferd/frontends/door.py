@@ -47,11 +47,13 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from inferd.clock import Clock, MonotonicClock
 from inferd.errors import Unavailable
-from inferd.ipc.tally import Tally
+
+if TYPE_CHECKING:  # a door is handed its tally; only a worker whose server bounds held calls makes one
+    from inferd.ipc.tally import Tally
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,6 @@ from inferd._proto import grpc_service_pb2_grpc as pb_grpc
 from inferd.clock import Clock, MonotonicClock
 from inferd.errors import InferdError, InvalidArgument, Unimplemented
 from inferd.facade import DataPlaneAPI, GrpcFastPath
-from inferd.observability.stats import RESPONSE_FIELDS
 from inferd.frontends import grpc_codec
 from inferd.frontends.parameters import HeaderForward
 from inferd.frontends.status import grpc_status
@@ -108,6 +107,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             models = await self.dp.model_statistics(request.name, grpc_codec.parse_version(request.name, request.version))
         except Exception as exc:
             return await self._abort(context, exc)
+        # Imported here: a frontend worker that answers no statistics request never loads the snapshots'
+        # module, and a reply that carries snapshots has loaded it already (unpickling them).
+        from inferd.observability.stats import RESPONSE_FIELDS
+
         response = pb.ModelStatisticsResponse()
         for s in models:
             out = response.model_stats.add()

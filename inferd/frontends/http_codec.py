@@ -21,16 +21,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from inferd.dtypes import BY_NAME, DataType, datatype_problem, element_count, encode_bytes, from_numpy
 from inferd.errors import InvalidArgument
-from inferd.observability.stats import RESPONSE_FIELDS, ModelStatistics
 from inferd.frontends.grpc_codec import array_from_raw, int_param, parse_version, shm_ref
 from inferd.frontends.parameters import check_request_parameters
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput, SharedTensor
+
+if TYPE_CHECKING:
+    from inferd.observability.stats import ModelStatistics
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -344,6 +346,10 @@ def _duration(d: Any) -> dict[str, int]:
 
 def statistics_json(models: list[ModelStatistics]) -> dict[str, Any]:
     """The statistics extension's answer for ``models`` (snapshots of loaded model versions)."""
+    # Imported here: a frontend worker that answers no statistics request never loads the snapshots'
+    # module, and a reply that carries snapshots has loaded it already (unpickling them).
+    from inferd.observability.stats import RESPONSE_FIELDS
+
     out = []
     for s in models:
         out.append({

@@ -18,7 +18,6 @@ import zlib
 from typing import Any
 
 from inferd.errors import InvalidArgument, TooLarge, Unimplemented
-from inferd.frontends.openai._errors import error_body
 
 MAX_CHUNKS = 1 << 16  # Triton's kMaxChunkedChunks
 TOO_MANY_CHUNKS = (f"Chunked request body exceeds maximum of {MAX_CHUNKS} non-empty chunks. Send fewer or larger "
@@ -70,7 +69,12 @@ def is_openai(path: str) -> bool:
 
 async def send_error(scope: dict, send: Any, exc: TooLarge | InvalidArgument, status: int) -> None:
     """``exc`` as the error body of the path's API (OpenAI's under /v1, KServe's elsewhere)."""
-    doc = error_body(exc)[1] if is_openai(scope.get("path", "")) else {"error": exc.message}
+    if is_openai(scope.get("path", "")):
+        from inferd.frontends.openai._errors import error_body  # here: a server may never serve /v1
+
+        doc = error_body(exc)[1]
+    else:
+        doc = {"error": exc.message}
     body = json.dumps(doc, separators=(",", ":")).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})

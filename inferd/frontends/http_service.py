@@ -25,7 +25,7 @@ import logging
 import time
 import zlib
 from contextlib import aclosing
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -33,17 +33,19 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from inferd._proto.json import message_to_dict
 from inferd.errors import InferdError, InvalidArgument, ModelExecutionError
 from inferd.facade import DECOUPLED_HTTP, DataPlaneAPI, OpenAIBatchAPI
-from inferd.frontends import http_codec, http_generate, orca
+from inferd.frontends import http_codec
 from inferd.frontends.grpc_codec import parse_version
 from inferd.frontends.http_limits import BodyLimit, decompress, is_openai
-from inferd.frontends.openai import OpenAIFrontend, OpenAIOptions
+from inferd.frontends.openai import OpenAIOptions, lazy_routes
 from inferd.frontends.parameters import HeaderForward
 from inferd.frontends.restrictions import Restrictions
 from inferd.frontends.status import http_status
 from inferd.types import FrontendStamps
+
+if TYPE_CHECKING:
+    from inferd.frontends.openai import OpenAIFrontend
 
 log = logging.getLogger(__name__)
 
@@ -264,9 +266,11 @@ class HttpFrontend:
             route("/v2/models/{model}/trace/setting", self.trace_setting, "trace", method)
             route("/v2/logging", self.log_settings, "logging", method)
 
-        # The OpenAI-compatible routes (/v1, inferd/frontends/openai/), over the same façade.
-        self.v1 = OpenAIFrontend(self.dp, self.restrictions, self.openai, self.openai_batches)
-        r.extend(self.v1.routes())
+        # The OpenAI-compatible routes (/v1, inferd/frontends/openai/), over the same façade. Their
+        # frontend, and the modules behind it, load on the first /v1 request: a server (a frontend
+        # worker) that gets none starts and runs without them.
+        created = int(time.time())  # the /v1 model objects' "created": when this app was built
+        r.extend(lazy_routes(lambda: self._openai(created)))
 
         async def not_found(request: Request, exc: Exception) -> Response:
             status = exc.status_code if isinstance(exc, HTTPException) else 404
@@ -282,6 +286,12 @@ class HttpFrontend:
         if "inference" not in self.restrictions.by_group:
             app = InferRoute(self, app)
         return BodyLimit(app, self.max_input)
+
+    def _openai(self, created: int) -> OpenAIFrontend:
+        """The /v1 routes' frontend, made on their first request (:func:`lazy_routes`)."""
+        from inferd.frontends.openai import OpenAIFrontend
+
+        return OpenAIFrontend(self.dp, self.restrictions, self.openai, self.openai_batches, created=created)
 
     # -- health and metadata ---------------------------------------------------
 
@@ -313,6 +323,10 @@ class HttpFrontend:
         })
 
     async def model_config(self, request: Request) -> Response:
+        # Imported here: rendering a message as JSON (protobuf's json_format) is this route's alone, so
+        # a frontend worker starts without it.
+        from inferd._proto.json import message_to_dict
+
         return json_response(message_to_dict(await self.dp.model_config(*self._target(request))))
 
     async def statistics(self, request: Request) -> Response:
@@ -452,10 +466,15 @@ class HttpFrontend:
     # -- inference -----------------------------------------------------------------
 
     # -- the generate extension (inferd/frontends/http_generate.py) ----------------------------
+    # Its modules (http_generate, and orca for the load report) are imported by the routes that use
+    # them, on a server's first generate request: most servers never get one, and a frontend worker
+    # starts without them.
 
     async def _generate_responses(self, request: Request):  # type: ignore[no-untyped-def]
         """The request's responses (StreamResponse items), plain model or decoupled. A request
         that is refused before it reaches the model raises here (a JSON error answer)."""
+        from inferd.frontends import http_generate
+
         name, version = request.path_params["model"], request.path_params.get("version", "")
         metadata = await self.dp.model_metadata(name, parse_version(name, version))
         doc = await _json_body(request, f"generate request for model '{name}'", self.max_input)
@@ -463,6 +482,8 @@ class HttpFrontend:
 
     async def generate(self, request: Request) -> Response:
         """One JSON object; a model that answers with other than exactly one response is an error."""
+        from inferd.frontends import http_generate
+
         responses = []
         async with aclosing(await self._generate_responses(request)) as items:
             async for item in items:
@@ -479,6 +500,8 @@ class HttpFrontend:
 
     async def _load_report(self, request: Request) -> dict[str, str]:
         """The ORCA ``endpoint-load-metrics`` header the request asks for (orca.py), or none."""
+        from inferd.frontends import orca
+
         fmt = request.headers.get(orca.REQUEST_HEADER)
         if fmt is None:
             return {}
@@ -487,6 +510,8 @@ class HttpFrontend:
 
     async def generate_stream(self, request: Request) -> Response:
         """Server-sent events, one per response; the status is the first response's, as Triton sets it."""
+        from inferd.frontends import http_generate
+
         items = (await self._generate_responses(request)).__aiter__()
         first = None
         async for first in items:

@@ -16,9 +16,13 @@ worker SIGKILL when the core dies, even if the worker is stuck and never reads
 its channel: :func:`die_with_parent`). Either way its listening sockets close
 with it, so the ports are free again.
 
-Everything the worker runs is imported here, at the top: the core types, the
+What every worker runs is imported here, at the top: the core types, the
 façade, the wire protocol and the frontends, nothing of the models
 (tests/handoff/test_worker_imports.py walks what importing this module loads).
+What only some servers or requests use (the /v1 frontend, the generate
+extension, statistics, memory tracing, ...) is imported where it is first used,
+so a worker starts with at most 40 of inferd's modules (issue 45; that test
+counts them).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
@@ -35,11 +40,9 @@ from inferd import event_loop
 from inferd.handoff.worker.core_link import CoreLink
 from inferd.ipc.processes import die_with_parent
 from inferd.handoff.worker.proxy import RemoteDataPlane
-from inferd.observability import memtrace
 from inferd.frontends.asgi import AsgiServer, bind
 from inferd.frontends.door import Door, DoorPolicy
 from inferd.frontends.grpc_port import GrpcPort, GrpcPortOptions
-from inferd.ipc.tally import Tally
 from inferd.frontends.grpc_service import InferenceServicer
 from inferd.frontends.grpc_health import Health
 from inferd.frontends.http_limits import chunk_limited_protocol
@@ -50,6 +53,9 @@ from inferd.frontends.restrictions import Restrictions
 from inferd.frontends.tls import TlsFiles
 
 log = logging.getLogger("inferd.frontend")
+# memtrace.ENV, read here so that a worker imports memtrace (tracemalloc and the snapshot tool) only when a
+# leak hunt asks for it.
+TRACEMALLOC_ENV = "INFERD_TRACEMALLOC"
 
 
 def listen(host: str, port: int, what: str, backlog: int = 2048) -> socket.socket:
@@ -105,6 +111,8 @@ def _door(link: CoreLink, config: dict[str, Any] | None) -> Door:
     other workers' counts), refusals counted by the core as its own."""
     if not config or not config.get("bound"):
         return Door(DoorPolicy(bound=0))
+    from inferd.ipc.tally import Tally  # here, past the return: the bound on held calls is off by default
+
     tally = Tally(*config["tally"]) if config.get("tally") else None
     return Door(DoorPolicy(config["bound"]), on_refused=link.count_refused, tally=tally, slot=config.get("slot", 0))
 
@@ -221,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--event-loop", choices=event_loop.KINDS, default="asyncio")
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
-    memtrace.install(f"frontend{args.index}")  # INFERD_TRACEMALLOC: a leak hunt's snapshots
+    if os.environ.get(TRACEMALLOC_ENV):  # a leak hunt's snapshots
+        from inferd.observability import memtrace
+
+        memtrace.install(f"frontend{args.index}")
     from inferd.observability import heap
 
     heap.limit_arenas()  # before grpc starts its threads (INFERD_MALLOC_ARENA_MAX)

@@ -23,17 +23,16 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from inferd.errors import InvalidArgument, NotFound, TooLarge, Unimplemented
 from inferd.facade import OPENAI_MAX_FILE_BYTES, OPENAI_UPLOADS, DataPlaneAPI, OpenAIBatchAPI
+from inferd.frontends.openai import ROUTES, OpenAIOptions
 from inferd.frontends.openai._errors import AuthenticationFailed, RequestError, error_body
 from inferd.frontends.openai._fields import (
     MAX_CHOICES, MAX_INPUTS, MAX_N, Body, batch_fields, messages, texts_or_ids,
@@ -46,25 +45,6 @@ from inferd.types import InferenceRequest
 PRIORITY_HEADER = "inferd-priority"  # a request's priority level (the model's default without it)
 JSON = "application/json"
 Handler = Callable[[Request], Awaitable[Response]]
-
-
-@dataclass(frozen=True)
-class OpenAIOptions:
-    """``--openai-api-key`` (repeatable) and ``--openai-api-key-file``: with any key, every ``/v1``
-    request must carry ``Authorization: Bearer <one of them>``."""
-
-    api_keys: tuple[str, ...] = ()
-    # The Batch API's directory, where an upload is written for the core to take (the server sets it:
-    # <batch dir>/openai); "": the Batch API is off.
-    batch_dir: str = ""
-
-    def to_plain(self) -> dict[str, Any]:
-        return {"api_keys": list(self.api_keys), "batch_dir": self.batch_dir}
-
-    @classmethod
-    def from_plain(cls, plain: dict[str, Any] | None) -> "OpenAIOptions":
-        plain = plain or {}
-        return cls(tuple(plain.get("api_keys", ())), plain.get("batch_dir", ""))
 
 
 def _json(doc: Any, status: int = 200) -> Response:
@@ -133,11 +113,14 @@ async def _merge(streams: list[AsyncIterator[Piece]]) -> AsyncIterator[Piece]:
 class OpenAIFrontend:
     """The routes; they call only the :class:`DataPlaneAPI` façade and, for files and batches, the
     :class:`OpenAIBatchAPI` (``batches``: None, the Batch API is off). ``background``: every request
-    this frontend makes is a batch line's (the core's :class:`BatchLines`)."""
+    this frontend makes is a batch line's (the core's :class:`BatchLines`). ``created``: the wall-clock
+    second OpenAI's model objects say they were created (None: now). ``handlers``: each route of
+    :data:`~inferd.frontends.openai.ROUTES` by its method's name, guarded (restricted groups, API key,
+    OpenAI's error body)."""
 
     def __init__(self, dataplane: DataPlaneAPI, restrictions: Restrictions | None = None,
                  options: OpenAIOptions | None = None, batches: OpenAIBatchAPI | None = None,
-                 background: bool = False) -> None:
+                 background: bool = False, created: int | None = None) -> None:
         self.dp = dataplane
         self.restrictions = restrictions or Restrictions()
         options = options or OpenAIOptions()
@@ -146,27 +129,10 @@ class OpenAIFrontend:
         self.uploads = Path(options.batch_dir) / OPENAI_UPLOADS if options.batch_dir else None
         self.background = background
         self._texts: dict[str, ModelText] = {}  # one per /v1 model of the repository, rebuilt when it changes
-        self.created = int(time.time())  # wall-clock seconds: the "created" OpenAI's objects carry
-
-    def routes(self) -> list[Route]:
+        self.created = int(time.time()) if created is None else created  # wall-clock seconds
         # --http-restricted-api groups, as the /v2 routes they stand beside.
-        table: list[tuple[str, Handler, str, str]] = [
-            ("/v1/models", self.models, "metadata", "GET"),
-            ("/v1/models/{model:path}", self.model, "metadata", "GET"),
-            ("/v1/completions", self.completions, "inference", "POST"),
-            ("/v1/chat/completions", self.chat, "inference", "POST"),
-            ("/v1/embeddings", self.embeddings, "inference", "POST"),
-            ("/v1/files", self.file_create, "inference", "POST"),
-            ("/v1/files", self.file_list, "inference", "GET"),
-            ("/v1/files/{file_id}", self.file_get, "inference", "GET"),
-            ("/v1/files/{file_id}", self.file_delete, "inference", "DELETE"),
-            ("/v1/files/{file_id}/content", self.file_content, "inference", "GET"),
-            ("/v1/batches", self.batch_create, "inference", "POST"),
-            ("/v1/batches", self.batch_list, "inference", "GET"),
-            ("/v1/batches/{batch_id}", self.batch_get, "inference", "GET"),
-            ("/v1/batches/{batch_id}/cancel", self.batch_cancel, "inference", "POST"),
-        ]
-        return [Route(path, self._guarded(handler, group), methods=[method]) for path, handler, group, method in table]
+        self.handlers: dict[str, Handler] = {name: self._guarded(getattr(self, name), group)
+                                             for _, name, group, _ in ROUTES}
 
     def _guarded(self, handler: Handler, group: str) -> Handler:
         rule = group if group in self.restrictions.by_group else None

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping
 
 import numpy as np
 
@@ -38,9 +38,11 @@ from inferd.handoff.worker.core_link import CoreLink, error_from
 from inferd.handoff.worker.modelinfer import fill_response, infer_message
 from inferd.ipc.arena import Buffer
 from inferd.facade import OpenAIModel
-from inferd.observability.stats import ModelStatistics
 from inferd.streaming import StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse, SharedTensor
+
+if TYPE_CHECKING:  # unpickling the core's statistics reply imports it, the first time one comes
+    from inferd.observability.stats import ModelStatistics
 
 class RemoteDataPlane:
     """:class:`~inferd.facade.DataPlaneAPI` and :class:`~inferd.facade.GrpcFastPath` over the worker's link."""
