@@ -2,8 +2,9 @@
 inferd from another commit ("before": the revision in INFERD_BEFORE, HEAD~1 by default, unpacked with
 ``git archive`` and run from there with the same interpreter and packages), each in one process
 (--frontend-workers 0) and in its default mode (a core and frontend workers), on one repository:
-identity_fp32 (16 floats, dynamic_batching {}) over gRPC at concurrency 1 and 16, and ensemble_mlp
-(scale -> mlp -> relu, each step a batching ONNX model) at concurrency 1. Every server is up for the
+identity_fp32 (16 floats, dynamic_batching {}) over gRPC at concurrency 1 and 16, mlp_fused (FP32
+256 -> 1024 -> 256, batching) at 16, and ensemble_mlp (scale -> mlp -> relu, each step a batching
+ONNX model) at concurrency 1. Every server is up for the
 whole run; the rounds alternate before and after, their order reversed each round. Per inference:
 the server tree's CPU (/proc utime+stime, bench/proc_cpu.py; the ensemble's requests counted once,
 not its steps), throughput and p50 (perf_analyzer on the same two cores). The ratios are medians over
@@ -37,7 +38,7 @@ class Load(NamedTuple):
 
 
 LOADS = (Load("identity", "identity_fp32", 1, "INPUT0:16"), Load("identity", "identity_fp32", 16, "INPUT0:16"),
-         Load("ensemble_mlp", "ensemble_mlp", 1, None))
+         Load("mlp_fused", "mlp_fused", 16, None), Load("ensemble_mlp", "ensemble_mlp", 1, None))
 
 
 class Server(NamedTuple):
@@ -93,11 +94,13 @@ def _measure(server: Server, load: Load, round_: int) -> dict:
     m = run_pa(f"{server.side} {server.mode}", load.model, server.url, load.concurrency, shape=load.shape,
                window_ms=2000, stability=40, trials=6)
     cpu = meter.since(before)
+    core = sum(p.per_inference_us for p in cpu.processes if p.role == "core")
     return {"label": f"{server.mode}, {load.name}: {server.side}", "side": server.side, "mode": server.mode,
             "load": load.name, "round": round_, "concurrency": load.concurrency, "batch": 1,
             "infer_per_s": m.infer_per_s, "p50_us": m.p50_us, "p99_us": m.p99_us,
-            "cpu_us": round(cpu.per_inference_us(), 1),
-            "note": f"round {round_}; server CPU {cpu.per_inference_us():.0f} us per inference"}
+            "cpu_us": round(cpu.per_inference_us(), 1), "core_us": round(core, 1),
+            "note": f"round {round_}; server CPU {cpu.per_inference_us():.0f} us per inference"
+                    + (f", the core's {core:.0f}" if server.mode == "default mode" else "")}
 
 
 def run(quick: bool) -> dict:
@@ -148,6 +151,11 @@ def ratios(result: dict) -> dict:
         ca = statistics.median(a["cpu_us"] for _, a in pairs)
         out[f"{mode}, {load} c={c}: CPU per inference after / before"] = (
             f"{statistics.median(cpu):.2f}x ({ca:.0f} vs {cb:.0f} us; rounds: {', '.join(f'{x:.2f}' for x in cpu)})")
+        if mode == "default mode":
+            kb = statistics.median(b["core_us"] for b, _ in pairs)
+            ka = statistics.median(a["core_us"] for _, a in pairs)
+            out[f"{mode}, {load} c={c}: the core's CPU per inference after / before"] = (
+                f"{ka / kb:.2f}x ({ka:.0f} vs {kb:.0f} us)")
         out[f"{mode}, {load} c={c}: throughput after / before"] = (
             f"{statistics.median(thr):.2f}x (rounds: {', '.join(f'{x:.2f}' for x in thr)}); "
             f"p50 {statistics.median(p50):+.0f} us")
