@@ -44,6 +44,7 @@ from inferd.types import InferenceRequest, InferenceResponse, SharedTensor
 if TYPE_CHECKING:  # unpickling the core's statistics reply imports it, the first time one comes
     from inferd.observability.stats import ModelStatistics
 
+
 class RemoteDataPlane:
     """:class:`~inferd.facade.DataPlaneAPI` and :class:`~inferd.facade.GrpcFastPath` over the worker's link."""
 
