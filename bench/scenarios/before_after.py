@@ -8,7 +8,9 @@ ONNX model) at concurrency 1. Every server is up for the
 whole run; the rounds alternate before and after, their order reversed each round. Per inference:
 the server tree's CPU (/proc utime+stime, bench/proc_cpu.py; the ensemble's requests counted once,
 not its steps), throughput and p50 (perf_analyzer on the same two cores). The ratios are medians over
-the rounds of after / before, each round's pair measured back to back."""
+the rounds of after / before, each round's pair measured back to back. A narrower run, with more rounds:
+BEFORE_AFTER_MODES ("one process", "default mode"; comma-separated), BEFORE_AFTER_LOADS ("name:concurrency",
+comma-separated) and BEFORE_AFTER_ROUNDS (default 4; 2 with --quick)."""
 
 from __future__ import annotations
 
@@ -111,12 +113,13 @@ def run(quick: bool) -> dict:
     repo = repository(work / "repo", ensemble=True)
     tree, commit = before_tree(work)
     trees = {"before": tree, "after": ROOT}
-    servers = [_start(side, trees[side], mode, repo) for mode in MODES for side in SIDES]
+    modes, loads = _chosen()
+    servers = [_start(side, trees[side], mode, repo) for mode in modes for side in SIDES]
     measures: list[dict] = []
     try:
-        for r in range(2 if quick else 4):
-            for load in LOADS:
-                for mode in MODES:
+        for r in range(int(os.environ.get("BEFORE_AFTER_ROUNDS", 2 if quick else 4))):
+            for load in loads:
+                for mode in modes:
                     pair = [s for s in servers if s.mode == mode]
                     for server in (pair if r % 2 == 0 else pair[::-1]):
                         measures.append(_measure(server, load, r))
@@ -129,6 +132,18 @@ def run(quick: bool) -> dict:
                            text=True).stdout.strip()
     return {"measures": measures, "before": commit, "after": after + (" with uncommitted changes" if dirty else ""),
             "notes": f"before: commit {commit}; after: {after}{' with uncommitted changes' if dirty else ''}."}
+
+
+def _chosen() -> tuple[list[str], list[Load]]:
+    """The modes and loads this run measures: all, or those the environment names."""
+    modes = [m.strip() for m in os.environ.get("BEFORE_AFTER_MODES", ",".join(MODES)).split(",")]
+    wanted = os.environ.get("BEFORE_AFTER_LOADS")
+    loads = [w for w in LOADS if wanted is None or f"{w.name}:{w.concurrency}" in wanted.split(",")]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not loads:
+        raise SystemExit(f"before_after: no such mode {unknown} or no load in {wanted!r}; modes: {list(MODES)}, "
+                         f"loads: {[f'{w.name}:{w.concurrency}' for w in LOADS]}")
+    return modes, loads
 
 
 def ratios(result: dict) -> dict:
