@@ -148,7 +148,7 @@ class SequenceScheduler(PumpedScheduler):
     def submit(self, request: InferenceRequest, rows: int, completion: Completion,
                more: bool = False) -> Callable[[], None]:
         """:meth:`Scheduler.submit`: the request joins its sequence's queue; the batch it runs in
-        resolves ``completion``. In flight until then, or until withdrawn before it started."""
+        resolves ``completion``. In flight until then, or until its caller withdraws it."""
         if self._stopped:
             raise Unavailable(f"model '{self.model}' is unloading and takes no new requests")
         if rows != 1:
