@@ -109,7 +109,8 @@ def run(quick: bool) -> dict:
     from bench.bench import OUT
     from bench.request_counts import repository
 
-    work = Path(tempfile.mkdtemp(dir=OUT))
+    (OUT / "tmp").mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=OUT / "tmp"))  # python -m bench removes OUT/tmp when it ends
     repo = repository(work / "repo", ensemble=True)
     tree, commit = before_tree(work)
     trees = {"before": tree, "after": ROOT}
