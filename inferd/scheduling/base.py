@@ -163,6 +163,14 @@ class PumpedScheduler(Scheduler):
         await close_workers(self.workers)
 
 
+class Queued(Protocol):
+    """What a scheduler keeps for a request it queued: the request, and the completion to answer
+    (None once answered or withdrawn)."""
+
+    request: InferenceRequest
+    completion: Completion | None
+
+
 class Inflight:
     """The requests a scheduler accepted and has not answered, and a way to
     wait until there are none (``stop`` drains before releasing instances).
@@ -199,6 +207,31 @@ class Inflight:
                 self.quiet()
         if self.count == 0 and self._idle is not None:
             self._idle.set()
+
+    def answer(self, job: Queued, out: dict[str, np.ndarray] | BaseException) -> None:
+        """``job``'s request leaves the count and gets ``out``, unless its caller withdrew it (it left
+        then) or has gone (a cancelled future: its cancel comes next, and finds nothing)."""
+        completion = job.completion
+        if completion is None:
+            return
+        job.completion = None
+        self.leave(job.request.background)
+        if completion.done():
+            return
+        if isinstance(out, BaseException):
+            completion.set_exception(out)
+        else:
+            completion.set_result(out)
+
+    def withdraw(self, job: Queued) -> bool:
+        """A caller's cancel: ``job``'s request leaves the count now, and nothing answers it; False if
+        it had been answered already (an awaiting caller's future is cancelled a loop turn before its
+        cancel comes)."""
+        if job.completion is None:
+            return False
+        job.completion = None
+        self.leave(job.request.background)
+        return True
 
     async def drained(self) -> None:
         if self.count:

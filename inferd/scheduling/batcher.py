@@ -118,13 +118,9 @@ class BatchScheduler(PumpedScheduler):
 
     def _withdraw(self, item: Pending) -> None:
         """A caller's cancel: the request leaves now, dropped from the queue if it has not started; one
-        executing runs on, and its batch answers nobody for it (its job lets go of the completion)."""
-        job = item.payload
-        if job.completion is None:
-            return  # answered already (an awaiting caller's future is cancelled a loop turn before its cancel)
-        self._queue.cancel(item)
-        job.completion = None
-        self._inflight.leave(job.request.background)
+        executing runs on, and its batch answers nobody for it."""
+        if self._inflight.withdraw(item.payload):
+            self._queue.cancel(item)
 
     def _must_split(self, rows: int) -> bool:
         """Raise what refuses a request before it is queued; whether it must be split."""
@@ -315,7 +311,7 @@ class BatchScheduler(PumpedScheduler):
             else:
                 step = queue.step(now, False)
             for item, error in step.expired:
-                self._answer(item.payload, error)
+                self._inflight.answer(item.payload, error)
             if step.batch:
                 worker = free.popleft() if free else staging
                 assert worker is not None
@@ -405,29 +401,14 @@ class BatchScheduler(PumpedScheduler):
             error = result if isinstance(result, InferdError) else ModelExecutionError(
                 f"model '{self.model}' failed to execute: {type(result).__name__}: {result}")
             for item in batch.items:
-                self._answer(item.payload, error)
+                self._inflight.answer(item.payload, error)
             return
         assert result is not None
         outputs = result.outputs
         for i, item in enumerate(batch.items):
             out = outputs[i] if i < len(outputs) else ModelExecutionError(
                 f"model '{self.model}' returned {len(outputs)} responses for a batch of {len(batch.items)} requests")
-            self._answer(item.payload, out)
-
-    def _answer(self, job: _Job, out: dict[str, np.ndarray] | BaseException) -> None:
-        """The request leaves the in-flight count and gets ``out``, unless its caller withdrew it
-        (it left then) or has gone (a cancelled future: its cancel comes next, and finds nothing)."""
-        completion = job.completion
-        if completion is None:
-            return
-        job.completion = None
-        self._inflight.leave(job.request.background)
-        if completion.done():
-            return
-        if isinstance(out, BaseException):
-            completion.set_exception(out)
-        else:
-            completion.set_result(out)
+            self._inflight.answer(item.payload, out)
 
 
 def _ended() -> None:

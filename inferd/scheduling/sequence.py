@@ -174,12 +174,7 @@ class SequenceScheduler(PumpedScheduler):
     def _withdraw(self, item: SeqItem, seq: Sequence) -> None:
         """A caller's cancel: the request leaves now, dropped from its sequence's queue if it has not
         started; one executing runs on, and its batch answers nobody for it."""
-        job = item.payload
-        if job.completion is None:
-            return  # answered already (an awaiting caller's future is cancelled a loop turn before its cancel)
-        job.completion = None
-        self._inflight.leave(job.request.background)
-        if self._queue.cancel(item, seq, self._clock.now()):
+        if self._inflight.withdraw(item.payload) and self._queue.cancel(item, seq, self._clock.now()):
             self._schedule_pump(asyncio.get_running_loop())
 
     # -- driving the queue ---------------------------------------------------
@@ -257,18 +252,7 @@ class SequenceScheduler(PumpedScheduler):
                 f"model '{self.model}' returned {len(outputs)} responses for a batch of {len(batch.rows)} rows")
             if isinstance(out, dict) and self._state_outputs:
                 out = self._keep_state(seq, out)
-            job = item.payload
-            completion = job.completion
-            if completion is None:  # withdrawn: it left then
-                continue
-            job.completion = None
-            self._inflight.leave(job.request.background)
-            if completion.done():
-                continue
-            if isinstance(out, BaseException):
-                completion.set_exception(out)
-            else:
-                completion.set_result(out)
+            self._inflight.answer(item.payload, out)
         self._queue.complete(batch.rows, self._clock.now())
         if not self._pumping:
             self._pump()
