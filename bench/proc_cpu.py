@@ -186,8 +186,9 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def statistics_count(url: str, timeout: float = 10.0) -> Callable[[], int]:
-    """The server's inference count (sum of ModelStatistics inference_count) over gRPC."""
+def statistics_count(url: str, timeout: float = 10.0, model: str = "") -> Callable[[], int]:
+    """The server's inference count (sum of ModelStatistics inference_count) over gRPC; ``model``: that
+    model's own (an ensemble's, not its steps')."""
     import grpc
 
     from inferd._proto import grpc_service_pb2 as pb
@@ -197,7 +198,7 @@ def statistics_count(url: str, timeout: float = 10.0) -> Callable[[], int]:
     stub = pb_grpc.GRPCInferenceServiceStub(channel)
 
     def count() -> int:
-        reply = stub.ModelStatistics(pb.ModelStatisticsRequest(), timeout=timeout)
+        reply = stub.ModelStatistics(pb.ModelStatisticsRequest(name=model), timeout=timeout)
         return sum(m.inference_count for m in reply.model_stats)
 
     return count

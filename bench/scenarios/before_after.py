@@ -23,9 +23,9 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
-from bench.proc_cpu import CpuMeter
+from bench.proc_cpu import CpuMeter, statistics_count
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SIDES = ("before", "after")
@@ -76,22 +76,10 @@ def _start(side: str, tree: Path, mode: str, repo: Path) -> Server:
     return Server(side, mode, proc, f"127.0.0.1:{port}")
 
 
-def model_count(url: str, model: str) -> Callable[[], int]:
-    """``model``'s own inference count over gRPC (an ensemble's, not its steps')."""
-    import grpc
-
-    from inferd._proto import grpc_service_pb2 as pb
-    from inferd._proto import grpc_service_pb2_grpc as pb_grpc
-
-    stub = pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(url))
-    return lambda: sum(m.inference_count for m in stub.ModelStatistics(
-        pb.ModelStatisticsRequest(name=model), timeout=10).model_stats)
-
-
 def _measure(server: Server, load: Load, round_: int) -> dict:
     from bench.bench import run_pa
 
-    meter = CpuMeter(server.proc.proc.pid, model_count(server.url, load.model))  # type: ignore[attr-defined]
+    meter = CpuMeter(server.proc.proc.pid, statistics_count(server.url, model=load.model))  # type: ignore[attr-defined]
     before = meter.sample()
     m = run_pa(f"{server.side} {server.mode}", load.model, server.url, load.concurrency, shape=load.shape,
                window_ms=2000, stability=40, trials=6)
@@ -129,10 +117,10 @@ def run(quick: bool) -> dict:
             s.proc.stop()  # type: ignore[attr-defined]
     after = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                            text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "inferd"], capture_output=True,
-                           text=True).stdout.strip()
-    return {"measures": measures, "before": commit, "after": after + (" with uncommitted changes" if dirty else ""),
-            "notes": f"before: commit {commit}; after: {after}{' with uncommitted changes' if dirty else ''}."}
+    if subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "inferd"], capture_output=True,
+                      text=True).stdout.strip():
+        after += " with uncommitted changes"
+    return {"measures": measures, "before": commit, "after": after, "notes": f"before: commit {commit}; after: {after}."}
 
 
 def _chosen() -> tuple[list[str], list[Load]]:

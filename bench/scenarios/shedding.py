@@ -11,6 +11,7 @@ cores, and the machine was shared with other engineers' builds and tests while t
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import tempfile
 import time
@@ -26,7 +27,8 @@ def before_during_after(repo: Path, label: str, extra: list[str], concurrency: i
     grpc_port = free_port()
     server = Proc([sys.executable, "-m", "inferd.cli", "serve", "--model-repository", str(repo),
                    "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port), "--http-port", "0",
-                   "--metrics-port", "0", *extra], "inferd: ready", "inferd_overload")
+                   "--metrics-port", "0", *extra], "inferd: ready",
+                  re.sub(r"[^a-z0-9]+", "_", f"inferd {label} {concurrency}".lower()))  # a log per run
     url, pid, msg = f"127.0.0.1:{grpc_port}", server.proc.pid, _message("mlp", 256)
     try:
         asyncio.run(_drive(url, msg, concurrency=16, seconds=2, pid=pid))  # warm-up

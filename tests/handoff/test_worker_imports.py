@@ -64,8 +64,10 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
-def _of_inferd(modules: list[str]) -> list[str]:
-    return [m for m in modules if m == "inferd" or m.startswith("inferd.")]
+def _beside_the_worker(modules: list[str]) -> list[str]:
+    """inferd's modules in ``modules`` that are not of the worker's side (ALLOWED, and the packages above)."""
+    return [m for m in modules if m.startswith("inferd.") and not _under(m, ALLOWED)
+            and m not in ("inferd.handoff", "inferd.serve")]
 
 
 @functools.cache
@@ -82,12 +84,11 @@ def test_a_worker_loads_the_frontends_and_nothing_of_the_models() -> None:
     inferd_modules = [m for m in modules if m.startswith("inferd.")]
     assert {"inferd.handoff.worker.proxy", "inferd.frontends.grpc_service", "inferd.frontends.http_service",
             "inferd.facade"} <= set(modules)
-    assert [m for m in inferd_modules if not _under(m, ALLOWED) and m not in ("inferd.handoff", "inferd.serve")] == []
+    assert _beside_the_worker(modules) == []
     assert [m for m in modules if _under(m, FORBIDDEN)] == []
     # What it loads on first use is of the worker's side too.
     used, used_rss = found["first_use"]
-    assert [m for m in used if m.startswith("inferd.") and not _under(m, ALLOWED)
-            and m not in ("inferd.handoff", "inferd.serve")] == []
+    assert _beside_the_worker(used) == []
     assert [m for m in used if _under(m, FORBIDDEN)] == []
     # The walk finds what it looks for: the core's side brings the models' layers in.
     with_core, core_rss = found["with_core"]
@@ -103,7 +104,7 @@ def test_a_worker_imports_at_most_40_of_inferds_modules_at_start() -> None:
     """Issue 45: a fresh interpreter importing the worker's entry, counted as the issue counts (inferd's
     own modules, the packages included). What only some servers or requests use loads on first use."""
     modules, _ = _probe()["worker"]
-    inferd_modules = _of_inferd(modules)
+    inferd_modules = [m for m in modules if _under(m, ("inferd",))]
     assert len(inferd_modules) <= MAX_INFERD_MODULES, (len(inferd_modules), inferd_modules)
     assert [m for m in LOADED_ON_FIRST_USE if m in modules] == []
 

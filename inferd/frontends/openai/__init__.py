@@ -17,6 +17,7 @@ are imported from their modules when first asked for here.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -78,13 +79,11 @@ def lazy_routes(build: Callable[[], OpenAIFrontend]) -> list[Route]:
     """The ``/v1`` routes of :data:`ROUTES`, for the HTTP app. The first request to any of them calls
     ``build`` (which imports and makes the frontend; on the event loop, synchronously, so it runs once)
     and every request is answered by that frontend's handler, as if its routes had been added."""
-    built: list[OpenAIFrontend] = []
+    frontend = functools.cache(build)
 
     def route(name: str) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
-            if not built:
-                built.append(build())
-            return await built[0].handlers[name](request)
+            return await frontend().handlers[name](request)
 
         run.__name__ = name  # Starlette names the route after its endpoint
         return run
