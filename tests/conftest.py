@@ -29,6 +29,9 @@ _servers = itertools.count(1)
 # "0" the single process; N that many frontend workers. `make test` runs the server-level
 # modules (marked ``server`` below) a second time with 0.
 FRONTEND_WORKERS = os.environ.get("INFERD_TEST_FRONTEND_WORKERS")
+# What owns the servers' gRPC port: unset, ``inferd serve``'s default; "envoy" runs every server behind
+# the gRPC front (--grpc-front envoy), to check the whole suite through it.
+GRPC_FRONT = os.environ.get("INFERD_TEST_GRPC_FRONT")
 _SERVER_WORDS = ("ServerProcess", "running(", "start_server", "example_server", "traced_server")
 _server_modules: dict[str, bool] = {}
 
@@ -85,6 +88,8 @@ class ServerProcess:
         args += extra_args or []
         if FRONTEND_WORKERS is not None and "--frontend-workers" not in args:
             args += ["--frontend-workers", FRONTEND_WORKERS]
+        if GRPC_FRONT is not None and "--grpc-front" not in args:
+            args += ["--grpc-front", GRPC_FRONT]
         self._log = open(self.log_path, "wb")
         full_env = dict(os.environ)
         full_env.update(env or {})

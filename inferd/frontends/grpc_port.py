@@ -28,6 +28,13 @@ stops listening (:func:`stop_listening`), so that the clients its GOAWAY sends t
 find only the other workers' sockets: a connection the kernel queued on a listener that then closes
 is reset, and its client's calls fail UNAVAILABLE.
 
+Behind the gRPC front (``--grpc-front envoy``, :mod:`inferd.serve.grpc_front`) the port is private:
+grpc.aio listens on a unix socket only Envoy reaches (TLS is Envoy's), and the port's bridge
+(:mod:`inferd.frontends.grpc_bridge`) serves the unary ModelInfer calls Envoy hands over as HTTP/1.1,
+through the same guarded handler. Each socket is bound under a name of its own and then renamed onto
+its slot's path (:func:`publish`): a process restarted or recycled in the slot takes the path over at
+once, and nothing the old one removes when it closes is the new one's.
+
 The port's door (:mod:`inferd.frontends.door`), when it has a bound, counts every call a handler takes and
 gives back, and refuses an inference call taken while the server holds more than its bound, counting the calls
 still waiting in gRPC core's queue (issue 42).
@@ -51,6 +58,7 @@ from inferd.clock import Alarm, Clock, MonotonicClock
 from inferd.errors import Unavailable
 from inferd.frontends.door import METHODS as DOOR_METHODS
 from inferd.frontends.door import Door, DoorPolicy, channelz_counter, channelz_servers
+from inferd.frontends.grpc_bridge import BridgePort
 from inferd.frontends.grpc_service import InferenceServicer, add_to_server
 from inferd.frontends.grpc_health import Health, enable_reflection
 from inferd.frontends.restrictions import GRPC_METHODS, Restrictions
@@ -76,6 +84,33 @@ class GrpcPortOptions:
     tls: TlsFiles | None = None
     restrictions: Restrictions = field(default_factory=lambda: Restrictions(protocol="protocol"))
     channel_args: tuple[tuple[str, Any], ...] = ()  # more grpc server options (SO_REUSEPORT for workers, ...)
+    front: "FrontSockets | None" = None  # behind the gRPC front: the two private sockets instead of address:port
+
+
+@dataclass(frozen=True)
+class FrontSockets:
+    """A serving process's sockets behind the gRPC front: grpc.aio's, and the bridge's."""
+
+    grpc: str
+    bridge: str
+
+    def to_plain(self) -> dict[str, str]:
+        return {"grpc": self.grpc, "bridge": self.bridge}
+
+    @classmethod
+    def from_plain(cls, doc: dict[str, str] | None) -> "FrontSockets | None":
+        return None if not doc else cls(doc["grpc"], doc["bridge"])
+
+
+def private_name(path: str) -> str:
+    """The name a socket for ``path`` is bound under before :func:`publish` renames it."""
+    return f"{path}.{os.getpid()}"
+
+
+def publish(path: str) -> None:
+    """Rename this process's socket (bound at :func:`private_name`) onto ``path``, atomically: new
+    connections reach it, and a previous process's socket there is unlinked (its connections live on)."""
+    os.rename(private_name(path), path)
 
 
 def server_options(o: GrpcPortOptions) -> list[tuple[str, Any]]:
@@ -271,6 +306,7 @@ class GrpcPort:
         self.door = door or Door(DoorPolicy(bound=0))  # none given: no door
         self.port = 0
         self._server: grpc.aio.Server | None = None
+        self.bridge: BridgePort | None = None
 
     async def start(self) -> int:
         """Bind and serve; the bound port. SystemExit when the address cannot be listened on."""
@@ -281,9 +317,9 @@ class GrpcPort:
         health_pb2_grpc.add_HealthServicer_to_server(
             _Guarded(self.health.servicer, o.restrictions, self.gate, self.door), server)  # type: ignore[arg-type]
         enable_reflection(server)
-        address = f"{o.address}:{o.port}"
+        address = f"{o.address}:{o.port}" if o.front is None else f"unix:{private_name(o.front.grpc)}"
         try:
-            if o.tls is not None:
+            if o.tls is not None and o.front is None:
                 self.port = server.add_secure_port(address, o.tls.grpc_credentials())
             else:
                 self.port = server.add_insecure_port(address)
@@ -293,6 +329,12 @@ class GrpcPort:
             raise SystemExit(f"cannot listen for gRPC on {address}")
         await server.start()
         self._server = server
+        if o.front is not None:
+            guarded = _Guarded(self.servicer, o.restrictions, self.gate, self.door)
+            self.bridge = BridgePort(private_name(o.front.bridge), guarded.ModelInfer, o.max_message_bytes)
+            await self.bridge.start()
+            publish(o.front.grpc)
+            publish(o.front.bridge)
         if self.door.enabled:
             self.door.counter = channelz_counter(known)  # gRPC core's count of the calls it holds here
         await self.health.start()
@@ -308,17 +350,22 @@ class GrpcPort:
         self._server = None
         loop = asyncio.get_running_loop()
         started = loop.time()
-        if serve_held:  # new connections go to the other workers before any client is told GOAWAY
+        if serve_held and self.options.front is None:  # new connections go to the other workers before any
+            # client is told GOAWAY (behind the front, the replacement took the socket paths over already)
             log.info("gRPC port %d: stopped listening (%d sockets) before it closes", self.port,
                      stop_listening(self.port))
         self.gate.close()
         await self.gate.quiet(longest_s=min(LONGEST_HOLD_SECONDS, max(grace, 0.0)))
         self.health.close()
-        stopping = loop.create_task(server.stop(max(grace - (loop.time() - started), 0.0)))
+        left = max(grace - (loop.time() - started), 0.0)
+        stopping = loop.create_task(server.stop(left))
+        bridge_closing = loop.create_task(self.bridge.close(left)) if self.bridge is not None else None
         await asyncio.sleep(0)  # the shutdown has begun (GOAWAY sent, nothing more is claimed)
         self.gate.release(serve=serve_held)
         self.servicer.close_streams(Unavailable(RECYCLING if serve_held else CLOSING))
         await stopping
+        if bridge_closing is not None:
+            await bridge_closing
         if self.gate.held:
             log.info("gRPC port closed; %d calls that arrived while it closed were %s", self.gate.held,
                      "served" if serve_held else "answered UNAVAILABLE")

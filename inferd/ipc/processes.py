@@ -34,6 +34,21 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def death_tie(parent_pid: int) -> Callable[[], None]:
+    """A ``preexec_fn`` tying a program inferd executes (not a Python child: those call
+    :func:`die_with_parent` themselves) to ``parent_pid``: SIGKILL when it exits. libc is loaded here,
+    in the parent; the forked child, which may not take locks another thread of the parent held at
+    fork, only makes two system calls."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def tie() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return tie
+
+
 def watch_exit(process: subprocess.Popen, on_exit: Callable[[int], None]) -> None:
     """Call ``on_exit(status)`` on the running loop once ``process`` has exited (and is reaped):
     its pidfd turns readable. ``status`` as Popen's returncode (negative: the signal)."""

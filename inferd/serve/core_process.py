@@ -55,7 +55,10 @@ class MultiProcessServer(InferenceServer):
             await self._start_metrics()
         if o.allow_grpc:
             sock = reserve(o.address, o.grpc_port, "gRPC")
-            self._reserved.append(sock)
+            if o.grpc_front == "envoy":
+                self._front_port = sock  # Envoy's, released once it stopped
+            else:
+                self._reserved.append(sock)
             self._grpc_port = sock.getsockname()[1]
         if o.allow_http:
             sock = reserve(self.http_address, o.http_port, "HTTP")
@@ -67,8 +70,11 @@ class MultiProcessServer(InferenceServer):
         self.supervisor = Supervisor(self.workers, self._worker_config, self._endpoint, shared_fds=shared,
                                      recycle=self.recycle, grace=o.grace_seconds)
         await self.supervisor.start()
+        if o.allow_grpc and o.grpc_front == "envoy":
+            await self.start_front([self.front_sockets(i) for i in range(self.workers)])
         log.info("%d frontend workers serving%s%s", self.workers,
-                 f" gRPC on {o.address}:{self.grpc_port}" if o.allow_grpc else "",
+                 f" gRPC on {o.address}:{self.grpc_port}{' through Envoy' if self.front else ''}"
+                 if o.allow_grpc else "",
                  f" HTTP on {self.http_address}:{self.http_port}" if o.allow_http else "")
 
     def _worker_config(self, index: int) -> dict[str, Any]:
@@ -85,6 +91,7 @@ class MultiProcessServer(InferenceServer):
                      "header_forward_pattern": o.grpc_header_forward_pattern,
                      "door": {"bound": o.grpc_max_held_calls, "slot": index,
                               "tally": [self.door_tally.fd, self.door_tally.slots] if self.door_tally else None},
+                     "front": self.front_sockets(index).to_plain() if o.grpc_front == "envoy" else None,
                      } if o.allow_grpc else None,
             "http": {"address": self.http_address, "port": self.http_port, "max_input_bytes": o.http_max_input_bytes,
                      "tls": o.http_tls.to_plain() if o.http_tls else None,
@@ -100,6 +107,14 @@ class MultiProcessServer(InferenceServer):
             "grace": o.grace_seconds,  # a worker's own SIGTERM drains with the server's grace
             "log_level": logging.getLogger().level,
         }
+
+    async def _drained_then_no_front(self) -> None:
+        """Once the workers' requests are answered (or the wait for them ends), Envoy stops, before the
+        workers close the sockets it sends to: a call after that finds the port closed (UNAVAILABLE)."""
+        try:
+            await self.dataplane.drained()
+        finally:
+            await asyncio.shield(self.stop_front())
 
     def child_pids(self) -> list[int]:
         return (self.supervisor.pids() if self.supervisor is not None else []) + super().child_pids()
@@ -129,7 +144,7 @@ class MultiProcessServer(InferenceServer):
             # Batch lines (OpenAI's run through the data plane) are not requests to wait for: they stop
             # first, to resume at the next start.
             await self.dataplane.stop_batches()
-            await self.supervisor.stop(max(deadline - loop.time(), 0.0), self.dataplane.drained())
+            await self.supervisor.stop(max(deadline - loop.time(), 0.0), self._drained_then_no_front())
         for sock in self._reserved:
             sock.close()
         self._reserved.clear()

@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
+import socket
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,9 +42,9 @@ from inferd.repository.control import RepositoryPoller
 from inferd.repository.layout import check_repositories
 from inferd.repository.table import format_table, model_rows, readiness
 from inferd.scheduling.rate_limiter import RateLimiter
-from inferd.frontends.asgi import AsgiServer
+from inferd.frontends.asgi import AsgiServer, bind
 from inferd.frontends.door import DEFAULT_MAX_HELD_CALLS, Door, DoorPolicy
-from inferd.frontends.grpc_port import GrpcPort, GrpcPortOptions
+from inferd.frontends.grpc_port import FrontSockets, GrpcPort, GrpcPortOptions
 from inferd.frontends.grpc_service import InferenceServicer
 from inferd.frontends.grpc_health import Health
 from inferd.frontends.http_limits import chunk_limited_protocol
@@ -51,6 +53,7 @@ from inferd.frontends.openai import BatchLines, OpenAIOptions
 from inferd.frontends.parameters import header_forward
 from inferd.frontends.restrictions import Restrictions
 from inferd.frontends.tls import TlsFiles
+from inferd.serve.grpc_front import EnvoyFront, Upstream, run_folder
 from inferd.streaming import StreamLimits
 
 log = logging.getLogger("inferd")
@@ -104,6 +107,8 @@ class ServerOptions:
     allow_client_shm: bool = False  # --allow-client-shm: clients may register shared memory regions
     histogram_latencies: bool = False  # --metrics-config histogram_latencies=true: Triton's first-response histogram
     grpc_header_forward_pattern: str = ""  # metadata that becomes request parameters ("": none)
+    grpc_front: str = "grpcio"  # --grpc-front: grpcio (each serving process's grpc.aio) or envoy (serve/grpc_front.py)
+    grpc_front_threads: int = 1  # --grpc-front-threads: Envoy's worker threads
     http_header_forward_pattern: str = ""  # headers that become an infer request's parameters ("": none)
 
 
@@ -149,6 +154,9 @@ class InferenceServer:
         self._http: AsgiServer | None = None
         self._http_frontend: HttpFrontend | None = None
         self._metrics_server: AsgiServer | None = None
+        self.front: EnvoyFront | None = None  # --grpc-front envoy
+        self._front_dir: Path | None = None
+        self._front_port: socket.socket | None = None  # the gRPC port, reserved for Envoy
         self._stopping = asyncio.Event()
         self._watchdog: threading.Timer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -163,6 +171,8 @@ class InferenceServer:
 
     @property
     def grpc_port(self) -> int:
+        if self._front_port is not None:
+            return self._front_port.getsockname()[1]
         return self._grpc.port if self._grpc is not None else 0
 
     @property
@@ -242,12 +252,44 @@ class InferenceServer:
         forward = header_forward(o.grpc_header_forward_pattern, "--grpc-header-forward-pattern")
         admission = self.dataplane.admission
         door = Door(DoorPolicy(o.grpc_max_held_calls), on_refused=lambda: admission.count_refused(1))
+        sockets = self.front_sockets(0) if o.grpc_front == "envoy" else None
         port = GrpcPort(InferenceServicer(self.dataplane, forward=forward), Health(self.dataplane), GrpcPortOptions(
             address=o.address, port=o.grpc_port, max_message_bytes=o.max_message_bytes, tls=o.grpc_tls,
-            restrictions=o.grpc_restrictions, channel_args=tuple(o.grpc_options)), door=door)
+            restrictions=o.grpc_restrictions, channel_args=tuple(o.grpc_options), front=sockets), door=door)
         await port.start()
         self._grpc = port
-        log.info("serving gRPC%s on %s:%d", " (TLS)" if o.grpc_tls else "", o.address, self.grpc_port)
+        if sockets is not None:
+            await self.start_front([sockets])
+        log.info("serving gRPC%s on %s:%d%s", " (TLS)" if o.grpc_tls else "", o.address, self.grpc_port,
+                 " through Envoy" if self.front is not None else "")
+
+    def front_sockets(self, slot: int) -> FrontSockets:
+        """Serving process ``slot``'s two sockets behind the gRPC front (its folder made on first use)."""
+        if self._front_dir is None:
+            self._front_dir = run_folder()
+        return FrontSockets(str(self._front_dir / f"grpc-{slot}.sock"), str(self._front_dir / f"bridge-{slot}.sock"))
+
+    async def start_front(self, sockets: list[FrontSockets]) -> None:
+        """Envoy on the gRPC port (reserved here: port 0 is resolved once), in front of ``sockets``."""
+        o = self.options
+        assert self._front_dir is not None
+        if self._front_port is None:
+            self._front_port = bind(o.address, o.grpc_port, "gRPC", reuse_port=True)  # never listens: Envoy does
+        self.front = EnvoyFront(o.address, self.grpc_port, [Upstream(s.grpc, s.bridge) for s in sockets],
+                                self._front_dir, o.grpc_front_threads, tls=o.grpc_tls)
+        await self.front.start()
+
+    async def stop_front(self) -> None:
+        """Stop Envoy (its clients' next calls fail UNAVAILABLE), release the port, remove the folder."""
+        if self.front is not None:
+            await self.front.stop()
+            self.front = None
+        if self._front_port is not None:
+            self._front_port.close()
+            self._front_port = None
+        if self._front_dir is not None:
+            shutil.rmtree(self._front_dir, ignore_errors=True)
+            self._front_dir = None
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful stop: not ready at once, refuse new work, let accepted requests finish (for ``grace``
@@ -268,6 +310,7 @@ class InferenceServer:
         except asyncio.TimeoutError:
             log.warning("stopping: %d requests still unanswered after the %.3g s grace period",
                         self.dataplane.inflight(), grace)
+        await self.stop_front()  # in-flight calls are answered: Envoy goes before the sockets it sends to
         remaining = max(deadline - loop.time(), 0.0)
         closing = []
         if self._grpc is not None:
@@ -296,9 +339,10 @@ class InferenceServer:
         self._stopping.set()
 
     def child_pids(self) -> list[int]:
-        """The processes this server started (its model hosts, and the frontend workers of a core), for
-        the watchdog to kill."""
-        return self.hosts.pids()
+        """The processes this server started (its model hosts, Envoy, and the frontend workers of a core),
+        for the watchdog to kill."""
+        envoy = self.front.pid() if self.front is not None else None
+        return self.hosts.pids() + ([envoy] if envoy is not None else [])
 
     def _on_signal(self, signum: int, frame: object) -> None:
         """SIGINT/SIGTERM, in the main thread between two bytecodes of whatever the loop runs, so

@@ -42,7 +42,7 @@ from inferd.ipc.processes import die_with_parent
 from inferd.handoff.worker.proxy import RemoteDataPlane
 from inferd.frontends.asgi import AsgiServer, bind
 from inferd.frontends.door import Door, DoorPolicy
-from inferd.frontends.grpc_port import GrpcPort, GrpcPortOptions
+from inferd.frontends.grpc_port import FrontSockets, GrpcPort, GrpcPortOptions
 from inferd.frontends.grpc_service import InferenceServicer
 from inferd.frontends.grpc_health import Health
 from inferd.frontends.http_limits import chunk_limited_protocol
@@ -119,15 +119,17 @@ def _door(link: CoreLink, config: dict[str, Any] | None) -> Door:
 
 async def _start_grpc(dataplane: RemoteDataPlane, index: int, config: dict[str, Any]) -> GrpcPort:
     """The gRPC port, built as the one-process server builds its own (limits, TLS, restricted groups,
-    the closing gate, the door), on the reserved port with SO_REUSEPORT."""
+    the closing gate, the door), on the reserved port with SO_REUSEPORT, or behind the gRPC front on
+    this worker's slot's sockets."""
     forward = header_forward(config.get("header_forward_pattern"), "--grpc-header-forward-pattern")
     port = GrpcPort(InferenceServicer(dataplane, forward=forward), Health(dataplane), GrpcPortOptions(  # readiness asked of the core
         address=config["address"], port=config["port"], max_message_bytes=config["max_message_bytes"],
         tls=TlsFiles.from_plain(config.get("tls")),
         restrictions=Restrictions.from_plain(config.get("restrictions"), protocol="protocol"),
-        channel_args=(("grpc.so_reuseport", 1), *[tuple(kv) for kv in config["options"]])),
+        channel_args=(("grpc.so_reuseport", 1), *[tuple(kv) for kv in config["options"]]),
+        front=FrontSockets.from_plain(config.get("front"))),
         door=_door(dataplane.link, config.get("door")))
-    if await port.start() != config["port"]:
+    if await port.start() != config["port"] and not config.get("front"):
         raise SystemExit(f"frontend {index}: cannot listen for gRPC on {config['address']}:{config['port']}")
     return port
 

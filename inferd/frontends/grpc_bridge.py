@@ -1,0 +1,276 @@
+"""Unary ModelInfer as Envoy's gRPC-HTTP/1.1 reverse bridge hands it over: the cheap half of the gRPC front.
+
+With ``--grpc-front envoy`` (:mod:`inferd.serve.grpc_front`) Envoy terminates the clients' HTTP/2 and
+TLS, and sends each unary ``ModelInfer`` without its gRPC frame as an HTTP/1.1 POST on a unix socket
+served here; every other call (streams, health, reflection, the other 18 RPCs, a compressed request)
+reaches the process's own grpc.aio port through Envoy unchanged. grpc.aio spends ~160-175 us of CPU per
+unary call in its own layers (bench/RESULTS.md request_cpu); a request here costs an httptools parse,
+a protobuf parse and one write.
+
+The call runs exactly the handler grpc.aio would run: the port's guarded ``ModelInfer`` (restricted
+groups, the shutdown gate, the door) over the same servicer, handed a :class:`BridgeContext` that
+answers what a handler asks of grpc.aio's context (metadata from the request headers, the deadline
+from ``grpc-timeout``, the peer from ``x-forwarded-for``). What the call answers:
+
+- a message: ``200``, ``content-type: application/x-protobuf``, the serialized ``ModelInferResponse``
+  and its length in ``x-inferd-size`` (so Envoy streams it instead of buffering it to count it);
+- an error: no body, the gRPC status and percent-encoded message in ``x-grpc-status`` /
+  ``x-grpc-message``, which Envoy's ``header_mutation`` filter writes into the call's
+  ``grpc-status`` / ``grpc-message`` trailers (the bridge alone maps only the HTTP status, and drops
+  the message). The HTTP status is the error's own (:mod:`inferd.frontends.status`), so the status
+  is right even on a path that does not rewrite the trailers.
+
+A client that cancels, or whose deadline passes, makes Envoy reset the upstream connection: the
+connection's request is cancelled here, as grpc.aio cancels a handler.
+
+Why hand-written over httptools and not an ASGI server: Envoy is the only client, on a private socket,
+sending one request at a time per keep-alive connection; uvicorn's scope, receive and send per request
+cost more than this whole module's per-request work. httptools (the parser uvicorn itself uses) does the
+HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any, Awaitable, Callable
+from urllib.parse import quote
+
+import grpc
+import httptools
+
+from inferd._proto import grpc_service_pb2 as pb
+from inferd.frontends.grpc_service import Undecodable, _decoder
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "application/x-protobuf"  # what the bridge sends upstream, and checks on the way back
+SIZE_HEADER = "x-inferd-size"  # the response's length, read by the bridge (response_size_header)
+STATUS_HEADER = "x-grpc-status"
+MESSAGE_HEADER = "x-grpc-message"
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+_REASONS = {200: b"OK", 400: b"Bad Request", 403: b"Forbidden", 404: b"Not Found", 409: b"Conflict",
+            413: b"Payload Too Large", 499: b"Client Closed Request", 500: b"Internal Server Error",
+            501: b"Not Implemented", 503: b"Service Unavailable", 504: b"Gateway Timeout"}
+# The HTTP status of each gRPC status here, as Envoy's bridge maps them back where nothing rewrites the
+# trailers (400 -> INTERNAL, 404 -> UNIMPLEMENTED, 503 -> UNAVAILABLE, ...).
+_HTTP_OF = {grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.PERMISSION_DENIED: 403,
+            grpc.StatusCode.UNIMPLEMENTED: 404, grpc.StatusCode.UNAUTHENTICATED: 401,
+            grpc.StatusCode.INTERNAL: 400, grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+            grpc.StatusCode.DEADLINE_EXCEEDED: 504}
+_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+
+
+def grpc_timeout(value: str) -> float | None:
+    """Seconds from a ``grpc-timeout`` header (``100m``, ``5S``: at most 8 digits and a unit), None when
+    it is not one."""
+    scale = _TIMEOUT_UNITS.get(value[-1:])
+    digits = value[:-1]
+    if scale is None or not digits.isdigit() or len(digits) > 8:
+        return None
+    return int(digits) * scale
+
+
+class Aborted(Exception):
+    """What :meth:`BridgeContext.abort` raises, as grpc.aio's abort does: the call ends with this status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(code, details)
+        self.code = code
+        self.details = details
+
+
+class _Metadatum:
+    __slots__ = ("key", "value")
+
+    def __init__(self, key: str, value: str) -> None:
+        self.key = key
+        self.value = value
+
+
+class BridgeContext:
+    """What a unary handler asks of grpc.aio's ``ServicerContext``, answered from a bridged request."""
+
+    __slots__ = ("_headers", "_deadline", "_cancelled")
+
+    def __init__(self, headers: dict[str, str]) -> None:
+        self._headers = headers
+        timeout = headers.get("grpc-timeout")
+        seconds = grpc_timeout(timeout) if timeout else None
+        self._deadline = None if seconds is None else time.monotonic() + seconds
+        self._cancelled = False
+
+    def invocation_metadata(self) -> tuple[_Metadatum, ...]:
+        # Binary metadata (-bin) reaches a handler as bytes in grpc.aio; the handlers here read only text.
+        return tuple(_Metadatum(k, v) for k, v in self._headers.items() if not k.endswith("-bin"))
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def peer(self) -> str:
+        return "ipv4:" + self._headers.get("x-forwarded-for", "unknown (through Envoy)")
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise Aborted(code, details)
+
+
+Handler = Callable[[Any, Any], Awaitable[Any]]
+
+
+def _response(status: int, headers: bytes, body: bytes = b"") -> bytes:
+    return b"".join((b"HTTP/1.1 %d %s\r\ncontent-type: " % (status, _REASONS.get(status, b"Error")),
+                     CONTENT_TYPE.encode(), b"\r\ncontent-length: %d\r\n" % len(body), headers, b"\r\n", body))
+
+
+def answer(message: Any) -> bytes:
+    body = message.SerializeToString()
+    return _response(200, b"%s: %d\r\n" % (SIZE_HEADER.encode(), len(body)), body)
+
+
+def refusal(code: grpc.StatusCode, details: str) -> bytes:
+    """An error's response: the status and message in headers Envoy turns into the call's trailers."""
+    message = quote(details, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~")  # gRPC's percent-encoding
+    return _response(_HTTP_OF.get(code, 500), b"%s: 0\r\n%s: %d\r\n%s: %s\r\n" % (
+        SIZE_HEADER.encode(), STATUS_HEADER.encode(), code.value[0], MESSAGE_HEADER.encode(), message.encode()))
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection from Envoy: one request at a time (Envoy never pipelines)."""
+
+    def __init__(self, bridge: "BridgePort") -> None:
+        self.bridge = bridge
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.url = b""
+        self.headers: dict[str, str] = {}
+        self.body: list[bytes] = []
+        self.size = 0
+        self.task: asyncio.Task | None = None
+        self.context: BridgeContext | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.bridge.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.bridge.connections.discard(self)
+        if self.task is not None and not self.task.done():  # Envoy reset the call: the client left
+            if self.context is not None:
+                self.context._cancelled = True
+            self.task.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            log.warning("gRPC front: a malformed request from Envoy (%s); its connection is closed", exc)
+            assert self.transport is not None
+            self.transport.close()
+
+    # httptools' callbacks
+    def on_message_begin(self) -> None:
+        self.url, self.headers, self.body, self.size = b"", {}, [], 0
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        if self.size <= self.bridge.max_message_bytes:
+            self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.task is not None and not self.task.done():
+            log.error("gRPC front: a second request on a busy connection (Envoy does not pipeline); closing it")
+            assert self.transport is not None
+            self.transport.close()
+            return
+        self.context = BridgeContext(self.headers)
+        self.task = asyncio.get_running_loop().create_task(self._serve(self.url, self.context, self.body, self.size))
+
+    async def _serve(self, url: bytes, context: BridgeContext, body: list[bytes], size: int) -> None:
+        bridge = self.bridge
+        bridge.busy += 1
+        try:
+            response = await bridge.respond(url, context, body, size)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if context.cancelled() or (task is not None and task.cancelling()):
+                return  # the client left, or the port stopped: nothing to answer
+            # the handler's own: the deadline the client sent has passed (grpc.aio answers it the same way)
+            response = refusal(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        finally:
+            bridge.busy -= 1
+            if not bridge.busy and bridge.idle is not None:
+                bridge.idle.set()
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(response)
+
+
+class BridgePort:
+    """The bridged ModelInfer on a unix socket at ``path``; ``handler`` is the port's guarded
+    ``ModelInfer`` (what grpc.aio runs for the same call)."""
+
+    def __init__(self, path: str, handler: Handler, max_message_bytes: int) -> None:
+        self.path = path
+        self.handler = handler
+        self.max_message_bytes = max_message_bytes
+        self.decode = _decoder("ModelInfer", pb.ModelInferRequest)
+        self.connections: set[_Connection] = set()
+        self.busy = 0
+        self.idle: asyncio.Event | None = None
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        try:
+            os.unlink(self.path)  # a replaced worker's socket: its connections live on, new ones come here
+        except FileNotFoundError:
+            pass
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(lambda: _Connection(self), self.path, backlog=4096)
+
+    async def respond(self, url: bytes, context: BridgeContext, body: list[bytes], size: int) -> bytes:
+        if url != MODEL_INFER.encode():
+            return refusal(grpc.StatusCode.UNIMPLEMENTED, f"the gRPC front bridges only {MODEL_INFER}, "
+                                                          f"not {url.decode('latin-1')}")
+        if size > self.max_message_bytes:  # gRPC's own words and status for a message over the limit
+            return refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"Received message larger than max ({size} vs. {self.max_message_bytes})")
+        request = self.decode(body[0] if len(body) == 1 else b"".join(body))
+        try:
+            if isinstance(request, Undecodable):
+                raise Aborted(grpc.StatusCode.INVALID_ARGUMENT, request.error.message)
+            return answer(await self.handler(request, context))
+        except Aborted as exc:
+            return refusal(exc.code, exc.details)
+
+    async def close(self, grace: float) -> None:
+        """Stop listening, give the calls being served up to ``grace`` seconds, then close every connection
+        (a call still running is cancelled: Envoy answers its client UNAVAILABLE)."""
+        if self._server is None:
+            return
+        self._server.close()
+        self._server = None
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        if self.busy:
+            self.idle = asyncio.Event()
+            try:
+                await asyncio.wait_for(self.idle.wait(), max(grace, 0.0))
+            except TimeoutError:
+                log.error("gRPC front: %d bridged call(s) still running past the grace: cancelled", self.busy)
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.close()

