@@ -7,12 +7,9 @@ the server. Each test runs in both process modes (`make test`'s two halves).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
-import socket
-import time
 from pathlib import Path
 
 import grpc

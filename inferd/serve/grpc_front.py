@@ -128,7 +128,6 @@ def _bridged_route() -> dict:
     """Unary ModelInfer, uncompressed (a compressed message's frame is gRPC's to read: it goes as gRPC)."""
     trailers = [{"append": _header("grpc-status", f"%RESP({STATUS_HEADER})%")},
                 {"append": _header("grpc-message", f"%RESP({MESSAGE_HEADER})%")}]
-    strip = [{"remove": h} for h in (SIZE_HEADER, STATUS_HEADER, MESSAGE_HEADER)]
     return {
         "match": {"path": MODEL_INFER, "headers": [
             {"name": "grpc-encoding", "present_match": False, "treat_missing_header_as_empty": False},
