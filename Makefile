@@ -41,19 +41,21 @@ serve: $(STAMP) models
 check: $(STAMP) models
 	$(VENV)/bin/inferd check $(REPO)
 
-# The whole suite with serve's default process mode (frontend workers from the cores), then the
-# server-level modules again in one process (--frontend-workers 0): both modes pass. The second
+# The whole suite with frontend workers (two: serve's default from three cores up), then the
+# server-level modules again in one process (--frontend-workers 0, serve's default on one or two
+# cores): both modes pass, each behind the gRPC front (Envoy; the modules that test grpc.aio's own
+# port pin --grpc-front grpcio). The second
 # half runs even when the first failed (a failure in one mode says nothing about the other), and
 # make fails at the end if either did. Any non-zero pytest status fails, 5 too: a half that
 # collected no tests proved nothing.
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=15
 test: $(TEST_STAMP) models
 	@default=0; single=0; \
-	echo "== make test 1/2: default process mode: $(PYTEST) tests"; \
-	$(PYTEST) tests || default=$$?; \
+	echo "== make test 1/2: frontend workers: INFERD_TEST_FRONTEND_WORKERS=2 $(PYTEST) tests"; \
+	INFERD_TEST_FRONTEND_WORKERS=2 $(PYTEST) tests || default=$$?; \
 	echo "== make test 2/2: one process: INFERD_TEST_FRONTEND_WORKERS=0 $(PYTEST) -m 'server and not fixed_mode' tests"; \
 	INFERD_TEST_FRONTEND_WORKERS=0 $(PYTEST) -m "server and not fixed_mode" tests || single=$$?; \
-	for half in "default process mode:$$default" "one process:$$single"; do \
+	for half in "frontend workers:$$default" "one process:$$single"; do \
 	  code=$${half##*:}; what=""; [ "$$code" = 5 ] && what=" (no tests collected)"; \
 	  echo "== make test: $${half%:*}: pytest exit $$code$$what"; \
 	done; \

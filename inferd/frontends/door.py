@@ -127,10 +127,18 @@ class Door:
         """A handler took a call (any method)."""
         self.handlers += 1
         self.taken += 1
+        self._publish()
 
     def leave(self) -> None:
         """A handler is done with its call."""
         self.handlers -= 1
+        self._publish()
+
+    def _publish(self) -> None:
+        """The other ports see this one's count at once (behind the gRPC front, calls reach the handlers
+        with no queue in gRPC core to read, so the readings alone would leave the count stale)."""
+        if self.tally is not None:
+            self.tally.write(self.slot, self.handlers + self.waiting, round(self.clock.now() * 1e9))
 
     def read(self, now: float) -> None:
         """Read gRPC core's count of the calls this port holds; tell the other ports."""

@@ -214,7 +214,12 @@ class _Connection(asyncio.Protocol):
                 bridge.idle.set()
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            transport.write(response)
+            if bridge.closing:  # the last answer on this connection: Envoy sends no call more on it
+                response = response.replace(b"\r\n", b"\r\nconnection: close\r\n", 1)
+                transport.write(response)
+                transport.close()
+            else:
+                transport.write(response)
 
 
 class BridgePort:
@@ -229,6 +234,7 @@ class BridgePort:
         self.connections: set[_Connection] = set()
         self.busy = 0
         self.idle: asyncio.Event | None = None
+        self.closing = False
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -261,6 +267,11 @@ class BridgePort:
             return
         self._server.close()
         self._server = None
+        self.closing = True
+        for connection in list(self.connections):  # idle ones close now (a call Envoy sent meanwhile is
+            if connection.task is None or connection.task.done():  # retried on another process)
+                if connection.transport is not None:
+                    connection.transport.close()
         try:
             os.unlink(self.path)
         except FileNotFoundError:

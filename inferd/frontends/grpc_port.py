@@ -340,6 +340,13 @@ class GrpcPort:
         await self.health.start()
         return self.port
 
+    def end_streams(self) -> None:
+        """End the open streams now (health Watch streams with their last status, inference streams
+        UNAVAILABLE): behind the gRPC front this runs before Envoy stops, so that they end as they do
+        when the port closes, not cut with their connection."""
+        self.health.close()
+        self.servicer.close_streams(Unavailable(CLOSING))
+
     async def close(self, grace: float, serve_held: bool = False) -> None:
         """Close the port, answering every call UNAVAILABLE or as served, never CANCELLED (see the module);
         ``serve_held``: the calls held while it closes are served (a recycled worker's port).

@@ -108,13 +108,15 @@ class MultiProcessServer(InferenceServer):
             "log_level": logging.getLogger().level,
         }
 
-    async def _drained_then_no_front(self) -> None:
-        """Once the workers' requests are answered (or the wait for them ends), Envoy stops, before the
-        workers close the sockets it sends to: a call after that finds the port closed (UNAVAILABLE)."""
+    async def _drained_then_front_drained(self) -> None:
+        """Once the workers' requests are answered (or the wait for them ends), Envoy stops taking
+        connections and drains its own, before the workers close the sockets it sends to (each worker ends
+        its streams as its requests are answered); Envoy itself stops last (InferenceServer.stop)."""
         try:
             await self.dataplane.drained()
         finally:
-            await asyncio.shield(self.stop_front())
+            if self.front is not None:
+                await asyncio.shield(self.front.drain())
 
     def child_pids(self) -> list[int]:
         return (self.supervisor.pids() if self.supervisor is not None else []) + super().child_pids()
@@ -144,7 +146,7 @@ class MultiProcessServer(InferenceServer):
             # Batch lines (OpenAI's run through the data plane) are not requests to wait for: they stop
             # first, to resume at the next start.
             await self.dataplane.stop_batches()
-            await self.supervisor.stop(max(deadline - loop.time(), 0.0), self._drained_then_no_front())
+            await self.supervisor.stop(max(deadline - loop.time(), 0.0), self._drained_then_front_drained())
         for sock in self._reserved:
             sock.close()
         self._reserved.clear()

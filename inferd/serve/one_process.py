@@ -279,6 +279,15 @@ class InferenceServer:
                                 self._front_dir, o.grpc_front_threads, tls=o.grpc_tls)
         await self.front.start()
 
+    async def drain_front(self) -> None:
+        """Once the calls in flight are answered: end the open streams and drain Envoy's connections, so
+        that every answer and stream end reaches its client before the sockets behind Envoy close."""
+        if self.front is None:
+            return
+        if self._grpc is not None:
+            self._grpc.end_streams()
+        await self.front.drain()
+
     async def stop_front(self) -> None:
         """Stop Envoy (its clients' next calls fail UNAVAILABLE), release the port, remove the folder."""
         if self.front is not None:
@@ -310,7 +319,7 @@ class InferenceServer:
         except asyncio.TimeoutError:
             log.warning("stopping: %d requests still unanswered after the %.3g s grace period",
                         self.dataplane.inflight(), grace)
-        await self.stop_front()  # in-flight calls are answered: Envoy goes before the sockets it sends to
+        await self.drain_front()
         remaining = max(deadline - loop.time(), 0.0)
         closing = []
         if self._grpc is not None:
@@ -318,6 +327,7 @@ class InferenceServer:
         if self._http is not None:
             closing.append(self._http.stop(remaining / 2))
         await asyncio.gather(*closing)
+        await self.stop_front()
         self.hosts.stop_by = deadline  # a model host still finalizing then is killed
         await self.dataplane.close()
         if self._metrics_server is not None:

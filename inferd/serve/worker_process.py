@@ -179,6 +179,8 @@ async def serve(index: int, channel_fd: int) -> int:
         await asyncio.wait_for(link.in_flight.idle(), timeout=grace)
     except asyncio.TimeoutError:
         log.warning("frontend %d: %d requests still unanswered after %.1f s", index, len(link.in_flight), grace)
+    if grpc_port is not None and grpc_port.options.front is not None:
+        grpc_port.end_streams()  # before the core stops Envoy, once it has every worker's answers
     if link.core_draining:
         # The whole server drains: keep answering (NOT_SERVING, new requests UNAVAILABLE) until
         # the core says every worker's requests are answered, as one process keeps its port open.
