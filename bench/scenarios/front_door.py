@@ -1,8 +1,9 @@
 """The front door against Triton (issue 46): every server up in one run on the same two cores,
 perf_analyzer on loopback, identity_fp32 (16 floats) and mlp (256 -> 1024 -> 256), both dynamic_batching {},
-over gRPC unary at concurrency 1 and 16, gRPC streaming and HTTP at 16. Servers: inferd in its default mode
-(a core and frontend workers) and in one process, each with grpc.aio on the gRPC port and with
-``--grpc-front envoy`` (Envoy owning the port, unary ModelInfer bridged as HTTP/1.1); the bare grpc.aio echo
+over gRPC unary at concurrency 1 and 16, gRPC streaming and HTTP at 16. Servers: inferd with two frontend
+workers and in one process, each with grpc.aio on the gRPC port (``--grpc-front grpcio``: the default before
+issue 46) and with the gRPC front (``--grpc-front envoy``: Envoy owning the port, unary ModelInfer bridged as
+HTTP/1.1); one process behind Envoy is ``inferd serve``'s default on two cores; the bare grpc.aio echo
 servicer (bench/echo_server.py, uvloop: gRPC unary only); and the peers of $INFERD_PEERS (a folder holding
 the peers' run_triton_peer.sh, run_kserve_peer.sh, run_mlserver_peer.sh, set up by their setup.sh: Triton
 2.51 with its python backend, KServe 0.21, MLServer 1.7.1), each skipped, saying so, when absent. Rounds
@@ -27,10 +28,12 @@ from typing import Callable, NamedTuple
 
 from bench.proc_cpu import CpuMeter, statistics_count
 
-DEFAULT, ONE = "inferd default mode", "inferd one process"
-DEFAULT_ENVOY, ONE_ENVOY = "inferd default mode + Envoy front", "inferd one process + Envoy front"
+WORKERS, ONE = "inferd 2 workers, grpc.aio", "inferd one process, grpc.aio"
+WORKERS_ENVOY, ONE_ENVOY = "inferd 2 workers + Envoy", "inferd one process + Envoy (the default here)"
 ECHO, TRITON, KSERVE, MLSERVER = "grpc.aio echo", "Triton 2.51", "KServe 0.21", "MLServer 1.7.1"
-INFERD = {DEFAULT: [], ONE: ["--frontend-workers", "0"], DEFAULT_ENVOY: ["--grpc-front", "envoy"],
+INFERD = {WORKERS: ["--frontend-workers", "2", "--grpc-front", "grpcio"],
+          ONE: ["--frontend-workers", "0", "--grpc-front", "grpcio"],
+          WORKERS_ENVOY: ["--frontend-workers", "2", "--grpc-front", "envoy"],
           ONE_ENVOY: ["--frontend-workers", "0", "--grpc-front", "envoy"]}
 PEERS = {TRITON: "run_triton_peer.sh", KSERVE: "run_kserve_peer.sh", MLSERVER: "run_mlserver_peer.sh"}
 WITH_STATISTICS = (*INFERD, TRITON)
@@ -106,7 +109,9 @@ def _echo() -> Server:
 
 
 def _serves(server: Server, load: Load) -> bool:
-    return server.label != ECHO or (load.protocol == "grpc" and load.model == "identity_fp32")
+    if server.label == ECHO:
+        return load.protocol == "grpc" and load.model == "identity_fp32"
+    return load.protocol != "stream" or server.label not in (KSERVE, MLSERVER)  # neither serves ModelStreamInfer
 
 
 def _measure(server: Server, load: Load, round_: int) -> dict:

@@ -58,7 +58,6 @@ from inferd.clock import Alarm, Clock, MonotonicClock
 from inferd.errors import Unavailable
 from inferd.frontends.door import METHODS as DOOR_METHODS
 from inferd.frontends.door import Door, DoorPolicy, channelz_counter, channelz_servers
-from inferd.frontends.grpc_bridge import BridgePort
 from inferd.frontends.grpc_service import InferenceServicer, add_to_server
 from inferd.frontends.grpc_health import Health, enable_reflection
 from inferd.frontends.restrictions import GRPC_METHODS, Restrictions
@@ -306,7 +305,7 @@ class GrpcPort:
         self.door = door or Door(DoorPolicy(bound=0))  # none given: no door
         self.port = 0
         self._server: grpc.aio.Server | None = None
-        self.bridge: BridgePort | None = None
+        self.bridge: Any = None  # a grpc_bridge.BridgePort behind the gRPC front
 
     async def start(self) -> int:
         """Bind and serve; the bound port. SystemExit when the address cannot be listened on."""
@@ -330,6 +329,8 @@ class GrpcPort:
         await server.start()
         self._server = server
         if o.front is not None:
+            from inferd.frontends.grpc_bridge import BridgePort  # here: only a port behind the front has one
+
             guarded = _Guarded(self.servicer, o.restrictions, self.gate, self.door)
             self.bridge = BridgePort(private_name(o.front.bridge), guarded.ModelInfer, o.max_message_bytes)
             await self.bridge.start()
