@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 from pathlib import Path
 
 import grpc
@@ -201,6 +202,38 @@ def test_tls_is_terminated_by_the_front(repo: Path, tmp_path: Path) -> None:
         with pytest.raises(InferenceServerException):
             plain.is_server_live(client_timeout=5)
         plain.close()
+
+
+def test_with_no_serving_process_a_call_is_unavailable_with_the_reason(tmp_path: Path) -> None:
+    """Envoy alone, its serving processes' sockets absent (a server stopping, every worker restarting):
+    a bridged ModelInfer and a passed-through call both end UNAVAILABLE, the bridged one saying why."""
+    import asyncio
+
+    from inferd.serve.grpc_front import EnvoyFront, Upstream
+
+    async def calls() -> tuple[grpc.RpcError, grpc.RpcError]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        front = EnvoyFront("127.0.0.1", port, [Upstream(str(tmp_path / "grpc-0.sock"), str(tmp_path / "bridge-0.sock"))],
+                           tmp_path, threads=1)
+        await front.start()
+        try:
+            channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+            errors = []
+            for method in ("ModelInfer", "ServerLive"):
+                with pytest.raises(grpc.RpcError) as info:
+                    await channel.unary_unary(f"/inference.GRPCInferenceService/{method}")(b"", timeout=10)
+                errors.append(info.value)
+            await channel.close()
+            return errors[0], errors[1]
+        finally:
+            await front.stop()
+
+    bridged, passed = asyncio.run(calls())
+    assert bridged.code() == grpc.StatusCode.UNAVAILABLE, bridged
+    assert "got no answer from a serving process" in bridged.details() and "retry the call" in bridged.details()
+    assert passed.code() == grpc.StatusCode.UNAVAILABLE, passed
 
 
 def _envoy_pid(server) -> int:  # type: ignore[no-untyped-def]

@@ -12,7 +12,7 @@ groups, the shutdown gate, the door) over the same servicer, handed a :class:`Br
 answers what a handler asks of grpc.aio's context (metadata from the request headers, the deadline
 from ``grpc-timeout``, the peer from ``x-forwarded-for``). What the call answers:
 
-- a message: ``200``, ``content-type: application/x-protobuf``, the serialized ``ModelInferResponse``
+- a message: ``200``, ``content-type: application/grpc``, the serialized ``ModelInferResponse`` (unframed)
   and its length in ``x-inferd-size`` (so Envoy streams it instead of buffering it to count it);
 - an error: no body, the gRPC status and percent-encoded message in ``x-grpc-status`` /
   ``x-grpc-message``, which Envoy's ``header_mutation`` filter writes into the call's
@@ -46,7 +46,9 @@ from inferd.frontends.grpc_service import Undecodable, _decoder
 
 log = logging.getLogger(__name__)
 
-CONTENT_TYPE = "application/x-protobuf"  # what the bridge sends upstream, and checks on the way back
+# What the bridge sends upstream and checks on the way back: gRPC's own, so that Envoy's own answers to a
+# bridged call (also gRPC's) pass it too (serve/grpc_front.py, LOCAL_REPLY). The body is never framed.
+CONTENT_TYPE = "application/grpc"
 SIZE_HEADER = "x-inferd-size"  # the response's length, read by the bridge (response_size_header)
 STATUS_HEADER = "x-grpc-status"
 MESSAGE_HEADER = "x-grpc-message"

@@ -117,13 +117,15 @@ def _header(key: str, value: str) -> dict:
     return {"header": {"key": key, "value": value}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
 
 
-# What Envoy answers itself on the bridged route (no serving process reachable, a connection cut before
-# the answer): the bridge lets through only its upstream's content type, so the client gets UNKNOWN in
-# any case (Envoy answers a gRPC request's local reply as gRPC, which the bridge refuses); this says why.
+# What Envoy answers itself to a bridged call (no serving process reachable, a connection cut before the
+# answer): UNAVAILABLE, with a message saying why. Envoy writes a gRPC call's own answer as gRPC (status in
+# the headers), which the bridge passes since its upstream's content type is gRPC's too; the bridge would
+# set the call's status from the HTTP status (200: OK), so the answer carries the headers the trailer
+# rewrite reads, as a serving process's error does. ``BRIDGED`` marks the route's requests.
+BRIDGED = "x-inferd-bridged"
 LOCAL_REPLY = {"mappers": [{
-    # a bridged request: the bridge set its content-type on the way in
-    "filter": {"header_filter": {"header": {"name": "content-type", "string_match": {"exact": CONTENT_TYPE}}}},
-    "body_format_override": {"text_format_source": {"inline_string": NO_WORKER}},
+    "filter": {"header_filter": {"header": {"name": BRIDGED, "present_match": True}}},
+    "headers_to_add": [_header(SIZE_HEADER, "0"), _header(STATUS_HEADER, "14"), _header(MESSAGE_HEADER, NO_WORKER)],
 }]}
 
 
@@ -153,6 +155,7 @@ def _bridged_route() -> dict:
             {"name": "grpc-encoding", "present_match": False, "treat_missing_header_as_empty": False},
         ]},
         "route": {"cluster": BRIDGE_CLUSTER, "timeout": "0s", "retry_policy": BRIDGE_RETRY},
+        "request_headers_to_add": [_header(BRIDGED, "1")],
         "typed_per_filter_config": {"inferd.trailers": {"@type": MUTATION_ROUTE, "mutations": {
             "response_trailers_mutations": trailers}}},
     }
