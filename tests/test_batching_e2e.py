@@ -133,8 +133,9 @@ async def test_high_priority_overtakes_a_backlog_of_low_priority(client, server,
     # instance; three more queue behind it, then the high one; released, the high one runs next.
     lows = [infer(client, "prio", value=0)]
     await wait_started_async(gates / "prio")
-    lows += [infer(client, "prio", value=i) for i in range(1, 4)]
-    await wait_pending_async(server.metrics_url, "prio", 3)
+    for i in range(1, 4):  # one at a time: the order they queue in is the test's, not the transport's
+        lows.append(infer(client, "prio", value=i))
+        await wait_pending_async(server.metrics_url, "prio", i)
     high = infer(client, "prio", value=100, priority=1)
     await wait_pending_async(server.metrics_url, "prio", 4)
     release(gates / "prio")

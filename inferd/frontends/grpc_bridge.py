@@ -1,24 +1,25 @@
 """Unary ModelInfer as Envoy's gRPC-HTTP/1.1 reverse bridge hands it over: the cheap half of the gRPC front.
 
-With ``--grpc-front envoy`` (:mod:`inferd.serve.grpc_front`) Envoy terminates the clients' HTTP/2 and
-TLS, and sends each unary ``ModelInfer`` without its gRPC frame as an HTTP/1.1 POST on a unix socket
-served here; every other call (streams, health, reflection, the other 18 RPCs, a compressed request)
-reaches the process's own grpc.aio port through Envoy unchanged. grpc.aio spends ~160-175 us of CPU per
-unary call in its own layers (bench/RESULTS.md request_cpu); a request here costs an httptools parse,
-a protobuf parse and one write.
+With the gRPC front (:mod:`inferd.serve.grpc_front`) Envoy terminates the clients' HTTP/2 and TLS, and
+sends each unary, uncompressed ``ModelInfer`` as an HTTP/1.1 POST on a unix socket served here; every
+other call (streams, health, reflection, the other RPCs, a compressed request) reaches the process's own
+grpc.aio port through Envoy unchanged. grpc.aio spends ~160-175 us of CPU per unary call in its own
+layers (bench/RESULTS.md request_cpu); a request here costs an httptools parse, a protobuf parse and one
+write.
 
 The call runs exactly the handler grpc.aio would run: the port's guarded ``ModelInfer`` (restricted
 groups, the shutdown gate, the door) over the same servicer, handed a :class:`BridgeContext` that
 answers what a handler asks of grpc.aio's context (metadata from the request headers, the deadline
-from ``grpc-timeout``, the peer from ``x-forwarded-for``). What the call answers:
+from ``grpc-timeout``, the peer from ``x-forwarded-for``). The body is the call's gRPC message as sent
+(its 5-byte frame header first: Envoy's bridge keeps the frames, ``withhold_grpc_frames: false``). What
+the call answers:
 
-- a message: ``200``, ``content-type: application/grpc``, the serialized ``ModelInferResponse`` (unframed)
-  and its length in ``x-inferd-size`` (so Envoy streams it instead of buffering it to count it);
-- an error: no body, the gRPC status and percent-encoded message in ``x-grpc-status`` /
-  ``x-grpc-message``, which Envoy's ``header_mutation`` filter writes into the call's
-  ``grpc-status`` / ``grpc-message`` trailers (the bridge alone maps only the HTTP status, and drops
-  the message). The HTTP status is the error's own (:mod:`inferd.frontends.status`), so the status
-  is right even on a path that does not rewrite the trailers.
+- a message: ``200``, ``content-type: application/grpc``, the framed ``ModelInferResponse``; Envoy's
+  bridge adds the ``grpc-status: 0`` trailer;
+- an error: headers only, the gRPC status and percent-encoded message in ``x-grpc-status`` /
+  ``x-grpc-message``, which Envoy's ``header_mutation`` filter turns into the answer's ``grpc-status`` /
+  ``grpc-message``: a trailers-only answer, as grpc.aio sends one, which clients and proxies may retry
+  (a gRPC call is committed once a message or trailers follow its headers).
 
 A client that cancels, or whose deadline passes, makes Envoy reset the upstream connection: the
 connection's request is cancelled here, as grpc.aio cancels a handler.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import struct
 import time
 from typing import Any, Awaitable, Callable
 from urllib.parse import quote
@@ -47,22 +49,13 @@ from inferd.frontends.grpc_service import Undecodable, _decoder
 log = logging.getLogger(__name__)
 
 # What the bridge sends upstream and checks on the way back: gRPC's own, so that Envoy's own answers to a
-# bridged call (also gRPC's) pass it too (serve/grpc_front.py, LOCAL_REPLY). The body is never framed.
+# bridged call (also gRPC's) pass it too (serve/grpc_front.py).
 CONTENT_TYPE = "application/grpc"
-SIZE_HEADER = "x-inferd-size"  # the response's length, read by the bridge (response_size_header)
 STATUS_HEADER = "x-grpc-status"
 MESSAGE_HEADER = "x-grpc-message"
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
-_REASONS = {200: b"OK", 400: b"Bad Request", 403: b"Forbidden", 404: b"Not Found", 409: b"Conflict",
-            413: b"Payload Too Large", 499: b"Client Closed Request", 500: b"Internal Server Error",
-            501: b"Not Implemented", 503: b"Service Unavailable", 504: b"Gateway Timeout"}
-# The HTTP status of each gRPC status here, as Envoy's bridge maps them back where nothing rewrites the
-# trailers (400 -> INTERNAL, 404 -> UNIMPLEMENTED, 503 -> UNAVAILABLE, ...).
-_HTTP_OF = {grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.PERMISSION_DENIED: 403,
-            grpc.StatusCode.UNIMPLEMENTED: 404, grpc.StatusCode.UNAUTHENTICATED: 401,
-            grpc.StatusCode.INTERNAL: 400, grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-            grpc.StatusCode.DEADLINE_EXCEEDED: 504}
+FRAME = struct.Struct(">BI")  # a gRPC message's frame header: compressed flag, length
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 
 
@@ -125,21 +118,20 @@ class BridgeContext:
 Handler = Callable[[Any, Any], Awaitable[Any]]
 
 
-def _response(status: int, headers: bytes, body: bytes = b"") -> bytes:
-    return b"".join((b"HTTP/1.1 %d %s\r\ncontent-type: " % (status, _REASONS.get(status, b"Error")),
-                     CONTENT_TYPE.encode(), b"\r\ncontent-length: %d\r\n" % len(body), headers, b"\r\n", body))
+_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: " + CONTENT_TYPE.encode() + b"\r\ncontent-length: "
 
 
 def answer(message: Any) -> bytes:
+    """A message's response: the framed message."""
     body = message.SerializeToString()
-    return _response(200, b"%s: %d\r\n" % (SIZE_HEADER.encode(), len(body)), body)
+    return b"".join((_HEAD, b"%d\r\n\r\n" % (len(body) + FRAME.size), FRAME.pack(0, len(body)), body))
 
 
 def refusal(code: grpc.StatusCode, details: str) -> bytes:
-    """An error's response: the status and message in headers Envoy turns into the call's trailers."""
+    """An error's response: no message, the status and message in the headers Envoy makes the answer's."""
     message = quote(details, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~")  # gRPC's percent-encoding
-    return _response(_HTTP_OF.get(code, 500), b"%s: 0\r\n%s: %d\r\n%s: %s\r\n" % (
-        SIZE_HEADER.encode(), STATUS_HEADER.encode(), code.value[0], MESSAGE_HEADER.encode(), message.encode()))
+    return b"".join((_HEAD, b"0\r\n%s: %d\r\n%s: %s\r\n\r\n" % (
+        STATUS_HEADER.encode(), code.value[0], MESSAGE_HEADER.encode(), message.encode())))
 
 
 class _Connection(asyncio.Protocol):
@@ -187,7 +179,7 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self.size += len(body)
-        if self.size <= self.bridge.max_message_bytes:
+        if self.size <= self.bridge.max_message_bytes + FRAME.size:
             self.body.append(body)
 
     def on_message_complete(self) -> None:
@@ -251,10 +243,14 @@ class BridgePort:
         if url != MODEL_INFER.encode():
             return refusal(grpc.StatusCode.UNIMPLEMENTED, f"the gRPC front bridges only {MODEL_INFER}, "
                                                           f"not {url.decode('latin-1')}")
-        if size > self.max_message_bytes:  # gRPC's own words and status for a message over the limit
+        if size - FRAME.size > self.max_message_bytes:  # gRPC's own words and status for a message too large
             return refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"Received message larger than max ({size} vs. {self.max_message_bytes})")
-        request = self.decode(body[0] if len(body) == 1 else b"".join(body))
+                           f"Received message larger than max ({size - FRAME.size} vs. {self.max_message_bytes})")
+        data = body[0] if len(body) == 1 else b"".join(body)
+        if len(data) < FRAME.size or data[0] != 0 or FRAME.unpack_from(data)[1] != len(data) - FRAME.size:
+            return refusal(grpc.StatusCode.INTERNAL, "the gRPC front sent a body that is not one uncompressed gRPC "
+                                                     "message frame")
+        request = self.decode(data[FRAME.size:])
         try:
             if isinstance(request, Undecodable):
                 raise Aborted(grpc.StatusCode.INVALID_ARGUMENT, request.error.message)

@@ -16,15 +16,18 @@ call cut off upstream) is rewritten by :data:`LOCAL_REPLY` into UNAVAILABLE with
 status a client retries. A process restarted in its slot binds the same paths; Envoy retries a call whose
 connection failed on another process.
 
-Envoy is a child of the server process: it dies with it (``PR_SET_PDEATHSIG``), is restarted if it exits
-on its own, and is stopped last on shutdown, after the serving processes answered what they took (calls
-that reach Envoy in between are answered UNAVAILABLE). Its admin interface listens on a unix socket in
-the run folder, never on a port.
+Envoy is a child of the server process, in a process group of its own (a signal to the server's group is
+the server's to act on): it dies with the server (``PR_SET_PDEATHSIG``), is restarted if it exits on its
+own, and is stopped in order on shutdown: once the serving processes answered what they took and ended
+their streams, Envoy stops taking connections and drains its own (GOAWAY), the processes close their
+sockets, and Envoy is stopped last. Its admin interface listens on a unix socket in the run folder, never
+on a port.
 """
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import logging
 import os
@@ -36,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferd.clock import Clock, MonotonicClock
-from inferd.frontends.grpc_bridge import CONTENT_TYPE, MESSAGE_HEADER, MODEL_INFER, SIZE_HEADER, STATUS_HEADER
+from inferd.frontends.grpc_bridge import CONTENT_TYPE, MESSAGE_HEADER, MODEL_INFER, STATUS_HEADER
 from inferd.frontends.tls import TlsFiles
 from inferd.ipc.processes import death_tie, describe_status, kill, watch_exit
 
@@ -118,14 +121,12 @@ def _header(key: str, value: str) -> dict:
 
 
 # What Envoy answers itself to a bridged call (no serving process reachable, a connection cut before the
-# answer): UNAVAILABLE, with a message saying why. Envoy writes a gRPC call's own answer as gRPC (status in
-# the headers), which the bridge passes since its upstream's content type is gRPC's too; the bridge would
-# set the call's status from the HTTP status (200: OK), so the answer carries the headers the trailer
-# rewrite reads, as a serving process's error does. ``BRIDGED`` marks the route's requests.
+# answer) is a gRPC answer, trailers-only, which the bridge passes since its upstream's content type is
+# gRPC's too: UNAVAILABLE, with this message. ``BRIDGED`` marks the route's requests.
 BRIDGED = "x-inferd-bridged"
 LOCAL_REPLY = {"mappers": [{
     "filter": {"header_filter": {"header": {"name": BRIDGED, "present_match": True}}},
-    "headers_to_add": [_header(SIZE_HEADER, "0"), _header(STATUS_HEADER, "14"), _header(MESSAGE_HEADER, NO_WORKER)],
+    "body_format_override": {"text_format_source": {"inline_string": NO_WORKER}},
 }]}
 
 
@@ -148,16 +149,18 @@ BUFFER = 1 << 20
 
 def _bridged_route() -> dict:
     """Unary ModelInfer, uncompressed (a compressed message's frame is gRPC's to read: it goes as gRPC)."""
-    trailers = [{"append": _header("grpc-status", f"%RESP({STATUS_HEADER})%")},
-                {"append": _header("grpc-message", f"%RESP({MESSAGE_HEADER})%")}]
+    # A serving process's error: its status and message become the answer's (headers only: trailers-only).
+    status = [{"append": _header("grpc-status", f"%RESP({STATUS_HEADER})%")},
+              {"append": _header("grpc-message", f"%RESP({MESSAGE_HEADER})%")},
+              {"remove": STATUS_HEADER}, {"remove": MESSAGE_HEADER}]
     return {
         "match": {"path": MODEL_INFER, "headers": [
             {"name": "grpc-encoding", "present_match": False, "treat_missing_header_as_empty": False},
         ]},
         "route": {"cluster": BRIDGE_CLUSTER, "timeout": "0s", "retry_policy": BRIDGE_RETRY},
         "request_headers_to_add": [_header(BRIDGED, "1")],
-        "typed_per_filter_config": {"inferd.trailers": {"@type": MUTATION_ROUTE, "mutations": {
-            "response_trailers_mutations": trailers}}},
+        "typed_per_filter_config": {"inferd.status": {"@type": MUTATION_ROUTE, "mutations": {
+            "response_mutations": status}}},
     }
 
 
@@ -169,7 +172,9 @@ def front_config(address: str, port: int, upstreams: list[Upstream], admin: str,
         "http2_protocol_options": {"max_concurrent_streams": UNLIMITED, "initial_stream_window_size": WINDOW,
                                    "initial_connection_window_size": 16 * WINDOW},
         "stream_idle_timeout": "0s", "request_timeout": "0s", "generate_request_id": False,
-        "drain_timeout": "0.05s",  # a drained connection's last GOAWAY follows its first this soon
+        # A drained connection's final GOAWAY (and close) follows its first by this much: time for a client
+        # that sends a call as the first one comes to see it, so that nothing it sends meets a closed socket.
+        "drain_timeout": "0.25s",
         "use_remote_address": True, "local_reply_config": LOCAL_REPLY,
         "route_config": {"virtual_hosts": [{"name": "inferd", "domains": ["*"], "routes": [
             _bridged_route(),
@@ -177,11 +182,10 @@ def front_config(address: str, port: int, upstreams: list[Upstream], admin: str,
              "typed_per_filter_config": {"inferd.bridge": {"@type": BRIDGE_ROUTE, "disabled": True}}},
         ]}]},
         "http_filters": [
-            # on responses, filters run last to first: the trailers are rewritten after the bridge wrote them
-            {"name": "inferd.trailers", "typed_config": {"@type": MUTATION, "mutations": {}}},
+            # on responses, filters run last to first: the status is set after the bridge passed the headers
+            {"name": "inferd.status", "typed_config": {"@type": MUTATION, "mutations": {}}},
             {"name": "inferd.bridge", "typed_config": {"@type": BRIDGE, "content_type": CONTENT_TYPE,
-                                                       "withhold_grpc_frames": True,
-                                                       "response_size_header": SIZE_HEADER}},
+                                                       "withhold_grpc_frames": False}},
             {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER, "suppress_envoy_headers": True}},
         ],
     }
@@ -215,18 +219,38 @@ def front_threads(cores: int) -> int:
     return max(1, cores // 4)
 
 
+class _UnixConnection(http.client.HTTPConnection):
+    """http.client over a unix socket: Envoy's admin interface listens on one."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("envoy", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
 def _admin_get(path: str, what: str, timeout: float = 2.0, method: str = "GET") -> str:
-    """``what`` from Envoy's admin interface on the unix socket ``path`` (its body; "" unless 200)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(path)
-        sock.sendall(f"{method} {what} HTTP/1.1\r\nHost: envoy\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                     .encode())
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
-    return body.decode(errors="replace") if head.split(b" ", 2)[1:2] == [b"200"] else ""
+    """``what`` from Envoy's admin interface on the unix socket ``path`` (its body; "" unless 200).
+    OSError when it does not answer."""
+    connection = _UnixConnection(path, timeout)
+    try:
+        connection.request(method, what)
+        response = connection.getresponse()
+        body = response.read().decode(errors="replace")
+        return body if response.status == 200 else ""
+    except http.client.HTTPException as exc:
+        raise OSError(f"Envoy's admin interface: {exc}") from exc
+    finally:
+        connection.close()
+
+
+def _stat(text: str) -> int:
+    """The value of the one stat in ``text`` (``name: value``), 0 when there is none."""
+    _, _, value = text.strip().partition(": ")
+    return int(value) if value.isdigit() else 0
 
 
 class EnvoyFront:
@@ -252,7 +276,11 @@ class EnvoyFront:
                 "--disable-hot-restart", "--log-level", "error", "--drain-strategy", "immediate",
                 "--drain-time-s", "1"]
         try:
-            return subprocess.Popen(args, stdin=subprocess.DEVNULL, preexec_fn=death_tie(os.getpid()))
+            # Its own process group: a SIGTERM to the server's group (kill -- -PGID, a supervisor stopping
+            # the tree) is the server's to act on, and Envoy, which would exit at once, is stopped last by
+            # the server; it still dies with the server (death_tie) whatever kills that.
+            return subprocess.Popen(args, stdin=subprocess.DEVNULL, preexec_fn=death_tie(os.getpid()),
+                                    process_group=0)
         except OSError as exc:
             raise SystemExit(f"--grpc-front envoy: cannot start {args[0]}: {exc.strerror}") from None
 
@@ -298,16 +326,15 @@ class EnvoyFront:
     def connections(self) -> int:
         """Client connections Envoy holds (0 when its admin cannot say)."""
         try:
-            text = _admin_get(self.admin, "/stats?filter=^http.inferd_grpc.downstream_cx_active$")
+            return _stat(_admin_get(self.admin, "/stats?filter=^http.inferd_grpc.downstream_cx_active$"))
         except OSError:
             return 0
-        _, _, value = text.strip().partition(": ")
-        return int(value) if value.isdigit() else 0
 
-    async def drain(self, answers_s: float = 1.0) -> None:
+    async def drain(self, answers_s: float = 2.0) -> None:
         """Stop taking connections (a new one is refused: UNAVAILABLE) and drain those open (GOAWAY: each
         closes once its calls' answers and its streams' ends, which the serving processes have sent, have
         passed through); return once none is left, or ``answers_s`` passed."""
+        self._stopping = True
         process = self.process
         if process is None or process.returncode is not None:
             return
