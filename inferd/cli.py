@@ -177,13 +177,14 @@ def _overload_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests the server holds at once, over all models (queued or executing); one more is "
                         f"refused at once with UNAVAILABLE / 503 and the reason (default {DEFAULT_MAX_REQUESTS}; "
                         "0: no cap). Per model queues: Triton's max_queue_size")
-    p.add_argument("--grpc-max-held-calls", type=int, default=DEFAULT_MAX_HELD_CALLS, metavar="N",
-                   help="gRPC calls the server holds at once, counting those gRPC has received and no handler has "
-                        "taken yet (its own queue, where a transport-bound overload waits); an inference call "
-                        "taken past it is refused with UNAVAILABLE and the reason, undecoded (e.g. "
-                        f"{SUGGESTED_MAX_HELD_CALLS}, past what a closed loop of 1,024 clients holds; default "
-                        f"{DEFAULT_MAX_HELD_CALLS}: no bound, as refusing costs a transport-bound server about what "
-                        "serving does: bench/RESULTS.md, door)")
+    p.add_argument("--grpc-max-held-calls", type=int, default=None, metavar="N",
+                   help="unary inference calls (ModelInfer) the server holds at once; one more is refused at once "
+                        "with UNAVAILABLE and the reason. Behind the gRPC front Envoy refuses it before it reaches "
+                        f"Python (default {SUGGESTED_MAX_HELD_CALLS}, past what a closed loop of 1,024 clients "
+                        "holds; 0: no bound); with --grpc-front grpcio the port's door counts the calls gRPC has "
+                        "received and no handler has taken yet too, and refuses a call taken past it (default "
+                        f"{DEFAULT_MAX_HELD_CALLS}: no bound, as refusing there costs about what serving does: "
+                        "bench/RESULTS.md, door)")
     p.add_argument("--max-queued-bytes", type=int, default=DEFAULT_MAX_BYTES, metavar="BYTES",
                    help="input tensor bytes the requests held may add up to, as --max-queued-requests "
                         f"(default {DEFAULT_MAX_BYTES // 2**20} MiB; 0: no cap)")
@@ -480,7 +481,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"inferd: --queue-delay-interval-us must be >= 1, got {args.queue_delay_interval_us}", file=sys.stderr)
         return 2
     for value, name in ((args.max_queued_requests, "--max-queued-requests"),
-                        (args.grpc_max_held_calls, "--grpc-max-held-calls"),
+                        (args.grpc_max_held_calls or 0, "--grpc-max-held-calls"),
                         (args.max_queued_bytes, "--max-queued-bytes"), (args.http_max_input_bytes, "--http-max-input-size"),
                         (args.queue_delay_target_us, "--queue-delay-target-us")):
         if value < 0 or (value == 0 and name == "--http-max-input-size"):
@@ -498,6 +499,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     front = resolve_front(args.grpc_front) if args.allow_grpc else "grpcio"
     workers = default_frontend_workers(front=front) if args.frontend_workers is None else args.frontend_workers
+    if args.grpc_max_held_calls is None:
+        from inferd.frontends.door import DEFAULT_MAX_HELD_CALLS, SUGGESTED_MAX_HELD_CALLS
+
+        args.grpc_max_held_calls = SUGGESTED_MAX_HELD_CALLS if front == "envoy" else DEFAULT_MAX_HELD_CALLS
     from inferd.serve.recycling import RecyclePolicy
 
     try:

@@ -27,7 +27,7 @@ polling, until nothing accepted is left unanswered.
 from __future__ import annotations
 
 import asyncio
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -59,7 +59,7 @@ class Admission:
 
     ``max_requests`` / ``max_bytes``: 0 means no cap."""
 
-    __slots__ = ("max_requests", "max_bytes", "requests", "bytes", "refused", "_idle")
+    __slots__ = ("max_requests", "max_bytes", "requests", "bytes", "refused", "elsewhere", "_idle")
 
     def __init__(self, max_requests: int = DEFAULT_MAX_REQUESTS, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         if max_requests < 0 or max_bytes < 0:
@@ -69,6 +69,8 @@ class Admission:
         self.requests = 0
         self.bytes = 0
         self.refused = 0  # requests refused by a cap, since start (a frontend worker's refusals too)
+        # Refusals another process counts itself, read when asked (the gRPC front's bound on held calls)
+        self.elsewhere: Callable[[], int] | None = None
         self._idle: asyncio.Event | None = None
 
     def admit(self, nbytes: int, model: str) -> None:
@@ -86,6 +88,10 @@ class Admission:
                 "now); retry later")
         self.requests += 1
         self.bytes += nbytes
+
+    def refused_total(self) -> int:
+        """Every request refused for overload: this process's count and what ``elsewhere`` says."""
+        return self.refused + (self.elsewhere() if self.elsewhere is not None else 0)
 
     def count_refused(self, n: int) -> None:
         """``n`` requests a frontend worker refused itself for overload (its share of the requests

@@ -256,8 +256,9 @@ class InferdCollector:
         rejected = CounterMetricFamily("inferd_server_overload_rejected",
                                        "Requests refused because the server held --max-queued-requests or "
                                        "--max-queued-bytes already (by the core, or by a frontend worker at its "
-                                       "share of the requests cap or with its hand-off arena full)")
-        rejected.add_metric([], admission.refused)
+                                       "share of the requests cap or with its hand-off arena full), or gRPC calls "
+                                       "past --grpc-max-held-calls")
+        rejected.add_metric([], admission.refused_total())
 
         yield from (failure, real, padded, waste, inflight, request_h, queue_h, compute_h, batch_h, first_h, inter_h,
                     state, ready,

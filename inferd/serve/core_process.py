@@ -64,7 +64,7 @@ class MultiProcessServer(InferenceServer):
             sock = reserve(self.http_address, o.http_port, "HTTP")
             self._reserved.append(sock)
             self._http_port = sock.getsockname()[1]
-        if o.allow_grpc and o.grpc_max_held_calls:
+        if o.allow_grpc and o.grpc_max_held_calls and o.grpc_front != "envoy":  # Envoy bounds them behind it
             self.door_tally = Tally.create(self.workers, "inferd-door")
         shared = (self.door_tally.fd,) if self.door_tally is not None else ()
         self.supervisor = Supervisor(self.workers, self._worker_config, self._endpoint, shared_fds=shared,
@@ -89,7 +89,7 @@ class MultiProcessServer(InferenceServer):
                      "tls": o.grpc_tls.to_plain() if o.grpc_tls else None,
                      "restrictions": o.grpc_restrictions.to_plain(),
                      "header_forward_pattern": o.grpc_header_forward_pattern,
-                     "door": {"bound": o.grpc_max_held_calls, "slot": index,
+                     "door": {"bound": 0 if o.grpc_front == "envoy" else o.grpc_max_held_calls, "slot": index,
                               "tally": [self.door_tally.fd, self.door_tally.slots] if self.door_tally else None},
                      "front": self.front_sockets(index).to_plain() if o.grpc_front == "envoy" else None,
                      } if o.allow_grpc else None,

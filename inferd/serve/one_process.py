@@ -251,8 +251,9 @@ class InferenceServer:
         o = self.options
         forward = header_forward(o.grpc_header_forward_pattern, "--grpc-header-forward-pattern")
         admission = self.dataplane.admission
-        door = Door(DoorPolicy(o.grpc_max_held_calls), on_refused=lambda: admission.count_refused(1))
         sockets = self.front_sockets(0) if o.grpc_front == "envoy" else None
+        # Behind the gRPC front, Envoy bounds the held calls (start_front); grpc.aio's port has its door.
+        door = Door(DoorPolicy(0 if sockets else o.grpc_max_held_calls), on_refused=lambda: admission.count_refused(1))
         port = GrpcPort(InferenceServicer(self.dataplane, forward=forward), Health(self.dataplane), GrpcPortOptions(
             address=o.address, port=o.grpc_port, max_message_bytes=o.max_message_bytes, tls=o.grpc_tls,
             restrictions=o.grpc_restrictions, channel_args=tuple(o.grpc_options), front=sockets), door=door)
@@ -276,8 +277,10 @@ class InferenceServer:
         if self._front_port is None:
             self._front_port = bind(o.address, o.grpc_port, "gRPC", reuse_port=True)  # never listens: Envoy does
         self.front = EnvoyFront(o.address, self.grpc_port, [Upstream(s.grpc, s.bridge) for s in sockets],
-                                self._front_dir, o.grpc_front_threads, tls=o.grpc_tls)
+                                self._front_dir, o.grpc_front_threads, tls=o.grpc_tls,
+                                max_held_calls=o.grpc_max_held_calls)
         await self.front.start()
+        self.dataplane.admission.elsewhere = self.front.refused
 
     async def drain_front(self) -> None:
         """Once the calls in flight are answered: end the open streams and drain Envoy's connections, so
@@ -292,6 +295,7 @@ class InferenceServer:
         """Stop Envoy (its clients' next calls fail UNAVAILABLE), release the port, remove the folder."""
         if self.front is not None:
             await self.front.stop()
+            self.dataplane.admission.elsewhere = None
             self.front = None
         if self._front_port is not None:
             self._front_port.close()
