@@ -16,6 +16,7 @@ import ctypes.util
 import os
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -34,19 +35,19 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def death_tie(parent_pid: int) -> Callable[[], None]:
-    """A ``preexec_fn`` tying a program inferd executes (not a Python child: those call
-    :func:`die_with_parent` themselves) to ``parent_pid``: SIGKILL when it exits. libc is loaded here,
-    in the parent; the forked child, which may not take locks another thread of the parent held at
-    fork, only makes two system calls."""
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
+# Run by a fresh interpreter that then becomes the program: ties it to its parent (SIGKILL when the parent
+# exits; the setting survives execv) and execs it. A preexec_fn would run in the fork of the server, whose
+# other threads (gRPC's) may hold locks the child then waits on or corrupts: Envoy started that way was
+# seen to abort (SIGABRT) before its first line.
+_TIED = ("import ctypes, os, sys; ctypes.CDLL(None).prctl({pdeathsig}, {sigkill}, 0, 0, 0); "
+         "os.getppid() == int(sys.argv[1]) or os._exit(1); os.execv(sys.argv[2], sys.argv[2:])")
 
-    def tie() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:
-            os._exit(1)
 
-    return tie
+def tied_command(parent_pid: int, argv: list[str]) -> list[str]:
+    """The command line that runs ``argv`` (a program inferd executes, not a Python child: those call
+    :func:`die_with_parent` themselves) tied to ``parent_pid`` as :func:`die_with_parent` ties a child."""
+    code = _TIED.format(pdeathsig=PR_SET_PDEATHSIG, sigkill=int(signal.SIGKILL))
+    return [sys.executable, "-I", "-S", "-c", code, str(parent_pid), *argv]
 
 
 def watch_exit(process: subprocess.Popen, on_exit: Callable[[int], None]) -> None:

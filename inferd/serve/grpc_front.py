@@ -41,7 +41,7 @@ from pathlib import Path
 from inferd.clock import Clock, MonotonicClock
 from inferd.frontends.grpc_bridge import CONTENT_TYPE, MESSAGE_HEADER, MODEL_INFER, STATUS_HEADER
 from inferd.frontends.tls import TlsFiles
-from inferd.ipc.processes import death_tie, describe_status, kill, watch_exit
+from inferd.ipc.processes import describe_status, kill, tied_command, watch_exit
 
 log = logging.getLogger(__name__)
 
@@ -291,9 +291,8 @@ class EnvoyFront:
         try:
             # Its own process group: a SIGTERM to the server's group (kill -- -PGID, a supervisor stopping
             # the tree) is the server's to act on, and Envoy, which would exit at once, is stopped last by
-            # the server; it still dies with the server (death_tie) whatever kills that.
-            return subprocess.Popen(args, stdin=subprocess.DEVNULL, preexec_fn=death_tie(os.getpid()),
-                                    process_group=0)
+            # the server; it still dies with the server (tied_command) whatever kills that.
+            return subprocess.Popen(tied_command(os.getpid(), args), stdin=subprocess.DEVNULL, process_group=0)
         except OSError as exc:
             raise SystemExit(f"--grpc-front envoy: cannot start {args[0]}: {exc.strerror}") from None
 
@@ -347,17 +346,17 @@ class EnvoyFront:
             pass
         return self._refused_before + self._refused_seen
 
-    def connections(self) -> int:
-        """Client connections Envoy holds (0 when its admin cannot say)."""
+    def open_calls(self) -> int:
+        """Calls and streams Envoy's clients have open (0 when its admin cannot say)."""
         try:
-            return _stat(_admin_get(self.admin, "/stats?filter=^http.inferd_grpc.downstream_cx_active$"))
+            return _stat(_admin_get(self.admin, "/stats?filter=^http.inferd_grpc.downstream_rq_active$"))
         except OSError:
             return 0
 
     async def drain(self, answers_s: float = 2.0) -> None:
-        """Stop taking connections (a new one is refused: UNAVAILABLE) and drain those open (GOAWAY: each
-        closes once its calls' answers and its streams' ends, which the serving processes have sent, have
-        passed through); return once none is left, or ``answers_s`` passed."""
+        """Stop taking connections (a new one is refused: UNAVAILABLE) and drain those open (GOAWAY); return
+        once every call's answer and every stream's end (which the serving processes have sent) has passed
+        through, or ``answers_s`` passed. An idle client connection is closed when Envoy stops."""
         self._stopping = True
         process = self.process
         if process is None or process.returncode is not None:
@@ -367,7 +366,7 @@ class EnvoyFront:
         except OSError:
             return
         give_up = self.clock.now() + answers_s
-        while self.connections() and self.clock.now() < give_up:
+        while self.open_calls() and self.clock.now() < give_up:
             await asyncio.sleep(0.005)
 
     async def stop(self, timeout: float = 5.0) -> None:
