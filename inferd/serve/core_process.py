@@ -108,7 +108,7 @@ class MultiProcessServer(InferenceServer):
             "log_level": logging.getLogger().level,
         }
 
-    async def _drained_then_front_drained(self) -> None:
+    async def _drained_then_front_drained(self, deadline: float) -> None:
         """Once the workers' requests are answered (or the wait for them ends), Envoy stops taking
         connections and drains its own, before the workers close the sockets it sends to (each worker ends
         its streams as its requests are answered); Envoy itself stops last (InferenceServer.stop)."""
@@ -116,7 +116,7 @@ class MultiProcessServer(InferenceServer):
             await self.dataplane.drained()
         finally:
             if self.front is not None:
-                await asyncio.shield(self.front.drain())
+                await asyncio.shield(self.drain_front(deadline))
 
     def child_pids(self) -> list[int]:
         return (self.supervisor.pids() if self.supervisor is not None else []) + super().child_pids()
@@ -146,7 +146,7 @@ class MultiProcessServer(InferenceServer):
             # Batch lines (OpenAI's run through the data plane) are not requests to wait for: they stop
             # first, to resume at the next start.
             await self.dataplane.stop_batches()
-            await self.supervisor.stop(max(deadline - loop.time(), 0.0), self._drained_then_front_drained())
+            await self.supervisor.stop(max(deadline - loop.time(), 0.0), self._drained_then_front_drained(deadline))
         for sock in self._reserved:
             sock.close()
         self._reserved.clear()

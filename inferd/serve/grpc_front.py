@@ -357,6 +357,8 @@ class EnvoyFront:
         """Stop taking connections (a new one is refused: UNAVAILABLE) and drain those open (GOAWAY); return
         once every call's answer and every stream's end (which the serving processes have sent) has passed
         through, or ``answers_s`` passed. An idle client connection is closed when Envoy stops."""
+        if self._stopping:  # drained already (or stopping)
+            return
         self._stopping = True
         process = self.process
         if process is None or process.returncode is not None:

@@ -282,14 +282,16 @@ class InferenceServer:
         await self.front.start()
         self.dataplane.admission.elsewhere = self.front.refused
 
-    async def drain_front(self) -> None:
+    async def drain_front(self, deadline: float) -> None:
         """Once the calls in flight are answered: end the open streams and drain Envoy's connections, so
-        that every answer and stream end reaches its client before the sockets behind Envoy close."""
+        that every answer and stream end reaches its client before the sockets behind Envoy close; waiting
+        at most half of what is left until ``deadline`` (the loop's time) for them."""
         if self.front is None:
             return
         if self._grpc is not None:
             self._grpc.end_streams()
-        await self.front.drain()
+        left = deadline - asyncio.get_running_loop().time()
+        await self.front.drain(answers_s=min(2.0, max(left / 2, 0.0)))
 
     async def stop_front(self) -> None:
         """Stop Envoy (its clients' next calls fail UNAVAILABLE), release the port, remove the folder."""
@@ -323,7 +325,7 @@ class InferenceServer:
         except asyncio.TimeoutError:
             log.warning("stopping: %d requests still unanswered after the %.3g s grace period",
                         self.dataplane.inflight(), grace)
-        await self.drain_front()
+        await self.drain_front(deadline)
         remaining = max(deadline - loop.time(), 0.0)
         closing = []
         if self._grpc is not None:
