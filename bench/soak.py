@@ -133,7 +133,8 @@ def bucket_quantile(now: dict[float, float], before: dict[float, float], q: floa
 
 def proc_sample(pgid: int) -> tuple[float, float, dict[str, float]]:
     """(RSS MiB, CPU seconds, RSS MiB by process) of the server: every process of its process group
-    (the core, which leads the group, and its frontend workers in the default process mode)."""
+    (the core, which leads the group, its frontend workers and model hosts) and the core's children outside
+    it (Envoy, the gRPC front, leads a group of its own)."""
     rss_pages, ticks = 0, 0
     page = os.sysconf("SC_PAGE_SIZE") / 2**20
     by_process: dict[str, float] = {}
@@ -142,11 +143,13 @@ def proc_sample(pgid: int) -> tuple[float, float, dict[str, float]]:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:  # gone meanwhile
             continue
-        if int(fields[2]) == pgid:  # fields[2] is the process group (the 5th field of stat)
+        # fields[1] is the parent, fields[2] the process group (the 4th and 5th fields of stat)
+        if int(fields[2]) == pgid or int(fields[1]) == pgid:
             ticks += int(fields[11]) + int(fields[12])
             rss_pages += int(fields[21])
             pid = int(stat.parent.name)
-            by_process["core" if pid == pgid else f"worker {pid}"] = round(int(fields[21]) * page, 1)
+            name = "core" if pid == pgid else f"worker {pid}" if int(fields[2]) == pgid else f"envoy {pid}"
+            by_process[name] = round(int(fields[21]) * page, 1)
     return rss_pages * page, ticks / os.sysconf("SC_CLK_TCK"), by_process
 
 
