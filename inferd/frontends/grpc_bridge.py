@@ -109,7 +109,11 @@ class BridgeContext:
         return self._cancelled
 
     def peer(self) -> str:
-        return "ipv4:" + self._headers.get("x-forwarded-for", "unknown (through Envoy)")
+        """The client's address as grpc.aio writes a peer (``ipv4:1.2.3.4``; Envoy forwards no port)."""
+        address = self._headers.get("x-forwarded-for", "").rsplit(",", 1)[-1].strip()
+        if not address:
+            return "unknown (through the gRPC front)"
+        return ("ipv6:" if ":" in address else "ipv4:") + address
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         raise Aborted(code, details)

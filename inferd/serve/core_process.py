@@ -69,9 +69,10 @@ class MultiProcessServer(InferenceServer):
         shared = (self.door_tally.fd,) if self.door_tally is not None else ()
         self.supervisor = Supervisor(self.workers, self._worker_config, self._endpoint, shared_fds=shared,
                                      recycle=self.recycle, grace=o.grace_seconds)
-        await self.supervisor.start()
         if o.allow_grpc and o.grpc_front == "envoy":
-            await self.start_front([self.front_sockets(i) for i in range(self.workers)])
+            self.spawn_front([self.front_sockets(i) for i in range(self.workers)])
+        await self.supervisor.start()  # a failure stops the server, Envoy with it
+        await self.front_serving()
         log.info("%d frontend workers serving%s%s", self.workers,
                  f" gRPC on {o.address}:{self.grpc_port}{' through Envoy' if self.front else ''}"
                  if o.allow_grpc else "",

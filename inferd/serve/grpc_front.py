@@ -54,7 +54,7 @@ ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 DOWNSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
 BRIDGE_CLUSTER, GRPC_CLUSTER = "inferd_bridge", "inferd_grpc"
-UNLIMITED = 1 << 30  # Envoy's circuit breakers off: inferd's admission decides what to refuse
+UNLIMITED = 1 << 30  # a circuit breaker off: inferd's admission decides, but for the bound on held calls
 NO_WORKER = ("inferd's gRPC front (Envoy) got no answer from a serving process (%RESPONSE_CODE_DETAILS%): "
              "one was restarting or the server is stopping; retry the call")
 START_TIMEOUT = 30.0
@@ -298,7 +298,18 @@ class EnvoyFront:
 
     async def start(self, timeout: float = START_TIMEOUT) -> None:
         """Start Envoy and return once its listener serves (SystemExit if it cannot)."""
-        process = self.process = self._spawn()
+        self.spawn()
+        await self.serving(timeout)
+
+    def spawn(self) -> None:
+        """Start Envoy; :meth:`serving` waits until it serves. Envoy connects to the serving processes only
+        when a call comes, so it may start before they listen: its start then overlaps theirs."""
+        self.process = self._spawn()
+
+    async def serving(self, timeout: float = START_TIMEOUT) -> None:
+        """Return once the Envoy :meth:`spawn` started serves its listener (SystemExit if it cannot)."""
+        process = self.process
+        assert process is not None
         give_up = self.clock.now() + timeout
         while True:
             if process.poll() is not None:

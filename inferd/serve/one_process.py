@@ -252,15 +252,16 @@ class InferenceServer:
         forward = header_forward(o.grpc_header_forward_pattern, "--grpc-header-forward-pattern")
         admission = self.dataplane.admission
         sockets = self.front_sockets(0) if o.grpc_front == "envoy" else None
-        # Behind the gRPC front, Envoy bounds the held calls (start_front); grpc.aio's port has its door.
+        if sockets is not None:
+            self.spawn_front([sockets])
+        # Behind the gRPC front, Envoy bounds the held calls (spawn_front); grpc.aio's port has its door.
         door = Door(DoorPolicy(0 if sockets else o.grpc_max_held_calls), on_refused=lambda: admission.count_refused(1))
         port = GrpcPort(InferenceServicer(self.dataplane, forward=forward), Health(self.dataplane), GrpcPortOptions(
             address=o.address, port=o.grpc_port, max_message_bytes=o.max_message_bytes, tls=o.grpc_tls,
             restrictions=o.grpc_restrictions, channel_args=tuple(o.grpc_options), front=sockets), door=door)
         await port.start()
         self._grpc = port
-        if sockets is not None:
-            await self.start_front([sockets])
+        await self.front_serving()
         log.info("serving gRPC%s on %s:%d%s", " (TLS)" if o.grpc_tls else "", o.address, self.grpc_port,
                  " through Envoy" if self.front is not None else "")
 
@@ -270,8 +271,9 @@ class InferenceServer:
             self._front_dir = run_folder()
         return FrontSockets(str(self._front_dir / f"grpc-{slot}.sock"), str(self._front_dir / f"bridge-{slot}.sock"))
 
-    async def start_front(self, sockets: list[FrontSockets]) -> None:
-        """Envoy on the gRPC port (reserved here: port 0 is resolved once), in front of ``sockets``."""
+    def spawn_front(self, sockets: list[FrontSockets]) -> None:
+        """Start Envoy on the gRPC port (reserved here: port 0 is resolved once), in front of ``sockets``;
+        :meth:`front_serving` waits for it, so that its start overlaps the serving processes'."""
         o = self.options
         assert self._front_dir is not None
         if self._front_port is None:
@@ -279,8 +281,12 @@ class InferenceServer:
         self.front = EnvoyFront(o.address, self.grpc_port, [Upstream(s.grpc, s.bridge) for s in sockets],
                                 self._front_dir, o.grpc_front_threads, tls=o.grpc_tls,
                                 max_held_calls=o.grpc_max_held_calls)
-        await self.front.start()
+        self.front.spawn()
         self.dataplane.admission.elsewhere = self.front.refused
+
+    async def front_serving(self) -> None:
+        if self.front is not None:
+            await self.front.serving()
 
     async def drain_front(self, deadline: float) -> None:
         """Once the calls in flight are answered: end the open streams and drain Envoy's connections, so
