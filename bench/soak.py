@@ -14,7 +14,8 @@ offers an open-loop gRPC load at ``--rate`` requests/s until ``--requests`` were
 - 5% with a queue timeout of 1-200 us (``timeout`` parameter; REJECT, UNAVAILABLE when it passes),
   and a client deadline of 2-20 ms on one request in three of those (DEADLINE_EXCEEDED).
 
-The server runs in its default process mode (here: the core and 2 frontend workers). Every
+The server runs in its default process mode (on 2 cores: one process behind the gRPC front, Envoy;
+until issue 46, the core and 2 frontend workers with grpc.aio on the port). Every
 ``--window`` seconds it records the server's RSS and CPU time (/proc, over its process group), the requests
 answered, the p50/p99 latency of successful ones and the answers by status; at the end it
 writes bench/results/soak.json (RESULTS.md's "soak" section, rendered by bench.bench) and
@@ -347,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=10.0, help="seconds per sample")
     parser.add_argument("--seed", type=int, default=16)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--name", default="soak", help="the run's name: <out>/<name>.json and its RESULTS.md section")
     parser.add_argument("--no-client-cancels", action="store_true",
                         help="send the mix's 5%% of client cancels as ordinary requests")
     parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
@@ -380,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         code = server.wait(60)
         log.close()
     args.out.mkdir(parents=True, exist_ok=True)
-    plot(rows, args.out / "soak.png")
+    plot(rows, args.out / f"{args.name}.png")
     result = summarize(rows, args.requests, args.rate, elapsed, args.window)
     result["server_exit_status"] = code
     server_log = (work / "server.log").read_text(errors="replace")
@@ -389,14 +391,14 @@ def main(argv: list[str] | None = None) -> int:
     unsent = server_log.count("ExecuteBatchError raised in core by servicer method")
     tracebacks = server_log.count("Traceback") - unsent
     if tracebacks or unsent:  # kept next to the results: what went wrong must be readable after the run
-        (args.out / "soak-server.log").write_text(_without_machine_paths(server_log, work))
+        (args.out / f"{args.name}-server.log").write_text(_without_machine_paths(server_log, work))
     result["notes"] += (f"\n\nServer exit status after SIGTERM: {code}; tracebacks in its log: {tracebacks}, "
                         f"besides {unsent} of gRPC's own logs of an answer to a call the client had already "
                         "cancelled or timed out (ExecuteBatchError, logged by grpc.aio since grpc/grpc#32551).")
-    data = {"scenario": "soak", "doc": (__doc__ or "").strip(), "result": result,
+    data = {"scenario": args.name, "doc": (__doc__ or "").strip(), "result": result,
             "when": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": _machine(), "command": "python -m bench.soak " + " ".join(argv or sys.argv[1:])}
-    (args.out / "soak.json").write_text(json.dumps(data, indent=1))
+    (args.out / f"{args.name}.json").write_text(json.dumps(data, indent=1))
     shutil.rmtree(work, ignore_errors=True)
     print(result["notes"])
     return 0 if code == 0 and not tracebacks else 1

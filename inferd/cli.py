@@ -124,8 +124,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                         "resource takes the largest count given); default: the most any loaded instance needs. "
                         "Repeatable; once given, every resource a model uses must be listed")
     p.add_argument("--frontend-workers", type=int, default=None, metavar="N",
-                   help="processes that serve the gRPC and HTTP ports (SO_REUSEPORT) and hand each request to "
-                        "this process, which runs the models: 0 serves everything in one process. Default: "
+                   help="processes that serve the gRPC and HTTP ports (the HTTP port with SO_REUSEPORT; the gRPC "
+                        "port's calls reach them through the gRPC front, or through SO_REUSEPORT with --grpc-front "
+                        "grpcio) and hand each request to this process, which runs the models: 0 serves everything "
+                        "in one process. Default: "
                         f"one process on a single core and, behind the gRPC front, on two; else half the cores, at least "
                         f"2 (here {default_frontend_workers()} behind Envoy, {default_frontend_workers(front='grpcio')} "
                         "with --grpc-front grpcio)")
