@@ -1,5 +1,9 @@
 """The gRPC door: a bound on the calls a server holds, counting those gRPC holds for it unseen.
 
+This is grpc.aio's door (``--grpc-front grpcio``). Behind the gRPC front (the default) the same flag is
+Envoy's circuit breaker on the bridged calls, on by default (:mod:`inferd.serve.grpc_front`), which refuses
+before any Python runs: what the paragraphs below found this door cannot do.
+
 A Python gRPC server takes ("claims") the calls gRPC core has received one at a time on its event
 loop; until then a call waits in gRPC core's queue, where nothing of inferd can count it. Under a
 transport-bound load that queue is where all the waiting is: with 1,800 calls kept in flight on mlp
