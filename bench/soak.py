@@ -384,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     plot(rows, args.out / f"{args.name}.png")
     result = summarize(rows, args.requests, args.rate, elapsed, args.window)
+    result["notes"] = result["notes"].replace("results/soak.png", f"results/{args.name}.png")
     result["server_exit_status"] = code
     server_log = (work / "server.log").read_text(errors="replace")
     # grpc.aio logs (with a traceback) a response it could not send because the client had already ended
