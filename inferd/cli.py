@@ -316,13 +316,13 @@ def default_frontend_workers(cores: int | None = None, front: str = "envoy") -> 
     cpusets count) and the gRPC front: one process (0) on a single core, and on two behind Envoy
     (``front``); else half the cores, at least two, at most 16.
 
-    Behind Envoy (issue 46, bench/RESULTS.md ``front_door``, perf_analyzer beside Triton on 2 cores, one
-    run): one process served unary gRPC identity 7,047/s at c=16 against 5,903 for two workers, at 156
-    against 225 us CPU per inference, and the MLP 6,020 against 4,756/s; at c=1 2,267 against 1,671/s.
+    Behind Envoy (issue 46, bench/RESULTS.md ``front_door``, perf_analyzer beside Triton on 2 cores, medians
+    of two rounds): one process served unary gRPC identity 6,228/s at c=16 against 5,104 for two workers, at
+    173 against 256 us CPU per inference, and 2,128 against 1,459/s at c=1; the MLP 5,597 against 4,853/s;
+    gRPC streams 6,239 against 4,309/s; HTTP 8,718 against 5,991/s.
     Envoy takes the wire's HTTP/2 off the Python process, so what workers spread (the grpc.aio transport)
-    is gone from unary calls, and their hop remains. HTTP and gRPC streams, which Envoy does not bridge,
-    already went 1.29x and 1.79x faster in one process (below). So on two cores one process wins every
-    protocol measured; from three cores up the earlier rule stands (not measured behind Envoy here: no
+    is gone from unary calls, and their hop remains. So on two cores one process wins every protocol
+    measured; from three cores up the earlier rule stands (not measured behind Envoy here: no
     host with more cores was lent), since one process's event loop is one core.
 
     The rule rests on figures measured in one run each (issue 32, perf_analyzer over gRPC,
