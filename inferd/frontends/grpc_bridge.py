@@ -237,7 +237,7 @@ class BridgePort:
 
     async def start(self) -> None:
         try:
-            os.unlink(self.path)  # a replaced worker's socket: its connections live on, new ones come here
+            os.unlink(self.path)  # left by an earlier process of this pid (the port publishes it under its slot's name)
         except FileNotFoundError:
             pass
         loop = asyncio.get_running_loop()
@@ -274,10 +274,6 @@ class BridgePort:
             if connection.task is None or connection.task.done():  # retried on another process)
                 if connection.transport is not None:
                     connection.transport.close()
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
         if self.busy:
             self.idle = asyncio.Event()
             try:

@@ -55,7 +55,7 @@ class MultiProcessServer(InferenceServer):
             await self._start_metrics()
         if o.allow_grpc:
             sock = reserve(o.address, o.grpc_port, "gRPC")
-            if o.grpc_front == "envoy":
+            if o.behind_front:
                 self._front_port = sock  # Envoy's, released once it stopped
             else:
                 self._reserved.append(sock)
@@ -64,12 +64,12 @@ class MultiProcessServer(InferenceServer):
             sock = reserve(self.http_address, o.http_port, "HTTP")
             self._reserved.append(sock)
             self._http_port = sock.getsockname()[1]
-        if o.allow_grpc and o.grpc_max_held_calls and o.grpc_front != "envoy":  # Envoy bounds them behind it
+        if o.allow_grpc and o.grpc_door_bound:
             self.door_tally = Tally.create(self.workers, "inferd-door")
         shared = (self.door_tally.fd,) if self.door_tally is not None else ()
         self.supervisor = Supervisor(self.workers, self._worker_config, self._endpoint, shared_fds=shared,
                                      recycle=self.recycle, grace=o.grace_seconds)
-        if o.allow_grpc and o.grpc_front == "envoy":
+        if o.behind_front:
             self.spawn_front([self.front_sockets(i) for i in range(self.workers)])
         await self.supervisor.start()  # a failure stops the server, Envoy with it
         await self.front_serving()
@@ -90,9 +90,9 @@ class MultiProcessServer(InferenceServer):
                      "tls": o.grpc_tls.to_plain() if o.grpc_tls else None,
                      "restrictions": o.grpc_restrictions.to_plain(),
                      "header_forward_pattern": o.grpc_header_forward_pattern,
-                     "door": {"bound": 0 if o.grpc_front == "envoy" else o.grpc_max_held_calls, "slot": index,
+                     "door": {"bound": o.grpc_door_bound, "slot": index,
                               "tally": [self.door_tally.fd, self.door_tally.slots] if self.door_tally else None},
-                     "front": self.front_sockets(index).to_plain() if o.grpc_front == "envoy" else None,
+                     "front": self.front_sockets(index).to_plain() if o.behind_front else None,
                      } if o.allow_grpc else None,
             "http": {"address": self.http_address, "port": self.http_port, "max_input_bytes": o.http_max_input_bytes,
                      "tls": o.http_tls.to_plain() if o.http_tls else None,

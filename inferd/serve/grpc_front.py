@@ -281,7 +281,6 @@ class EnvoyFront:
         self._refused_before = 0  # by Envoys that exited (a restarted one counts from 0)
         self._refused_seen = 0  # by this one, at the last reading
         self.process: subprocess.Popen | None = None
-        self.restarts = 0
         self._stopping = False
 
     def _spawn(self) -> subprocess.Popen:
@@ -332,7 +331,6 @@ class EnvoyFront:
     def _exited(self, process: subprocess.Popen, status: int) -> None:
         if self._stopping or process is not self.process:
             return
-        self.restarts += 1
         self._refused_before += self._refused_seen
         self._refused_seen = 0
         log.error("gRPC front: Envoy (pid %d) exited with %s; starting it again", process.pid,

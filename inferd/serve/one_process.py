@@ -111,6 +111,16 @@ class ServerOptions:
     grpc_front_threads: int = 1  # --grpc-front-threads: Envoy's worker threads
     http_header_forward_pattern: str = ""  # headers that become an infer request's parameters ("": none)
 
+    @property
+    def behind_front(self) -> bool:
+        """gRPC is served behind the gRPC front (Envoy)."""
+        return self.allow_grpc and self.grpc_front == "envoy"
+
+    @property
+    def grpc_door_bound(self) -> int:
+        """The bound grpc.aio's door keeps: none behind the front, where Envoy keeps --grpc-max-held-calls."""
+        return 0 if self.behind_front else self.grpc_max_held_calls
+
 
 # Of the exit timeout, the part kept for closing the ports and releasing the models (model hosts
 # finalizing) once in-flight requests have had the rest: a quarter, at most this many seconds.
@@ -251,11 +261,10 @@ class InferenceServer:
         o = self.options
         forward = header_forward(o.grpc_header_forward_pattern, "--grpc-header-forward-pattern")
         admission = self.dataplane.admission
-        sockets = self.front_sockets(0) if o.grpc_front == "envoy" else None
+        sockets = self.front_sockets(0) if o.behind_front else None
         if sockets is not None:
             self.spawn_front([sockets])
-        # Behind the gRPC front, Envoy bounds the held calls (spawn_front); grpc.aio's port has its door.
-        door = Door(DoorPolicy(0 if sockets else o.grpc_max_held_calls), on_refused=lambda: admission.count_refused(1))
+        door = Door(DoorPolicy(o.grpc_door_bound), on_refused=lambda: admission.count_refused(1))
         port = GrpcPort(InferenceServicer(self.dataplane, forward=forward), Health(self.dataplane), GrpcPortOptions(
             address=o.address, port=o.grpc_port, max_message_bytes=o.max_message_bytes, tls=o.grpc_tls,
             restrictions=o.grpc_restrictions, channel_args=tuple(o.grpc_options), front=sockets), door=door)
