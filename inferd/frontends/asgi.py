@@ -18,6 +18,8 @@ from typing import Any, Iterator
 
 import uvicorn
 
+from inferd.errors import Unavailable
+from inferd.frontends.http_limits import send_error
 from inferd.frontends.tls import TlsFiles
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,10 @@ log = logging.getLogger(__name__)
 # 0.1 s and sleeps 0.1 s more before its first look, so each stop of an idle port took 0.1-0.3 s (a
 # server's stop waits for three ports in turn); a look costs a few microseconds.
 STOP_POLL_SECONDS = 0.005
+
+# What a request still running when the graceful timeout ends is answered (503), where uvicorn would log
+# the cancel as an application error with its traceback and answer 500.
+CUT_AT_STOP = "inferd is shutting down: this request was still running when the shutdown's grace ended"
 
 
 class _Server(uvicorn.Server):
@@ -39,6 +45,7 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config) -> None:
         super().__init__(config)
         self._exit = asyncio.Event()
+        self.cutting = False  # the graceful timeout ended: what is cancelled now is answered 503
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:  # the application owns SIGINT/SIGTERM
@@ -68,12 +75,33 @@ class _Server(uvicorn.Server):
                 while (state.connections or state.tasks) and not self.force_exit:
                     await asyncio.sleep(STOP_POLL_SECONDS)
         except TimeoutError:
-            log.error("%d HTTP request(s) still running past the graceful shutdown timeout: cancelled",
+            log.error("%d HTTP request(s) still running past the graceful shutdown timeout: answered 503",
                       len(state.tasks))
+            self.cutting = True
             for task in state.tasks:
                 task.cancel(msg="cancelled: the graceful shutdown timeout ended")
         for server in self.servers:
             await server.wait_closed()
+
+
+class _AnswerCuts:
+    """ASGI: a request cancelled by the stop (:attr:`_Server.cutting`; a request whose body had not all
+    arrived yet, or whose model had not answered) is answered 503 with :data:`CUT_AT_STOP`, a retryable
+    refusal, instead of the 500 and traceback uvicorn gives any cancelled application. One whose answer
+    had started already is left to uvicorn, which closes its connection."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.server: _Server | None = None
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            if self.server is None or not self.server.cutting or scope["type"] != "http":
+                raise
+            with contextlib.suppress(Exception):  # the answer had started: uvicorn closes the connection
+                await send_error(scope, send, Unavailable(CUT_AT_STOP), 503)
 
 
 def bind(host: str, port: int, what: str, reuse_port: bool = False) -> socket.socket:
@@ -123,8 +151,9 @@ class AsgiServer:
     async def start(self) -> int:
         sock = self._sock or bind(self.host, self.requested_port, self.what)
         self.port = sock.getsockname()[1]
+        app = _AnswerCuts(self.app)
         config = uvicorn.Config(
-            self.app,
+            app,
             lifespan="off",
             log_config=None,  # leave the process's logging alone
             log_level="warning",
@@ -137,6 +166,7 @@ class AsgiServer:
             **(self.tls.uvicorn_options() if self.tls is not None else {}),
         )
         server = _Server(config)
+        app.server = server
         self._server = server
         self._task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name=f"inferd {self.what}")
         while not server.started:

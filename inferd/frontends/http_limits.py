@@ -17,7 +17,7 @@ import json
 import zlib
 from typing import Any
 
-from inferd.errors import InvalidArgument, TooLarge, Unimplemented
+from inferd.errors import InferdError, InvalidArgument, TooLarge, Unimplemented
 
 MAX_CHUNKS = 1 << 16  # Triton's kMaxChunkedChunks
 TOO_MANY_CHUNKS = (f"Chunked request body exceeds maximum of {MAX_CHUNKS} non-empty chunks. Send fewer or larger "
@@ -67,7 +67,7 @@ def is_openai(path: str) -> bool:
     return path == "/v1" or path.startswith("/v1/")
 
 
-async def send_error(scope: dict, send: Any, exc: TooLarge | InvalidArgument, status: int) -> None:
+async def send_error(scope: dict, send: Any, exc: InferdError, status: int) -> None:
     """``exc`` as the error body of the path's API (OpenAI's under /v1, KServe's elsewhere)."""
     if is_openai(scope.get("path", "")):
         from inferd.frontends.openai._errors import error_body  # here: a server may never serve /v1
