@@ -27,6 +27,7 @@ on a port.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import http.client
 import json
 import logging
@@ -394,6 +395,44 @@ class EnvoyFront:
             await asyncio.sleep(0.01)
 
 
-def run_folder() -> Path:
-    """A private folder (0700) for the front's sockets and Envoy's files."""
-    return Path(tempfile.mkdtemp(prefix="inferd-front-"))
+FOLDER_PREFIX = "inferd-front-"
+HELD = "held"  # the file in a run folder whose lock says its server lives
+
+
+class RunFolder:
+    """A private folder (0700) for the front's sockets and Envoy's files, held for the life of the process
+    that made it by a lock (flock) on a file in it, which the kernel drops however that process ends. A
+    server that was killed (SIGKILL, the OOM killer) cannot remove its folder: the next one made on the
+    machine removes every folder whose lock nobody holds (:func:`sweep_run_folders`)."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        sweep_run_folders(root)
+        self.path = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX, dir=root))
+        # Locked under another name, then renamed: a sweep never finds the file unlocked.
+        self._held = os.open(self.path / (HELD + ".new"), os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._held, fcntl.LOCK_EX)
+        os.rename(self.path / (HELD + ".new"), self.path / HELD)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self._held)
+
+
+def sweep_run_folders(root: Path | None = None) -> int:
+    """Remove the run folders in ``root`` (the temporary folder) whose servers are gone; how many."""
+    removed = 0
+    for folder in Path(root or tempfile.gettempdir()).glob(FOLDER_PREFIX + "*"):
+        try:
+            held = os.open(folder / HELD, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # being made, or another user's
+            continue
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # its server lives
+            continue
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+        finally:
+            os.close(held)
+    return removed

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import signal
 import socket
 import threading
@@ -53,7 +52,7 @@ from inferd.frontends.openai import BatchLines, OpenAIOptions
 from inferd.frontends.parameters import header_forward
 from inferd.frontends.restrictions import Restrictions
 from inferd.frontends.tls import TlsFiles
-from inferd.serve.grpc_front import EnvoyFront, Upstream, run_folder
+from inferd.serve.grpc_front import EnvoyFront, RunFolder, Upstream
 from inferd.streaming import StreamLimits
 
 log = logging.getLogger("inferd")
@@ -165,7 +164,7 @@ class InferenceServer:
         self._http_frontend: HttpFrontend | None = None
         self._metrics_server: AsgiServer | None = None
         self.front: EnvoyFront | None = None  # --grpc-front envoy
-        self._front_dir: Path | None = None
+        self._front_folder: RunFolder | None = None
         self._front_port: socket.socket | None = None  # the gRPC port, reserved for Envoy
         self._stopping = asyncio.Event()
         self._watchdog: threading.Timer | None = None
@@ -276,19 +275,20 @@ class InferenceServer:
 
     def front_sockets(self, slot: int) -> FrontSockets:
         """Serving process ``slot``'s two sockets behind the gRPC front (its folder made on first use)."""
-        if self._front_dir is None:
-            self._front_dir = run_folder()
-        return FrontSockets(str(self._front_dir / f"grpc-{slot}.sock"), str(self._front_dir / f"bridge-{slot}.sock"))
+        if self._front_folder is None:
+            self._front_folder = RunFolder()
+        folder = self._front_folder.path
+        return FrontSockets(str(folder / f"grpc-{slot}.sock"), str(folder / f"bridge-{slot}.sock"))
 
     def spawn_front(self, sockets: list[FrontSockets]) -> None:
         """Start Envoy on the gRPC port (reserved here: port 0 is resolved once), in front of ``sockets``;
         :meth:`front_serving` waits for it, so that its start overlaps the serving processes'."""
         o = self.options
-        assert self._front_dir is not None
+        assert self._front_folder is not None
         if self._front_port is None:
             self._front_port = bind(o.address, o.grpc_port, "gRPC", reuse_port=True)  # never listens: Envoy does
         self.front = EnvoyFront(o.address, self.grpc_port, [Upstream(s.grpc, s.bridge) for s in sockets],
-                                self._front_dir, o.grpc_front_threads, tls=o.grpc_tls,
+                                self._front_folder.path, o.grpc_front_threads, tls=o.grpc_tls,
                                 max_held_calls=o.grpc_max_held_calls)
         self.front.spawn()
         self.dataplane.admission.elsewhere = self.front.refused
@@ -317,9 +317,9 @@ class InferenceServer:
         if self._front_port is not None:
             self._front_port.close()
             self._front_port = None
-        if self._front_dir is not None:
-            shutil.rmtree(self._front_dir, ignore_errors=True)
-            self._front_dir = None
+        if self._front_folder is not None:
+            self._front_folder.remove()
+            self._front_folder = None
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful stop: not ready at once, refuse new work, let accepted requests finish (for ``grace``
