@@ -400,8 +400,9 @@ def render() -> str:
                   f"- command: `{data['command']}`", ""]
         for k, v in data["result"].get("ceilings", {}).items():
             lines.append(f"- {k}: {v:,.0f}/s")
-        lines += ["", "| what | concurrency | batch | infer/s | p50 us | p99 us | note |",
-                  "|---|---:|---:|---:|---:|---:|---|"]
+        if data["result"]["measures"]:
+            lines += ["", "| what | concurrency | batch | infer/s | p50 us | p99 us | note |",
+                      "|---|---:|---:|---:|---:|---:|---|"]
         for m in data["result"]["measures"]:
             lines.append(f"| {m['label']} | {m['concurrency']} | {m['batch']} | {m['infer_per_s']:,.0f} | "
                          f"{m['p50_us']:,.0f} | {m['p99_us']:,.0f} | {m['note']} |")
