@@ -50,9 +50,7 @@ from inferd.frontends.grpc_service import Undecodable, _decoder
 
 log = logging.getLogger(__name__)
 
-# What the bridge sends upstream and checks on the way back: gRPC's own, so that Envoy's own answers to a
-# bridged call (also gRPC's) pass it too (serve/grpc_front.py).
-CONTENT_TYPE = "application/grpc"
+CONTENT_TYPE = "application/grpc"  # the answers': Envoy passes them on as gRPC's
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 FRAME = struct.Struct(">BI")  # a gRPC message's frame header: compressed flag, length

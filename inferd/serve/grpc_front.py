@@ -102,7 +102,8 @@ def _pipe(path: str) -> dict:
 def _cluster(name: str, paths: list[str], http2: bool, max_requests: int = 0) -> dict:
     protocol = {"explicit_http_config": {"http2_protocol_options": {
         "max_concurrent_streams": UNLIMITED, "initial_stream_window_size": WINDOW,
-        "initial_connection_window_size": 16 * WINDOW}} if http2 else {"http_protocol_options": {"enable_trailers": True}}}  # gRPC's status: chunked trailers
+        "initial_connection_window_size": 16 * WINDOW}} if http2 else {
+        "http_protocol_options": {"enable_trailers": True}}}  # HTTP/1.1 carries gRPC's status in chunked trailers
     limits = {"max_connections": UNLIMITED, "max_pending_requests": UNLIMITED,
               "max_requests": max_requests or UNLIMITED, "max_retries": UNLIMITED}
     return {
