@@ -182,8 +182,9 @@ def front_config(address: str, port: int, upstreams: list[Upstream], admin: str,
             _bridged_route(),
             {"match": {"prefix": "/"}, "route": {"cluster": GRPC_CLUSTER, "timeout": "0s", "retry_policy": GRPC_RETRY}},
         ]}]},
-        # The router alone: a filter more (Envoy's gRPC-HTTP/1.1 reverse bridge, and a header rewrite to carry
-        # the status) cost ~10 us of Envoy's CPU a call (bench/RESULTS.md front_door).
+        # The router alone: the serving process speaks gRPC over HTTP/1.1 itself, where Envoy's gRPC-HTTP/1.1
+        # reverse bridge needed a header rewrite after it to carry an error's status (two filters a call; what
+        # they cost is within this machine's noise: bench/RESULTS.md front_door).
         "http_filters": [
             {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER, "suppress_envoy_headers": True}},
         ],
