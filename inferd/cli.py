@@ -316,7 +316,7 @@ def default_frontend_workers(cores: int | None = None, front: str = "envoy") -> 
     cpusets count) and the gRPC front: one process (0) on a single core, and on two behind Envoy
     (``front``); else half the cores, at least two, at most 16.
 
-    Behind Envoy (issue 46, bench/RESULTS.md ``front_door``, perf_analyzer beside Triton on 2 cores, medians
+    Behind Envoy (issue 46, bench/RESULTS.md ``front_door_first``, perf_analyzer beside Triton on 2 cores, medians
     of two rounds): one process served unary gRPC identity 6,228/s at c=16 against 5,104 for two workers, at
     173 against 256 us CPU per inference, and 2,128 against 1,459/s at c=1; the MLP 5,597 against 4,853/s;
     gRPC streams 6,239 against 4,309/s; HTTP 8,718 against 5,991/s.
