@@ -305,7 +305,7 @@ def plot(rows: list[dict], out: Path) -> None:
 WARM_UP_S = 300.0  # the first five minutes: the allocator's arenas, grpc's pools and the caches fill
 
 
-def summarize(rows: list[dict], total: int, rate: float, elapsed: float, window_s: float) -> dict:
+def summarize(rows: list[dict], total: int, rate: float, elapsed: float, window_s: float, name: str = "soak") -> dict:
     quarter = max(1, len(rows) // 4)
     first, last = rows[:quarter], rows[-quarter - 1:-1] or rows[-quarter:]
 
@@ -335,7 +335,7 @@ def summarize(rows: list[dict], total: int, rate: float, elapsed: float, window_
         f"{', '.join(f'{k} {v:+.3f}' for k, v in rss_slopes(rows, WARM_UP_S).items())}. Errors are the ones the mix asks for (client cancels, "
         "queue timeouts, short deadlines); anything else would be a defect. The client and the server share "
         "the 2 cores, and the machine was shared with other engineers' builds and tests.\n\n"
-        "![soak: RSS, latency and errors over time](results/soak.png)")
+        f"![soak: RSS, latency and errors over time](results/{name}.png)")
     return {"measures": measures, "notes": notes, "windows": rows, "answers": dict(codes),
             "rss_slope_mib_per_min": rss_slopes(rows, WARM_UP_S)}
 
@@ -383,8 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         log.close()
     args.out.mkdir(parents=True, exist_ok=True)
     plot(rows, args.out / f"{args.name}.png")
-    result = summarize(rows, args.requests, args.rate, elapsed, args.window)
-    result["notes"] = result["notes"].replace("results/soak.png", f"results/{args.name}.png")
+    result = summarize(rows, args.requests, args.rate, elapsed, args.window, args.name)
     result["server_exit_status"] = code
     server_log = (work / "server.log").read_text(errors="replace")
     # grpc.aio logs (with a traceback) a response it could not send because the client had already ended
