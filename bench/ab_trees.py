@@ -1,12 +1,12 @@
 """Two source trees of inferd, A and B, measured beside each other in one run: throughput and CPU per inference.
 
     python -m bench.ab_trees --a DIR --b DIR [--rounds 6] [--load identity_fp32:16] [--load mlp:16]
-                             [--server-arg ARG ...]
+                             [--server-arg ARG ...] [--model-repository DIR]
 
 For a change whose effect is within a run's noise on a shared machine (a few percent), alternating rounds
 of both trees are the measure: each tree's ``inferd serve`` runs from its own folder (PYTHONPATH, so both
-use this interpreter and its packages) on the example repository's identity_fp32 and mlp, both up for
-the whole run; each round drives each server with perf_analyzer over gRPC in turn (the order reversed
+use this interpreter and its packages) on the example repository's identity_fp32 and mlp (or on
+--model-repository, its models named by --load), both up for the whole run; each round drives each server with perf_analyzer over gRPC in turn (the order reversed
 every round), and reads CPU per inference for each of its processes (/proc, bench/proc_cpu.py) over the
 server's own inference count. A tree is a checkout or a git worktree, e.g.
 ``git worktree add /tmp/before HEAD~1``. Prints each round and the medians; needs $PERF_ANALYZER."""
@@ -61,12 +61,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="default: identity_fp32:16 and mlp:16")
     parser.add_argument("--window-ms", type=int, default=4000)
     parser.add_argument("--server-arg", action="append", default=[], metavar="ARG")
+    parser.add_argument("--model-repository", type=Path, metavar="DIR",
+                        help="serve this repository instead of the example one (its models named by --load)")
     args = parser.parse_args(argv)
     loads = [(m, int(c)) for m, _, c in (x.partition(":") for x in args.load or ["identity_fp32:16", "mlp:16"])]
     work = Path(tempfile.mkdtemp(prefix="ab-trees-"))
-    repo = work / "repo"
-    subprocess.run([sys.executable, "-m", "inferd.examples.build", "--output", str(repo), "--model", "identity_fp32",
-                    "--model", "mlp"], check=True, capture_output=True)
+    repo = args.model_repository.resolve() if args.model_repository else work / "repo"
+    if args.model_repository is None:
+        subprocess.run([sys.executable, "-m", "inferd.examples.build", "--output", str(repo), "--model", "identity_fp32",
+                        "--model", "mlp"], check=True, capture_output=True)
     servers = {}
     try:
         for name, tree in (("A", args.a), ("B", args.b)):

@@ -41,6 +41,9 @@ NO_BLOCK = -1
 # The core credits them back CREDIT_EVERY at a time (each credit message wakes the host's loop).
 RESPONSE_WINDOW = 16
 CREDIT_EVERY = 8
+# A message whose tensors hold at most this many bytes in all carries them itself: a block's
+# allocation, its write and its release back (a message the other way) cost more than the copy.
+INLINE_BYTES = 8192
 # Read from-host blocks wait for the next batch to ride on; past this many they go in a Free of their own.
 FREE_BATCH = 64
 # The same for a BLS call into a decoupled model, in the other direction.
@@ -52,13 +55,15 @@ class _Message(msgspec.Struct, array_like=True, tag=True, omit_defaults=False):
 
 
 class TensorRef(msgspec.Struct, array_like=True):
-    """A tensor in an arena: its wire datatype, shape, and where its bytes lie (BYTES: framed)."""
+    """A tensor: its wire datatype, shape, and where its bytes lie (BYTES: framed): in an arena at
+    ``offset``, or, for a message's few bytes (at most INLINE_BYTES in all), in ``data``."""
 
     name: str
     datatype: str
     shape: list[int]
     offset: int
     nbytes: int
+    data: bytes | None = None
 
 
 class Failure(msgspec.Struct, array_like=True):
@@ -322,19 +327,20 @@ def _datatype(array: np.ndarray) -> str:
 
 def write_tensors(writer: ArenaWriter, groups: Sequence[dict[str, Any]],
                   lock: threading.Lock | None = None) -> tuple[int, list[list[TensorRef]]]:
-    """Every tensor of ``groups`` (dicts of name -> array) into one new block of ``writer``'s arena:
-    (the block, or NO_BLOCK when there are no bytes; each group's references). Raises ArenaFull."""
+    """Every tensor of ``groups`` (dicts of name -> array), for one message: (the block of ``writer``'s
+    arena they were written into, or NO_BLOCK when none was needed; each group's references). At most
+    INLINE_BYTES in all travel in the references themselves. Raises ArenaFull."""
     parts: list[tuple[str, str, list[int], Any]] = []
+    total = 0
     for group in groups:
         for name, value in group.items():
             array = np.asarray(value)
             datatype = _datatype(array)
             data = encode_bytes(array) if datatype == "BYTES" else np.ascontiguousarray(array).reshape(-1).view(np.uint8)
             parts.append((name, datatype, list(array.shape), data))
-    total = sum(aligned(len(p[3])) for p in parts)
-    if total == 0:
-        offsets = [0] * len(parts)
-        block = NO_BLOCK
+            total += aligned(len(data))
+    if total <= INLINE_BYTES:
+        block, offsets, inline = NO_BLOCK, [0] * len(parts), [bytes(p[3]) for p in parts]
     else:
         if lock is not None:
             with lock:
@@ -345,27 +351,32 @@ def write_tensors(writer: ArenaWriter, groups: Sequence[dict[str, Any]],
         for (_, _, _, data), at in zip(parts, offsets):
             if len(data):
                 write(at, data)
+        inline = [None] * len(parts)
     refs: list[list[TensorRef]] = []
     i = 0
     for group in groups:
-        refs.append([TensorRef(name, datatype, shape, offsets[i + k], len(data))
+        refs.append([TensorRef(name, datatype, shape, offsets[i + k], len(data), inline[i + k])
                      for k, (name, datatype, shape, data) in enumerate(parts[i:i + len(group)])])
         i += len(group)
     return block, refs
 
 
 def read_tensors(arena: Arena, refs: Sequence[TensorRef], where: str, copy: bool = False) -> dict[str, np.ndarray]:
-    """The tensors ``refs`` name: read-only views in place (``copy``: arrays of their own)."""
+    """The tensors ``refs`` name: read-only views in place (``copy``: arrays of their own, writable)."""
     out: dict[str, np.ndarray] = {}
     for ref in refs:
         dtype = BY_NAME[ref.datatype]
         count = 1
         for d in ref.shape:
             count *= d
+        data = ref.data
         if dtype.name == "BYTES":
-            array = decode_bytes(arena.view(ref.offset, ref.nbytes), count, f"{where}: tensor '{ref.name}'")
+            raw = memoryview(data) if data is not None else arena.view(ref.offset, ref.nbytes)
+            array = decode_bytes(raw, count, f"{where}: tensor '{ref.name}'")
         elif count == 0:
             array = np.empty(0, dtype=dtype.numpy)
+        elif data is not None:
+            array = np.frombuffer(bytearray(data) if copy else data, dtype=dtype.numpy, count=count)
         else:
             array = arena.array(dtype.numpy, ref.offset, count)
             if copy:

@@ -27,10 +27,12 @@ def arena() -> ArenaWriter:
 
 
 def test_tensors_of_every_kind_go_through_one_block_and_come_back(arena: ArenaWriter) -> None:
-    first = {"F": np.arange(6, dtype=np.float32).reshape(2, 3), "S": np.array([b"ab", b"", "c\u00e9"], np.object_)}
+    big = np.arange(p.INLINE_BYTES // 4 + 1, dtype=np.float32)  # past what a message carries itself
+    first = {"F": big.reshape(1, -1), "S": np.array([b"ab", b"", "c\u00e9"], np.object_)}
     second = {"E": np.zeros((0, 4), np.int64), "B": np.array([[True, False]])}
     block, refs = p.write_tensors(arena, [first, second, {}])
     assert block != p.NO_BLOCK and [len(r) for r in refs] == [2, 2, 0]
+    assert all(ref.data is None for group in refs for ref in group)
     one = p.read_tensors(arena.arena, refs[0], "test")
     assert one["F"].tolist() == first["F"].tolist() and not one["F"].flags.writeable  # a view, in place
     assert one["S"].tolist() == [b"ab", b"", "c\u00e9".encode()]
@@ -38,6 +40,27 @@ def test_tensors_of_every_kind_go_through_one_block_and_come_back(arena: ArenaWr
     assert two["E"].shape == (0, 4) and two["B"].tolist() == [[True, False]]
     arena.free(block)
     assert arena.allocator.in_use() == 0
+
+
+def test_a_message_of_few_bytes_carries_its_tensors_itself(arena: ArenaWriter) -> None:
+    """A small batch takes no block (no allocation, no release message back): its bytes ride in the
+    message, and what is read from it is what was written, as a view or as a writable copy."""
+    small = {"F": np.arange(6, dtype=np.float32).reshape(2, 3), "S": np.array([b"ab", "c\u00e9"], np.object_)}
+    block, refs = p.write_tensors(arena, [small, {"E": np.zeros((0, 2), np.int64)}])
+    assert block == p.NO_BLOCK and arena.allocator.in_use() == 0
+    sent = p.Execute(1, [p.Row(i, "", {}, None, 0, 0, False, False, r, None) for i, r in enumerate(refs)], [], block, [])
+    received = p.to_host(p.encode(sent))
+    view = p.read_tensors(arena.arena, received.rows[0].inputs, "test")
+    assert view["F"].tolist() == small["F"].tolist() and not view["F"].flags.writeable
+    assert view["S"].tolist() == [b"ab", "c\u00e9".encode()]
+    own = p.read_tensors(arena.arena, received.rows[0].inputs, "test", copy=True)
+    own["F"][0, 0] = 7.0  # an array of its own: the message's bytes are not touched
+    assert p.read_tensors(arena.arena, received.rows[0].inputs, "test")["F"][0, 0] == 0.0
+    assert p.read_tensors(arena.arena, received.rows[1].inputs, "test")["E"].shape == (0, 2)
+    big = {"F": np.zeros(p.INLINE_BYTES // 4 + 1, np.float32)}
+    block, refs = p.write_tensors(arena, [big])
+    assert block != p.NO_BLOCK and refs[0][0].data is None  # past the limit: through the arena
+    arena.free(block)
 
 
 def test_a_batch_of_empty_requests_takes_no_block(arena: ArenaWriter) -> None:
