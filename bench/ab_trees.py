@@ -1,7 +1,7 @@
 """Two source trees of inferd, A and B, measured beside each other in one run: throughput and CPU per inference.
 
     python -m bench.ab_trees --a DIR --b DIR [--rounds 6] [--load identity_fp32:16] [--load mlp:16]
-                             [--server-arg ARG ...] [--model-repository DIR]
+                             [--server-arg ARG ...] [--model-repository DIR] [--pa-arg ARG ...]
 
 For a change whose effect is within a run's noise on a shared machine (a few percent), alternating rounds
 of both trees are the measure: each tree's ``inferd serve`` runs from its own folder (PYTHONPATH, so both
@@ -44,9 +44,9 @@ def _serve(tree: Path, repo: Path, log: Path, extra: list[str]) -> tuple[subproc
     return proc, f"127.0.0.1:{port}"
 
 
-def _drive(url: str, model: str, concurrency: int, window_ms: int) -> None:
+def _drive(url: str, model: str, concurrency: int, window_ms: int, extra: list[str]) -> None:
     args = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", "grpc", "--concurrency-range", str(concurrency),
-            *SHAPES.get(model, []), "-s", "90"]
+            *SHAPES.get(model, []), "-s", "90", *extra]
     subprocess.run(args + ["-p", "1000", "--max-trials", "2"], capture_output=True, timeout=300)  # warm-up
     subprocess.run(args + ["-p", str(window_ms), "--max-trials", "3"], capture_output=True, timeout=300)
 
@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="default: identity_fp32:16 and mlp:16")
     parser.add_argument("--window-ms", type=int, default=4000)
     parser.add_argument("--server-arg", action="append", default=[], metavar="ARG")
+    parser.add_argument("--pa-arg", action="append", default=[], metavar="ARG",
+                        help="an argument more for perf_analyzer (--pa-arg=--streaming: gRPC streams)")
     parser.add_argument("--model-repository", type=Path, metavar="DIR",
                         help="serve this repository instead of the example one (its models named by --load)")
     args = parser.parse_args(argv)
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                     proc, url = servers[name]
                     meter = CpuMeter(proc.pid, statistics_count(url, model=model))
                     before, started = meter.sample(), time.monotonic()
-                    _drive(url, model, concurrency, args.window_ms)
+                    _drive(url, model, concurrency, args.window_ms, args.pa_arg)
                     report = meter.since(before)
                     rate = report.inferences / (time.monotonic() - started)
                     per = {p.role: p.cpu_s / max(report.inferences, 1) * 1e6 for p in report.processes}

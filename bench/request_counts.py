@@ -10,7 +10,9 @@ hand them, with a context that only answers what ModelInfer asks; the bare echo 
 "fused", mlp_fused (the same computation as one model). "handoff" is the default process mode's path in
 one process: the servicer a frontend worker runs (over RemoteDataPlane and its CoreLink), the hand-off's
 channel over a real unix socket pair, and the core's DataPlaneEndpoint over the same DataPlane, both ends
-on this loop, so its counts are the worker's and the core's together. Their counts include the runtime's calls,
+on this loop, so its counts are the worker's and the core's together. "stream" is the same servicer's
+ModelStreamInfer, every request on one stream (as perf_analyzer --streaming sends them), each answered
+in turn. Their counts include the runtime's calls,
 and which of its batches run on the loop or on an instance thread follows the executions' measured
 times, so they are exact only for one such choice. Counted over ``--requests`` requests after a warm-up,
 ``--concurrency`` of them started together in one loop turn (as one socket read brings them):
@@ -47,6 +49,7 @@ import sys
 import tempfile
 import threading
 import tracemalloc
+from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -95,7 +98,7 @@ def infer_request(rid: int = 0, model: str = MODEL) -> Any:
 
 Call = Callable[[Any, Any], Awaitable[Any]]
 # Which model each servicer path is handed requests for.
-PATH_MODELS = {"inferd": MODEL, "echo": MODEL, "ensemble": ENSEMBLE, "fused": FUSED, "handoff": MODEL}
+PATH_MODELS = {"inferd": MODEL, "echo": MODEL, "ensemble": ENSEMBLE, "fused": FUSED, "handoff": MODEL, "stream": MODEL}
 HANDOFF_ARENA = 64 << 20  # each of the hand-off path's arenas (sparse memfds)
 
 
@@ -167,8 +170,10 @@ async def servicers(repo: Path | None = None) -> tuple[dict[str, Call], Callable
     if (folder / ENSEMBLE).is_dir():
         calls.update(ensemble=infer, fused=infer)
     calls["handoff"], close_handoff = await handoff(dp)
+    calls["stream"], close_stream = await stream(InferenceServicer(dp))
 
     async def close() -> None:
+        await close_stream()
         close_handoff()
         await dp.close()
 
@@ -206,6 +211,44 @@ async def handoff(dp: Any) -> tuple[Call, Callable[[], None]]:
             arena.close()
 
     return InferenceServicer(RemoteDataPlane(link)).ModelInfer, close
+
+
+class _StreamContext(_Context):
+    """What ModelStreamInfer asks of its context: each written message answers the oldest call waiting."""
+
+    def __init__(self) -> None:
+        self.waiting: deque[asyncio.Future] = deque()
+
+    async def write(self, message: Any) -> None:
+        if message.error_message:
+            raise RuntimeError(f"the request failed: {message.error_message}")
+        self.waiting.popleft().set_result(message.infer_response)
+
+
+async def stream(servicer: Any) -> tuple[Call, Callable[[], Awaitable[None]]]:
+    """ModelInfer's calls carried by one ModelStreamInfer stream (as perf_analyzer --streaming sends them):
+    each call puts its request on the stream and awaits its answer (a model that is not decoupled is
+    answered in the order its requests came); and the coroutine function that ends the stream."""
+    requests: asyncio.Queue = asyncio.Queue()
+    context = _StreamContext()
+
+    async def incoming() -> Any:
+        while (message := await requests.get()) is not None:
+            yield message
+
+    task = asyncio.ensure_future(servicer.ModelStreamInfer(incoming(), context))
+
+    async def call(message: Any, _context: Any) -> Any:
+        answer = asyncio.get_running_loop().create_future()
+        context.waiting.append(answer)
+        requests.put_nowait(message)
+        return await answer
+
+    async def close() -> None:
+        requests.put_nowait(None)
+        await task
+
+    return call, close
 
 
 async def count(call: Call, requests: int, concurrency: int, model: str = MODEL) -> dict[str, float]:

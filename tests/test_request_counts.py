@@ -32,6 +32,11 @@ PINNED = {1: 55.0, 16: 57.5}
 # scheduler entry (issue 45): the ensemble runs in a task of its own in this mode too (as it already did
 # behind the hand-off), and each step's end costs the calls above.
 PINNED_ENSEMBLE = {1: 170.0, 16: 183.5}
+# A ModelStreamInfer stream's requests for a model that is not decoupled (every request on one stream,
+# answered in turn), counted as every Python call (inferd's and the asyncio and contextlib code it runs):
+# each request now takes the unary call's path. Before (four async generators, each closed by aclosing,
+# between the stream and the model): 249 and 195.1.
+PINNED_STREAM = {1: 222.0, 16: 165.1}
 MARGIN = 1.10
 REQUESTS = 480  # enough that the loop's and the runtime's few constant blocks stay far below one per request
 INLINE = '\nparameters { key: "inferd.execution" value { string_value: "inline" } }\n'
@@ -67,6 +72,31 @@ def ensemble_counts(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[
             await close()
 
     return asyncio.run(measure())
+
+
+@pytest.fixture(scope="module")
+def stream_counts(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, float]]:
+    repo = request_counts.repository(tmp_path_factory.mktemp("stream") / "repo")
+
+    async def measure() -> dict[int, dict[str, float]]:
+        calls, close = await request_counts.servicers(repo)
+        try:
+            return {c: await request_counts.count(calls["stream"], REQUESTS, c) for c in PINNED_STREAM}
+        finally:
+            await close()
+
+    return asyncio.run(measure())
+
+
+@pytest.mark.parametrize("concurrency", sorted(PINNED_STREAM))
+def test_stream_calls_per_request_stay_pinned(stream_counts: dict[int, dict[str, float]], concurrency: int) -> None:
+    got = stream_counts[concurrency]["python_calls"]
+    pinned = PINNED_STREAM[concurrency]
+    assert got <= pinned * MARGIN, (
+        f"c={concurrency}: {got:.1f} Python calls per request on a stream, pinned at {pinned} (+10%): something "
+        "now runs on every streamed request; `python -m bench.request_counts --only stream` says how many")
+    assert got >= PINNED[concurrency], f"c={concurrency}: only {got:.1f}: the counter missed the stream's requests"
+    assert stream_counts[concurrency]["kept_blocks"] < 0.5
 
 
 @pytest.mark.parametrize("concurrency", sorted(PINNED_ENSEMBLE))

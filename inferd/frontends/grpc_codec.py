@@ -228,12 +228,12 @@ def int_param(model: str, params: dict[str, object], key: str) -> int:
     return value
 
 
-def encode_infer_response(response: InferenceResponse,
-                          requested: list[RequestedOutput] | None = None) -> pb.ModelInferResponse:
-    """``requested``: the request's outputs; those written to shared memory carry no data here."""
-    msg = pb.ModelInferResponse(
-        model_name=response.model_name, model_version=str(response.model_version), id=response.id
-    )
+def encode_infer_response(response: InferenceResponse, requested: list[RequestedOutput] | None = None,
+                          into: pb.ModelInferResponse | None = None) -> pb.ModelInferResponse:
+    """``requested``: the request's outputs; those written to shared memory carry no data here.
+    ``into``: an empty message to fill (a stream response's ``infer_response``: no copy of the outputs)."""
+    msg = pb.ModelInferResponse() if into is None else into
+    msg.model_name, msg.model_version, msg.id = response.model_name, str(response.model_version), response.id
     in_shm = {r.name for r in requested if r.shared_memory is not None} if requested else None
     raw = msg.raw_output_contents
     for name, array in response.outputs.items():

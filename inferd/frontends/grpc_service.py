@@ -23,7 +23,7 @@ from inferd.facade import DataPlaneAPI, GrpcFastPath
 from inferd.frontends import grpc_codec
 from inferd.frontends.parameters import HeaderForward
 from inferd.frontends.status import grpc_status
-from inferd.types import FrontendStamps
+from inferd.types import FrontendStamps, InferenceRequest
 
 log = logging.getLogger(__name__)
 
@@ -203,9 +203,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         written: its request's task takes the next response from the data plane
         only once there is room, and room comes back as gRPC takes each write (its
         flow control: a client that reads slowly slows the model, never fills the
-        server). The others' single answers are bounded by the requests in flight.
-        The client going away cancels every request of the stream, down to the
-        model. Writes are awaited here (``context.write``), not yielded, so that a
+        server). The others' single answers are bounded by the requests in flight;
+        such a request takes the unary call's path (``dp.infer``: the same checks,
+        tracing and shedding as ModelInfer, no generator per request). The client
+        going away cancels every request of the stream, down to the model. Writes are awaited here (``context.write``), not yielded, so that a
         write the client's departure fails ends the stream quietly instead of being
         logged by grpc."""
         out: asyncio.Queue = asyncio.Queue()
@@ -221,14 +222,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             answers: list[Any] = []
             put = out.put_nowait if ticket is None else answers.append
             try:
-                # aclosing: a cancelled task closes the request's generators now, down to the model.
-                async with aclosing(self._stream_one(msg, forwarded)) as messages:
-                    async for message in messages:
-                        if ticket is None:
+                if ticket is None:
+                    # aclosing: a cancelled task closes the request's generators now, down to the model.
+                    async with aclosing(self._stream_one(msg, forwarded)) as messages:
+                        async for message in messages:
                             await room.acquire()
                             out.put_nowait((message, True))
-                        else:
-                            answers.append((message, False))
+                else:
+                    answers.append((await self._answer_one(msg, forwarded), False))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -284,8 +285,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         except InferdError as exc:
             return exc
 
-    async def _stream_one(self, msg, forwarded: dict[str, str] | InferdError):  # type: ignore[no-untyped-def]
-        """The stream messages answering one request."""
+    @staticmethod
+    def _stream_request(msg, forwarded: dict[str, str] | InferdError) -> tuple[InferenceRequest, bool]:  # type: ignore[no-untyped-def]
+        """A stream message's request, and whether it asks for Triton's final flag on each response
+        (then a decoupled model that ends without a response sends an empty final one)."""
         if isinstance(msg, Undecodable):
             raise msg.error
         req = grpc_codec.decode_infer_request(msg)
@@ -293,16 +296,29 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             raise forwarded
         if forwarded:
             req.parameters.update(forwarded)
-        # Triton's flag: mark each response final or not, and send an empty final
-        # response when a decoupled model ends without one.
-        flagged = req.parameters.pop(EMPTY_FINAL, False) is True
+        return req, req.parameters.pop(EMPTY_FINAL, False) is True
+
+    async def _answer_one(self, msg, forwarded: dict[str, str] | InferdError):  # type: ignore[no-untyped-def]
+        """The one stream message answering a request for a model that is not decoupled: the unary
+        path's call (no generator between the stream and the model); an error raises."""
+        req, flagged = self._stream_request(msg, forwarded)
+        response = await self.dp.infer(req, STREAM_BECAME_DECOUPLED)
+        message = pb.ModelStreamInferResponse()
+        grpc_codec.encode_infer_response(response, req.requested_outputs, into=message.infer_response)
+        if flagged:
+            message.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+        return message
+
+    async def _stream_one(self, msg, forwarded: dict[str, str] | InferdError):  # type: ignore[no-untyped-def]
+        """The stream messages answering one request for a decoupled model."""
+        req, flagged = self._stream_request(msg, forwarded)
         async with aclosing(self.dp.infer_stream(req)) as items:
             async for item in items:
                 if item.error is not None:
                     message = _stream_error(msg, item.error)
                 elif item.response is not None:
                     message = pb.ModelStreamInferResponse()
-                    message.infer_response.CopyFrom(grpc_codec.encode_infer_response(item.response, req.requested_outputs))
+                    grpc_codec.encode_infer_response(item.response, req.requested_outputs, into=message.infer_response)
                 elif flagged:
                     message = pb.ModelStreamInferResponse()
                     r = message.infer_response
@@ -464,7 +480,8 @@ class _DecoupledModels:
                 known = bool(config.model_transaction_policy.decoupled)
             except Exception:  # not found, not ready: the request fails in order, as Triton's does
                 return False
-            # Kept for the stream's life: a model reloaded as decoupled mid-stream is the one case missed.
+            # Kept for the stream's life: a model reloaded as decoupled mid-stream is refused
+            # (STREAM_BECAME_DECOUPLED) rather than answered out of its kind.
             self._known[key] = known
         return known
 
@@ -478,6 +495,10 @@ class _Closing:
         self.error = error
 
 
+# A model reloaded as decoupled while a stream was sending it requests as to a model that is not (the
+# stream asks once per model, as its first request for it arrives).
+STREAM_BECAME_DECOUPLED = ("the model was reloaded as decoupled while this stream was open; the stream "
+                           "still takes it for a model that is not: open a new stream to send it requests")
 STREAM_WINDOW = 64  # responses of one ModelStreamInfer stream waiting for gRPC to take them
 
 
