@@ -42,18 +42,22 @@ REQUESTS = 480  # enough that the loop's and the runtime's few constant blocks s
 INLINE = '\nparameters { key: "inferd.execution" value { string_value: "inline" } }\n'
 
 
-@pytest.fixture(scope="module")
-def counts(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, float]]:
-    repo = request_counts.repository(tmp_path_factory.mktemp("counts") / "repo")
+def _counted(repo: Path, path: str, levels: dict[int, float], model: str = request_counts.MODEL) -> dict[int, dict[str, float]]:
+    """bench.request_counts' counts through ``path``'s servicer over ``repo``, at each concurrency of ``levels``."""
 
     async def measure() -> dict[int, dict[str, float]]:
         calls, close = await request_counts.servicers(repo)
         try:
-            return {c: await request_counts.count(calls["inferd"], REQUESTS, c) for c in PINNED}
+            return {c: await request_counts.count(calls[path], REQUESTS, c, model) for c in levels}
         finally:
             await close()
 
     return asyncio.run(measure())
+
+
+@pytest.fixture(scope="module")
+def counts(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, float]]:
+    return _counted(request_counts.repository(tmp_path_factory.mktemp("counts") / "repo"), "inferd", PINNED)
 
 
 @pytest.fixture(scope="module")
@@ -62,30 +66,12 @@ def ensemble_counts(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[
     for step in ("ens_scale", "ens_mlp", "ens_relu"):
         with (repo / step / "config.pbtxt").open("a") as f:
             f.write(INLINE)
-
-    async def measure() -> dict[int, dict[str, float]]:
-        calls, close = await request_counts.servicers(repo)
-        try:
-            return {c: await request_counts.count(calls["ensemble"], REQUESTS, c, request_counts.ENSEMBLE)
-                    for c in PINNED_ENSEMBLE}
-        finally:
-            await close()
-
-    return asyncio.run(measure())
+    return _counted(repo, "ensemble", PINNED_ENSEMBLE, request_counts.ENSEMBLE)
 
 
 @pytest.fixture(scope="module")
 def stream_counts(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, float]]:
-    repo = request_counts.repository(tmp_path_factory.mktemp("stream") / "repo")
-
-    async def measure() -> dict[int, dict[str, float]]:
-        calls, close = await request_counts.servicers(repo)
-        try:
-            return {c: await request_counts.count(calls["stream"], REQUESTS, c) for c in PINNED_STREAM}
-        finally:
-            await close()
-
-    return asyncio.run(measure())
+    return _counted(request_counts.repository(tmp_path_factory.mktemp("stream") / "repo"), "stream", PINNED_STREAM)
 
 
 @pytest.mark.parametrize("concurrency", sorted(PINNED_STREAM))

@@ -4,6 +4,7 @@ produced, the final-response flag, errors that leave the stream usable."""
 
 from __future__ import annotations
 
+import json
 import queue
 import textwrap
 from pathlib import Path
@@ -318,6 +319,57 @@ def test_the_final_response_flag_is_the_streams_and_never_reaches_the_model(stre
     result, error = stream.get()
     assert error is None and _final(result) is True
     assert int(result.as_numpy("OUT")[0]) == 0  # the model saw no triton_enable_empty_final_response
+
+
+# Either kind: answers its input through the sender when its config says decoupled (twice, then the
+# final flag), else as a plain model's one response.
+FLIPPING = '''
+    import json
+
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
+
+        def execute(self, requests):
+            answers = []
+            for request in requests:
+                value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+                response = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)])
+                if self.decoupled:
+                    sender = request.get_response_sender()
+                    sender.send(response)
+                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value + 1)]),
+                                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                else:
+                    answers.append(response)
+            return None if self.decoupled else answers
+'''
+
+
+def test_a_model_reloaded_as_decoupled_keeps_answering_on_an_open_stream(tmp_path, start_server):
+    """A stream asks once whether a model is decoupled; a request for a model reloaded as decoupled since
+    then (whose unary path refuses it) is asked about again and answered as a decoupled model's, as
+    Triton's handler (which asks per request) answers it."""
+    _python(tmp_path, "flipping", FLIPPING, decoupled=False)
+    server = start_server(tmp_path, ["--model-control-mode", "explicit", "--load-model", "flipping"])
+    s = Stream(server.url)
+    try:
+        s.client.async_stream_infer("flipping", _in(5), request_id="plain")
+        result, error = s.get()
+        assert error is None and result.as_numpy("OUT").tolist() == [5]
+        config = s.client.get_model_config("flipping", as_json=True)["config"]
+        config["model_transaction_policy"] = {"decoupled": True}
+        s.client.load_model("flipping", config=json.dumps(config))
+        s.client.async_stream_infer("flipping", _in(7), request_id="decoupled")
+        answers = [s.get() for _ in range(2)]
+        assert [e for _, e in answers] == [None, None], answers
+        assert [r.as_numpy("OUT").tolist() for r, _ in answers] == [[7], [8]]
+        assert s.nothing_more()
+    finally:
+        s.close()
 
 
 # -- refusals ------------------------------------------------------------------------------------------

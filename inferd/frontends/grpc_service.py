@@ -206,9 +206,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         server). The others' single answers are bounded by the requests in flight;
         such a request takes the unary call's path (``dp.infer``: the same checks,
         tracing and shedding as ModelInfer, no generator per request). The client
-        going away cancels every request of the stream, down to the model. Writes are awaited here (``context.write``), not yielded, so that a
-        write the client's departure fails ends the stream quietly instead of being
-        logged by grpc."""
+        going away cancels every request of the stream, down to the model. Writes
+        are awaited here (``context.write``), not yielded, so that a write the
+        client's departure fails ends the stream quietly instead of being logged
+        by grpc."""
         out: asyncio.Queue = asyncio.Queue()
         room = asyncio.Semaphore(STREAM_WINDOW)
         tasks: set[asyncio.Task] = set()
@@ -229,7 +230,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                             await room.acquire()
                             out.put_nowait((message, True))
                 else:
-                    answers.append((await self._answer_one(msg, forwarded), False))
+                    try:
+                        answers.append((await self._answer_one(msg, forwarded), False))
+                    except Unimplemented:
+                        if not await decoupled.check(msg, again=True):
+                            raise
+                        # The model was reloaded as decoupled since the stream asked: its answers, in order.
+                        async with aclosing(self._stream_one(msg, forwarded)) as messages:
+                            async for message in messages:
+                                answers.append((message, False))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -300,9 +309,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _answer_one(self, msg, forwarded: dict[str, str] | InferdError):  # type: ignore[no-untyped-def]
         """The one stream message answering a request for a model that is not decoupled: the unary
-        path's call (no generator between the stream and the model); an error raises."""
+        path's call (no generator between the stream and the model); an error raises (Unimplemented for a
+        model reloaded as decoupled since the stream asked)."""
         req, flagged = self._stream_request(msg, forwarded)
-        response = await self.dp.infer(req, STREAM_BECAME_DECOUPLED)
+        response = await self.dp.infer(req)
         message = pb.ModelStreamInferResponse()
         grpc_codec.encode_infer_response(response, req.requested_outputs, into=message.infer_response)
         if flagged:
@@ -468,11 +478,12 @@ class _DecoupledModels:
         self._dp = dataplane
         self._known: dict[tuple[str, str], bool] = {}
 
-    async def check(self, msg: Any) -> bool:
+    async def check(self, msg: Any, again: bool = False) -> bool:
+        """``again``: ask the data plane even if the stream knows (a request the unary path refused)."""
         if isinstance(msg, Undecodable):
             return False
         key = (msg.model_name, msg.model_version)
-        known = self._known.get(key)
+        known = None if again else self._known.get(key)
         if known is None:
             try:
                 version = grpc_codec.parse_version(msg.model_name, msg.model_version)
@@ -480,8 +491,8 @@ class _DecoupledModels:
                 known = bool(config.model_transaction_policy.decoupled)
             except Exception:  # not found, not ready: the request fails in order, as Triton's does
                 return False
-            # Kept for the stream's life: a model reloaded as decoupled mid-stream is refused
-            # (STREAM_BECAME_DECOUPLED) rather than answered out of its kind.
+            # Kept for the stream's life: a model reloaded as decoupled mid-stream is found out by the
+            # unary path's refusal (the request is then asked about again, and takes the decoupled path).
             self._known[key] = known
         return known
 
@@ -495,10 +506,6 @@ class _Closing:
         self.error = error
 
 
-# A model reloaded as decoupled while a stream was sending it requests as to a model that is not (the
-# stream asks once per model, as its first request for it arrives).
-STREAM_BECAME_DECOUPLED = ("the model was reloaded as decoupled while this stream was open; the stream "
-                           "still takes it for a model that is not: open a new stream to send it requests")
 STREAM_WINDOW = 64  # responses of one ModelStreamInfer stream waiting for gRPC to take them
 
 
