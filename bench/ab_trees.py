@@ -6,9 +6,10 @@
 For a change whose effect is within a run's noise on a shared machine (a few percent), alternating rounds
 of both trees are the measure: each tree's ``inferd serve`` runs from its own folder (PYTHONPATH, so both
 use this interpreter and its packages) on the example repository's identity_fp32 and mlp (or on
---model-repository, its models named by --load), both up for the whole run; each round drives each server with perf_analyzer over gRPC in turn (the order reversed
-every round), and reads CPU per inference for each of its processes (/proc, bench/proc_cpu.py) over the
-server's own inference count. A tree is a checkout or a git worktree, e.g.
+--model-repository, its models named by --load), both up for the whole run; each round drives each server
+with perf_analyzer over gRPC in turn (--pa-arg adds to its arguments; the order reversed every round), and
+reads CPU per inference for each of its processes (/proc, bench/proc_cpu.py) over the server's own
+inference count. A tree is a checkout or a git worktree, e.g.
 ``git worktree add /tmp/before HEAD~1``. Prints each round and the medians; needs $PERF_ANALYZER."""
 
 from __future__ import annotations

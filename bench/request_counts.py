@@ -12,9 +12,8 @@ one process: the servicer a frontend worker runs (over RemoteDataPlane and its C
 channel over a real unix socket pair, and the core's DataPlaneEndpoint over the same DataPlane, both ends
 on this loop, so its counts are the worker's and the core's together. "stream" is the same servicer's
 ModelStreamInfer, every request on one stream (as perf_analyzer --streaming sends them), each answered
-in turn. Their counts include the runtime's calls,
-and which of its batches run on the loop or on an instance thread follows the executions' measured
-times, so they are exact only for one such choice. Counted over ``--requests`` requests after a warm-up,
+in turn. Their counts include the runtime's calls, and which of its batches run on the loop or on an
+instance thread follows the executions' measured times, so they are exact only for one such choice. Counted over ``--requests`` requests after a warm-up,
 ``--concurrency`` of them started together in one loop turn (as one socket read brings them):
 
 - ``python_calls``: Python function calls (``sys.setprofile`` 'call' events, every thread; a
@@ -220,9 +219,11 @@ class _StreamContext(_Context):
         self.waiting: deque[asyncio.Future] = deque()
 
     async def write(self, message: Any) -> None:
+        answer = self.waiting.popleft()
         if message.error_message:
-            raise RuntimeError(f"the request failed: {message.error_message}")
-        self.waiting.popleft().set_result(message.infer_response)
+            answer.set_exception(RuntimeError(f"the request failed: {message.error_message}"))
+        else:
+            answer.set_result(message.infer_response)
 
 
 async def stream(servicer: Any) -> tuple[Call, Callable[[], Awaitable[None]]]:
