@@ -213,11 +213,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         out: asyncio.Queue = asyncio.Queue()
         room = asyncio.Semaphore(STREAM_WINDOW)
         tasks: set[asyncio.Task] = set()
-        finished = object()  # one per request, and one for the reader
-        pending = 1
+        finished = object()  # put once the reader and every request of the stream have ended
+        pending = 1  # the reader, and each request still running
         order = StreamOrder()
         decoupled = _DecoupledModels(self.dp)
         forwarded = self._stream_forwarded(context)
+
+        def ended() -> None:  # after what ended put its last answer
+            nonlocal pending
+            pending -= 1
+            if not pending:
+                out.put_nowait(finished)
 
         async def run(msg, ticket):  # type: ignore[no-untyped-def]
             answers: list[Any] = []
@@ -247,7 +253,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 if ticket is not None:
                     for message in order.done(ticket, answers):
                         out.put_nowait(message)
-                out.put_nowait(finished)
+                ended()
 
         async def read() -> None:
             nonlocal pending
@@ -259,16 +265,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
             finally:
-                out.put_nowait(finished)
+                ended()
 
         reader = asyncio.ensure_future(read())
         self._streams.add(out)
         try:
-            while pending:
+            while True:
                 item = await out.get()
                 if item is finished:
-                    pending -= 1
-                    continue
+                    break
                 if isinstance(item, _Closing):
                     await context.abort(*grpc_status(item.error))
                 message, counted = item
