@@ -43,7 +43,8 @@ REQUESTS = 480  # enough that the loop's and the runtime's few constant blocks s
 INLINE = '\nparameters { key: "inferd.execution" value { string_value: "inline" } }\n'
 
 
-def _counted(repo: Path, path: str, levels: dict[int, float], model: str = request_counts.MODEL) -> dict[int, dict[str, float]]:
+def _counted(repo: Path, path: str, levels: dict[int, float],
+             model: str = request_counts.MODEL) -> dict[int, dict[str, float]]:
     """bench.request_counts' counts through ``path``'s servicer over ``repo``, at each concurrency of ``levels``."""
 
     async def measure() -> dict[int, dict[str, float]]:

@@ -229,22 +229,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             answers: list[Any] = []
             put = out.put_nowait if ticket is None else answers.append
             try:
-                if ticket is None:
-                    # aclosing: a cancelled task closes the request's generators now, down to the model.
-                    async with aclosing(self._stream_one(msg, forwarded)) as messages:
-                        async for message in messages:
-                            await room.acquire()
-                            out.put_nowait((message, True))
-                else:
+                if ticket is not None:
                     try:
                         answers.append((await self._answer_one(msg, forwarded), False))
-                    except Unimplemented:
+                        return
+                    except Unimplemented:  # reloaded as decoupled since the stream asked? Then its answers, in order
                         if not await decoupled.check(msg, again=True):
                             raise
-                        # The model was reloaded as decoupled since the stream asked: its answers, in order.
-                        async with aclosing(self._stream_one(msg, forwarded)) as messages:
-                            async for message in messages:
-                                answers.append((message, False))
+                # aclosing: a cancelled task closes the request's generators now, down to the model.
+                async with aclosing(self._stream_one(msg, forwarded)) as messages:
+                    async for message in messages:
+                        if ticket is None:
+                            await room.acquire()
+                            out.put_nowait((message, True))
+                        else:
+                            answers.append((message, False))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
