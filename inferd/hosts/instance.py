@@ -132,6 +132,7 @@ class HostedInstance(ModelInstance):
         self._frees: list[int] = []  # from-host blocks read, to hand back in this turn's write
         self._credits: dict[int, int] = {}
         self._flushing = False
+        self._held: list[p.Execute] | None = None  # a train's batches, sent in one write (:meth:`hold`)
         self._loaded: asyncio.Future | None = None
         self._restart = RestartState(RestartPolicy())
         self._started = 0.0
@@ -296,7 +297,29 @@ class HostedInstance(ModelInstance):
         if self._timeout_s:
             entry.timer = self.clock.call_at(self.clock.now() + self._timeout_s, lambda: self._overran(batch))
         frees, self._frees = self._frees, []
-        host.send(p.Execute(batch, rows, list(output_names), block, frees))
+        msg = p.Execute(batch, rows, list(output_names), block, frees)
+        if self._held is not None:
+            self._held.append(msg)
+        else:
+            host.send(msg)
+
+    @property
+    def trains(self) -> bool:
+        """Whether it takes several batches at once (:meth:`hold`): not with an execution timeout, whose
+        timer runs from when a batch is handed over."""
+        return not self._timeout_s
+
+    def hold(self) -> None:
+        """Batches submitted from here to :meth:`release` (a train: the scheduler hands a lone host the
+        ready batches of its queue at once) go to the host in one write, and its model thread reads
+        them with one wake-up."""
+        self._held = []
+
+    def release(self) -> None:
+        held, self._held = self._held, None
+        host = self.host
+        if held and host is not None:
+            host.send_batches(held)
 
     def _row(self, item: dict[str, np.ndarray], tensors: list[p.TensorRef]) -> p.Row:
         request: InferenceRequest | None = getattr(item, "request", None)

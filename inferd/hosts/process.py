@@ -112,6 +112,12 @@ class HostProcess:
         if link is not None:
             link.send(p.encode(msg))
 
+    def send_batches(self, msgs: list[Any]) -> None:
+        """Write several batch-link messages (Execute) in one write: the host's model thread reads them
+        with one wake-up."""
+        if not self.closed and self.batches is not None:
+            self.batches.send_many([p.encode(msg) for msg in msgs])
+
     def kill(self) -> None:
         """SIGKILL, through the pidfd (never a pid the system may have given another process since)."""
         if self._pidfd is not None and not self.gone.done():

@@ -85,6 +85,11 @@ class FrameChannel(asyncio.Protocol):
         if self._transport is not None:
             self._transport.write(frame(data))
 
+    def send_many(self, items: list[bytes]) -> None:
+        """Write several frames in one write (on the loop)."""
+        if self._transport is not None:
+            self._transport.write(b"".join(frame(data) for data in items))
+
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
@@ -97,6 +102,11 @@ class FrameReader:
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._buf = bytearray()
+
+    def ready(self) -> bool:
+        """Whether a whole frame is already here (:meth:`read` would not wait)."""
+        buf = self._buf
+        return len(buf) >= HEADER and len(buf) - HEADER >= int.from_bytes(buf[:HEADER], "little")
 
     def read(self) -> bytes | None:
         """The next frame, waiting for it; None once the peer has closed the socket."""

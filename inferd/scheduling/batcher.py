@@ -44,6 +44,12 @@ DEFER_PROBE_EVERY = 16
 # has passed: assembled while it still executes, the batch starts as soon as it ends, and requests
 # arriving in the first part of an execution (a higher priority one, say) can still be in it.
 STAGE_AT = 0.75
+# A model's only instance in a model host takes the batches its queue holds ready in one hand-over (a
+# train: one message, one wake-up of the host), while their expected execution time stays within
+# TRAIN_WINDOW_S and at most TRAIN_MAX of them: a request arriving meanwhile, of any priority, waits
+# behind at most that much.
+TRAIN_MAX = 8
+TRAIN_WINDOW_S = 0.001
 
 
 class _Job:
@@ -94,6 +100,9 @@ class BatchScheduler(PumpedScheduler):
         self._defer_probe = 0
         self._ordered: deque[_Batch] | None = deque() if policy.preserve_ordering else None
         self._plain_groups = policy.grouping.plain  # read per request: the property's call, once
+        # Trains (TRAIN_MAX) for a lone remote instance only: with several, a batch handed to a busy one
+        # would wait while another may free up first (scheduling/instances.py).
+        self._trains = len(workers) == 1 and workers[0].trains
 
     # -- Scheduler ---------------------------------------------------------
 
@@ -315,13 +324,37 @@ class BatchScheduler(PumpedScheduler):
             if step.batch:
                 worker = free.popleft() if free else staging
                 assert worker is not None
-                self._dispatch(worker, step.batch, now, loop)
+                if self._trains and len(queue):
+                    self._train(worker, step.batch, now, loop)
+                else:
+                    self._dispatch(worker, step.batch, now, loop)
                 continue
             wake = step.wake_at
             if stage_from is not None and len(queue):
                 wake = stage_from if wake is None else min(wake, stage_from)
             self._alarm.arm(wake)
             return
+
+    def _train(self, worker: InstanceWorker, first: list[Pending], now: float,
+               loop: asyncio.AbstractEventLoop) -> None:
+        """Dispatch ``first`` and, behind it, the batches the queue holds that cannot grow (as a staged
+        batch is formed), while the train's expected time stays within TRAIN_WINDOW_S: handed to the
+        instance together (:meth:`InstanceWorker.hold`)."""
+        queue = self._queue
+        worker.hold()
+        try:
+            self._dispatch(worker, first, now, loop)
+            for _ in range(TRAIN_MAX - 1):
+                if not len(queue) or not worker.estimate.count or worker.free_at - now > TRAIN_WINDOW_S:
+                    return  # (no train on a guess: until executions were seen, the time is unknown)
+                step = queue.step(now, False, worker.estimate, stage_at=worker.free_at)
+                for item, error in step.expired:
+                    self._inflight.answer(item.payload, error)
+                if not step.batch:
+                    return
+                self._dispatch(worker, step.batch, now, loop)
+        finally:
+            worker.release()
 
     def _stageable(self, now: float) -> tuple[InstanceWorker | None, float | None]:
         """The busy instance that can take its next batch now, assembled while it still

@@ -37,8 +37,11 @@ answers UNAVAILABLE (the model is reported not ready) until one returns.
 - ``remote``: the instance runs elsewhere (a model host process, :mod:`inferd.hosts`): a batch is
   handed to it on the loop (``instance.submit``) and its outcome comes back on the loop, with no
   thread of the worker's waiting; an execution timeout is the instance's own (it stops its host).
-  It takes one batch at a time: a batch handed to a busy host would wait there while another
-  instance may free up first (and a model whose requests wait for each other would deadlock).
+  A model with several instances hands each one batch at a time: a batch handed to a busy host would
+  wait there while another instance may free up first (and a model whose requests wait for each other
+  would deadlock). A model's only instance may take a *train* (:attr:`InstanceWorker.trains`): the
+  ready batches of its queue, up to a bound, handed over together and sent in one write
+  (:meth:`InstanceWorker.hold`); the host runs them one after another, answering each as it ends.
 
 A :class:`~inferd.backends.base.TensorInstance` on its thread may be handed its
 next batch while it still executes one (:attr:`InstanceWorker.can_stage`, the
@@ -150,6 +153,19 @@ class InstanceWorker:
         (not with an execution timeout or a rate limiter ticket: the module's docstring)."""
         return (self.jobs == 1 and not self.inline and self.ticket is None and not self._timeout_s
                 and not self._rebuilding and getattr(self.instance, "assembles_ahead", False))
+
+    @property
+    def trains(self) -> bool:
+        """Whether it may be handed several batches at once, sent together (a remote instance that
+        allows it, not under the rate limiter, which grants one execution at a time)."""
+        return self.mode == "remote" and self.ticket is None and getattr(self.instance, "trains", False)
+
+    def hold(self) -> None:
+        """The batches :meth:`run` is handed until :meth:`release` reach the instance together."""
+        self.instance.hold()  # type: ignore[attr-defined]
+
+    def release(self) -> None:
+        self.instance.release()  # type: ignore[attr-defined]
 
     def calibrate(self, sample: dict[str, np.ndarray], outputs: Sequence[str], runs: int = 3) -> int | None:
         """Time ``runs`` executions of ``sample`` at load; blocking. Returns the

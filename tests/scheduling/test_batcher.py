@@ -741,3 +741,123 @@ async def test_submit_refuses_what_infer_refuses_before_queueing():
         sched.submit(request(rows=3), 3, future)
     assert sched.inflight() == 0 and not future.done()
     await sched.stop()
+
+
+# -- trains: a lone remote instance takes the ready batches at once ----------------------
+
+
+class Remote(ModelInstance):
+    """A remote instance (a model host, as :class:`~inferd.hosts.instance.HostedInstance` is to the
+    scheduler): batches are answered when the test says; ``sends`` holds the first values of the
+    batches of each write to the host (one list per write)."""
+
+    remote = True
+    trains = True
+
+    def __init__(self, name: str = "remote") -> None:
+        self.name = name
+        self.pending: list[tuple[Sequence[dict[str, np.ndarray]], object]] = []
+        self.sends: list[list[list[float]]] = []
+        self._held: list[list[float]] | None = None
+
+    def submit(self, inputs, output_names, done) -> None:  # type: ignore[no-untyped-def]
+        self.pending.append((inputs, done))
+        values = [float(x["INPUT0"].flat[0]) for x in inputs]
+        if self._held is not None:
+            self._held.append(values)
+        else:
+            self.sends.append([values])
+
+    def hold(self) -> None:
+        self._held = []
+
+    def release(self) -> None:
+        held, self._held = self._held, None
+        if held:
+            self.sends.append(held)
+
+    def answer(self, n: int) -> None:
+        """The host's results for its first ``n`` pending batches, in order."""
+        for inputs, done in self.pending[:n]:
+            done(BatchResult([{"OUTPUT0": x["INPUT0"] * 2} for x in inputs], ExecutionTimes(1, 2, 3)))
+        del self.pending[:n]
+
+    def execute(self, inputs, output_names):  # type: ignore[no-untyped-def]
+        raise AssertionError("a remote instance is handed its batches through submit")
+
+    def close(self) -> None:
+        pass
+
+
+def sizes(inst: Remote) -> list[list[int]]:
+    return [[len(batch) for batch in send] for send in inst.sends]
+
+
+async def test_a_lone_remote_instance_takes_the_ready_requests_in_one_train():
+    inst = Remote()
+    sched, stats, clock = make(policy(batching=False, max_batch_size=0), inst, mode="thread")
+    tasks = [submit(sched, float(i)) for i in range(3)]
+    await settle()
+    # Before any execution was seen its time is unknown: one batch, no train on a guess.
+    assert inst.sends == [[[0.0]]]
+    tasks += [submit(sched, float(i)) for i in range(3, 12)]
+    await settle()
+    clock.advance(0.00005)  # 50 us an execution: TRAIN_WINDOW_S holds 20, TRAIN_MAX is 8
+    inst.answer(1)
+    await settle()
+    assert inst.sends[1] == [[float(i)] for i in range(1, 9)]  # eight batches, one write
+    clock.advance(0.0004)
+    inst.answer(8)
+    await settle()
+    assert inst.sends[2] == [[9.0], [10.0], [11.0]]
+    inst.answer(3)
+    outs = await asyncio.gather(*map(result, tasks))
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2.0 * i, np.float32))
+    assert stats.execution_count == 12 and stats.inference_count == 12
+    await sched.stop()
+
+
+async def test_a_train_stops_at_the_window_and_takes_only_full_batches():
+    inst = Remote()
+    sched, _, clock = make(policy(max_batch_size=2), inst, mode="thread")
+    tasks = [submit(sched, 100.0)]
+    await settle()
+    tasks += [submit(sched, float(i)) for i in range(9)]
+    await settle()
+    clock.advance(0.0004)  # 400 us a batch: the train's third would end past TRAIN_WINDOW_S (1 ms)
+    inst.answer(1)
+    await settle()
+    assert sizes(inst) == [[1], [2, 2]]
+    clock.advance(0.0008)
+    inst.answer(2)
+    await settle()
+    assert sizes(inst) == [[1], [2, 2], [2, 2]]
+    clock.advance(0.0008)
+    inst.answer(2)
+    await settle()
+    # The one request left is a batch that could still grow: it goes alone, not behind a train.
+    assert sizes(inst) == [[1], [2, 2], [2, 2], [1]]
+    inst.answer(1)
+    await asyncio.gather(*map(result, tasks))
+    await sched.stop()
+
+
+async def test_a_model_with_several_remote_instances_hands_each_one_batch_at_a_time():
+    insts = [Remote("a"), Remote("b")]
+    sched, _, clock = make(policy(batching=False, max_batch_size=0), *insts, mode="thread")
+    tasks = [submit(sched, float(i)) for i in range(2)]
+    await settle()
+    tasks += [submit(sched, float(i)) for i in range(2, 8)]
+    await settle()
+    for _ in range(3):
+        clock.advance(0.00005)
+        for inst in insts:
+            inst.answer(1)
+        await settle()
+    assert all(len(send) == 1 for inst in insts for send in inst.sends)
+    assert sum(len(inst.sends) for inst in insts) == 8
+    for inst in insts:
+        inst.answer(len(inst.pending))
+    await asyncio.gather(*map(result, tasks))
+    await sched.stop()
