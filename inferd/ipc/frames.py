@@ -140,7 +140,14 @@ class FrameWriter:
         self.closed = False
 
     def send(self, data: bytes) -> None:
-        view = memoryview(frame(data))
+        self._write(frame(data))
+
+    def send_many(self, items: list[bytes]) -> None:
+        """Several frames in one write."""
+        self._write(b"".join(frame(data) for data in items))
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
         with self._lock:
             if self.closed:
                 return
