@@ -38,7 +38,7 @@ from inferd.backends import Device, InstanceSpec, ModelInstance, get as backend_
 from inferd.backends.base import BatchResult, RequestInputs, resident_bytes
 from inferd.backends.session_cache import SessionCache
 from inferd.errors import InferdError, ModelExecutionError
-from inferd.hosts import protocol as p
+from inferd.hosts import priority, protocol as p
 from inferd.ipc.arena import Arena, ArenaWriter
 from inferd.ipc.frames import FrameChannel, FrameReader, FrameWriter
 from inferd.observability import custom_metrics
@@ -285,7 +285,8 @@ class HostRuntime:
                 version_dir=Path(info.version_dir), version=info.version, model_file=Path(info.model_file),
                 threads=info.threads, group=info.group, dispatcher=self.dispatcher,
                 session_cache=SessionCache(Path(msg.session_cache)) if msg.session_cache else None)
-            self.instance = backend.create_instance(spec, ispec)
+            with priority.loading():  # warm requests of other models first (hosts/priority.py)
+                self.instance = backend.create_instance(spec, ispec)
         except KeyError:
             failure = p.Failure("ConfigError", f"model host: backend '{msg.backend}' is not installed where the "
                                 "host runs (a backend registered from code lives only in the server's process)")

@@ -1,0 +1,79 @@
+"""A model host's load at the lowest CPU priority, so warm requests on the same cores come first.
+
+A model's load (ONNX Runtime building its session, a Python model's ``initialize``) takes tens to
+hundreds of milliseconds of CPU; on a server that loads models on demand it competes with the warm
+requests of every other model for the same cores. In a host the load is the process's own, so its
+model thread (and every thread the load starts: ONNX Runtime's pool) can run it at nice 19 and come
+back to its nice once loaded: a warm request's threads then take the CPU from it at once, and the
+load still progresses (nice 19 is a small share, not SCHED_IDLE's near-starvation on a busy host).
+
+Coming back needs raising the priority again, which Linux allows only with CAP_SYS_NICE or an
+RLIMIT_NICE that covers the old nice: where it does not, loads keep their normal priority (a thread
+left at nice 19 would serve at it). :func:`can_restore` finds out once, on a throwaway thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from typing import Iterator
+
+log = logging.getLogger(__name__)
+
+LOAD_NICE = 19
+_restorable: bool | None = None
+
+
+def _tids() -> set[int]:
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+def can_restore() -> bool:
+    """Whether a thread of this process may go to LOAD_NICE and back (asked once)."""
+    global _restorable
+    if _restorable is None:
+        result: list[bool] = []
+
+        def probe() -> None:
+            tid = threading.get_native_id()
+            try:
+                before = os.getpriority(os.PRIO_PROCESS, tid)
+                os.setpriority(os.PRIO_PROCESS, tid, LOAD_NICE)
+                os.setpriority(os.PRIO_PROCESS, tid, before)
+                result.append(True)
+            except (OSError, AttributeError):  # PermissionError: no way back; not Linux
+                result.append(False)
+
+        thread = threading.Thread(target=probe, name="inferd-nice-probe")
+        thread.start()
+        thread.join()
+        _restorable = bool(result and result[0])
+        if not _restorable:
+            log.debug("model loads run at normal priority: this process may not raise a thread's priority back")
+    return _restorable
+
+
+@contextlib.contextmanager
+def loading() -> Iterator[None]:
+    """The body (a model's load, on the calling thread) at LOAD_NICE, with every thread it starts; all of
+    them back to the calling thread's nice at the end."""
+    if not can_restore():
+        yield
+        return
+    tid = threading.get_native_id()
+    nice = os.getpriority(os.PRIO_PROCESS, tid)
+    before = _tids() - {tid}
+    os.setpriority(os.PRIO_PROCESS, tid, LOAD_NICE)
+    try:
+        yield
+    finally:
+        for other in (_tids() - before) | {tid}:
+            try:
+                os.setpriority(os.PRIO_PROCESS, other, nice)
+            except ProcessLookupError:  # a thread of the load that has ended
+                pass

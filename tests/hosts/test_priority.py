@@ -1,0 +1,77 @@
+"""A host's load at nice 19 and back (inferd/hosts/priority.py), with the threads it starts."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from inferd.hosts import priority
+
+
+def _nice(tid: int) -> int:
+    return os.getpriority(os.PRIO_PROCESS, tid)
+
+
+def _in_a_thread(body):  # type: ignore[no-untyped-def]
+    """Run ``body`` on a fresh thread (its nice is its own: the test's thread is never changed)."""
+    out: list = []
+    error: list = []
+
+    def run() -> None:
+        try:
+            out.append(body())
+        except BaseException as exc:  # noqa: BLE001  (re-raised in the test)
+            error.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(30)
+    if error:
+        raise error[0]
+    return out[0]
+
+
+@pytest.mark.skipif(not priority.can_restore(),
+                    reason="this process may not raise a thread's priority back (no CAP_SYS_NICE, RLIMIT_NICE 0): "
+                           "loads keep their priority here, which the next test covers")
+def test_a_load_and_the_threads_it_starts_run_at_nice_19_then_come_back() -> None:
+    def body() -> tuple[int, int, int, int, int]:
+        me = threading.get_native_id()
+        before = _nice(me)
+        started = threading.Event()
+        release = threading.Event()
+        child: list[int] = []
+
+        def pool_thread() -> None:  # as ONNX Runtime's pool threads, started by the load
+            child.append(threading.get_native_id())
+            started.set()
+            release.wait(30)
+
+        with priority.loading():
+            during = _nice(me)
+            t = threading.Thread(target=pool_thread)
+            t.start()
+            started.wait(30)
+            child_during = _nice(child[0])
+        after, child_after = _nice(me), _nice(child[0])
+        release.set()
+        t.join(30)
+        return before, during, child_during, after, child_after
+
+    before, *rest = _in_a_thread(body)
+    assert rest == [priority.LOAD_NICE, priority.LOAD_NICE, before, before]
+
+
+def test_where_priority_cannot_come_back_a_load_keeps_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(priority, "_restorable", False)
+
+    def body() -> tuple[int, int]:
+        me = threading.get_native_id()
+        before = _nice(me)
+        with priority.loading():
+            return before, _nice(me)
+
+    before, during = _in_a_thread(body)
+    assert during == before
