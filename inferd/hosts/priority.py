@@ -6,6 +6,8 @@ requests of every other model for the same cores. In a host the load is the proc
 model thread (and every thread the load starts: ONNX Runtime's pool) can run it at nice 19 and come
 back to its nice once loaded: a warm request's threads then take the CPU from it at once, and the
 load still progresses (nice 19 is a small share, not SCHED_IDLE's near-starvation on a busy host).
+A host that finalizes its model and exits (an unload, an eviction) does so at nice 19 too
+(:func:`leaving`): its ``finalize`` and the freeing of its memory as it exits.
 
 Coming back needs raising the priority again, which Linux allows only with CAP_SYS_NICE or an
 RLIMIT_NICE that covers the old nice: where it does not, loads keep their normal priority (a thread
@@ -77,3 +79,13 @@ def loading() -> Iterator[None]:
                 os.setpriority(os.PRIO_PROCESS, other, nice)
             except ProcessLookupError:  # a thread of the load that has ended
                 pass
+
+
+def leaving() -> None:
+    """Every thread of this process at LOAD_NICE, for good (it is about to exit: lowering needs no
+    right, and nothing comes back)."""
+    for tid in _tids():
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, LOAD_NICE)
+        except OSError:  # ended meanwhile; or a nice already above it, which lowering cannot cross back
+            pass

@@ -367,6 +367,7 @@ class HostRuntime:
                         result.memory_delta, result.reschedule, release)
 
     def _finalize(self) -> None:
+        priority.leaving()  # the model's finalize and this process's exit give way to warm requests
         instance, self.instance = self.instance, None
         if instance is not None:
             try:

@@ -75,3 +75,31 @@ def test_where_priority_cannot_come_back_a_load_keeps_it(monkeypatch: pytest.Mon
 
     before, during = _in_a_thread(body)
     assert during == before
+
+
+def test_a_host_that_leaves_gives_way_with_every_thread() -> None:
+    def body() -> tuple[int, int]:
+        started, release = threading.Event(), threading.Event()
+        other: list[int] = []
+
+        def thread() -> None:
+            other.append(threading.get_native_id())
+            started.set()
+            release.wait(30)
+
+        t = threading.Thread(target=thread)
+        t.start()
+        started.wait(30)
+        original = priority._tids
+        me = threading.get_native_id()
+        try:  # only these two threads: the test's own runner keeps its priority
+            priority._tids = lambda: {me, other[0]}  # type: ignore[assignment]
+            priority.leaving()
+        finally:
+            priority._tids = original  # type: ignore[assignment]
+        got = _nice(me), _nice(other[0])
+        release.set()
+        t.join(30)
+        return got
+
+    assert _in_a_thread(body) == (priority.LOAD_NICE, priority.LOAD_NICE)
