@@ -52,7 +52,8 @@ class HostProcess:
         self.label = label
         self.batches: FrameChannel | None = None
         self.control: FrameChannel | None = None
-        self.gone: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        self._loop = asyncio.get_running_loop()
+        self.gone: asyncio.Future[int | None] = self._loop.create_future()
         self.closed = False
         self._pidfd: int | None = None
 
@@ -157,5 +158,10 @@ class HostProcess:
         self.to_host.arena.close()
         self.from_host.close()
         if self._pidfd is not None:
+            # The zygote may report the exit before the pidfd's own word is read: the loop must forget
+            # the fd before it is closed, or a socket given the same number later cannot be added to
+            # the loop (uvloop: EEXIST).
+            if not self._loop.is_closed():
+                self._loop.remove_reader(self._pidfd)
             os.close(self._pidfd)
             self._pidfd = None
