@@ -759,8 +759,12 @@ class Remote(ModelInstance):
         self.pending: list[tuple[Sequence[dict[str, np.ndarray]], object]] = []
         self.sends: list[list[list[float]]] = []
         self._held: list[list[float]] | None = None
+        self.refuse: BaseException | None = None  # answer every batch with this at once (an arena full)
 
     def submit(self, inputs, output_names, done) -> None:  # type: ignore[no-untyped-def]
+        if self.refuse is not None:
+            done(self.refuse)
+            return
         self.pending.append((inputs, done))
         values = [float(x["INPUT0"].flat[0]) for x in inputs]
         if self._held is not None:
@@ -860,4 +864,34 @@ async def test_a_model_with_several_remote_instances_hands_each_one_batch_at_a_t
     for inst in insts:
         inst.answer(len(inst.pending))
     await asyncio.gather(*map(result, tasks))
+    await sched.stop()
+
+
+async def test_batches_refused_at_once_end_the_train_and_leave_one_free_instance():
+    inst = Remote()
+    sched, _, clock = make(policy(batching=False, max_batch_size=0), inst, mode="thread")
+    first = submit(sched, 0.0)
+    await settle()
+    refused = [submit(sched, float(i)) for i in range(1, 4)]
+    await settle()
+    inst.refuse = Unavailable("the host's arena is full")
+    clock.advance(0.00005)
+    inst.answer(1)
+    await result(first)
+    for task in refused:
+        with pytest.raises(Unavailable):
+            await result(task)
+    inst.refuse = None
+    # The instance is free once, not once per refused batch: of two requests on separate turns the
+    # second waits for the first.
+    a = submit(sched, 10.0)
+    await settle()
+    b = submit(sched, 11.0)
+    await settle()
+    assert len(inst.pending) == 1 and sched.queue_depth() == 1
+    clock.advance(0.00005)
+    inst.answer(1)
+    await settle()
+    inst.answer(1)
+    await asyncio.gather(result(a), result(b))
     await sched.stop()
