@@ -41,7 +41,8 @@ answers UNAVAILABLE (the model is reported not ready) until one returns.
   wait there while another instance may free up first (and a model whose requests wait for each other
   would deadlock). A model's only instance may take a *train* (:attr:`InstanceWorker.trains`): the
   ready batches of its queue, up to a bound, handed over together and sent in one write
-  (:meth:`InstanceWorker.hold`); the host runs them one after another, answering each as it ends.
+  (:meth:`InstanceWorker.hold`); the host runs them one after another and answers them as they end
+  (those that end within 200 us of each other in one message).
 
 A :class:`~inferd.backends.base.TensorInstance` on its thread may be handed its
 next batch while it still executes one (:attr:`InstanceWorker.can_stage`, the
