@@ -155,9 +155,19 @@ def decode_bytes(raw: bytes | memoryview, count: int, where: str) -> np.ndarray:
 
 
 def encode_bytes(array: np.ndarray) -> bytes:
+    """A BYTES tensor's elements, each length-prefixed. An element that is neither bytes nor text (an
+    int in an object array, as Triton's QA models return) is its ``str()``, as Triton's python backend
+    and client serialize it (``bytes(5)`` would be five zero bytes)."""
     parts = []
     for item in array.reshape(-1):
-        data = item if isinstance(item, bytes) else (item.encode() if isinstance(item, str) else bytes(item))
+        if isinstance(item, bytes):
+            data = item
+        elif isinstance(item, str):
+            data = item.encode()
+        elif isinstance(item, (bytearray, memoryview)):
+            data = bytes(item)
+        else:
+            data = str(item.item() if isinstance(item, np.generic) else item).encode()
         parts.append(struct.pack("<I", len(data)))
         parts.append(data)
     return b"".join(parts)

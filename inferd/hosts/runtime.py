@@ -350,7 +350,9 @@ class HostRuntime:
                 groups.append(out)
         try:
             block, refs = p.write_tensors(self.writer, groups, self.lock)
-        except InferdError as exc:  # the arena is full: the batch fails, the host serves on
+        except Exception as exc:  # the arena is full, an output cannot be written: the batch fails, the host serves on
+            if not isinstance(exc, InferdError):
+                exc = ModelExecutionError(f"model '{self.name}': its outputs cannot be sent: {type(exc).__name__}: {exc}")
             block, refs = p.NO_BLOCK, [[] for _ in groups]
             failures = {i: p.Failure.of(exc) for i in range(len(groups))}
         failed = [failures.get(i) for i in range(len(refs))] if failures else []

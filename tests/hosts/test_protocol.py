@@ -171,3 +171,51 @@ def test_a_cancel_or_credit_that_outruns_its_batch_is_kept_for_it(arena: ArenaWr
         host.close()
 
     asyncio.run(main())
+
+
+def test_an_output_that_cannot_be_written_fails_its_batch_not_the_host(arena: ArenaWriter) -> None:
+    """A model's output the host cannot serialize fails that batch with an error naming the model; the
+    host's model thread goes on (before, the error escaped it and the host exited)."""
+    from inferd.backends.base import BatchResult, ModelInstance
+    from inferd.hosts.runtime import HostRuntime
+
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("no text for this")
+
+    class Model(ModelInstance):
+        wants_requests = False
+
+        def __init__(self) -> None:
+            pass
+
+        def execute(self, inputs, output_names):  # type: ignore[no-untyped-def]
+            return BatchResult([{"OUT": np.array([Unprintable()], dtype=np.object_)} for _ in inputs])
+
+    async def main() -> None:
+        core, host = socket.socketpair()
+        host.setblocking(True)
+        exits: list[int] = []
+        runtime = HostRuntime(arena.arena, arena, FrameReader(host), FrameWriter(host), exit=exits.append)
+        runtime.name = "unprintable"
+        runtime.instance = Model()
+        block, refs = p.write_tensors(arena, [{"X": np.ones(1, np.float32)}])
+        result = runtime._execute(p.Execute(1, [p.Row(2, "", {}, None, 0, 0, False, False, refs[0], None)],
+                                            ["OUT"], block, []))
+        error = result.failures[0].error()
+        assert isinstance(error, ModelExecutionError) and "model 'unprintable'" in str(error)
+        assert "no text for this" in str(error)
+        core.close()
+        await asyncio.get_running_loop().run_in_executor(None, runtime._thread.join, 10)
+        assert exits == [0]  # it ended because the core went, not on the output
+        host.close()
+
+    asyncio.run(main())
+
+
+def test_bytes_elements_that_are_not_text_are_their_str_as_in_triton() -> None:
+    from inferd.dtypes import decode_bytes, encode_bytes
+
+    values = np.array([5, -3, 1.5, b"x", "y", bytearray(b"z"), np.int32(7)], dtype=np.object_)
+    assert list(decode_bytes(encode_bytes(values), len(values), "test")) == [
+        b"5", b"-3", b"1.5", b"x", b"y", b"z", b"7"]
