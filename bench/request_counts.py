@@ -13,8 +13,9 @@ channel over a real unix socket pair, and the core's DataPlaneEndpoint over the 
 on this loop, so its counts are the worker's and the core's together. "stream" is the same servicer's
 ModelStreamInfer, every request on one stream (as perf_analyzer --streaming sends them), each answered
 in turn. Their counts include the runtime's calls, and which of its batches run on the loop or on an
-instance thread follows the executions' measured times, so they are exact only for one such choice. Counted over ``--requests`` requests after a warm-up,
-``--concurrency`` of them started together in one loop turn (as one socket read brings them):
+instance thread follows the executions' measured times, so they are exact only for one such choice.
+Counted over ``--requests`` requests after a warm-up, ``--concurrency`` of them started together in one
+loop turn (as one socket read brings them):
 
 - ``python_calls``: Python function calls (``sys.setprofile`` 'call' events, every thread; a
   generator's or coroutine's resumption counts as a call), ``inferd_calls`` those of inferd's own

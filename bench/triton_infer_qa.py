@@ -19,15 +19,13 @@ runner reports unittest's own result of each run (tests run, errors, failures) a
 
 from __future__ import annotations
 
-import argparse
-import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from bench.triton_sequence_qa import ROOT, VERSION, export_qa, write_server
+from bench.triton_sequence_qa import VERSION, arguments, export_qa, run_script, write_server
 
 
 def generate_models(qa: Path, data: Path) -> None:
@@ -52,32 +50,17 @@ def runs(log: str) -> list[tuple[int, int, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--triton", type=Path, required=True,
-                   help="Triton's server repository: a bare git directory (the fetch tool's) or a checkout")
-    p.add_argument("--work", type=Path, default=Path("/tmp/inferd-triton-infer-qa"))
+    p = arguments(__doc__, Path("/tmp/inferd-triton-infer-qa"))
     p.add_argument("--backends", default="python", help="test.sh's BACKENDS")
-    p.add_argument("--no-netns", dest="netns", action="store_false",
-                   help="run on this host's loopback (ports 8000-8002 must be free)")
     args = p.parse_args(argv)
 
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     qa = export_qa(args.triton, work)
     generate_models(qa, work / "data" / VERSION)
-    triton_dir = write_server(work, [])
-    env = dict(os.environ)
-    env.update({
-        "DATADIR": str(work / "data" / VERSION), "TRITON_DIR": str(triton_dir),
-        "PATH": f"{work / 'bin'}:{env.get('PATH', '')}", "PYTHONPATH": f"{ROOT}:{env.get('PYTHONPATH', '')}",
-        "TRITONSERVER_IPADDR": "127.0.0.1", "BACKENDS": args.backends, "ENSEMBLES": "0", "SERVER_TIMEOUT": "300",
-    })
-    command = ["bash", "test.sh", VERSION]
-    if args.netns and shutil.which("unshare"):
-        command = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *command]
     log_path = work / "test_sh.log"
-    with open(log_path, "wb") as out:
-        code = subprocess.run(command, cwd=qa / "L0_infer", env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+    env = {"BACKENDS": args.backends, "ENSEMBLES": "0", "SERVER_TIMEOUT": "300"}
+    code = run_script(qa / "L0_infer", work, write_server(work, []), env, log_path, args.netns)
     found = runs(log_path.read_text(errors="replace"))
     for i, (ran, errors, failures) in enumerate(found, 1):
         print(f"infer_test.py run {i}: {ran} tests, {errors} errors, {failures} failures")

@@ -175,25 +175,34 @@ def write_server(work: Path, extra: list[str]) -> Path:
     return triton_dir
 
 
-def run_test_sh(qa: Path, work: Path, triton_dir: Path, implicit: bool, args: argparse.Namespace) -> int:
-    env = dict(os.environ)
-    env.update({
+def run_script(folder: Path, work: Path, triton_dir: Path, env: dict[str, str], log: Path,
+               netns: bool) -> int:
+    """Run a QA folder's test.sh with inferd's stand-in on PATH and ``env`` (its own variables) added;
+    its output into ``log``; its exit status."""
+    full = dict(os.environ)
+    full.update({
         "DATADIR": str(work / "data" / VERSION), "TRITON_DIR": str(triton_dir),
-        "PATH": f"{work / 'bin'}:{env.get('PATH', '')}", "PYTHONPATH": f"{ROOT}:{env.get('PYTHONPATH', '')}",
-        "TRITONSERVER_IPADDR": "127.0.0.1", "MODEL_TRIALS": args.trials, "SERVER_TIMEOUT": str(args.server_timeout),
+        "PATH": f"{work / 'bin'}:{full.get('PATH', '')}", "PYTHONPATH": f"{ROOT}:{full.get('PYTHONPATH', '')}",
+        "TRITONSERVER_IPADDR": "127.0.0.1", **env,
+    })
+    command = ["bash", "test.sh", VERSION]
+    if netns and shutil.which("unshare"):
+        # A loopback of its own: test.sh's fixed ports 8000-8002 never meet another server's.
+        command = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *command]
+    with open(log, "wb") as out:
+        return subprocess.run(command, cwd=folder, env=full, stdout=out, stderr=subprocess.STDOUT).returncode
+
+
+def run_test_sh(qa: Path, work: Path, triton_dir: Path, implicit: bool, args: argparse.Namespace) -> int:
+    env = {
+        "MODEL_TRIALS": args.trials, "SERVER_TIMEOUT": str(args.server_timeout),
         "NO_DELAY_TESTS": args.no_delay_tests or " ", "DELAY_TESTS": args.delay_tests or " ",
         "QUEUE_DELAY_TESTS": args.queue_delay_tests or " ",
         "IMPLICIT_STATE": "1" if implicit else "0", "ENSEMBLES": "0" if implicit else args.ensembles,
         "BACKENDS": "libtorch onnx" if implicit else args.backends,
-    })
-    command = ["bash", "test.sh", VERSION]
-    if args.netns and shutil.which("unshare"):
-        # A loopback of its own: test.sh's fixed ports 8000-8002 never meet another server's.
-        command = ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *command]
+    }
     log = work / f"test_sh-{'implicit' if implicit else 'explicit'}.log"
-    with open(log, "wb") as out:
-        return subprocess.run(command, cwd=qa / "L0_sequence_batcher", env=env, stdout=out,
-                              stderr=subprocess.STDOUT).returncode
+    return run_script(qa / "L0_sequence_batcher", work, triton_dir, env, log, args.netns)
 
 
 def results(client_log: Path) -> list[tuple[str, str, bool]]:
@@ -209,11 +218,20 @@ def results(client_log: Path) -> list[tuple[str, str, bool]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str, work: Path) -> argparse.ArgumentParser:
+    """The options every runner of Triton's QA takes: where Triton's repository is, the work folder, the
+    network namespace."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--triton", type=Path, required=True,
                    help="Triton's server repository: a bare git directory (the fetch tool's) or a checkout")
-    p.add_argument("--work", type=Path, default=Path("/tmp/inferd-triton-sequence-qa"))
+    p.add_argument("--work", type=Path, default=work)
+    p.add_argument("--no-netns", dest="netns", action="store_false",
+                   help="run on this host's loopback (ports 8000-8002 must be free)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = arguments(__doc__, Path("/tmp/inferd-triton-sequence-qa"))
     p.add_argument("--implicit", nargs="+", type=int, choices=(0, 1), default=[0, 1],
                    help="0: L0_sequence_batcher; 1: its implicit-state run from L0_implicit_state")
     p.add_argument("--trials", default="0 1 2 4 v", help="test.sh's MODEL_TRIALS")
@@ -228,8 +246,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds test.sh waits for a server to be ready (its own default, 120, is short for "
                         "the 4-instance repositories on a busy two-core host)")
     p.add_argument("--frontend-workers", default=None, help="inferd's --frontend-workers (default: its own)")
-    p.add_argument("--no-netns", dest="netns", action="store_false",
-                   help="run on this host's loopback (ports 8000-8002 must be free)")
     args = p.parse_args(argv)
 
     work = args.work.resolve()

@@ -85,7 +85,7 @@ class HostProcess:
     def _watch(self, zygote: Zygote) -> None:
         """``gone`` once the host has exited: the zygote's status, or, should that not come (the zygote
         gone too), the pidfd's word and an unknown status STATUS_WAIT later."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
 
         def exited(status: int | None) -> None:
             if not self.gone.done():

@@ -345,11 +345,11 @@ class BatchScheduler(PumpedScheduler):
         try:
             self._dispatch(worker, first, now, loop)
             for _ in range(TRAIN_MAX - 1):
-                # A batch refused at once (the host's arena full, a failed restart) ended it all: the
-                # worker is free again, and the pump's loop hands it its next batch.
-                if not worker.busy or not len(queue) or not worker.estimate.count:
-                    return  # (no train on a guess either: until executions were seen, the time is unknown)
-                if worker.free_at - now > TRAIN_WINDOW_S:
+                # Not behind a batch refused at once (the host's arena full, a failed restart: the worker
+                # is free again, and the pump's loop hands it its next batch), nor on a guess (until
+                # executions were seen, their time is unknown), nor past the window.
+                if (not worker.busy or not len(queue) or not worker.estimate.count
+                        or worker.free_at - now > TRAIN_WINDOW_S):
                     return
                 step = queue.step(now, False, worker.estimate, stage_at=worker.free_at)
                 for item, error in step.expired:
