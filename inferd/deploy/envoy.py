@@ -7,11 +7,11 @@ One listener per protocol: gRPC (HTTP/2 to the replicas, actively health-checked
 whose requests vary in cost far better than round robin.
 
 What a request may be retried on is chosen so that nothing a replica accepted runs
-twice: a connection that could not be made, a stream the replica refused before
-reading it (HTTP/2 REFUSED_STREAM, a GOAWAY), or the replica's own UNAVAILABLE / 503,
-which inferd answers only for work it did not start (draining, queue full, model
-unloading), and a CANCELLED the replica itself sent (grpc-core's shutdown, see
-GRPC_RETRY). A request reset while a replica was working on it (the replica died) is
+twice: a connection that could not be made or closed before the request was sent on
+it, a stream the replica refused before reading it (HTTP/2 REFUSED_STREAM, a GOAWAY),
+or the replica's own UNAVAILABLE / 503, which inferd answers only for work it did not
+start (draining, queue full, model unloading), and a CANCELLED the replica itself sent
+(grpc-core's shutdown, see GRPC_RETRY). A request reset while a replica was working on it (the replica died) is
 *not* retried: it fails with UNAVAILABLE and the client decides. Retries go to another
 host (``previous_hosts``) and are capped by a retry budget so that a failing fleet is
 not hit twice as hard. Panic routing is off: Envoy never sends traffic to a host its
@@ -52,8 +52,11 @@ Backend = tuple[str, int]  # (host, port)
 # replica (not a reset) comes from grpc-core's shutdown: a call that had arrived but was
 # not yet handed to a handler when the server stopped is ended CANCELLED (grpc/grpc#41785);
 # a client that cancels resets its stream, so Envoy has nobody to retry for.
-GRPC_RETRY = {"retry_on": "connect-failure,refused-stream,unavailable,cancelled"}
-HTTP_RETRY = {"retry_on": "connect-failure,refused-stream,retriable-status-codes", "retriable_status_codes": [503]}
+# reset-before-request: a request Envoy put on a connection that closed before the request's
+# headers went out (a replica killed a moment ago, its close not yet read) never reached it.
+GRPC_RETRY = {"retry_on": "connect-failure,reset-before-request,refused-stream,unavailable,cancelled"}
+HTTP_RETRY = {"retry_on": "connect-failure,reset-before-request,refused-stream,retriable-status-codes",
+              "retriable_status_codes": [503]}
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -188,9 +189,12 @@ class Fleet:
         return Target(workers, server.url("grpc"), server.url(s.protocol), name, server.pid)
 
     def stop(self) -> None:
+        """Stops the servers and removes the working directory (a failed start's error already
+        carries the end of its server's log)."""
         for server in self.servers.values():
             server.stop()
         self.servers.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class _Sampling:

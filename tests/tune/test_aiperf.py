@@ -58,8 +58,11 @@ def test_without_aiperf_the_error_says_how_to_get_it(monkeypatch: pytest.MonkeyP
     assert find_aiperf() is None
     (tmp_path / "repo" / "m").mkdir(parents=True)
     fleet = Fleet(ServerSettings(tmp_path / "repo", "m"))
-    with pytest.raises(TuneError, match="aiperf command is not installed .*pip install aiperf"):
-        AIPerfRounds(fleet, None, tmp_path / "work")  # type: ignore[arg-type]
+    try:
+        with pytest.raises(TuneError, match="aiperf command is not installed .*pip install aiperf"):
+            AIPerfRounds(fleet, None, tmp_path / "work")  # type: ignore[arg-type]
+    finally:
+        fleet.stop()
 
 
 @pytest.mark.server

@@ -141,6 +141,7 @@ def test_with_a_running_server_each_round_reloads_and_the_config_is_put_back(exa
                 during = stub.ModelConfig(pb.ModelConfigRequest(name="mlp")).config
         finally:
             rounds.close()
+            fleet.stop()
         with grpc.insecure_channel(server.url) as channel:
             after = pb_grpc.GRPCInferenceServiceStub(channel).ModelConfig(pb.ModelConfigRequest(name="mlp")).config
     finally:
