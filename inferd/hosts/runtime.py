@@ -41,7 +41,7 @@ from inferd.errors import InferdError, ModelExecutionError
 from inferd.hosts import priority, protocol as p
 from inferd.ipc.arena import Arena, ArenaWriter
 from inferd.ipc.frames import FrameChannel, FrameReader, FrameWriter
-from inferd.observability import custom_metrics
+from inferd.observability import collector, custom_metrics
 from inferd.streaming import StreamEvent, StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
 
@@ -287,6 +287,7 @@ class HostRuntime:
                 session_cache=SessionCache(Path(msg.session_cache)) if msg.session_cache else None)
             with priority.loading():  # warm requests of other models first (hosts/priority.py)
                 self.instance = backend.create_instance(spec, ispec)
+                collector.freeze()  # the host lives as long as its model: all it holds, out of full collections
         except KeyError:
             failure = p.Failure("ConfigError", f"model host: backend '{msg.backend}' is not installed where the "
                                 "host runs (a backend registered from code lives only in the server's process)")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import threading
@@ -40,6 +41,7 @@ M_ARENA_MAX = -8  # mallopt's parameter number (glibc malloc.h)
 log = logging.getLogger("inferd.heap")
 
 
+@functools.cache  # one handle each: a CDLL made per call is a new ctypes type, and cyclic garbage
 def _glibc(function: str):  # type: ignore[no-untyped-def]
     name = ctypes.util.find_library("c")
     if not name:
@@ -80,6 +82,13 @@ def malloc_trim() -> Callable[[], int] | None:
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return lambda: int(trim(0))
+
+
+def trim_now() -> None:
+    """``malloc_trim(0)`` once (ctypes drops the GIL meanwhile); nothing where the C library is not glibc."""
+    trim = malloc_trim()
+    if trim is not None:
+        trim()
 
 
 def interval_from_env() -> float:

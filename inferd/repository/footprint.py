@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from inferd.observability.heap import trim_now
+
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -78,15 +80,6 @@ def private_bytes(pid: int | str = "self") -> int | None:
     except (OSError, IndexError, ValueError):
         return None
     return total if found else None
-
-
-def trim() -> None:
-    """Ask glibc to give free heap pages back to the system (ctypes drops the GIL meanwhile); nothing
-    where the C library is not glibc."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 class _MallInfo2(ctypes.Structure):
@@ -165,7 +158,7 @@ class Measure:
     def __exit__(self, *exc: object) -> None:
         heap = heap_bytes()
         gpus = gpu_bytes()
-        trim()
+        trim_now()
         grown = heap - self._heap if heap is not None and self._heap is not None else rss_bytes() - self._rss
         gpu = {i: max(0, n - self._gpus.get(i, 0)) for i, n in gpus.items()}
         self.footprint = Footprint(max(0, grown), gpu)

@@ -44,7 +44,8 @@ from inferd.model.cache import ResponseCache
 from inferd.repository import ensembles as ensemble_loader
 from inferd.repository.control import ModelLoading
 from inferd.repository.demand import OnDemand
-from inferd.repository.footprint import Footprint, Measure, MeasureGate, trim
+from inferd.observability.heap import trim_now
+from inferd.repository.footprint import Footprint, Measure, MeasureGate
 from inferd.repository.overrides import OverrideFolders
 from inferd.repository.layout import available_versions, fingerprint, scan
 from inferd.repository.build import Model, build_model
@@ -328,7 +329,7 @@ class ModelManager:
                     async with self.gate.holding(False, entry.name, within):
                         models[version] = await loop.run_in_executor(None, self._build_version, entry.name,
                                                                      prepared, version, file, None)
-                        await loop.run_in_executor(None, trim)  # what the build parsed and freed goes back
+                        await loop.run_in_executor(None, trim_now)  # what the build parsed and freed goes back
                     models[version].stats.memory_usage = known
                     if within is not None and within == self.gate.owner:  # inside that model's measured build
                         cpu = sum(n for kind, _, n in known if kind == "CPU")
@@ -469,8 +470,9 @@ class ModelManager:
         await self._unload(name)
 
     async def _unload(self, name: str, collect: bool = True) -> None:
-        """``collect``: run a full collection after (25 ms here, on the loop); an eviction
-        (on_demand) leaves it out: the model goes by reference count, glibc's trim runs off the loop."""
+        """``collect``: run a full collection after (on the loop: a few ms, the start-up's objects being
+        frozen, observability/collector.py); an eviction (on_demand) leaves it out: the model goes by
+        reference count and the collector's own runs, glibc's trim runs off the loop."""
         entry = self._entries[name]
         # An in-process model's memory goes back while no in-process build is measured (the gate, taken
         # before the model's lock: a build that loads this model from its initialize is not held up).
@@ -491,7 +493,7 @@ class ModelManager:
                 if collect:
                     _release_memory()
                 else:
-                    await asyncio.get_running_loop().run_in_executor(None, trim)
+                    await asyncio.get_running_loop().run_in_executor(None, trim_now)
 
     async def evict(self, name: str, reason: str) -> None:
         """Unload ``name`` to make room (the on-demand driver), saying ``reason`` while nothing of it
@@ -622,7 +624,7 @@ def _release_memory() -> None:
     reference cycles hold, then ask glibc to return freed heap pages (a
     runtime's arenas otherwise stay mapped, and RSS only grows)."""
     gc.collect()
-    trim()
+    trim_now()
 
 
 @contextlib.asynccontextmanager

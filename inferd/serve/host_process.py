@@ -28,6 +28,7 @@ from inferd.hosts.runtime import HostRuntime
 from inferd.ipc.arena import Arena, ArenaWriter
 from inferd.ipc.frames import FrameChannel, FrameReader, FrameWriter
 from inferd.ipc.processes import die_with_parent
+from inferd.observability import collector
 
 
 def _arena(spec: str) -> Arena:
@@ -61,6 +62,7 @@ def _zygote(control_fd: int, parent: int) -> int:
             importlib.import_module(module)
         except ImportError:  # an optional one (uvloop): the host imports it itself, or runs without
             pass
+    collector.freeze()  # what every host shares with us stays out of its collections (and shared)
 
     sock = socket.socket(fileno=control_fd)
     sock.setblocking(True)

@@ -33,6 +33,7 @@ from inferd.dataplane.batches import default_batch_dir
 from inferd.errors import InferdError
 from inferd.hosts.registry import DEFAULT_FINALIZE_GRACE, Hosts
 from inferd.model.cache import ResponseCache
+from inferd.observability import collector
 from inferd.observability.log_settings import LogSettings
 from inferd.dataplane.metrics import ServerMetrics
 from inferd.observability.tracing import Tracing
@@ -216,6 +217,7 @@ class InferenceServer:
         except BaseException:
             await self.stop()
             raise
+        collector.freeze()  # before any model: what start-up made, out of full collections
         try:
             await self.dataplane.load_models()
         except InferdError as exc:  # a --load-model that names no model
@@ -355,6 +357,7 @@ class InferenceServer:
             await self._metrics_server.stop(1.0)
         if self.metrics is not None:
             self.metrics.close()
+        collector.thaw()  # this process may live on (a test, a benchmark): the server's objects may go
         log.info("stopped")
 
     async def startup_report(self, where: str) -> str:

@@ -161,6 +161,9 @@ async def serve(index: int, channel_fd: int) -> int:
                           sock=listen(h["address"], h["port"], "HTTP"), tls=TlsFiles.from_plain(h.get("tls")),
                           protocol=chunk_limited_protocol())
         await http.start()
+    from inferd.observability import collector  # as main() imports heap: not at the module's import
+
+    collector.freeze()  # start-up's objects out of full collections
     link.hello()
     await asyncio.wait([link.drain_requested, link.recycle_requested], return_when=asyncio.FIRST_COMPLETED)
     if not link.drain_requested.done():
