@@ -311,6 +311,13 @@ def _zygote_of(server: ServerProcess) -> int:
     return pids[0]
 
 
+def test_the_zygote_has_onnx_runtime_loaded_before_it_forks(server: ServerProcess) -> None:
+    """An ONNX model's host is forked with ONNX Runtime imported: its import (~55 ms of CPU, 9 MiB of
+    each host's private memory in bench/RESULTS.md many_models) is paid once, and its pages are shared."""
+    maps = Path(f"/proc/{_zygote_of(server)}/maps").read_text()
+    assert "onnxruntime_pybind11_state" in maps
+
+
 def test_a_killed_zygote_takes_its_hosts_and_the_next_host_starts_another(server: ServerProcess, client) -> None:
     """Hosts die with the zygote that forked them; the core sees each host go (its pidfd: the zygote that
     would report the status is gone too), restarts it through a new zygote, and serves again."""
