@@ -11,12 +11,13 @@ twice: a connection that could not be made or closed before the request was sent
 it, a stream the replica refused before reading it (HTTP/2 REFUSED_STREAM, a GOAWAY),
 or the replica's own UNAVAILABLE / 503, which inferd answers only for work it did not
 start (draining, queue full, model unloading), and a CANCELLED the replica itself sent
-(grpc-core's shutdown, see GRPC_RETRY). A request reset while a replica was working on it (the replica died) is
-*not* retried: it fails with UNAVAILABLE and the client decides. Retries go to another
-host (``previous_hosts``) and are capped by a retry budget so that a failing fleet is
-not hit twice as hard. Panic routing is off: Envoy never sends traffic to a host its
-health check removed, even when most of them are down; a replica that refuses a
-connection is ejected at once rather than at the next health check.
+(grpc-core's shutdown, see GRPC_RETRY). A request reset while a replica was working on
+it (the replica died) is *not* retried: it fails with UNAVAILABLE and the client
+decides. Retries go to another host (``previous_hosts``) and are capped by a retry
+budget so that a failing fleet is not hit twice as hard. Panic routing is off: Envoy
+never sends traffic to a host its health check removed, even when most of them are
+down; a replica that refuses a connection is ejected at once rather than at the next
+health check.
 
 ``python -m inferd.deploy.envoy --grpc HOST:PORT ... [--http HOST:PORT ...]`` prints the
 configuration as YAML; with ``--dns`` each HOST is a DNS name resolving to all the replicas

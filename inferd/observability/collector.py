@@ -14,8 +14,9 @@ process before it loads a model: a frozen object left in a cycle is never collec
 model's cycles would stay; a model host after its one model is loaded, since it exits with it).
 Frozen objects are still freed by reference counting, and the collector still collects all that is
 made afterwards. A server stopped inside a process that lives on (a test, a benchmark) calls
-:func:`thaw`, so that its own objects, frozen with the rest, can be collected once dropped. In the host zygote it also keeps the collector from writing into objects every host
-shares with it through fork (their pages stay shared, not copied), as Python's ``gc.freeze`` notes say.
+:func:`thaw`, so that its own objects, frozen with the rest, can be collected once dropped. In the
+host zygote it also keeps the collector from writing into objects every host shares with it through
+fork (their pages stay shared, not copied), as Python's ``gc.freeze`` notes say.
 """
 
 from __future__ import annotations
