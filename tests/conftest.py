@@ -63,6 +63,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The servers' logs go, unless a test failed: then they stay for its server's log (a rare failure's
+    only record; each pytest-xdist process has its own directory)."""
+    if session.testsfailed and any(LOG_DIR.iterdir()):
+        print(f"\ninferd servers' logs kept in {LOG_DIR}", file=sys.stderr)
+        return
     shutil.rmtree(LOG_DIR, ignore_errors=True)
 
 
