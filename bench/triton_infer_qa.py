@@ -20,24 +20,13 @@ runner reports unittest's own result of each run (tests run, errors, failures) a
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-from bench.triton_sequence_qa import VERSION, arguments, export_qa, run_script, write_server
+from bench.triton_sequence_qa import VERSION, arguments, export_qa, generate_models, run_script, write_server
 
 
-def generate_models(qa: Path, data: Path) -> None:
-    out = data / "qa_model_repository"
-    if out.exists():
-        return
-    print("generating qa_model_repository (gen_qa_models.py --onnx)", flush=True)
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    subprocess.run([sys.executable, "gen_qa_models.py", "--onnx", f"--models_dir={tmp}"], cwd=qa / "common",
-                   check=True, stdout=subprocess.DEVNULL)
-    tmp.rename(out)
+# What test.sh reads: qa/common/gen_qa_model_repository's onnx models.
+GENERATORS = [("gen_qa_models.py", ["--onnx"], "qa_model_repository")]
 
 
 def runs(log: str) -> list[tuple[int, int, int]]:
@@ -57,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     qa = export_qa(args.triton, work)
-    generate_models(qa, work / "data" / VERSION)
+    generate_models(qa, work / "data" / VERSION, GENERATORS)
     log_path = work / "test_sh.log"
     env = {"BACKENDS": args.backends, "ENSEMBLES": "0", "SERVER_TIMEOUT": "300"}
     code = run_script(qa / "L0_infer", work, write_server(work, []), env, log_path, args.netns)

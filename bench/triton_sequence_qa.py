@@ -141,8 +141,9 @@ def export_qa(triton: Path, work: Path) -> Path:
     return qa
 
 
-def generate_models(qa: Path, data: Path) -> None:
-    for script, flags, target in GENERATORS:
+def generate_models(qa: Path, data: Path, generators: list[tuple[str, list[str], str]] = GENERATORS) -> None:
+    """Each (generator, flags, data directory) not yet in ``data``, run from Triton's qa/common."""
+    for script, flags, target in generators:
         out = data / target
         if out.exists():
             continue

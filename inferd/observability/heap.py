@@ -41,7 +41,6 @@ M_ARENA_MAX = -8  # mallopt's parameter number (glibc malloc.h)
 log = logging.getLogger("inferd.heap")
 
 
-@functools.cache  # one handle each: a CDLL made per call is a new ctypes type, and cyclic garbage
 def _glibc(function: str):  # type: ignore[no-untyped-def]
     name = ctypes.util.find_library("c")
     if not name:
@@ -74,6 +73,7 @@ def limit_arenas(count: int | None = None) -> int | None:
     return count if mallopt(M_ARENA_MAX, count) == 1 else None
 
 
+@functools.cache  # one handle: a CDLL made per call is a new ctypes type (cyclic garbage) and a find_library
 def malloc_trim() -> Callable[[], int] | None:
     """glibc's ``malloc_trim(0)`` as a function returning 1 when memory was released, or None without glibc."""
     trim = _glibc("malloc_trim")
