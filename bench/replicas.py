@@ -61,6 +61,18 @@ def envoy_binary() -> Path:
     return path
 
 
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is still running (not a zombie), read from /proc."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it exited while we looked
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
 class _Process:
     """A child in its own process group (so its children go with it), logging to a file."""
 
@@ -106,13 +118,16 @@ class _Process:
             self._log = None
         return code
 
-    def _reap_group(self) -> None:
-        """Children the leader left behind in its group get SIGKILL: nothing outlives a stop."""
+    def _reap_group(self, timeout: float = 10) -> None:
+        """Children the leader left behind in its group get SIGKILL, and this returns once none of
+        them runs (a zombie has closed its files): nothing outlives a stop, and a replica that was
+        killed has closed every socket by then (its processes exit one by one, over milliseconds)."""
         assert self.proc is not None
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
-            pass
+            return
+        wait_until(lambda: not _group_running(self.proc.pid), timeout, f"process group {self.proc.pid} gone")
 
     def log(self) -> str:
         if self._log is not None:

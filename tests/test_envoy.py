@@ -314,11 +314,14 @@ def test_kill_one_replica_under_load(tmp_path: Path) -> None:
     assert all(str(r.status()) == "StatusCode.UNAVAILABLE" for r in failed_held)
     assert len(held.answers) - len(failed_held) == answered_before
 
+    # Envoy retries what never reached a replica (a refused connection, a request not yet written),
+    # so a load request fails only if it went to replica0 before the last of its processes was gone:
+    # each client's one in flight at the kill, and any Envoy put on replica0 while its processes were
+    # exiting one by one (a frontend worker's port still open; milliseconds). None started later.
     failures = load.failures()
     assert all(f.code == "StatusCode.UNAVAILABLE" for f in failures), failures
-    assert all(f.started < removed_at for f in failures), (killed_at, removed_at, failures)
-    per_thread = [sum(1 for f in failures if f.thread == t) for t in range(load.threads)]
-    assert max(per_thread) <= 1, f"a client failed more than its one in-flight request: {per_thread}"
+    late = [(f.thread, f"{f.started - killed_at:+.4f} s", f.message) for f in failures if f.started >= killed_at]
+    assert not late, f"requests that started after replica0 was gone failed: {late}"
     assert after_rejoin > 0
     assert fleet.envoy is not None and not fleet.envoy.running()
     assert not any(r.running() for r in fleet.replicas)
