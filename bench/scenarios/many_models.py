@@ -8,8 +8,9 @@ latency counts from that scheduled time. The server is `inferd serve --frontend-
 the gRPC frontend on the core's loop) run inside the benchmark, so that a request is known cold exactly
 when it waited for its model's load (the driver's wait sees its request id), which a client cannot tell
 when several clients load and evict beside it. The GIL switch interval is `inferd serve`'s (100 us).
-For each ``--model-host``: ``auto`` (the default: ONNX in the server's process) and ``process`` (each
-model in a model host): (1) every model loaded alone, one after the other, on a server without a
+For each ``--model-host``: ``inline`` (every table in the server's process), ``auto`` (the default:
+in the server's process without a budget; under one, tables from 16 MiB up in model hosts, the smaller
+ones in the server's process) and ``process`` (each model in a model host): (1) every model loaded alone, one after the other, on a server without a
 budget: each load's time ("one load's time": its first request, in the server's process, no network)
 and the growth of the process tree's summed PSS (proportional set size: each page counted once across
 the server, the zygote and the hosts) and RSS against the model's footprint (ModelStatistics
@@ -42,7 +43,10 @@ from bench.paced_client import tree_pss
 NEEDS_PERF_ANALYZER = False
 SWITCH_INTERVAL = 100e-6  # as `inferd serve` sets it (--gil-switch-interval-us)
 MiB = 2**20
-HOSTS = ("auto", "process")  # --model-host: ONNX in the server's process (the default), in model hosts
+HOSTS = ("inline", "auto", "process")  # --model-host (module docstring)
+LABELS = {"inline": "ONNX in the server's process (inline)",
+          "auto": "the default (auto: under the budget, tables from 16 MiB in hosts)",
+          "process": "ONNX in model hosts (process)"}
 CLIENTS = 8
 ROUNDS = 4
 ROOT = Path(__file__).resolve().parents[2]
@@ -237,10 +241,6 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else 0.0
 
 
-def _label(host: str) -> str:
-    return "ONNX in the server's process" if host == "auto" else "ONNX in model hosts"
-
-
 def _pooled(runs: list[dict], key: str) -> list:
     return [x for r in runs for x in r[key]]
 
@@ -286,7 +286,7 @@ def _measures(d: dict, s: dict, rate: float) -> list[dict]:
     warm_b, warm_l = _pooled(d["budgeted"], "warm"), _pooled(d["loaded"], "warm")
     cold = [c for c, _ in _pooled(d["budgeted"], "cold")]
     loaded_cold = len(_pooled(d["loaded"], "cold"))
-    label = _label(d["host"])
+    label = LABELS[d["host"]]
     budget = f"budget {d['budget'] / MiB:.0f} MiB"
     return [
         {"label": f"{label}: every model loaded alone", "concurrency": 1, "batch": 1, "infer_per_s": 0.0,
@@ -308,7 +308,7 @@ def _measures(d: dict, s: dict, rate: float) -> list[dict]:
 def _notes(summaries: list[dict]) -> str:
     lines = []
     for d in summaries:
-        lines += [f"Per model, {_label(d['host'])}, each loaded alone (load average {d['loadavg'][0]:.1f} at the "
+        lines += [f"Per model, {LABELS[d['host']]}, each loaded alone (load average {d['loadavg'][0]:.1f} at the "
                   f"start, {d['loadavg'][1]:.1f} at the end; the first model's growth includes the runtime's "
                   "one-time set-up: left out of the 15% count):", "",
                   "| model | table MB | footprint MiB | tree PSS growth MiB | footprint / growth | tree RSS growth MiB "
@@ -325,7 +325,7 @@ def _notes(summaries: list[dict]) -> str:
 def ratios(result: dict) -> dict:
     out = {}
     for d in result["details"]:
-        m = _label(d["host"])
+        m = LABELS[d["host"]]
         out[f"{m}: cold p50 / p99 against one load's time (p50 / p99 of the loads alone)"] = (
             f"{d['cold_p50_s'] * 1e3:.0f} / {d['cold_p99_s'] * 1e3:.0f} ms against {d['one_load_p50_s'] * 1e3:.0f} / "
             f"{d['one_load_p99_s'] * 1e3:.0f} ms ({d['cold_count']} cold requests); each cold request over its own "

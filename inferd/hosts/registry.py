@@ -4,8 +4,10 @@
 the instances of Python models (backend ``python``: user code, which holds the GIL while it runs,
 may block, call other models or never return) one per process, as Triton runs them in stub
 processes, and keeps ONNX Runtime and TorchScript in the core (their runtimes release the GIL
-while they compute); ``process`` hosts every model; ``inline`` none. A model's own
-``inferd.host`` parameter (``process`` or ``inline``) overrides the server's choice.
+while they compute), except under a memory budget (``--model-memory-budget``), where models load
+and unload while others serve: there it also hosts an ONNX model on CPU whose files reach
+:data:`HOST_AT_BYTES` (module comment there). ``process`` hosts every model; ``inline`` none. A
+model's own ``inferd.host`` parameter (``process`` or ``inline``) overrides the server's choice.
 
 :class:`Hosts` is owned by the model manager: the live hosted instances (for their footprints,
 their custom metrics and the processes a hard exit must kill) and each model's host restarts
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferd.backends.base import InstanceSpec
 from inferd.clock import Clock
-from inferd.config import ModelSpec
+from inferd.config import KIND_GPU, ModelSpec
 from inferd.hosts.zygote import Zygote
 
 if TYPE_CHECKING:
@@ -32,29 +34,43 @@ log = logging.getLogger(__name__)
 
 MODES = ("auto", "process", "inline")
 DEFAULT_FINALIZE_GRACE = 5.0  # seconds a host's finalize may take at unload before it is killed
+# Under a memory budget ``auto`` hosts an ONNX model on CPU from this size of files up. ONNX Runtime
+# builds a session holding the GIL, ~2 ms a MB of weights (a 16 MB table: 27 ms), and every warm request
+# of the core waits for it; a host builds on a core of its own and gives back all it held when it
+# exits. A host costs its own private memory, ~10 MiB (a 6 MB table: 17.9 MiB hosted against 7.3 in the
+# core), which below this size would be most of the model's footprint. Measured with many_models's
+# stream (bench/RESULTS.md): every table in the core, warm p99 2.2x the every-model-loaded run's;
+# tables from 16 MiB up hosted, 1.0-1.1x. TorchScript stays in the core: a host would import torch
+# itself (the zygote does not), far more than the model.
+HOST_AT_BYTES = 16 * 2**20
 METRICS_TIMEOUT = 1.0  # a /metrics scrape waits this long for a host's custom metrics
 
 
 class Hosts:
-    def __init__(self, mode: str = "auto", finalize_grace: float = DEFAULT_FINALIZE_GRACE) -> None:
+    def __init__(self, mode: str = "auto", finalize_grace: float = DEFAULT_FINALIZE_GRACE,
+                 budgeted: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"--model-host must be one of {', '.join(MODES)}, got '{mode}'")
         if finalize_grace < 0:
             raise ValueError(f"a model host's finalize grace must be >= 0 seconds, got {finalize_grace}")
         self.mode = mode
         self.finalize_grace = finalize_grace
+        self.budgeted = budgeted  # --model-memory-budget set: ``auto`` hosts large ONNX models too
         self.instances: list[HostedInstance] = []
         self.restarts: Counter[str] = Counter()  # model name -> host restarts
         # The server's stop sets it (its loop's time): a host still finalizing then is killed.
         self.stop_by: float | None = None
         self.zygote = Zygote()  # forks every host (started with the first one)
 
-    def hosted(self, spec: ModelSpec, backend: "Backend") -> bool:
-        """Whether ``spec``'s instances run in host processes (module docstring)."""
+    def hosted(self, spec: ModelSpec, backend: "Backend", file_bytes: int = 0) -> bool:
+        """Whether ``spec``'s instances run in host processes (module docstring); ``file_bytes``:
+        the size of the model's folder."""
         if spec.params.host:
             return spec.params.host == "process"
         if self.mode == "auto":
-            return backend.name == "python"
+            return backend.name == "python" or (
+                self.budgeted and backend.name == "onnxruntime" and file_bytes >= HOST_AT_BYTES
+                and all(g.kind != KIND_GPU for g in spec.instance_groups))  # settled: no KIND_AUTO left
         return self.mode == "process"
 
     def create(self, backend: "Backend", spec: ModelSpec, instance: InstanceSpec,

@@ -308,7 +308,8 @@ class ModelManager:
         loop = asyncio.get_running_loop()
         async with self.gate.holding(False, entry.name, within):  # reading may build a session: not beside a measure
             prepared, folder = await loop.run_in_executor(None, self._prepare_blocking, entry, config)
-        entry.hosted = self.hosts is not None and self.hosts.hosted(prepared.spec, prepared.backend)
+        entry.hosted = self.hosts is not None and self.hosts.hosted(prepared.spec, prepared.backend,
+                                                                    sum(size for _, size, _ in folder))
         config_bytes = prepared.spec.config_bytes()
         shared = tuple(f for f in folder if not f[0].split("/", 1)[0].isdigit())
         old, old_sources = entry.versions, entry.sources
@@ -374,7 +375,8 @@ class ModelManager:
         path = self._entries[name].path
         build = functools.partial(build_model, prepared.spec, prepared.backend, path, version, file, self.clock,
                                   self.dispatcher.for_model(name), cache=self.cache, limiter=self.limiter,
-                                  session_cache=self.session_cache, hosts=self.hosts)
+                                  session_cache=self.session_cache, hosts=self.hosts,
+                                  hosted=self._entries[name].hosted)
         if measure_within is None:
             return build()
         with Measure() as measured:

@@ -137,7 +137,8 @@ class InferenceServer:
         self.options = options
         cache = ResponseCache(options.cache_bytes) if options.cache_bytes else None
         limiter = RateLimiter(options.rate_limit_resources) if options.rate_limit == "execution_count" else None
-        self.hosts = Hosts(options.model_host, finalize_grace=min(DEFAULT_FINALIZE_GRACE, options.grace_seconds))
+        self.hosts = Hosts(options.model_host, finalize_grace=min(DEFAULT_FINALIZE_GRACE, options.grace_seconds),
+                           budgeted=options.model_memory_budget is not None)
         self.manager = ModelManager(options.model_repositories, mode=options.model_control_mode,
                                     startup_models=options.load_models,
                                     auto_complete=not options.strict_model_config, cache=cache, limiter=limiter,

@@ -272,6 +272,24 @@ def test_unloading_a_hosted_model_gives_its_memory_back(tmp_path: Path) -> None:
         client.close()
 
 
+def test_under_a_memory_budget_a_large_onnx_model_loads_in_a_host_and_a_small_one_in_the_core(
+        tmp_path: Path) -> None:
+    from inferd.examples.many_models import add_table_model, expected
+    from inferd.hosts.registry import HOST_AT_BYTES
+
+    add_table_model(tmp_path, "large", 0, HOST_AT_BYTES // 4 + 1024)  # float32: just over the threshold
+    add_table_model(tmp_path, "small", 1, 2**18)  # 1 MiB
+    with running(tmp_path, extra_args=["--model-control-mode", "on_demand", "--model-memory-budget", "256MiB"]) as server:
+        client = grpcclient.InferenceServerClient(server.url)
+        for index, name in enumerate(("large", "small")):
+            x = grpcclient.InferInput("I", [1], "INT64")
+            x.set_data_from_numpy(np.array([5], np.int64))
+            assert float(client.infer(name, [x]).as_numpy("Y")[0]) == expected(index, 5)
+        assert server.metric("inferd_model_host_processes", '{model="large"}') == 1
+        assert server.metric("inferd_model_host_processes", '{model="small"}') is None
+        client.close()
+
+
 def test_sigterm_ends_the_tree_within_the_exit_timeout_with_a_model_stuck_in_execute(tmp_path: Path) -> None:
     _python(tmp_path, "stuck", STUCK, "Y")
     exit_timeout = 3.0
