@@ -154,7 +154,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-host", choices=["auto", "process", "inline"], default="auto",
                    help="where model instances run: auto (default) runs each instance of a Python model in a "
                         "model host process of its own, as Triton runs Python models, and ONNX Runtime and "
-                        "TorchScript models in this process; process hosts every model; inline none. A model's "
+                        "TorchScript models in this process (under --model-memory-budget, ONNX models on CPU "
+                        "whose files reach 16 MiB in hosts too); process hosts every model; inline none. A model's "
                         "'inferd.host' parameter (process or inline) overrides it")
     p.add_argument("--event-loop", choices=event_loop.CHOICES, default="auto",
                    help="the event loop every server process runs: uvloop (its transports and loop in C: less "
