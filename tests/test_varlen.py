@@ -154,6 +154,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     probe = probe_model()
     add_model(repo, "probe", probe, probe_config("probe"))
     add_model(repo, "probe_waste", probe, probe_config("probe_waste"))
+    add_model(repo, "probe_waste_hosted", probe, probe_config("probe_waste_hosted", {"inferd.host": "process"}))
     add_model(repo, "probe_buckets", probe, probe_config("probe_buckets", {"inferd.length_buckets": "4,8,16"}))
     add_model(repo, "probe_budget", probe, probe_config("probe_budget", {"inferd.max_batch_elements": 20}))
     batch_input = ragged_batch_input_model()
@@ -287,12 +288,13 @@ async def test_the_budget_holds(aio_client):
         await aio_client.infer("probe_budget", probe_request(7, rows=3)[1])
 
 
-async def test_padding_waste_is_exported(aio_client, server):
-    await infer_all(aio_client, "probe_waste", [probe_request(n)[1] for n in (2, 6)])  # one batch: 8 real, 4 pad
+@pytest.mark.parametrize("model", ["probe_waste", "probe_waste_hosted"])  # padded in the core, in a model host
+async def test_padding_waste_is_exported(aio_client, server, model: str):
+    await infer_all(aio_client, model, [probe_request(n)[1] for n in (2, 6)])  # one batch: 8 real, 4 pad
     text = urllib.request.urlopen(server.metrics_url, timeout=30).read().decode()
 
     def value(metric: str) -> float:
-        m = re.search(rf'^{metric}{{model="probe_waste",version="1"}} (\S+)$', text, re.M)
+        m = re.search(rf'^{metric}{{model="{model}",version="1"}} (\S+)$', text, re.M)
         assert m, (metric, text)
         return float(m.group(1))
 

@@ -356,8 +356,9 @@ class HostedInstance(ModelInstance):
             else:
                 outputs.append(p.read_tensors(host.from_host, row, f"model '{self.model.name}'", copy=True))
         self._free(msg.block)
-        self._finish(msg.batch, BatchResult(outputs, ExecutionTimes(*msg.times), memory_delta=msg.memory_delta,
-                                             reschedule=msg.reschedule))
+        real, pad = msg.elements
+        self._finish(msg.batch, BatchResult(outputs, ExecutionTimes(*msg.times), real, pad,
+                                             memory_delta=msg.memory_delta, reschedule=msg.reschedule))
 
     def _finish(self, batch_id: int, result: BatchResult | BaseException) -> None:
         batch = self._batches.pop(batch_id, None)

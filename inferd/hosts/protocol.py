@@ -210,7 +210,8 @@ class Result(_Message, tag=17):
     """A batch's outcome: per row its outputs (in ``block`` of the from-host arena), or its error in
     ``failures`` (per row, when any row failed; else empty). ``times``: input, infer and output
     nanoseconds; ``release``: the batch's input block may be reused (False while a decoupled row
-    still streams: a :class:`Release` follows)."""
+    still streams: a :class:`Release` follows); ``elements``: of padded inputs, the requests' own
+    elements and the padding's (the padding-waste metrics)."""
 
     batch: int
     rows: list[list[TensorRef]]
@@ -220,6 +221,7 @@ class Result(_Message, tag=17):
     memory_delta: int | None
     reschedule: list[bool] | None
     release: bool
+    elements: tuple[int, int] = (0, 0)
 
 
 class Response(_Message, tag=18):

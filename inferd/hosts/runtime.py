@@ -367,7 +367,7 @@ class HostRuntime:
             for rid in open_rids:
                 self.senders[rid].batches.append(msg.batch)
         return p.Result(msg.batch, refs, failed, block, (t.input_ns, t.infer_ns, t.output_ns),
-                        result.memory_delta, result.reschedule, release)
+                        result.memory_delta, result.reschedule, release, (result.real_elements, result.pad_elements))
 
     def _finalize(self) -> None:
         priority.leaving()  # the model's finalize and this process's exit give way to warm requests
