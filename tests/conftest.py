@@ -20,6 +20,8 @@ from typing import Iterator
 
 import pytest
 
+from inferd.observability.procfs import group_members  # also taken from here by tests and bench scenarios
+
 ROOT = Path(__file__).resolve().parent.parent
 # The servers' logs and port files, kept for the session (a failing test prints its server's
 # log) and removed when it ends.
@@ -167,22 +169,6 @@ def until(predicate, timeout: float = 60.0):  # type: ignore[no-untyped-def]
             return value
         time.sleep(0.05)
     return False
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes whose process group is ``pgid``, from /proc."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            out.append(int(entry.name))
-    return out
 
 
 @contextmanager

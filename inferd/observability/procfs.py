@@ -59,6 +59,21 @@ def all_stats(proc: Path = PROC) -> list[Stat]:
     return out
 
 
+def group_members(pgid: int, proc: Path = PROC) -> list[int]:
+    """The running (not zombie: a zombie has closed its files) processes whose group is ``pgid``."""
+    out = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:  # it exited while we looked
+            continue
+        if text[text.rindex(")") + 2] != "Z" and parse_stat(text).pgrp == pgid:
+            out.append(int(entry.name))
+    return out
+
+
 def server_tree(root: int, stats: Iterable[Stat]) -> list[Stat]:
     """``root``, every process below it, and its process group's members when it leads one; by pid."""
     stats = list(stats)

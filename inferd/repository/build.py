@@ -24,7 +24,7 @@ from inferd.scheduling.base import Scheduler
 from inferd.scheduling.batcher import BatchScheduler
 from inferd.scheduling.instances import InstanceWorker
 from inferd.scheduling.iterative import IterativeScheduler
-from inferd.repository.footprint import file_bytes, private_bytes
+from inferd.repository.footprint import private_bytes
 from inferd.repository.warmup import run_warmup, warmup_samples
 from inferd.scheduling.policy import batching_policy
 from inferd.scheduling.rate_limiter import RateLimiter, Ticket
@@ -70,16 +70,14 @@ def build_model(
     spec: ModelSpec, backend: Backend, model_dir: Path, version: int, model_file: Path, clock: Clock | None = None,
     dispatcher: InferenceDispatcher | None = None, *, cache: ResponseCache | None = None,
     limiter: RateLimiter | None = None, session_cache: SessionCache | None = None, hosts: Hosts | None = None,
-    hosted: bool | None = None,
 ) -> Model:
     """Create every instance and the scheduler; blocking (runtimes load here).
     ``dispatcher``: how the instances reach other models (BLS); None outside a server.
     ``cache``: the server's response cache (used when the config enables it);
     ``limiter``: the server's rate limiter (None: ``--rate-limit off``);
     ``session_cache``: where backends keep what a later load of the same file reuses (None: nothing);
-    ``hosts``: the server's model hosts, which say whether the instances run in host processes
-    (None: every instance in this process); ``hosted``: what they said when the model was read
-    (None: asked here, from its folder's size)."""
+    ``hosts``: the server's model hosts, where the instances run when the caller has decided the model
+    is hosted (:meth:`Hosts.hosted`; None: every instance in this process)."""
     params = spec.params
     policy = batching_policy(spec)
     sequence = spec.sequence  # None without sequence_batching
@@ -87,8 +85,7 @@ def build_model(
     instances = []
     samples = warmup_samples(spec, model_dir) if spec.warmup else None
 
-    if hosted is None:
-        hosted = hosts is not None and hosts.hosted(spec, backend, file_bytes(model_dir))
+    hosted = hosts is not None
 
     def create(ispec: InstanceSpec) -> ModelInstance:
         instance = hosts.create(backend, spec, ispec, clock) if hosted else backend.create_instance(spec, ispec)  # type: ignore[union-attr]

@@ -375,8 +375,8 @@ class ModelManager:
         path = self._entries[name].path
         build = functools.partial(build_model, prepared.spec, prepared.backend, path, version, file, self.clock,
                                   self.dispatcher.for_model(name), cache=self.cache, limiter=self.limiter,
-                                  session_cache=self.session_cache, hosts=self.hosts,
-                                  hosted=self._entries[name].hosted)
+                                  session_cache=self.session_cache,
+                                  hosts=self.hosts if self._entries[name].hosted else None)
         if measure_within is None:
             return build()
         with Measure() as measured:
