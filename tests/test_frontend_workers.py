@@ -247,8 +247,10 @@ def test_http_and_one_metrics_endpoint_for_the_whole_server(server, pinned) -> N
 # -- faults -----------------------------------------------------------------------------------
 
 
-def _load(client: grpcclient.InferenceServerClient, stop: threading.Event, results: list, limit: int = 4000) -> None:
-    """Infer until ``stop`` (at most ``limit`` requests); record "ok" or the error's status."""
+def _load(client: grpcclient.InferenceServerClient, stop: threading.Event, results: list,
+          messages: list | None = None, limit: int = 4000) -> None:
+    """Infer until ``stop`` (at most ``limit`` requests); record "ok" or the error's status, and in
+    ``messages`` (if given) the message of each error of a request that was sent."""
     x = np.arange(16, dtype=np.int32).reshape(1, 16)
     for _ in range(limit):
         if stop.is_set():
@@ -263,6 +265,8 @@ def _load(client: grpcclient.InferenceServerClient, stop: threading.Event, resul
             # backs off for a second, and a tight loop makes hundreds of those.
             unsent = "failed to connect to all addresses" in (exc.message() or "")
             results.append(f"{exc.status()} (not sent)" if unsent else exc.status())
+            if messages is not None and not unsent:
+                messages.append(exc.message())
 
 
 
@@ -275,7 +279,9 @@ def test_a_frontend_killed_under_load_fails_only_its_requests_and_is_restarted(e
         victim, survivor = workers
         stop = threading.Event()
         results: dict[int, list] = {w: [] for w in workers}
-        threads = [threading.Thread(target=_load, args=(clients[w], stop, results[w])) for w in workers]
+        messages: list[str] = []  # the victim's sent requests' errors, for the assertion's report
+        threads = [threading.Thread(target=_load, args=(clients[w], stop, results[w], messages if w == victim else None))
+                   for w in workers]
         for t in threads:
             t.start()
         assert until(lambda: len(results[victim]) > 20 and len(results[survivor]) > 20)
@@ -291,7 +297,7 @@ def test_a_frontend_killed_under_load_fails_only_its_requests_and_is_restarted(e
         failed = [r for r in results[victim] if r != "ok"]
         assert set(failed) <= {"StatusCode.UNAVAILABLE", "StatusCode.UNAVAILABLE (not sent)"}, failed
         sent = [r for r in failed if r == "StatusCode.UNAVAILABLE"]
-        assert len(sent) <= 2  # at most its one request in flight (and a retry racing the restart)
+        assert len(sent) <= 2, messages  # at most its one request in flight (and a retry racing the restart)
         fresh = grpcclient.InferenceServerClient(server.url)
         x = np.arange(16, dtype=np.int32).reshape(1, 16)
         assert (fresh.infer("simple", _simple(x, x)).as_numpy("OUTPUT0") == 2 * x).all()
