@@ -630,7 +630,7 @@ class HostedInstance(ModelInstance):
     # -- questions for the host ----------------------------------------------------------------------
 
     async def ask(self, what: str) -> Any:
-        """The host's answer to ``ready`` or ``metrics`` (on the loop)."""
+        """The host's answer to ``ready``, ``metrics`` or ``footprint`` (on the loop)."""
         host = self.host
         if host is None:
             raise Unavailable(f"model '{self.model.name}' instance {self.name} has no host process now")
@@ -638,6 +638,17 @@ class HostedInstance(ModelInstance):
         future = self._asks[cid] = self.loop.create_future()
         host.send(p.Ask(cid, what))
         return await future
+
+    def footprint(self) -> int:
+        """What this instance adds to the server's memory: its host's private pages, read by the host
+        itself at its lowest priority (not its RSS, which counts the pages every host shares with the
+        zygote: :mod:`inferd.repository.footprint`); the RSS it reported at its load where /proc cannot
+        say. Blocking: called off the loop, once the instance is loaded and warmed up."""
+        try:
+            private = self._wait(self.ask("footprint"))
+        except InferdError:
+            private = None
+        return int(private) if private is not None else self.rss
 
     def _ready(self) -> bool:
         """The model's own is_ready, asked in its host (blocking: called off the loop)."""

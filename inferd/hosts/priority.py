@@ -6,8 +6,11 @@ requests of every other model for the same cores. In a host the load is the proc
 model thread (and every thread the load starts: ONNX Runtime's pool) can run it at nice 19 and come
 back to its nice once loaded: a warm request's threads then take the CPU from it at once, and the
 load still progresses (nice 19 is a small share, not SCHED_IDLE's near-starvation on a busy host).
-A host that finalizes its model and exits (an unload, an eviction) does so at nice 19 too
-(:func:`leaving`): its ``finalize`` and the freeing of its memory as it exits.
+A host starts at nice 19 as well (:func:`start_low`: the zygote forks at it, so a host's fork, its
+event loop's start and its first messages give way too) and comes back, every thread of it, when its
+load ends. A host that finalizes its model and exits (an unload, an eviction) does so at nice 19 too
+(:func:`leaving`): its ``finalize`` and the freeing of its memory as it exits; and reads its own
+footprint at it (:func:`lowest`: a walk of its page tables, milliseconds of kernel time).
 
 Coming back needs raising the priority again, which Linux allows only with CAP_SYS_NICE or an
 RLIMIT_NICE that covers the old nice: where it does not, loads keep their normal priority (a thread
@@ -26,6 +29,7 @@ log = logging.getLogger(__name__)
 
 LOAD_NICE = 19
 _restorable: bool | None = None
+_serving_nice: int | None = None  # set by start_low: the nice this process's threads come back to once loaded
 
 
 def _tids() -> set[int]:
@@ -60,16 +64,33 @@ def can_restore() -> bool:
     return _restorable
 
 
+def start_low() -> None:
+    """The calling thread at LOAD_NICE from now on, with the threads it starts and the processes it forks,
+    until a load (:func:`loading`) brings every thread of its process back to the nice it had. The zygote
+    calls it before it forks any host. Where priority cannot come back, nothing changes."""
+    global _serving_nice
+    if _serving_nice is not None or not can_restore():
+        return
+    tid = threading.get_native_id()
+    nice = os.getpriority(os.PRIO_PROCESS, tid)
+    os.setpriority(os.PRIO_PROCESS, tid, LOAD_NICE)
+    _serving_nice = nice
+
+
 @contextlib.contextmanager
 def loading() -> Iterator[None]:
     """The body (a model's load, on the calling thread) at LOAD_NICE, with every thread it starts; all of
-    them back to the calling thread's nice at the end."""
+    them back to the calling thread's nice at the end. In a process that started low (:func:`start_low`),
+    every thread of it comes back, to the nice it started from."""
+    global _serving_nice
     if not can_restore():
         yield
         return
     tid = threading.get_native_id()
-    nice = os.getpriority(os.PRIO_PROCESS, tid)
-    before = _tids() - {tid}
+    if _serving_nice is not None:
+        nice, before = _serving_nice, set()
+    else:
+        nice, before = os.getpriority(os.PRIO_PROCESS, tid), _tids() - {tid}
     os.setpriority(os.PRIO_PROCESS, tid, LOAD_NICE)
     try:
         yield
@@ -79,6 +100,7 @@ def loading() -> Iterator[None]:
                 os.setpriority(os.PRIO_PROCESS, other, nice)
             except ProcessLookupError:  # a thread of the load that has ended
                 pass
+        _serving_nice = None
 
 
 def leaving() -> None:
@@ -89,3 +111,11 @@ def leaving() -> None:
             os.setpriority(os.PRIO_PROCESS, tid, LOAD_NICE)
         except OSError:  # ended meanwhile; or a nice already above it, which lowering cannot cross back
             pass
+
+
+def lowest() -> None:
+    """The calling thread at LOAD_NICE, for good (a thread that ends after one task: lowering needs no right)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOAD_NICE)
+    except OSError:  # a nice already above it
+        pass

@@ -184,7 +184,8 @@ class Free(_Message, tag=7):
 
 
 class Ask(_Message, tag=8):
-    """A question for the host: ``ready`` (the model's own is_ready), ``metrics`` (its custom metrics)."""
+    """A question for the host: ``ready`` (the model's own is_ready), ``metrics`` (its custom metrics),
+    ``footprint`` (its private memory in bytes, None where /proc cannot say)."""
 
     cid: int
     what: str

@@ -42,6 +42,7 @@ from inferd.hosts import priority, protocol as p
 from inferd.ipc.arena import Arena, ArenaWriter
 from inferd.ipc.frames import FrameChannel, FrameReader, FrameWriter
 from inferd.observability import collector, custom_metrics
+from inferd.observability.procfs import private_bytes
 from inferd.streaming import StreamEvent, StreamResponse
 from inferd.types import InferenceRequest, InferenceResponse, RequestedOutput
 
@@ -500,6 +501,14 @@ class HostRuntime:
     def _ask(self, msg: p.Ask) -> None:
         if msg.what == "metrics":
             self.post(p.Answer(msg.cid, custom_metrics.REGISTRY.snapshot(), None))
+            return
+        if msg.what == "footprint":  # this host's private memory: what its model adds to the server
+
+            def measure() -> None:
+                priority.lowest()  # the walk of our page tables gives way to warm requests
+                self.post_threadsafe(p.Answer(msg.cid, private_bytes(), None))
+
+            threading.Thread(target=measure, name="inferd-host-footprint", daemon=True).start()
             return
         instance = self.instance
         check = instance.ready_check if instance is not None else None

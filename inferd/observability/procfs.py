@@ -3,7 +3,8 @@
 Read by the tools that measure a running server from outside (``inferd tune``'s runs,
 the benchmarks' ``bench/proc_cpu.py``): the server's processes are the root (the core),
 every process below it (frontend workers, found through /proc's parent links), and the
-members of its process group when it leads one. Linux only.
+members of its process group when it leads one. And by a model host of itself: its private
+memory, the model's footprint (:func:`private_bytes`). Linux only.
 """
 
 from __future__ import annotations
@@ -102,3 +103,21 @@ def tree_usage(root: int, proc: Path = PROC) -> tuple[float, float]:
     """(CPU seconds, resident MiB) of ``root``'s tree (:func:`server_tree`), summed; (0, 0) when it is gone."""
     tree = server_tree(root, all_stats(proc))
     return sum(s.ticks for s in tree) / TICK, sum(s.rss_pages for s in tree) * PAGE / 2**20
+
+
+def private_bytes(pid: int | str = "self") -> int | None:
+    """A process's private memory (its unique set: the pages no other process maps, resident or
+    swapped out) in bytes, from ``/proc/<pid>/smaps_rollup``; None where that cannot be read. Costs
+    a walk of the process's page tables (about 5 ms for a 100 MiB host here): read it once a load
+    has ended, not per request."""
+    total = 0
+    found = False
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith((b"Private_Clean:", b"Private_Dirty:", b"Swap:")):
+                    total += int(line.split()[1]) * 1024
+                    found = True
+    except (OSError, IndexError, ValueError):
+        return None
+    return total if found else None

@@ -24,7 +24,6 @@ from inferd.scheduling.base import Scheduler
 from inferd.scheduling.batcher import BatchScheduler
 from inferd.scheduling.instances import InstanceWorker
 from inferd.scheduling.iterative import IterativeScheduler
-from inferd.repository.footprint import private_bytes
 from inferd.repository.warmup import run_warmup, warmup_samples
 from inferd.scheduling.policy import batching_policy
 from inferd.scheduling.rate_limiter import RateLimiter, Ticket
@@ -130,7 +129,7 @@ def build_model(
     stats.metric_tags = spec.metric_tags
     stats.single_response = not spec.decoupled and not (sequence is not None and sequence.iterative)
     if hosted:  # what its hosts hold of their own, loaded and warmed up: exact, whatever else loads meanwhile
-        stats.memory_usage = (("CPU", 0, sum(hosted_footprint(i) for i in instances)),)
+        stats.memory_usage = (("CPU", 0, sum(i.footprint() for i in instances)),)  # type: ignore[attr-defined]
     scheduler: Scheduler
     lowest = policy.priority_levels if policy.priority_levels > 1 else 0
     if sequence is not None and sequence.iterative:
@@ -153,15 +152,6 @@ def build_model(
     return Model(spec=spec, version=version, scheduler=lane, stats=stats, model_dir=model_dir,
                  decoupled=spec.decoupled, tensor_device=devices.pop() if len(devices) == 1 else None,
                  cache=cache if spec.response_cache else None)
-
-
-def hosted_footprint(instance: ModelInstance) -> int:
-    """What a hosted instance adds to the server's memory: its host's private pages (not its RSS,
-    which counts the pages every host shares with the zygote that forked it: see
-    :mod:`inferd.repository.footprint`); the RSS the host reported where /proc cannot say."""
-    pid = getattr(instance, "pid", 0)
-    private = private_bytes(pid) if pid else None
-    return private if private is not None else int(getattr(instance, "rss", 0))
 
 
 def _ticket(spec: ModelSpec, ispec: InstanceSpec, limiter: RateLimiter | None) -> Ticket | None:

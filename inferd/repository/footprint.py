@@ -2,8 +2,9 @@
 
 A model in a host process (:mod:`inferd.hosts`) holds what its host holds of
 its own: the host's private pages (``Private_Clean + Private_Dirty`` in
-``/proc/<pid>/smaps_rollup``, the unique set size), read once the instances
-are created and warmed up (:func:`private_bytes`). Not its RSS: hosts are
+``/proc/<pid>/smaps_rollup``, the unique set size), which the host reads
+itself, at its lowest priority, once its instances are created and warmed up
+(:func:`inferd.observability.procfs.private_bytes`). Not its RSS: hosts are
 forked by a zygote that imported the interpreter, numpy and the backends, and
 those pages, shared by every host, count in each host's RSS (about 50 MiB
 here) although the tree holds them once; what a host adds to the tree is its
@@ -62,24 +63,6 @@ def rss_bytes(pid: int | str = "self") -> int:
             return int(f.read().split()[1]) * _PAGE
     except (OSError, IndexError, ValueError):
         return 0
-
-
-def private_bytes(pid: int | str = "self") -> int | None:
-    """A process's private memory (its unique set: the pages no other process maps, resident or
-    swapped out) in bytes, from ``/proc/<pid>/smaps_rollup``; None where that cannot be read. Costs
-    a walk of the process's page tables (about 5 ms for a 100 MiB host here): read it once a load
-    has ended, not per request."""
-    total = 0
-    found = False
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
-            for line in f:
-                if line.startswith((b"Private_Clean:", b"Private_Dirty:", b"Swap:")):
-                    total += int(line.split()[1]) * 1024
-                    found = True
-    except (OSError, IndexError, ValueError):
-        return None
-    return total if found else None
 
 
 class _MallInfo2(ctypes.Structure):

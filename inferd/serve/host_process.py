@@ -24,6 +24,7 @@ import socket
 import sys
 
 from inferd import event_loop
+from inferd.hosts import priority
 from inferd.hosts.runtime import HostRuntime
 from inferd.ipc.arena import Arena, ArenaWriter
 from inferd.ipc.frames import FrameChannel, FrameReader, FrameWriter
@@ -68,6 +69,7 @@ def _zygote(control_fd: int, parent: int) -> int:
         except (ImportError, OSError):  # an optional one (uvloop, onnxruntime): a host imports it itself
             pass
     collector.freeze()  # what every host shares with us stays out of its collections (and shared)
+    priority.start_low()  # each host forked at nice 19: its start gives way to warm requests, as its load does
 
     sock = socket.socket(fileno=control_fd)
     sock.setblocking(True)

@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import ServerProcess, running, until
 from inferd.examples import onnx_models as om
+from inferd.hosts import priority
 from repo_builder import add_model, add_python_model, config
 
 # Notes each process that imports it (its config needs no import: nothing to auto-complete).
@@ -115,6 +116,32 @@ class TritonPythonModel:
             time.sleep(0.01)
 '''
 
+# The nice of every thread of its process while it initializes and while it executes: [min, max] of each.
+NICENESS = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _nices():
+    found = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            found.append(os.getpriority(os.PRIO_PROCESS, int(tid)))
+        except OSError:  # ended meanwhile
+            pass
+    return [min(found), max(found)]
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.loading = _nices()
+
+    def execute(self, requests):
+        out = np.array(self.loading + _nices(), np.int64)
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("NICE", out)]) for _ in requests]
+'''
+
 INT64_OUT = '''
     backend: "python"
     max_batch_size: 0
@@ -134,6 +161,12 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _python(repo, "pids", PID_MODEL, "PID", "instance_group [ { count: 2 kind: KIND_CPU } ]")
     _python(repo, "runaway", RUNAWAY, "N", "model_transaction_policy { decoupled: true }")
     _python(repo, "crasher", CRASHER, "Y")
+    add_python_model(repo, "niceness", NICENESS, '''
+        backend: "python"
+        max_batch_size: 0
+        input [ { name: "X" data_type: TYPE_INT64 dims: [ 1 ] } ]
+        output [ { name: "NICE" data_type: TYPE_INT64 dims: [ 4 ] } ]
+    ''')
     add_model(repo, "identity", om.identity(np.float32, [4], batch=True),
               config("identity", [("INPUT0", "TYPE_FP32", [4])], [("OUTPUT0", "TYPE_FP32", [4])], max_batch_size=8))
     return repo
@@ -174,6 +207,17 @@ def test_each_instance_of_a_python_model_runs_in_a_host_process_of_its_own(serve
     memory = stats["memory_usage"]
     assert memory and int(memory[0]["byte_size"]) > 10 * 2**20  # the hosts' resident memory: the footprint
     assert server.metric("inferd_model_host_processes", '{model="identity"}') is None  # ONNX stays in the core
+
+
+@pytest.mark.skipif(not priority.can_restore(),
+                    reason="this machine may not raise a thread's priority back (no CAP_SYS_NICE, RLIMIT_NICE 0): "
+                           "hosts start and load at their normal priority here")
+def test_a_host_starts_and_loads_at_nice_19_and_serves_at_the_servers_nice(server: ServerProcess, client) -> None:
+    """A host is forked at nice 19 and every thread of it (its loop's too) stays there until its model is
+    loaded, so a load gives way to warm requests from its fork on; then all of them serve at the server's."""
+    nice = client.infer("niceness", _x(0)).as_numpy("NICE").tolist()
+    serving = os.getpriority(os.PRIO_PROCESS, server.proc.pid)
+    assert nice == [priority.LOAD_NICE, priority.LOAD_NICE, serving, serving]
 
 
 def test_a_model_that_keeps_sending_after_its_client_left_is_stopped_with_its_host(server: ServerProcess) -> None:

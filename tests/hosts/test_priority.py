@@ -103,3 +103,51 @@ def test_a_host_that_leaves_gives_way_with_every_thread() -> None:
         return got
 
     assert _in_a_thread(body) == (priority.LOAD_NICE, priority.LOAD_NICE)
+
+
+@pytest.mark.skipif(not priority.can_restore(),
+                    reason="this process may not raise a thread's priority back (no CAP_SYS_NICE, RLIMIT_NICE 0): "
+                           "a host then starts and loads at its normal priority")
+def test_a_host_started_low_runs_every_thread_at_nice_19_until_its_load_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the zygote's hosts: forked at nice 19 (start_low before the fork), every thread of the host, its
+    loop's included, at 19 until the load has ended, then all of them at the nice it started from."""
+    monkeypatch.setattr(priority, "_serving_nice", None)
+
+    def body() -> tuple[int, ...]:
+        me = threading.get_native_id()
+        before = _nice(me)
+        priority.start_low()
+        started, release = threading.Event(), threading.Event()
+        other: list[int] = []
+
+        def loop_thread() -> None:  # as the host's loop: started before the load, not by it
+            other.append(threading.get_native_id())
+            started.set()
+            release.wait(30)
+
+        t = threading.Thread(target=loop_thread)
+        t.start()
+        started.wait(30)
+        original = priority._tids
+        try:  # only these two threads: the test's own runner keeps its priority
+            priority._tids = lambda: {me, other[0]}  # type: ignore[assignment]
+            at_start = _nice(me), _nice(other[0])
+            with priority.loading():
+                during = _nice(me), _nice(other[0])
+            after = _nice(me), _nice(other[0])
+        finally:
+            priority._tids = original  # type: ignore[assignment]
+        release.set()
+        t.join(30)
+        return before, *at_start, *during, *after
+
+    before, *rest = _in_a_thread(body)
+    low = priority.LOAD_NICE
+    assert rest == [low, low, low, low, before, before]
+    assert priority._serving_nice is None  # a later load (none in a host) would come back to its own nice
+
+
+def test_lowest_lowers_the_calling_thread_only() -> None:
+    mine = _nice(threading.get_native_id())
+    assert _in_a_thread(lambda: (priority.lowest(), _nice(threading.get_native_id()))[1]) == priority.LOAD_NICE
+    assert _nice(threading.get_native_id()) == mine

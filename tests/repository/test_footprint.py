@@ -12,7 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from inferd.repository.footprint import Measure, MeasureGate, heap_bytes, private_bytes, rss_bytes
+from inferd.observability.procfs import private_bytes
+from inferd.repository.footprint import Measure, MeasureGate, heap_bytes, rss_bytes
 
 MiB = 2**20
 
