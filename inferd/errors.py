@@ -45,6 +45,12 @@ class Unavailable(InferdError):
     kind = "UNAVAILABLE"
 
 
+class Draining(Unavailable):
+    """The server is shutting down and takes no new work here; the call may be retried on another
+    server. The frontends also tell a load balancer in front to stop sending here at once
+    (:mod:`inferd.frontends.status`), rather than at its next health check."""
+
+
 class SloRefused(Unavailable):
     """Refused when it arrived: the model's latency SLO (``inferd.max_latency_microseconds``)
     could not be met by the estimate (admission control). Counted under its own reason."""

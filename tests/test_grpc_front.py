@@ -289,3 +289,36 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def test_a_drained_front_stops_only_once_calls_have_stopped_coming(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load balancer in front may send a call on an open connection until it has seen the server's first
+    refusal: the front keeps answering until no call has come for QUIET_S (Envoy's own admin figures, read on
+    a fake clock), rather than stopping as soon as nothing is in flight, which reset the call sent meanwhile."""
+    import asyncio
+
+    from inferd.clock import FakeClock
+    from inferd.serve import grpc_front
+
+    clock = FakeClock()
+    polls: list[float] = []
+    arrivals = 20  # the balancer's calls go on for the first 20 readings, 10 ms apart, then stop
+
+    def admin(path: str, what: str, timeout: float = 2.0, method: str = "GET") -> str:
+        if "drain_listeners" in what:
+            return ""
+        polls.append(clock.now())
+        clock.advance(0.01)
+        total = min(len(polls), arrivals)
+        return f"http.inferd_grpc.downstream_rq_active: 0\nhttp.inferd_grpc.downstream_rq_total: {total}\n"
+
+    class Running:
+        returncode = None
+
+    monkeypatch.setattr(grpc_front, "_admin_get", admin)
+    front = grpc_front.EnvoyFront("127.0.0.1", 0, [], tmp_path, 1, clock=clock)
+    front.process = Running()  # type: ignore[assignment]
+    asyncio.run(front.drain(answers_s=2.0))
+    last_call = polls[arrivals - 1]
+    assert polls[-1] - last_call >= grpc_front.QUIET_S  # it waited for the calls to stop...
+    assert polls[-1] - polls[0] < 1.0  # ...not for the whole of answers_s

@@ -135,26 +135,30 @@ def _held_call(url: str, out: list) -> None:
             out.append(exc)
 
 
-def _refused_while_draining(server) -> tuple[str, str, int]:  # type: ignore[no-untyped-def]
+def _refused_while_draining(server) -> tuple[str, str, int, dict, dict]:  # type: ignore[no-untyped-def]
     """A gRPC call and an HTTP call of the test's own, sent while the stop is held open:
-    (gRPC code, its message, HTTP status)."""
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import InferenceServerException
+    (gRPC code, its message, HTTP status, the gRPC trailing metadata, the HTTP headers)."""
+    import grpc
 
-    with grpcclient.InferenceServerClient(server.url) as client:
-        i = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
-        i.set_data_from_numpy(np.ones((1, 4), np.float32))
+    from inferd._proto import grpc_service_pb2 as pb
+    from inferd._proto import grpc_service_pb2_grpc as pb_grpc
+
+    request = pb.ModelInferRequest(model_name="work", inputs=[pb.ModelInferRequest.InferInputTensor(
+        name="INPUT0", datatype="FP32", shape=[1, 4], contents=pb.InferTensorContents(fp32_contents=[1, 2, 3, 4]))])
+    with grpc.insecure_channel(server.url) as channel:
         try:
-            client.infer("work", [i], client_timeout=60)
-            code, message = "OK", ""
-        except InferenceServerException as exc:
-            code, message = str(exc.status()), str(exc.message())
+            pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=60)
+            code, message, trailers = "OK", "", {}
+        except grpc.RpcError as exc:
+            code, message = str(exc.code()), str(exc.details())
+            trailers = dict(exc.trailing_metadata() or ())
     body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
     conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
     conn.request("POST", "/v2/models/work/infer", body, {"Content-Type": "application/json"})
-    status = conn.getresponse().status
+    response = conn.getresponse()
+    status, headers = response.status, {k.lower(): v for k, v in response.getheaders()}
     conn.close()
-    return code, message, status
+    return code, message, status, trailers, headers
 
 
 def test_sigterm_at_full_load_answers_every_call_and_exits_zero(start_server, repo: Path, gate: Path) -> None:
@@ -201,9 +205,12 @@ def test_sigterm_at_full_load_answers_every_call_and_exits_zero(start_server, re
     assert "Traceback" not in log, log
     # The accepted request was answered after SIGTERM; new ones were refused with a reason.
     assert held == [[7.0, 7.0]], held
-    grpc_code, message, http_status = refused
+    grpc_code, message, http_status, trailers, headers = refused
     assert grpc_code == "StatusCode.UNAVAILABLE" and "shutting down" in message, refused
     assert http_status == 503, refused
+    # Each refusal tells a load balancer in front (Envoy) to take this server out at once.
+    assert trailers.get("x-envoy-immediate-health-check-fail") == "true", refused
+    assert headers.get("x-envoy-immediate-health-check-fail") == "true", refused
     # Every gRPC call of the loops was answered as served or UNAVAILABLE with a reason: none CANCELLED,
     # none lost (the loops also run through the ports' close).
     assert set(grpc_codes) <= {"OK", "OK after SIGTERM", "UNAVAILABLE"}, (grpc_codes, details, log[-3000:])

@@ -26,7 +26,7 @@ from inferd.dataplane.batches import BatchService
 from inferd.dataplane.cold import ColdRun
 from inferd.dataplane.shared_memory import CLIENT_SHM_DISABLED, SharedMemoryManager
 from inferd.dataplane.shedding import QueueDelay
-from inferd.errors import DeadlineExceeded, InferdError, InvalidArgument, Unavailable, Unimplemented
+from inferd.errors import DeadlineExceeded, Draining, InferdError, InvalidArgument, Unimplemented
 from inferd.facade import (
     DECOUPLED_UNARY, DRAINING, CudaRegionStatus, IndexEntry, ModelMetadata, RegionStatus, ServerMetadata, TensorMetadata,
     TraceCarrier,
@@ -316,7 +316,7 @@ class DataPlane:
         demand = self.manager.demand
         if demand is not None and demand.cold(request.model_name):
             if self.draining:
-                raise Unavailable(DRAINING)
+                raise Draining(DRAINING)
             return ColdRun(request, on_done).start(  # type: ignore[return-value]
                 self._wait_loaded(request), partial(self._submit, request, on_done, decoupled_error, trace_carrier))
         # _submit, written out: once per request
@@ -333,7 +333,7 @@ class DataPlane:
         """on_demand: wait until the model ``request`` names is loaded (loading it), its bytes counted
         against the server's caps meanwhile (a cold model's waiting requests are held too)."""
         if self.draining:
-            raise Unavailable(DRAINING)
+            raise Draining(DRAINING)
         nbytes = request_bytes(request.inputs)
         self.admission.admit(nbytes, request.model_name)
         start = time.monotonic_ns()
@@ -397,7 +397,7 @@ class DataPlane:
         :func:`~inferd.model.dispatch.find`, a decoupled model refused) and the shedding test are
         written out here."""
         if self.draining:
-            raise Unavailable(DRAINING)
+            raise Draining(DRAINING)
         if request.deadline is not None and request.deadline <= self.clock.now():
             raise DeadlineExceeded(_PASSED.format(model=request.model_name,
                                                   us=round((self.clock.now() - request.deadline) * 1e6)))
@@ -431,7 +431,7 @@ class DataPlane:
         nbytes = request_bytes(request.inputs)
         try:
             if self.draining:
-                raise Unavailable(DRAINING)
+                raise Draining(DRAINING)
             self.admission.admit(nbytes, request.model_name)
         except InferdError as exc:
             yield StreamResponse(error=exc, final=True)
@@ -477,7 +477,7 @@ class DataPlane:
 
     async def batch_submit(self, data: bytes, model: str, version: int = 0) -> dict[str, Any]:
         if self.draining:
-            raise Unavailable(DRAINING)
+            raise Draining(DRAINING)
         return await self._batch_service().submit(data, model, version)
 
     async def batch_list(self) -> list[dict[str, Any]]:
@@ -518,7 +518,7 @@ class DataPlane:
     async def openai_batch_create(self, input_file_id: str, endpoint: str,
                                   metadata: dict[str, str] | None) -> dict[str, Any]:
         if self.draining:
-            raise Unavailable(DRAINING)
+            raise Draining(DRAINING)
         return self._openai_batches().create_batch(input_file_id, endpoint, metadata)
 
     async def openai_batch(self, batch_id: str) -> dict[str, Any]:

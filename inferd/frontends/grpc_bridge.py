@@ -47,6 +47,7 @@ import httptools
 
 from inferd._proto import grpc_service_pb2 as pb
 from inferd.frontends.grpc_service import Undecodable, _decoder
+from inferd.frontends.status import Metadata
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,11 @@ def grpc_timeout(value: str) -> float | None:
 class Aborted(Exception):
     """What :meth:`BridgeContext.abort` raises, as grpc.aio's abort does: the call ends with this status."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, metadata: Metadata = ()) -> None:
         super().__init__(code, details)
         self.code = code
         self.details = details
+        self.metadata = metadata
 
 
 class _Metadatum:
@@ -113,8 +115,8 @@ class BridgeContext:
             return "unknown (through the gRPC front)"
         return ("ipv6:" if ":" in address else "ipv4:") + address
 
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
-        raise Aborted(code, details)
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Metadata = ()) -> None:
+        raise Aborted(code, details, trailing_metadata)
 
 
 Handler = Callable[[Any, Any], Awaitable[Any]]
@@ -131,10 +133,12 @@ def answer(message: Any) -> bytes:
     return b"".join((_HEAD, b"%x\r\n" % (len(body) + FRAME.size), FRAME.pack(0, len(body)), body, _OK_TRAILER))
 
 
-def refusal(code: grpc.StatusCode, details: str) -> bytes:
-    """An error's response: headers only, with the status and message: gRPC's trailers-only answer."""
+def refusal(code: grpc.StatusCode, details: str, metadata: Metadata = ()) -> bytes:
+    """An error's response: headers only, with the status, message and ``metadata`` (text: the keys and
+    values :func:`inferd.frontends.status.error_headers` gives): gRPC's trailers-only answer."""
     message = quote(details, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~")  # gRPC's percent-encoding
-    return b"".join((_REFUSAL, b"grpc-status: %d\r\ngrpc-message: %s\r\n\r\n" % (code.value[0], message.encode())))
+    extra = b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in metadata)
+    return b"".join((_REFUSAL, extra, b"grpc-status: %d\r\ngrpc-message: %s\r\n\r\n" % (code.value[0], message.encode())))
 
 
 class _Connection(asyncio.Protocol):
@@ -259,7 +263,7 @@ class BridgePort:
                 raise Aborted(grpc.StatusCode.INVALID_ARGUMENT, request.error.message)
             return answer(await self.handler(request, context))
         except Aborted as exc:
-            return refusal(exc.code, exc.details)
+            return refusal(exc.code, exc.details, exc.metadata)
 
     async def close(self, grace: float) -> None:
         """Stop listening, give the calls being served up to ``grace`` seconds, then close every connection

@@ -55,13 +55,13 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from inferd.clock import Alarm, Clock, MonotonicClock
-from inferd.errors import Unavailable
+from inferd.errors import Draining, Unavailable
 from inferd.frontends.door import METHODS as DOOR_METHODS
 from inferd.frontends.door import Door, DoorPolicy, channelz_counter, channelz_servers
 from inferd.frontends.grpc_service import InferenceServicer, add_to_server
 from inferd.frontends.grpc_health import Health, enable_reflection
 from inferd.frontends.restrictions import GRPC_METHODS, Restrictions
-from inferd.frontends.status import grpc_status
+from inferd.frontends.status import grpc_abort
 from inferd.frontends.tls import TlsFiles
 
 log = logging.getLogger(__name__)
@@ -234,14 +234,14 @@ def _guard(method: Callable[..., Any], name: str, group: str | None, restriction
             if error is not None:
                 return error
         if gate.closed and not await gate.hold():
-            return Unavailable(CLOSING)
+            return Draining(CLOSING)
         return None
 
     if inspect.isasyncgenfunction(method):
         async def streamed(request: Any, context: grpc.aio.ServicerContext) -> Any:
             error = await refusal(context) if group is not None or gate.closed else None
             if error is not None:
-                await context.abort(*grpc_status(error))
+                await context.abort(*grpc_abort(error))
             async for message in method(request, context):
                 yield message
         return _counted_stream(streamed, door) if door.enabled else streamed
@@ -252,11 +252,11 @@ def _guard(method: Callable[..., Any], name: str, group: str | None, restriction
         if group is not None or gate.closed:
             error = await refusal(context)
             if error is not None:
-                await context.abort(*grpc_status(error))
+                await context.abort(*grpc_abort(error))
         if at_the_door:
             turned = door.refusal(request.model_name)
             if turned is not None:
-                await context.abort(*grpc_status(turned))
+                await context.abort(*grpc_abort(turned))
         return await method(request, context)
     return _counted(unary, door) if door.enabled else unary
 
@@ -346,7 +346,7 @@ class GrpcPort:
         UNAVAILABLE): behind the gRPC front this runs before Envoy stops, so that they end as they do
         when the port closes, not cut with their connection."""
         self.health.close()
-        self.servicer.close_streams(Unavailable(CLOSING))
+        self.servicer.close_streams(Draining(CLOSING))
 
     async def close(self, grace: float, serve_held: bool = False) -> None:
         """Close the port, answering every call UNAVAILABLE or as served, never CANCELLED (see the module);
@@ -370,7 +370,7 @@ class GrpcPort:
         bridge_closing = loop.create_task(self.bridge.close(left)) if self.bridge is not None else None
         await asyncio.sleep(0)  # the shutdown has begun (GOAWAY sent, nothing more is claimed)
         self.gate.release(serve=serve_held)
-        self.servicer.close_streams(Unavailable(RECYCLING if serve_held else CLOSING))
+        self.servicer.close_streams(Unavailable(RECYCLING) if serve_held else Draining(CLOSING))
         await stopping
         if bridge_closing is not None:
             await bridge_closing

@@ -22,7 +22,7 @@ from inferd.errors import InferdError, InvalidArgument, Unimplemented
 from inferd.facade import DataPlaneAPI, GrpcFastPath
 from inferd.frontends import grpc_codec
 from inferd.frontends.parameters import HeaderForward
-from inferd.frontends.status import grpc_status
+from inferd.frontends.status import grpc_abort, grpc_status
 from inferd.types import FrontendStamps, InferenceRequest
 
 log = logging.getLogger(__name__)
@@ -54,11 +54,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             out.put_nowait(_Closing(error))
 
     async def _abort(self, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
-        code, message = grpc_status(exc)
         if not isinstance(exc, InferdError):
             log.exception("unexpected error", exc_info=exc)
         _unless_client_gone(context)
-        await context.abort(code, message)
+        await context.abort(*grpc_abort(exc))
 
     # -- health and metadata ---------------------------------------------------
 
@@ -274,7 +273,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 if item is finished:
                     break
                 if isinstance(item, _Closing):
-                    await context.abort(*grpc_status(item.error))
+                    await context.abort(*grpc_abort(item.error))
                 message, counted = item
                 try:
                     await context.write(message)

@@ -41,7 +41,7 @@ from inferd.frontends.http_limits import BodyLimit, decompress, is_openai
 from inferd.frontends.openai import OpenAIOptions, lazy_routes
 from inferd.frontends.parameters import HeaderForward
 from inferd.frontends.restrictions import Restrictions
-from inferd.frontends.status import http_status
+from inferd.frontends.status import error_headers, http_status
 from inferd.types import FrontendStamps
 
 if TYPE_CHECKING:
@@ -62,7 +62,9 @@ def error_response(exc: BaseException) -> Response:
     status, message = http_status(exc)
     if not isinstance(exc, InferdError):
         log.exception("unexpected error", exc_info=exc)
-    return json_response({"error": message}, status)
+    response = json_response({"error": message}, status)
+    response.headers.update(dict(error_headers(exc)))
+    return response
 
 
 def _trace_values(key: str, value: Any) -> list[str]:

@@ -56,6 +56,9 @@ UNLIMITED = 1 << 30  # a circuit breaker off: inferd's admission decides, but fo
 NO_WORKER = ("inferd's gRPC front (Envoy) got no answer from a serving process (%RESPONSE_CODE_DETAILS%): "
              "one was restarting or the server is stopping; retry the call")
 START_TIMEOUT = 30.0
+# A drained front stops once no call has come for this long: time for a load balancer in front, which marks
+# the server failed on its first refusal (x-envoy-immediate-health-check-fail), to stop sending calls here.
+QUIET_S = 0.1
 
 
 def resolve_front(asked: str) -> str:
@@ -346,17 +349,23 @@ class EnvoyFront:
             pass
         return self._refused_before + self._refused_seen
 
-    def open_calls(self) -> int:
-        """Calls and streams Envoy's clients have open (0 when its admin cannot say)."""
+    def calls(self) -> tuple[int, int]:
+        """(calls and streams Envoy's clients have open, calls they have made): (0, 0) when its admin cannot say."""
         try:
-            return _stat(_admin_get(self.admin, "/stats?filter=^http.inferd_grpc.downstream_rq_active$"))
+            text = _admin_get(self.admin, "/stats?filter=^http.inferd_grpc.downstream_rq_(active|total)$")
         except OSError:
-            return 0
+            return 0, 0
+        found = dict(line.rpartition(".")[2].split(": ", 1) for line in text.splitlines() if ": " in line)
+        return int(found.get("downstream_rq_active", 0)), int(found.get("downstream_rq_total", 0))
 
     async def drain(self, answers_s: float = 2.0) -> None:
         """Stop taking connections (a new one is refused: UNAVAILABLE) and drain those open (GOAWAY); return
         once every call's answer and every stream's end (which the serving processes have sent) has passed
-        through, or ``answers_s`` passed. An idle client connection is closed when Envoy stops."""
+        through and no call has come for QUIET_S, or ``answers_s`` passed. A client (a load balancer) that
+        had not yet seen the server's refusals when it drained may still send a call on an open connection:
+        it is answered (UNAVAILABLE, which such a client retries elsewhere), where stopping Envoy at once
+        would reset it, and a call already sent cannot be retried. An idle connection is closed when Envoy
+        stops (Envoy drains a connection at its next call, and an idle one may never make one)."""
         if self._stopping:  # drained already (or stopping)
             return
         self._stopping = True
@@ -367,9 +376,16 @@ class EnvoyFront:
             _admin_get(self.admin, "/drain_listeners?inboundonly", method="POST")
         except OSError:
             return
-        give_up = self.clock.now() + answers_s
-        while self.open_calls() and self.clock.now() < give_up:
+        now = self.clock.now()
+        give_up, quiet_since, seen = now + answers_s, now, -1
+        while now < give_up:
+            active, total = self.calls()
+            if total != seen:
+                seen, quiet_since = total, now
+            if not active and now - quiet_since >= QUIET_S:
+                return
             await asyncio.sleep(0.005)
+            now = self.clock.now()
 
     async def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM Envoy and wait for it; killed past ``timeout``."""

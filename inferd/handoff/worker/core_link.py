@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from inferd import errors
-from inferd.errors import InferdError, Unavailable
+from inferd.errors import Draining, InferdError, Unavailable
 from inferd.facade import DRAINING, TraceCarrier
 from inferd.handoff.messages import (
     NO_BLOCK, Call, Cancel, Close, Config, Credit, Drain, Error, Final, Free, FrontendStamp, Hello, Infer, InputTensor,
@@ -358,7 +358,7 @@ class CoreLink:
 
     def refuse_if_draining(self) -> None:
         if self.draining:
-            raise Unavailable(DRAINING)
+            raise Draining(DRAINING)
         if self.in_flight.lost is not None:
             raise self.in_flight.lost
 
