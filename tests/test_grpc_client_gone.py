@@ -35,7 +35,7 @@ class Context:
     def invocation_metadata(self) -> tuple:
         return ()
 
-    async def abort(self, code, details):  # type: ignore[no-untyped-def]
+    async def abort(self, code, details, trailing_metadata=()):  # type: ignore[no-untyped-def]  # grpc.aio's signature
         self.aborts.append((code, details))
         raise RuntimeError("aborted")  # what grpc.aio's AbortError does: the handler ends
 
