@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from typing import Iterator
 
 import pytest
 
@@ -77,30 +79,36 @@ def test_where_priority_cannot_come_back_a_load_keeps_it(monkeypatch: pytest.Mon
     assert during == before
 
 
-def test_a_host_that_leaves_gives_way_with_every_thread() -> None:
-    def body() -> tuple[int, int]:
-        started, release = threading.Event(), threading.Event()
-        other: list[int] = []
+@contextlib.contextmanager
+def _two_threads() -> Iterator[tuple[int, int]]:
+    """(this thread, another started now and waiting), with priority's view of the process narrowed to the
+    two: the test's own runner keeps its priority."""
+    started, release = threading.Event(), threading.Event()
+    other: list[int] = []
 
-        def thread() -> None:
-            other.append(threading.get_native_id())
-            started.set()
-            release.wait(30)
+    def wait() -> None:
+        other.append(threading.get_native_id())
+        started.set()
+        release.wait(30)
 
-        t = threading.Thread(target=thread)
-        t.start()
-        started.wait(30)
-        original = priority._tids
-        me = threading.get_native_id()
-        try:  # only these two threads: the test's own runner keeps its priority
-            priority._tids = lambda: {me, other[0]}  # type: ignore[assignment]
-            priority.leaving()
-        finally:
-            priority._tids = original  # type: ignore[assignment]
-        got = _nice(me), _nice(other[0])
+    t = threading.Thread(target=wait)
+    t.start()
+    started.wait(30)
+    me, original = threading.get_native_id(), priority._tids
+    priority._tids = lambda: {me, other[0]}  # type: ignore[assignment]
+    try:
+        yield me, other[0]
+    finally:
+        priority._tids = original  # type: ignore[assignment]
         release.set()
         t.join(30)
-        return got
+
+
+def test_a_host_that_leaves_gives_way_with_every_thread() -> None:
+    def body() -> tuple[int, int]:
+        with _two_threads() as (me, other):
+            priority.leaving()
+            return _nice(me), _nice(other)
 
     assert _in_a_thread(body) == (priority.LOAD_NICE, priority.LOAD_NICE)
 
@@ -114,31 +122,13 @@ def test_a_host_started_low_runs_every_thread_at_nice_19_until_its_load_ends(mon
     monkeypatch.setattr(priority, "_serving_nice", None)
 
     def body() -> tuple[int, ...]:
-        me = threading.get_native_id()
-        before = _nice(me)
+        before = _nice(threading.get_native_id())
         priority.start_low()
-        started, release = threading.Event(), threading.Event()
-        other: list[int] = []
-
-        def loop_thread() -> None:  # as the host's loop: started before the load, not by it
-            other.append(threading.get_native_id())
-            started.set()
-            release.wait(30)
-
-        t = threading.Thread(target=loop_thread)
-        t.start()
-        started.wait(30)
-        original = priority._tids
-        try:  # only these two threads: the test's own runner keeps its priority
-            priority._tids = lambda: {me, other[0]}  # type: ignore[assignment]
-            at_start = _nice(me), _nice(other[0])
+        with _two_threads() as (me, other):  # the other as the host's loop: started before the load, not by it
+            at_start = _nice(me), _nice(other)
             with priority.loading():
-                during = _nice(me), _nice(other[0])
-            after = _nice(me), _nice(other[0])
-        finally:
-            priority._tids = original  # type: ignore[assignment]
-        release.set()
-        t.join(30)
+                during = _nice(me), _nice(other)
+            after = _nice(me), _nice(other)
         return before, *at_start, *during, *after
 
     before, *rest = _in_a_thread(body)
