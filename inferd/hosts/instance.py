@@ -49,6 +49,7 @@ from inferd.errors import DeadlineExceeded, InferdError, ModelExecutionError, Un
 from inferd.hosts import protocol as p
 from inferd.hosts.process import HostProcess
 from inferd.ipc.processes import RestartPolicy, RestartState
+from inferd.observability.procfs import private_bytes
 from inferd.observability.tracing import bls_call, trace_context
 from inferd.streaming import ResponseSink, StreamEvent
 from inferd.types import InferenceRequest, RequestedOutput
@@ -57,6 +58,10 @@ if TYPE_CHECKING:
     from inferd.hosts.registry import Hosts
 
 log = logging.getLogger(__name__)
+
+# How long a footprint is waited for from the host (which reads it on a nice-19 thread): past it, or with
+# no answer, the core reads the host's /proc itself.
+FOOTPRINT_TIMEOUT = 5.0
 
 Done = Callable[[BatchResult | BaseException], None]
 
@@ -637,17 +642,21 @@ class HostedInstance(ModelInstance):
         cid = next(self._ids)
         future = self._asks[cid] = self.loop.create_future()
         host.send(p.Ask(cid, what))
-        return await future
+        try:
+            return await future
+        finally:  # answered, or given up on (a timeout): nothing kept
+            self._asks.pop(cid, None)
 
     def footprint(self) -> int:
         """What this instance adds to the server's memory: its host's private pages, read by the host
         itself at its lowest priority (not its RSS, which counts the pages every host shares with the
         zygote: :mod:`inferd.repository.footprint`); the RSS it reported at its load where /proc cannot
-        say. Blocking: called off the loop, once the instance is loaded and warmed up."""
+        say. Blocking: called off the loop, once the instance is loaded and warmed up; a host that does not
+        answer within FOOTPRINT_TIMEOUT (its model's code holding the GIL) is read by this thread."""
         try:
-            private = self._wait(self.ask("footprint"))
-        except InferdError:
-            private = None
+            private = self._wait(asyncio.wait_for(self.ask("footprint"), FOOTPRINT_TIMEOUT))
+        except (InferdError, asyncio.TimeoutError):
+            private = private_bytes(self.pid) if self.pid else None
         return int(private) if private is not None else self.rss
 
     def _ready(self) -> bool:

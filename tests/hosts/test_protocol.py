@@ -206,6 +206,38 @@ def test_a_host_reads_its_own_footprint_at_its_lowest_priority(arena: ArenaWrite
     asyncio.run(main())
 
 
+def test_a_host_that_does_not_answer_for_its_footprint_is_read_by_the_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host whose loop cannot answer (its model's code holding the GIL) does not hold the load forever:
+    past FOOTPRINT_TIMEOUT the core reads the host's private memory from /proc itself."""
+    import itertools
+
+    from inferd.hosts import instance as hosted
+    from inferd.observability.procfs import private_bytes
+
+    if private_bytes() is None:
+        pytest.skip("/proc/<pid>/smaps_rollup cannot be read here")
+    monkeypatch.setattr(hosted, "FOOTPRINT_TIMEOUT", 0.05)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+
+    class Silent:  # a host that takes the question and never answers
+        def send(self, msg: object) -> None:
+            pass
+
+    try:
+        instance = object.__new__(hosted.HostedInstance)
+        instance.loop, instance.host, instance.pid, instance.rss = loop, Silent(), os.getpid(), 1
+        instance._ids, instance._asks = itertools.count(1), {}
+        got = instance.footprint()
+        assert got > 1 and abs(got - (private_bytes() or 0)) < 64 << 20  # this process's, read here; not the RSS
+        assert instance._asks == {}  # the question given up on is not kept
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
 def test_an_output_that_cannot_be_written_fails_its_batch_not_the_host(arena: ArenaWriter) -> None:
     """A model's output the host cannot serialize fails that batch with an error naming the model; the
     host's model thread goes on (before, the error escaped it and the host exited)."""
