@@ -40,6 +40,7 @@ from inferd.frontends.openai._fields import (
 from inferd.frontends.openai._generate import Piece, Sampling, run_choice
 from inferd.frontends.openai._text import INSTALL, ModelText
 from inferd.frontends.restrictions import Restrictions
+from inferd.frontends.status import error_headers
 from inferd.types import InferenceRequest
 
 PRIORITY_HEADER = "inferd-priority"  # a request's priority level (the model's default without it)
@@ -57,7 +58,9 @@ def _answer(answered: dict[str, Any] | Response) -> Response:
 
 def _error(exc: BaseException) -> Response:
     status, body = error_body(exc)
-    return _json(body, status)
+    response = _json(body, status)
+    response.headers.update(dict(error_headers(exc)))  # a draining server's, for a balancer in front
+    return response
 
 
 def _sse(doc: Any) -> bytes:
