@@ -40,7 +40,7 @@ DEFAULT_FINALIZE_GRACE = 5.0  # seconds a host's finalize may take at unload bef
 # exits. A host costs its own private memory, ~10 MiB (a 6 MB table: 17.9 MiB hosted against 7.3 in the
 # core), which below this size would be most of the model's footprint. Measured with many_models's
 # stream (bench/RESULTS.md): every table in the core, warm p99 1.7-2.1x the every-model-loaded run's
-# and cold p99 3.9-4.8x a load's; tables from 16 MiB up hosted, 1.01-1.10x and 0.6-0.7x. TorchScript
+# and cold p99 3.9-4.8x a load's; tables from 16 MiB up hosted, 1.01-1.44x and 0.6-0.7x. TorchScript
 # stays in the core: a host would import torch itself (the zygote does not), far more than the model.
 HOST_AT_BYTES = 16 * 2**20
 METRICS_TIMEOUT = 1.0  # a /metrics scrape waits this long for a host's custom metrics
