@@ -296,8 +296,19 @@ def test_a_frontend_killed_under_load_fails_only_its_requests_and_is_restarted(e
         assert set(results[survivor]) == {"ok"}, "a request through the other frontend failed"
         failed = [r for r in results[victim] if r != "ok"]
         assert set(failed) <= {"StatusCode.UNAVAILABLE", "StatusCode.UNAVAILABLE (not sent)"}, failed
-        sent = [r for r in failed if r == "StatusCode.UNAVAILABLE"]
-        assert len(sent) <= 2, messages  # at most its one request in flight (and a retry racing the restart)
+        # The victim's client fails only while its connection dies with the worker: each request of it that was
+        # sent and failed died with that connection (its socket closed or reset under the call, in gRPC's words),
+        # all of them before the client was served again (through the replacement or the survivor), and it was.
+        # (Its sequential client can put more than its one request in flight on the dying connection before
+        # gRPC reads the close: one run here saw three, so their number is not what is asserted.)
+        mine = results[victim]
+        first = next((i for i, r in enumerate(mine) if r != "ok"), None)
+        if first is not None:
+            assert "ok" in mine[first:], ("the killed frontend's client was never served again", mine[first:])
+            again = mine.index("ok", first)
+            assert "StatusCode.UNAVAILABLE" not in mine[again:], (mine[first:], messages)
+        gone = ("Stream removed", "Socket closed", "Broken pipe", "Connection reset")
+        assert all(any(word in m for word in gone) for m in messages), messages
         fresh = grpcclient.InferenceServerClient(server.url)
         x = np.arange(16, dtype=np.int32).reshape(1, 16)
         assert (fresh.infer("simple", _simple(x, x)).as_numpy("OUTPUT0") == 2 * x).all()
