@@ -504,20 +504,25 @@ class HostRuntime:
             return
         if msg.what == "footprint":  # this host's private memory: what its model adds to the server
 
-            def measure() -> None:
+            def measure() -> int | None:
                 priority.lowest()  # the walk of our page tables gives way to warm requests
-                self.post_threadsafe(p.Answer(msg.cid, private_bytes(), None))
+                return private_bytes()
 
-            threading.Thread(target=measure, name="inferd-host-footprint", daemon=True).start()
+            self._answer_off_loop(msg.cid, "footprint", measure, None)
             return
         instance = self.instance
         check = instance.ready_check if instance is not None else None
+        self._answer_off_loop(msg.cid, "ready", lambda: bool(check()) if check is not None else True, False)
 
-        def ask() -> None:
+    def _answer_off_loop(self, cid: int, what: str, compute: Callable[[], Any], failed: Any) -> None:
+        """Answer ``cid`` with ``compute()`` from a thread of its own (it may block: the model's is_ready, a
+        walk of /proc), or with ``failed`` and the error it raised."""
+
+        def answer() -> None:
             try:
-                value, failure = (bool(check()) if check is not None else True), None
+                value, failure = compute(), None
             except BaseException as exc:
-                value, failure = False, p.Failure.of(exc)
-            self.post_threadsafe(p.Answer(msg.cid, value, failure))
+                value, failure = failed, p.Failure.of(exc)
+            self.post_threadsafe(p.Answer(cid, value, failure))
 
-        threading.Thread(target=ask, name="inferd-host-ready", daemon=True).start()
+        threading.Thread(target=answer, name=f"inferd-host-{what}", daemon=True).start()

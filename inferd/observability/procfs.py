@@ -10,7 +10,7 @@ memory, the model's footprint (:func:`private_bytes`). Linux only.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
@@ -29,6 +29,7 @@ class Stat:
     ticks: int  # utime + stime: every thread of the process, since it started
     start: int  # start time in ticks after boot: with the pid, names one process even if the pid is reused
     rss_pages: int = 0  # resident set size, in pages
+    state: str = field(default="", compare=False)  # R, S, D, Z...: "Z" has exited and closed its files
 
 
 def read_stat(pid: int, proc: Path = PROC) -> Stat | None:
@@ -46,7 +47,8 @@ def parse_stat(text: str) -> Stat:
     fields = text[text.rindex(")") + 2:].split()
     # fields[0] is field 3 (state): ppid is field 4, pgrp 5, utime 14, stime 15, starttime 22, rss 24.
     return Stat(pid=pid, ppid=int(fields[1]), pgrp=int(fields[2]),
-                ticks=int(fields[11]) + int(fields[12]), start=int(fields[19]), rss_pages=int(fields[21]))
+                ticks=int(fields[11]) + int(fields[12]), start=int(fields[19]), rss_pages=int(fields[21]),
+                state=fields[0])
 
 
 def all_stats(proc: Path = PROC) -> list[Stat]:
@@ -62,17 +64,7 @@ def all_stats(proc: Path = PROC) -> list[Stat]:
 
 def group_members(pgid: int, proc: Path = PROC) -> list[int]:
     """The running (not zombie: a zombie has closed its files) processes whose group is ``pgid``."""
-    out = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:  # it exited while we looked
-            continue
-        if text[text.rindex(")") + 2] != "Z" and parse_stat(text).pgrp == pgid:
-            out.append(int(entry.name))
-    return out
+    return [s.pid for s in all_stats(proc) if s.pgrp == pgid and s.state != "Z"]
 
 
 def server_tree(root: int, stats: Iterable[Stat]) -> list[Stat]:

@@ -251,10 +251,19 @@ def _admin_get(path: str, what: str, timeout: float = 2.0, method: str = "GET") 
         connection.close()
 
 
+def _stats(text: str) -> dict[str, int]:
+    """Envoy's counters and gauges in ``text`` (lines ``name: value``), by name."""
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.strip().partition(": ")
+        if value.isdigit():
+            found[name] = int(value)
+    return found
+
+
 def _stat(text: str) -> int:
-    """The value of the one stat in ``text`` (``name: value``), 0 when there is none."""
-    _, _, value = text.strip().partition(": ")
-    return int(value) if value.isdigit() else 0
+    """The value of the one stat in ``text``, 0 when there is none."""
+    return next(iter(_stats(text).values()), 0)
 
 
 class EnvoyFront:
@@ -352,11 +361,11 @@ class EnvoyFront:
     def calls(self) -> tuple[int, int]:
         """(calls and streams Envoy's clients have open, calls they have made): (0, 0) when its admin cannot say."""
         try:
-            text = _admin_get(self.admin, "/stats?filter=^http.inferd_grpc.downstream_rq_(active|total)$")
+            found = _stats(_admin_get(self.admin, "/stats?filter=^http.inferd_grpc.downstream_rq_(active|total)$"))
         except OSError:
             return 0, 0
-        found = dict(line.rpartition(".")[2].split(": ", 1) for line in text.splitlines() if ": " in line)
-        return int(found.get("downstream_rq_active", 0)), int(found.get("downstream_rq_total", 0))
+        prefix = "http.inferd_grpc.downstream_rq_"
+        return found.get(prefix + "active", 0), found.get(prefix + "total", 0)
 
     async def drain(self, answers_s: float = 2.0) -> None:
         """Stop taking connections (a new one is refused: UNAVAILABLE) and drain those open (GOAWAY); return
