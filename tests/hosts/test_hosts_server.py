@@ -116,7 +116,8 @@ class TritonPythonModel:
             time.sleep(0.01)
 '''
 
-# The nice of every thread of its process while it initializes and while it executes: [min, max] of each.
+# The nice and scheduling policy of every thread of its process while it initializes and while it executes:
+# [min, max] of each, a thread's as nice + 100 * policy.
 NICENESS = '''
 import os
 import numpy as np
@@ -127,7 +128,7 @@ def _nices():
     found = []
     for tid in os.listdir("/proc/self/task"):
         try:
-            found.append(os.getpriority(os.PRIO_PROCESS, int(tid)))
+            found.append(os.getpriority(os.PRIO_PROCESS, int(tid)) + 100 * os.sched_getscheduler(int(tid)))
         except OSError:  # ended meanwhile
             pass
     return [min(found), max(found)]
@@ -212,12 +213,15 @@ def test_each_instance_of_a_python_model_runs_in_a_host_process_of_its_own(serve
 @pytest.mark.skipif(not priority.can_restore(),
                     reason="this machine may not raise a thread's priority back (no CAP_SYS_NICE, RLIMIT_NICE 0): "
                            "hosts start and load at their normal priority here")
-def test_a_host_starts_and_loads_at_nice_19_and_serves_at_the_servers_nice(server: ServerProcess, client) -> None:
-    """A host is forked at nice 19 and every thread of it (its loop's too) stays there until its model is
-    loaded, so a load gives way to warm requests from its fork on; then all of them serve at the server's."""
+def test_a_host_starts_and_loads_at_the_lowest_priority_and_serves_at_the_servers(server: ServerProcess,
+                                                                                  client) -> None:
+    """A host is forked at the lowest priority (SCHED_IDLE, nice 19) and every thread of it (its loop's too)
+    stays there until its model is loaded, so a load gives way to warm requests from its fork on; then all
+    of them serve at the server's nice and policy."""
     nice = client.infer("niceness", _x(0)).as_numpy("NICE").tolist()
-    serving = os.getpriority(os.PRIO_PROCESS, server.proc.pid)
-    assert nice == [priority.LOAD_NICE, priority.LOAD_NICE, serving, serving]
+    low = priority.LOAD_NICE + 100 * priority.LOAD_POLICY
+    serving = os.getpriority(os.PRIO_PROCESS, server.proc.pid) + 100 * os.sched_getscheduler(server.proc.pid)
+    assert nice == [low, low, serving, serving]
 
 
 def test_a_model_that_keeps_sending_after_its_client_left_is_stopped_with_its_host(server: ServerProcess) -> None:

@@ -1,4 +1,5 @@
-"""A host's load at nice 19 and back (inferd/hosts/priority.py), with the threads it starts."""
+"""A host's load at the lowest priority (SCHED_IDLE at nice 19) and back (inferd/hosts/priority.py), with
+the threads it starts."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import pytest
 from inferd.hosts import priority
 
 
-def _nice(tid: int) -> int:
-    return os.getpriority(os.PRIO_PROCESS, tid)
+LOW = (priority.LOAD_NICE, priority.LOAD_POLICY)
+
+
+def _nice(tid: int) -> tuple[int, int]:
+    return priority.of(tid)
 
 
 def _in_a_thread(body):  # type: ignore[no-untyped-def]
@@ -38,8 +42,8 @@ def _in_a_thread(body):  # type: ignore[no-untyped-def]
 @pytest.mark.skipif(not priority.can_restore(),
                     reason="this process may not raise a thread's priority back (no CAP_SYS_NICE, RLIMIT_NICE 0): "
                            "loads keep their priority here, which the next test covers")
-def test_a_load_and_the_threads_it_starts_run_at_nice_19_then_come_back() -> None:
-    def body() -> tuple[int, int, int, int, int]:
+def test_a_load_and_the_threads_it_starts_run_at_the_lowest_priority_then_come_back() -> None:
+    def body():  # type: ignore[no-untyped-def]
         me = threading.get_native_id()
         before = _nice(me)
         started = threading.Event()
@@ -63,13 +67,14 @@ def test_a_load_and_the_threads_it_starts_run_at_nice_19_then_come_back() -> Non
         return before, during, child_during, after, child_after
 
     before, *rest = _in_a_thread(body)
-    assert rest == [priority.LOAD_NICE, priority.LOAD_NICE, before, before]
+    assert before[1] == os.SCHED_OTHER
+    assert rest == [LOW, LOW, before, before]
 
 
 def test_where_priority_cannot_come_back_a_load_keeps_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(priority, "_restorable", False)
 
-    def body() -> tuple[int, int]:
+    def body():  # type: ignore[no-untyped-def]
         me = threading.get_native_id()
         before = _nice(me)
         with priority.loading():
@@ -105,23 +110,23 @@ def _two_threads() -> Iterator[tuple[int, int]]:
 
 
 def test_a_host_that_leaves_gives_way_with_every_thread() -> None:
-    def body() -> tuple[int, int]:
+    def body():  # type: ignore[no-untyped-def]
         with _two_threads() as (me, other):
             priority.leaving()
             return _nice(me), _nice(other)
 
-    assert _in_a_thread(body) == (priority.LOAD_NICE, priority.LOAD_NICE)
+    assert _in_a_thread(body) == (LOW, LOW)
 
 
 @pytest.mark.skipif(not priority.can_restore(),
                     reason="this process may not raise a thread's priority back (no CAP_SYS_NICE, RLIMIT_NICE 0): "
                            "a host then starts and loads at its normal priority")
-def test_a_host_started_low_runs_every_thread_at_nice_19_until_its_load_ends(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As the zygote's hosts: forked at nice 19 (start_low before the fork), every thread of the host, its
-    loop's included, at 19 until the load has ended, then all of them at the nice it started from."""
+def test_a_host_started_low_runs_every_thread_at_the_lowest_priority_until_its_load_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the zygote's hosts: forked low (start_low before the fork), every thread of the host, its loop's
+    included, low until the load has ended, then all of them at the nice and policy it started from."""
     monkeypatch.setattr(priority, "_serving_nice", None)
 
-    def body() -> tuple[int, ...]:
+    def body():  # type: ignore[no-untyped-def]
         before = _nice(threading.get_native_id())
         priority.start_low()
         with _two_threads() as (me, other):  # the other as the host's loop: started before the load, not by it
@@ -132,12 +137,11 @@ def test_a_host_started_low_runs_every_thread_at_nice_19_until_its_load_ends(mon
         return before, *at_start, *during, *after
 
     before, *rest = _in_a_thread(body)
-    low = priority.LOAD_NICE
-    assert rest == [low, low, low, low, before, before]
+    assert rest == [LOW, LOW, LOW, LOW, before, before]
     assert priority._serving_nice is None  # a later load (none in a host) would come back to its own nice
 
 
 def test_lowest_lowers_the_calling_thread_only() -> None:
     mine = _nice(threading.get_native_id())
-    assert _in_a_thread(lambda: (priority.lowest(), _nice(threading.get_native_id()))[1]) == priority.LOAD_NICE
+    assert _in_a_thread(lambda: (priority.lowest(), _nice(threading.get_native_id()))[1]) == LOW
     assert _nice(threading.get_native_id()) == mine

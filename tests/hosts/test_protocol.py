@@ -177,7 +177,7 @@ def test_a_cancel_or_credit_that_outruns_its_batch_is_kept_for_it(arena: ArenaWr
 def test_a_host_reads_its_own_footprint_at_its_lowest_priority(arena: ArenaWriter, monkeypatch: pytest.MonkeyPatch
                                                                 ) -> None:
     """The core asks a host for its footprint (its private memory) once its model is loaded: the host walks
-    its own page tables, on a thread at nice 19, rather than the core's loader thread at its normal
+    its own page tables, on a thread at the lowest priority, rather than the core's loader thread at its normal
     priority while warm requests are served."""
     from inferd.hosts import priority, runtime as host_runtime
     from inferd.hosts.runtime import HostRuntime
@@ -185,7 +185,7 @@ def test_a_host_reads_its_own_footprint_at_its_lowest_priority(arena: ArenaWrite
     seen: list[tuple[int, str]] = []
 
     def private_bytes(pid: object = "self") -> int:  # what it was called as, and on which thread at what nice
-        seen.append((os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), str(pid)))
+        seen.append((priority.of(threading.get_native_id()), str(pid)))
         return 123 << 20
 
     monkeypatch.setattr(host_runtime, "private_bytes", private_bytes)
@@ -198,7 +198,7 @@ def test_a_host_reads_its_own_footprint_at_its_lowest_priority(arena: ArenaWrite
         runtime.on_message(p.encode(p.Ask(7, "footprint")))
         answer = p.from_host(await asyncio.get_running_loop().run_in_executor(None, FrameReader(core).read))
         assert answer == p.Answer(7, 123 << 20, None)
-        assert seen == [(priority.LOAD_NICE, "self")]
+        assert seen == [((priority.LOAD_NICE, priority.LOAD_POLICY), "self")]
         core.close()
         await asyncio.get_running_loop().run_in_executor(None, runtime._thread.join, 10)
         host.close()
