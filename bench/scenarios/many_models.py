@@ -26,10 +26,14 @@ tree's peak PSS against its PSS at start-up plus the budget, in a pass of its ow
 as in (3), the whole stream, the client process sampling the tree every 0.25 s. Its latencies are not
 the scenario's: a sample walks every process's page tables (~2 ms of kernel time per model host and per
 100 MiB of the server, ~0.1 s a sample with every model loaded in hosts) and doubled the warm p99 of the
-every-model-loaded server when the rounds carried it (12-06: 8-10 against 4-6 ms; warm p99 is reported
-beside, in the notes). The machine (2 cores, the client beside the server) was
-shared with other engineers' builds and tests while this ran: compare ratios within one run; the load
-average is in the notes."""
+every-model-loaded server when the rounds carried it (12-06: 8-10 against 4-6 ms; the pass's own warm
+latency is reported with its peak). (5) The control: each every-model-loaded server also runs its quarter of the
+stream a second time (first in rounds 2 and 4) with a busy loop at SCHED_IDLE, the policy hosts load at,
+on every core: no load, no memory traffic, only the cores kept busy at the lowest priority, as a
+budgeted server's loads keep them (6.7-7 loads a second of ~0.1 s of CPU each, two at a time). What
+it does to warm latency is what loads beside warm requests cost on these cores whatever the server. The
+machine (2 cores, the client beside the server) was shared with other engineers' builds and tests while
+this ran: compare ratios within one run; the load average is in the notes."""
 
 from __future__ import annotations
 
@@ -187,10 +191,12 @@ async def _paced(server: Server, schedule: list[int], rate: float, sample: bool 
 
 
 async def _round(repo: Path, names: list[str], host: str, half: list[int], rate: float, budget: int | None,
-                 measure: bool, sample: bool = False) -> dict:
+                 measure: bool, sample: bool = False, busy_first: bool | None = None) -> dict:
     """One server: without a budget, every model loaded (alone, measured when ``measure``) then the
-    stream; with one, every model asked for once, one after the other (each measured at its first load, as
-    a server that has run a while has: the stream sees the steady state, reloads), then the stream."""
+    stream (and, unless ``busy_first`` is None, the stream again beside idle-policy work on every core:
+    first when ``busy_first``); with one, every model asked for once, one after the other (each measured
+    at its first load, as a server that has run a while has: the stream sees the steady state, reloads),
+    then the stream."""
     gc.collect()
     await asyncio.sleep(1.0)
     # auto places models by whether there is a budget: its every-model-loaded server gets one that holds
@@ -204,8 +210,27 @@ async def _round(repo: Path, names: list[str], host: str, half: list[int], rate:
         if budget is not None:
             alone = []
             await asyncio.sleep(0.5)
-        got = await _paced(server, half, rate, sample)
-    return {**got, "alone": alone, "base_pss": base, "loaded_pss": loaded_pss}
+        busy: list[float] = []
+        if budget is None and busy_first is not None:  # the control (module docstring, (5)), first or second
+            busy = await _beside_idle_work(server, half, rate) if busy_first else []
+            got = await _paced(server, half, rate, sample)
+            busy = busy or await _beside_idle_work(server, half, rate)
+        else:
+            got = await _paced(server, half, rate, sample)
+    return {**got, "alone": alone, "base_pss": base, "loaded_pss": loaded_pss, "busy_warm": busy}
+
+
+async def _beside_idle_work(server: Server, part: list[int], rate: float) -> list[float]:
+    """The stream's warm latencies while a busy loop at SCHED_IDLE runs on every core (no load, no server
+    work, no memory traffic: only the cores kept busy at the lowest priority)."""
+    spin = "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True:\n    pass"
+    procs = [await asyncio.create_subprocess_exec(sys.executable, "-c", spin) for _ in range(os.cpu_count() or 1)]
+    try:
+        return (await _paced(server, part, rate))["warm"]
+    finally:
+        for proc in procs:
+            proc.kill()
+            await proc.wait()
 
 
 async def _host(repo: Path, names: list[str], host: str, stream: list[int], rate: float) -> dict:
@@ -220,7 +245,7 @@ async def _host(repo: Path, names: list[str], host: str, stream: list[int], rate
             if with_budget:
                 budgeted.append(await _round(repo, names, host, part, rate, budget, False))
             else:
-                loaded.append(await _round(repo, names, host, part, rate, None, i == 0))
+                loaded.append(await _round(repo, names, host, part, rate, None, i == 0, busy_first=i % 2 == 1))
                 if i == 0:
                     budget = sum(r["footprint"] for r in loaded[0]["alone"]) // 3
     alone = [dict(r, load_ms=float(np.median([run["alone"][j]["load_ms"] for run in loaded])))
@@ -282,6 +307,9 @@ def _summary(d: dict) -> dict:
         "warm_p99_loaded_s": _pct(_pooled(loaded, "warm"), 99),
         "warm_p50_budgeted_s": _pct(_pooled(budgeted, "warm"), 50),
         "warm_p50_loaded_s": _pct(_pooled(loaded, "warm"), 50),
+        "warm_p99_busy_s": _pct(_pooled(loaded, "busy_warm"), 99),
+        "warm_p50_busy_s": _pct(_pooled(loaded, "busy_warm"), 50),
+        "rounds_busy_p99": [(_pct(a["busy_warm"], 99), _pct(a["warm"], 99)) for a in loaded],
         "rounds_p99": [(_pct(b["warm"], 99), _pct(a["warm"], 99)) for b, a in zip(budgeted, loaded)],
         "ratio_of_rounds": float(np.median([_pct(b["warm"], 99) / max(_pct(a["warm"], 99), 1e-9)
                                             for b, a in zip(budgeted, loaded)])),
@@ -354,6 +382,11 @@ def ratios(result: dict) -> dict:
             f"{d['warm_p99_budgeted_s'] * 1e3:.1f} / {d['warm_p99_loaded_s'] * 1e3:.1f} ms = "
             f"{d['warm_p99_budgeted_s'] / max(d['warm_p99_loaded_s'], 1e-9):.2f}x; p50 "
             f"{d['warm_p50_budgeted_s'] * 1e3:.2f} / {d['warm_p50_loaded_s'] * 1e3:.2f} ms")
+        busy = ", ".join(f"{b * 1e3:.1f} / {a * 1e3:.1f}" for b, a in d["rounds_busy_p99"])
+        out[f"{m}: the control: warm p99 all loaded with every core busy at SCHED_IDLE / alone"] = (
+            f"pooled {d['warm_p99_busy_s'] * 1e3:.1f} / {d['warm_p99_loaded_s'] * 1e3:.1f} ms = "
+            f"{d['warm_p99_busy_s'] / max(d['warm_p99_loaded_s'], 1e-9):.2f}x (rounds, ms: {busy}); p50 "
+            f"{d['warm_p50_busy_s'] * 1e3:.2f} / {d['warm_p50_loaded_s'] * 1e3:.2f} ms")
         out[f"{m}: footprints against the tree's growth"] = (
             f"{d['within_15pct']} of {d['compared']} models within 15% (footprint / PSS growth "
             f"{d['ratio_min']:.2f}-{d['ratio_max']:.2f}, median {d['ratio_median']:.2f}); summed: footprints "
@@ -364,8 +397,9 @@ def ratios(result: dict) -> dict:
         peak, base = d["peak"]
         mem = d["memory_pass"]
         out[f"{m}: peak tree PSS against start-up + budget (the memory pass)"] = (
-            f"{peak / MiB:.0f} MiB against {base / MiB:.0f} + {d['budget'] / MiB:.0f} = {(base + d['budget']) / MiB:.0f} "
-            f"MiB (every model loaded: {d['pss_loaded'] / MiB:.0f} MiB); the pass, sampled: warm p50 / p99 "
+            f"{peak / MiB:.0f} MiB against {base / MiB:.0f} + {d['budget'] / MiB:.0f} = "
+            f"{(base + d['budget']) / MiB:.0f} MiB (every model loaded: {d['pss_loaded'] / MiB:.0f} MiB); "
+            f"the pass, sampled: warm p50 / p99 "
             f"{mem['warm_p50_s'] * 1e3:.2f} / {mem['warm_p99_s'] * 1e3:.1f} ms, errors {mem['errors']}, "
             f"refusals {mem['refusals']}")
     return out

@@ -59,8 +59,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How long a footprint is waited for from the host (which reads it on a nice-19 thread): past it, or with
-# no answer, the core reads the host's /proc itself.
+# How long a footprint is waited for from the host (which reads it on a thread at its lowest priority): past
+# it, or with no answer, the core reads the host's /proc itself.
 FOOTPRINT_TIMEOUT = 5.0
 
 Done = Callable[[BatchResult | BaseException], None]

@@ -7,8 +7,8 @@ model thread (and every thread the load starts: ONNX Runtime's pool) can run it 
 and come back to its own once loaded. The lowest is SCHED_IDLE (at nice 19): Linux preempts an
 idle-policy thread as soon as a normal one wakes on its CPU, and counts a CPU that runs only such
 threads as free when it places a waking thread, where a nice-19 thread, a small share of the CPU but
-a normal one, may finish its slice first (bench/RESULTS.md many_models). The load still progresses whenever a core is free, which on a server loading on
-demand is most of the time.
+a normal one, may finish its slice first (bench/RESULTS.md many_models). The load still progresses
+whenever a core is free, which on a server loading on demand is most of the time.
 A host starts at the lowest priority as well (:func:`start_low`: the zygote forks at it, so a host's
 fork, its event loop's start and its first messages give way too) and comes back, every thread of it,
 when its load ends. A host that finalizes its model and exits (an unload, an eviction) does so at the
@@ -85,8 +85,8 @@ def start_low() -> None:
 @contextlib.contextmanager
 def loading() -> Iterator[None]:
     """The body (a model's load, on the calling thread) at the lowest priority, with every thread it starts;
-    all of them back to the calling thread's nice, and the normal policy, at the end. In a process that started low (:func:`start_low`),
-    every thread of it comes back, to the nice it started from."""
+    all of them back to the calling thread's nice, and the normal policy, at the end. In a process that
+    started low (:func:`start_low`), every thread of it comes back, to the nice it started from."""
     global _serving_nice
     if not can_restore():
         yield
@@ -119,7 +119,8 @@ def leaving() -> None:
 
 
 def lowest() -> None:
-    """The calling thread at the lowest priority, for good (a thread that ends after one task: lowering needs no right)."""
+    """The calling thread at the lowest priority, for good (a thread that ends after one task: lowering
+    needs no right)."""
     try:
         _lower(threading.get_native_id())
     except OSError:  # a nice already above it

@@ -121,7 +121,8 @@ def test_a_host_that_leaves_gives_way_with_every_thread() -> None:
 @pytest.mark.skipif(not priority.can_restore(),
                     reason="this process may not raise a thread's priority back (no CAP_SYS_NICE, RLIMIT_NICE 0): "
                            "a host then starts and loads at its normal priority")
-def test_a_host_started_low_runs_every_thread_at_the_lowest_priority_until_its_load_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_host_started_low_runs_every_thread_at_the_lowest_priority_until_its_load_ends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """As the zygote's hosts: forked low (start_low before the fork), every thread of the host, its loop's
     included, low until the load has ended, then all of them at the nice and policy it started from."""
     monkeypatch.setattr(priority, "_serving_nice", None)
