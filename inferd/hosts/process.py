@@ -35,6 +35,21 @@ ARENA_BYTES = 1 << 32  # virtual: sparse memfds cost only the pages in flight
 STATUS_WAIT = 2.0  # after a host's pidfd says it exited, how long the zygote's status is waited for
 
 
+def _arenas(label: str, size: int) -> tuple[Arena, Arena]:
+    """A host's two arenas: the core's to it, and its own to the core."""
+    to_host = Arena.create(size, f"inferd-host-{label}-in")
+    try:
+        return to_host, Arena.create(size, f"inferd-host-{label}-out")
+    except BaseException:
+        to_host.close()
+        raise
+
+
+def _close(arenas: tuple[Arena, ...]) -> None:
+    for arena in arenas:
+        arena.close()
+
+
 class HostProcess:
     """A running host: its process, links and arenas. Built by :meth:`spawn` on the core's loop;
     ``gone`` resolves with the exit status (None: unknown) once the process has exited.
@@ -64,8 +79,9 @@ class HostProcess:
         sends, in order."""
         batch_core, batch_host = socket_pair()
         control_core, control_host = socket_pair()
-        to_host = Arena.create(arena_bytes, f"inferd-host-{label}-in")
-        from_host = Arena.create(arena_bytes, f"inferd-host-{label}-out")
+        # Mapped off the loop: mmap waits for the process's mmap lock, which a build's allocations on a
+        # loader thread hold for milliseconds (the loop's stalls over 4 ms on a budgeted server, issue 43).
+        to_host, from_host = await asyncio.get_running_loop().run_in_executor(None, _arenas, label, arena_bytes)
         try:
             pid = await zygote.fork(label, [batch_host.fileno(), control_host.fileno(), to_host.fd, from_host.fd],
                                     [to_host.size, from_host.size])
@@ -155,8 +171,11 @@ class HostProcess:
         for link in (self.batches, self.control):
             if link is not None:
                 link.close()
-        self.to_host.arena.close()
-        self.from_host.close()
+        arenas = (self.to_host.arena, self.from_host)
+        try:  # unmapped off the loop, as they were mapped (spawn)
+            self._loop.run_in_executor(None, _close, arenas)
+        except RuntimeError:  # the loop or its executor has closed: here, then
+            _close(arenas)
         if self._pidfd is not None:
             # The zygote may report the exit before the pidfd's own word is read: the loop must forget
             # the fd before it is closed, or a socket given the same number later cannot be added to

@@ -1,4 +1,4 @@
-"""HostProcess without a zygote: its pidfd and the loop (inferd/hosts/process.py)."""
+"""HostProcess without a zygote: its pidfd, its arenas and the loop (inferd/hosts/process.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -54,12 +55,65 @@ async def _exit_reported_first() -> None:
         # A socket given the closed pidfd's number must join the loop (uvloop refused it: EEXIST; asyncio's
         # selector: the stale key's modify failed).
         a, b = socket.socketpair()
-        os.dup2(a.fileno(), fd)
-        a.close()
-        reused = socket.socket(fileno=fd)
+        if a.fileno() == fd:  # the lowest free number: the pidfd's own
+            reused = a
+        else:
+            os.dup2(a.fileno(), fd)
+            a.close()
+            reused = socket.socket(fileno=fd)
         channel = await FrameChannel.open(reused, lambda data: None, "reused")
         channel.close()
         b.close()
     finally:
         child.kill()
         child.wait()
+
+
+class _ForkingZygote(_Zygote):
+    """Forks nothing: hands back a child the test started."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__()
+        self.pid = pid
+
+    async def fork(self, label: str, fds: list[int], sizes: list[int]) -> int:
+        return self.pid
+
+
+def test_a_hosts_arenas_are_mapped_and_unmapped_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mmap and munmap wait for the process's mmap lock, which an in-process build's allocations hold for
+    milliseconds: the loop never makes them for a host (issue 43)."""
+    threads: list[tuple[str, str]] = []
+    create, close = Arena.create.__func__, Arena.close  # type: ignore[attr-defined]
+
+    def recorded_create(cls, size: int, name: str = "x") -> Arena:  # type: ignore[no-untyped-def]
+        threads.append(("map", threading.current_thread().name))
+        return create(cls, size, name)
+
+    def recorded_close(self: Arena) -> None:
+        threads.append(("unmap", threading.current_thread().name))
+        close(self)
+
+    monkeypatch.setattr(Arena, "create", classmethod(recorded_create))
+    monkeypatch.setattr(Arena, "close", recorded_close)
+
+    async def main() -> None:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            zygote = _ForkingZygote(child.pid)
+            host = await HostProcess.spawn("test", lambda data: None, zygote, 1 << 16)  # type: ignore[arg-type]
+            child.kill()
+            child.wait()
+            zygote.callbacks[child.pid](0)  # type: ignore[operator]
+            host.close()
+            for _ in range(200):  # the executor's close, bounded
+                if len(threads) == 4:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            child.kill()
+            child.wait()
+
+    event_loop.run(main(), event_loop.resolve("uvloop"))
+    assert sorted(kind for kind, _ in threads) == ["map", "map", "unmap", "unmap"]
+    assert all(name != threading.main_thread().name for _, name in threads), threads
