@@ -70,9 +70,9 @@ def can_restore() -> bool:
 
 
 def start_low() -> None:
-    """The calling thread at the lowest priority from now on, with the threads it starts and the processes it forks,
-    until a load (:func:`loading`) brings every thread of its process back to the nice it had. The zygote
-    calls it before it forks any host. Where priority cannot come back, nothing changes."""
+    """The calling thread at the lowest priority from now on, with the threads it starts and the processes
+    it forks, until a load (:func:`loading`) brings every thread of its process back to the nice it had.
+    The zygote calls it before it forks any host. Where priority cannot come back, nothing changes."""
     global _serving_nice
     if _serving_nice is not None or not can_restore():
         return
@@ -109,8 +109,8 @@ def loading() -> Iterator[None]:
 
 
 def leaving() -> None:
-    """Every thread of this process at the lowest priority, for good (it is about to exit: lowering needs no
-    right, and nothing comes back)."""
+    """Every thread of this process at the lowest priority, for good (it is about to exit: lowering needs
+    no right, and nothing comes back)."""
     for tid in _tids():
         try:
             _lower(tid)

@@ -50,6 +50,11 @@ def _close(arenas: tuple[Arena, ...]) -> None:
         arena.close()
 
 
+def _close_made(made: asyncio.Future) -> None:
+    if not made.cancelled() and made.exception() is None:
+        _close(made.result())
+
+
 class HostProcess:
     """A running host: its process, links and arenas. Built by :meth:`spawn` on the core's loop;
     ``gone`` resolves with the exit status (None: unknown) once the process has exited.
@@ -81,7 +86,14 @@ class HostProcess:
         control_core, control_host = socket_pair()
         # Mapped off the loop: mmap waits for the process's mmap lock, which a build's allocations on a
         # loader thread hold for milliseconds (the loop's stalls over 4 ms on a budgeted server, issue 43).
-        to_host, from_host = await asyncio.get_running_loop().run_in_executor(None, _arenas, label, arena_bytes)
+        made = asyncio.get_running_loop().run_in_executor(None, _arenas, label, arena_bytes)
+        try:
+            to_host, from_host = await asyncio.shield(made)
+        except BaseException:  # cancelled (or failed): arenas mapped meanwhile are unmapped when they come
+            made.add_done_callback(_close_made)
+            for link in (batch_core, batch_host, control_core, control_host):
+                link.close()
+            raise
         try:
             pid = await zygote.fork(label, [batch_host.fileno(), control_host.fileno(), to_host.fd, from_host.fd],
                                     [to_host.size, from_host.size])

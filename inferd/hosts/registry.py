@@ -39,9 +39,10 @@ DEFAULT_FINALIZE_GRACE = 5.0  # seconds a host's finalize may take at unload bef
 # of the core waits for it; a host builds on a core of its own and gives back all it held when it
 # exits. A host costs its own private memory, ~10 MiB (a 6 MB table: 17.9 MiB hosted against 7.3 in the
 # core), which below this size would be most of the model's footprint. Measured with many_models's
-# stream (bench/RESULTS.md, 12-06 21:30 and 22:04): every table in the core, warm p99 4.0-4.5x the
-# every-model-loaded run's and cold p99 4.6-5.1x a load's; tables from 16 MiB up hosted, 1.30-1.94x and
-# 0.5-0.7x; every table hosted, 1.61-1.74x and 0.7x. TorchScript
+# stream (bench/RESULTS.md, 12-06 21:30, 22:04, 22:37): every table in the core, warm p99 4.0-5.6x the
+# every-model-loaded run's and cold p99 4.0-5.1x a load's; tables from 16 MiB up hosted, 1.30-1.94x and
+# 0.5-0.7x; every table hosted, 1.61-1.74x, then 1.22x once hosts' arenas were mapped off the loop (one
+# run: not yet a reason to host the small ones too, at ~10 MiB each), and 0.7x. TorchScript
 # stays in the core: a host would import torch itself (the zygote does not), far more than the model.
 HOST_AT_BYTES = 16 * 2**20
 METRICS_TIMEOUT = 1.0  # a /metrics scrape waits this long for a host's custom metrics

@@ -117,3 +117,54 @@ def test_a_hosts_arenas_are_mapped_and_unmapped_off_the_loop(monkeypatch: pytest
     event_loop.run(main(), event_loop.resolve("uvloop"))
     assert sorted(kind for kind, _ in threads) == ["map", "map", "unmap", "unmap"]
     assert all(name != threading.main_thread().name for _, name in threads), threads
+
+
+def test_a_spawn_cancelled_while_its_arenas_are_mapped_unmaps_them_and_closes_its_links(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferd.hosts import process
+
+    mapping, release = threading.Event(), threading.Event()
+    made: list[Arena] = []
+    closed: list[Arena] = []
+    arenas = process._arenas
+
+    def slow_arenas(label: str, size: int):  # type: ignore[no-untyped-def]
+        mapping.set()
+        release.wait(10)
+        made.extend(arenas(label, size))
+        return tuple(made)
+
+    monkeypatch.setattr(process, "_arenas", slow_arenas)
+    close = process._close
+
+    def recorded_close(pair: tuple[Arena, ...]) -> None:
+        closed.extend(pair)
+        close(pair)
+
+    monkeypatch.setattr(process, "_close", recorded_close)
+    links: list[socket.socket] = []
+    pair = process.socket_pair
+
+    def recorded_pair():  # type: ignore[no-untyped-def]
+        ends = pair()
+        links.extend(ends)
+        return ends
+
+    monkeypatch.setattr(process, "socket_pair", recorded_pair)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(HostProcess.spawn("test", lambda data: None, _ForkingZygote(0), 1 << 16))
+        while not mapping.is_set():
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        for _ in range(200):  # the executor's mapping, then the close on its arrival, bounded
+            if closed:
+                break
+            await asyncio.sleep(0.01)
+
+    event_loop.run(main(), event_loop.resolve("uvloop"))
+    assert len(made) == 2 and closed == made
+    assert len(links) == 4 and all(link.fileno() == -1 for link in links)
