@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from inferd.hosts import protocol as p
@@ -33,6 +34,18 @@ def _nothing(data: bytes) -> None:  # the control link carries nothing back
 
 ARENA_BYTES = 1 << 32  # virtual: sparse memfds cost only the pages in flight
 STATUS_WAIT = 2.0  # after a host's pidfd says it exited, how long the zygote's status is waited for
+
+
+# The thread a host's arenas are mapped and unmapped on. Its own, not the loop's default executor: the
+# model builds there wait for their hosts' spawns, so a spawn that queued behind them would never run.
+_maps: ThreadPoolExecutor | None = None
+
+
+def _mapper() -> ThreadPoolExecutor:
+    global _maps
+    if _maps is None:
+        _maps = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferd-host-arenas")
+    return _maps
 
 
 def _arenas(label: str, size: int) -> tuple[Arena, Arena]:
@@ -86,7 +99,7 @@ class HostProcess:
         control_core, control_host = socket_pair()
         # Mapped off the loop: mmap waits for the process's mmap lock, which a build's allocations on a
         # loader thread hold for milliseconds (the loop's stalls over 4 ms on a budgeted server, issue 43).
-        made = asyncio.get_running_loop().run_in_executor(None, _arenas, label, arena_bytes)
+        made = asyncio.get_running_loop().run_in_executor(_mapper(), _arenas, label, arena_bytes)
         try:
             to_host, from_host = await asyncio.shield(made)
         except BaseException:  # cancelled (or failed): arenas mapped meanwhile are unmapped when they come
@@ -185,7 +198,7 @@ class HostProcess:
                 link.close()
         arenas = (self.to_host.arena, self.from_host)
         try:  # unmapped off the loop, as they were mapped (spawn)
-            self._loop.run_in_executor(None, _close, arenas)
+            self._loop.run_in_executor(_mapper(), _close, arenas)
         except RuntimeError:  # the loop or its executor has closed: here, then
             _close(arenas)
         if self._pidfd is not None:

@@ -168,3 +168,30 @@ def test_a_spawn_cancelled_while_its_arenas_are_mapped_unmaps_them_and_closes_it
     event_loop.run(main(), event_loop.resolve("uvloop"))
     assert len(made) == 2 and closed == made
     assert len(links) == 4 and all(link.fileno() == -1 for link in links)
+
+
+def test_a_spawn_does_not_wait_for_the_loops_default_executor() -> None:
+    """The core's model builds run on the loop's default executor and wait there for their hosts' spawns:
+    a spawn that needed a thread of it would wait for ever once the builds took them all."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+        busy = threading.Event()
+        blocked = loop.run_in_executor(None, busy.wait, 30)  # as a build waiting for its host
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            zygote = _ForkingZygote(child.pid)
+            host = await asyncio.wait_for(HostProcess.spawn("test", lambda data: None, zygote, 1 << 16), 10)
+            child.kill()
+            child.wait()
+            zygote.callbacks[child.pid](0)  # type: ignore[operator]
+            host.close()
+        finally:
+            busy.set()
+            await blocked
+            child.kill()
+            child.wait()
+
+    event_loop.run(main(), event_loop.resolve("uvloop"))
