@@ -193,10 +193,10 @@ async def _paced(server: Server, schedule: list[int], rate: float, sample: bool 
 async def _round(repo: Path, names: list[str], host: str, half: list[int], rate: float, budget: int | None,
                  measure: bool, sample: bool = False, busy_first: bool | None = None) -> dict:
     """One server: without a budget, every model loaded (alone, measured when ``measure``) then the
-    stream (and, unless ``busy_first`` is None, the stream again beside idle-policy work on every core:
-    first when ``busy_first``); with one, every model asked for once, one after the other (each measured
-    at its first load, as a server that has run a while has: the stream sees the steady state, reloads),
-    then the stream."""
+    stream (and, unless ``busy_first`` is None, which a budgeted round's is, the stream again beside
+    idle-policy work on every core: first when ``busy_first``); with one, every model asked for once, one
+    after the other (each measured at its first load, as a server that has run a while has: the stream
+    sees the steady state, reloads), then the stream."""
     gc.collect()
     await asyncio.sleep(1.0)
     # auto places models by whether there is a budget: its every-model-loaded server gets one that holds
@@ -206,17 +206,16 @@ async def _round(repo: Path, names: list[str], host: str, half: list[int], rate:
         base = _pss()
         alone = await _load_each(server, names, measure and budget is None)
         await asyncio.sleep(0.5)
-        loaded_pss = _pss()  # one walk, before the stream starts
+        loaded_pss = _pss() if budget is None else 0  # every model loaded: one walk, before the stream starts
         if budget is not None:
             alone = []
             await asyncio.sleep(0.5)
-        busy: list[float] = []
-        if budget is None and busy_first is not None:  # the control (module docstring, (5)), first or second
-            busy = await _beside_idle_work(server, half, rate) if busy_first else []
-            got = await _paced(server, half, rate, sample)
-            busy = busy or await _beside_idle_work(server, half, rate)
-        else:
-            got = await _paced(server, half, rate, sample)
+        busy: list[float] = []  # the control (module docstring, (5)), before or after the stream
+        if busy_first:
+            busy = await _beside_idle_work(server, half, rate)
+        got = await _paced(server, half, rate, sample)
+        if busy_first is False:
+            busy = await _beside_idle_work(server, half, rate)
     return {**got, "alone": alone, "base_pss": base, "loaded_pss": loaded_pss, "busy_warm": busy}
 
 

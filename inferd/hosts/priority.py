@@ -57,7 +57,7 @@ def can_restore() -> bool:
                 _lower(tid)
                 _restore(tid, before)
                 result.append(True)
-            except (OSError, AttributeError):  # PermissionError: no way back; not Linux
+            except OSError:  # PermissionError: no way back
                 result.append(False)
 
         thread = threading.Thread(target=probe, name="inferd-nice-probe")

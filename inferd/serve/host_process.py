@@ -69,7 +69,7 @@ def _zygote(control_fd: int, parent: int) -> int:
         except (ImportError, OSError):  # an optional one (uvloop, onnxruntime): a host imports it itself
             pass
     collector.freeze()  # what every host shares with us stays out of its collections (and shared)
-    priority.start_low()  # each host forked at the lowest priority: its start gives way to warm requests, as its load does
+    priority.start_low()  # each host forked at the lowest priority: its start gives way, as its load does
 
     sock = socket.socket(fileno=control_fd)
     sock.setblocking(True)
