@@ -155,7 +155,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="where model instances run: auto (default) runs each instance of a Python model in a "
                         "model host process of its own, as Triton runs Python models, and ONNX Runtime and "
                         "TorchScript models in this process (under --model-memory-budget, ONNX models on CPU "
-                        "whose files reach 16 MiB in hosts too); process hosts every model; inline none. A model's "
+                        "whose files reach 4 MiB in hosts too); process hosts every model; inline none. A model's "
                         "'inferd.host' parameter (process or inline) overrides it")
     p.add_argument("--event-loop", choices=event_loop.CHOICES, default="auto",
                    help="the event loop every server process runs: uvloop (its transports and loop in C: less "

@@ -9,10 +9,10 @@ the gRPC frontend on the core's loop) run inside the benchmark, so that a reques
 when it waited for its model's load (the driver's wait sees its request id), which a client cannot tell
 when several clients load and evict beside it. The GIL switch interval is `inferd serve`'s (100 us).
 For each ``--model-host``: ``inline`` (every table in the server's process), ``auto`` (the default:
-in the server's process without a budget; under one, tables from 16 MiB up in model hosts, the smaller
-ones in the server's process; its every-model-loaded server has a budget that holds them all, so that
-it places the tables as the budgeted one does) and ``process`` (each model in a model host): (1) every
-model loaded alone, one after the other, on a server without a budget (auto: one holding them all): each
+in the server's process without a budget; under one, tables from 4 MiB up in model hosts, here every
+table (until 12-07 from 16 MiB up, the smaller ones in the server's process); its every-model-loaded
+server has a budget that holds them all, so that it places the tables as the budgeted one does) and
+``process`` (each model in a model host): (1) every model loaded alone, one after the other, on a server without a budget (auto: one holding them all): each
 load's time ("one load's time": its first request, in the server's process, no network)
 and the growth of the process tree's summed PSS (proportional set size: each page counted once across
 the server, the zygote and the hosts) and RSS against the model's footprint (ModelStatistics
@@ -57,7 +57,7 @@ MiB = 2**20
 HOSTS = ("inline", "auto", "process")  # --model-host (module docstring)
 HOLDS_ALL = 2**40  # a budget no repository here reaches
 LABELS = {"inline": "ONNX in the server's process (inline)",
-          "auto": "the default (auto: under the budget, tables from 16 MiB in hosts)",
+          "auto": "the default (auto: under the budget, tables from 4 MiB in hosts)",
           "process": "ONNX in model hosts (process)"}
 CLIENTS = 8
 ROUNDS = 4

@@ -34,17 +34,19 @@ log = logging.getLogger(__name__)
 
 MODES = ("auto", "process", "inline")
 DEFAULT_FINALIZE_GRACE = 5.0  # seconds a host's finalize may take at unload before it is killed
-# Under a memory budget ``auto`` hosts an ONNX model on CPU from this size of files up. ONNX Runtime
-# builds a session holding the GIL, ~2 ms a MB of weights (a 16 MB table: 27 ms), and every warm request
-# of the core waits for it; a host builds on a core of its own and gives back all it held when it
-# exits. A host costs its own private memory, ~10 MiB (a 6 MB table: 17.9 MiB hosted against 7.3 in the
-# core), which below this size would be most of the model's footprint. Measured with many_models's
-# stream (bench/RESULTS.md, 12-06 21:30, 22:04, 22:37): every table in the core, warm p99 4.0-5.6x the
-# every-model-loaded run's and cold p99 4.0-5.1x a load's; tables from 16 MiB up hosted, 1.30-1.94x and
-# 0.5-0.7x; every table hosted, 1.61-1.74x, then 1.22x once hosts' arenas were mapped off the loop (one
-# run: not yet a reason to host the small ones too, at ~10 MiB each), and 0.7x. TorchScript
-# stays in the core: a host would import torch itself (the zygote does not), far more than the model.
-HOST_AT_BYTES = 16 * 2**20
+# Under a memory budget ``auto`` hosts an ONNX model on CPU from this size of files up. ONNX Runtime builds
+# a session holding the GIL, ~1.7 ms a MB of weights (4 MB: ~7 ms, more than a warm request's p99 on the
+# 2-core machines here), and every warm request of the core waits for it; a host builds on a core of its
+# own and gives back all it held when it exits. A host costs its own private memory, ~10-12 MiB (a 1 MB
+# table: 12.7 MiB hosted, most of it the Python pages it dirties after the fork), which below this size
+# would be more than twice the model. Measured with many_models's stream (40 tables of 5-60 MB, bench/
+# RESULTS.md): every table in the core, warm p99 beside loads 4.0-5.6x the every-model-loaded run's and
+# cold p99 4.0-5.1x a load's; with this threshold at 16 MiB (until 12-07) the 8 tables under it built in
+# the core made the loop's longest stalls, 1.43-1.63x on the code that maps hosts' arenas off the loop;
+# every table hosted (as here) 1.17-1.68x, at the control of its run (cores busy at SCHED_IDLE, no load)
+# and 0.5-0.7x. TorchScript stays in the core: a host would import torch itself (the zygote does not),
+# far more than the model; GPU models too (a CUDA context per host).
+HOST_AT_BYTES = 4 * 2**20
 METRICS_TIMEOUT = 1.0  # a /metrics scrape waits this long for a host's custom metrics
 
 
@@ -57,7 +59,7 @@ class Hosts:
             raise ValueError(f"a model host's finalize grace must be >= 0 seconds, got {finalize_grace}")
         self.mode = mode
         self.finalize_grace = finalize_grace
-        self.budgeted = budgeted  # --model-memory-budget set: ``auto`` hosts large ONNX models too
+        self.budgeted = budgeted  # --model-memory-budget set: ``auto`` hosts ONNX models too (but the smallest)
         self.instances: list[HostedInstance] = []
         self.restarts: Counter[str] = Counter()  # model name -> host restarts
         # The server's stop sets it (its loop's time): a host still finalizing then is killed.

@@ -326,7 +326,7 @@ def test_under_a_memory_budget_a_large_onnx_model_loads_in_a_host_and_a_small_on
     from inferd.hosts.registry import HOST_AT_BYTES
 
     add_table_model(tmp_path, "large", 0, HOST_AT_BYTES // 4 + 1024)  # float32: just over the threshold
-    add_table_model(tmp_path, "small", 1, 2**18)  # 1 MiB
+    add_table_model(tmp_path, "small", 1, HOST_AT_BYTES // 4 - 1024)  # just under it
     with running(tmp_path, extra_args=["--model-control-mode", "on_demand", "--model-memory-budget", "256MiB"]) as server:
         client = grpcclient.InferenceServerClient(server.url)
         for index, name in enumerate(("large", "small")):

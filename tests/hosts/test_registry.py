@@ -24,7 +24,7 @@ def _backend(name: str) -> SimpleNamespace:
     (False, "python", 0, KIND_CPU, True),  # Python models: always
     (False, "onnxruntime", LARGE, KIND_CPU, False),  # no budget: ONNX Runtime in the core
     (True, "onnxruntime", LARGE, KIND_CPU, True),  # under a budget, from HOST_AT_BYTES up
-    (True, "onnxruntime", SMALL, KIND_CPU, False),
+    (True, "onnxruntime", SMALL, KIND_CPU, False),  # a host's own ~10 MiB: more than twice the model
     (True, "onnxruntime", LARGE, KIND_GPU, False),  # a CUDA context per host: GPU models stay
     (True, "pytorch", LARGE, KIND_CPU, False),  # a host would import torch itself
 ])
