@@ -12,8 +12,8 @@ For each ``--model-host``: ``inline`` (every table in the server's process), ``a
 in the server's process without a budget; under one, tables from 4 MiB up in model hosts, here every
 table (until 12-07 from 16 MiB up, the smaller ones in the server's process); its every-model-loaded
 server has a budget that holds them all, so that it places the tables as the budgeted one does) and
-``process`` (each model in a model host): (1) every model loaded alone, one after the other, on a server without a budget (auto: one holding them all): each
-load's time ("one load's time": its first request, in the server's process, no network)
+``process`` (each model in a model host): (1) every model loaded alone, one after the other, on a server
+without a budget (auto: one holding them all): each load's time ("one load's time": its first request, in the server's process, no network)
 and the growth of the process tree's summed PSS (proportional set size: each page counted once across
 the server, the zygote and the hosts) and RSS against the model's footprint (ModelStatistics
 memory_usage); (2) the stream with every model loaded: warm latency; (3) a fresh server with
