@@ -13,10 +13,10 @@ in the server's process without a budget; under one, tables from 4 MiB up in mod
 table (until 12-07 from 16 MiB up, the smaller ones in the server's process); its every-model-loaded
 server has a budget that holds them all, so that it places the tables as the budgeted one does) and
 ``process`` (each model in a model host): (1) every model loaded alone, one after the other, on a server
-without a budget (auto: one holding them all): each load's time ("one load's time": its first request, in the server's process, no network)
-and the growth of the process tree's summed PSS (proportional set size: each page counted once across
-the server, the zygote and the hosts) and RSS against the model's footprint (ModelStatistics
-memory_usage); (2) the stream with every model loaded: warm latency; (3) a fresh server with
+without a budget (auto: one holding them all): each load's time ("one load's time": its first request,
+in the server's process, no network) and the growth of the process tree's summed PSS (proportional set
+size: each page counted once across the server, the zygote and the hosts) and RSS against the model's
+footprint (ModelStatistics memory_usage); (2) the stream with every model loaded: warm latency; (3) a fresh server with
 ``--model-memory-budget`` a third of the footprints' sum, every model asked for once in turn (its first
 load measures it, alone: the stream then sees the steady state of a server that has run a while,
 reloads), then the same stream; cold and warm latency,
