@@ -43,9 +43,10 @@ DEFAULT_FINALIZE_GRACE = 5.0  # seconds a host's finalize may take at unload bef
 # RESULTS.md): every table in the core, warm p99 beside loads 4.0-5.6x the every-model-loaded run's and
 # cold p99 4.0-5.1x a load's; with this threshold at 16 MiB (until 12-07) the 8 tables under it built in
 # the core made the loop's longest stalls, 1.43-1.63x on the code that maps hosts' arenas off the loop;
-# every table hosted (as here) 1.17-1.68x, at the control of its run (cores busy at SCHED_IDLE, no load)
-# and 0.5-0.7x. TorchScript stays in the core: a host would import torch itself (the zygote does not),
-# far more than the model; GPU models too (a CUDA context per host).
+# every table hosted (as here) 1.10-1.68x over six runs, each near its run's control (1.10-1.59x: cores
+# busy at SCHED_IDLE, no load), and cold p99 0.5-0.7x a load's. TorchScript stays in the core: a host
+# would import torch itself (the zygote does not), far more than the model; GPU models too (a CUDA
+# context per host).
 HOST_AT_BYTES = 4 * 2**20
 METRICS_TIMEOUT = 1.0  # a /metrics scrape waits this long for a host's custom metrics
 
