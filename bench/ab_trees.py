@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, tree in (("A", args.a), ("B", args.b)):
             servers[name] = _serve(tree.resolve(), repo, work / f"{name}.log", args.server_arg)
-        rows: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        rows: dict[tuple[str, int, str], list[tuple[float, float]]] = {}
         for r in range(args.rounds):
             order = ["A", "B"] if r % 2 == 0 else ["B", "A"]
             for model, concurrency in loads:
@@ -89,14 +89,14 @@ def main(argv: list[str] | None = None) -> int:
                     report = meter.since(before)
                     rate = report.inferences / (time.monotonic() - started)
                     per = {p.role: p.cpu_s / max(report.inferences, 1) * 1e6 for p in report.processes}
-                    rows.setdefault((model, name), []).append((rate, sum(per.values())))
+                    rows.setdefault((model, concurrency, name), []).append((rate, sum(per.values())))
                     print(f"round {r} {model}:{concurrency} {name}: {rate:,.0f}/s, CPU {sum(per.values()):.0f} us ("
                           + ", ".join(f"{k} {v:.0f}" for k, v in per.items()) + ")", flush=True)
-        for model, _ in loads:
-            a, b = rows[(model, "A")], rows[(model, "B")]
+        for model, concurrency in loads:
+            a, b = rows[(model, concurrency, "A")], rows[(model, concurrency, "B")]
             ta, tb = (statistics.median(x[0] for x in v) for v in (a, b))
             ca, cb = (statistics.median(x[1] for x in v) for v in (a, b))
-            print(f"{model}: A {ta:,.0f}/s {ca:.0f} us, B {tb:,.0f}/s {cb:.0f} us; B/A throughput {tb / ta:.2f}x, "
+            print(f"{model}:{concurrency}: A {ta:,.0f}/s {ca:.0f} us, B {tb:,.0f}/s {cb:.0f} us; B/A throughput {tb / ta:.2f}x, "
                   f"CPU {cb / ca:.2f}x (medians of {args.rounds} rounds)")
     finally:
         for proc, _ in servers.values():
