@@ -277,6 +277,20 @@ class Backend(BackendCapabilities, abc.ABC):
         return [(field, f"the {self.name} backend has no such setting") for field in spec.optimization.requested()]
 
 
+def sample_inputs(spec: ModelSpec, rows: int = 1) -> dict[str, np.ndarray]:
+    """``rows`` rows of zeros per input (variable dimensions as 1), in model shapes; a model that does
+    not batch gets one, without the batch dimension."""
+    lead = (rows,) if spec.max_batch_size > 0 else ()
+    out = {}
+    for t in spec.inputs.values():
+        shape = lead + tuple(1 if d == -1 else d for d in t.model_dims)
+        if t.datatype.name == "BYTES":
+            out[t.name] = np.full(shape, b"", dtype=np.object_)
+        else:
+            out[t.name] = np.zeros(shape, dtype=t.datatype.numpy)
+    return out
+
+
 def int_parameter(model: str, params: dict[str, str], key: str, default: int) -> int:
     """A config ``parameters`` value that must be an integer >= 0 (thread counts, ...)."""
     raw = params.get(key)

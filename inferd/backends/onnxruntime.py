@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from inferd.backends.base import Backend, InstanceSpec, ModelInstance, TensorInstance, int_parameter
+from inferd.backends.base import Backend, InstanceSpec, ModelInstance, TensorInstance, int_parameter, sample_inputs
 from inferd.backends.session_cache import discard
 from inferd.config import ModelSignature, ModelSpec, SignatureTensor
 from inferd.dtypes import BY_ONNX
@@ -31,6 +31,20 @@ log = logging.getLogger(__name__)
 # Below this many output bytes per batch, binding outputs costs more (~15 us a run, measured on the
 # 256-1024-256 MLP) than ONNX Runtime's own arena allocation it saves.
 POOLED_OUTPUT_BYTES = 64 * 1024
+
+# A pool thread that does not spin (allow_spinning 0, the default) is woken for every operator ONNX
+# Runtime splits, which on a small model's small batches costs more than the split saves. Measured on
+# the 256-1024-256 MLP, spinning off, wall time on two threads over one (median of 15 runs): 1.76x at
+# one row, 1.05x at 8, 0.74x at 16, 0.67x at 32, and 1.9-2.0x the CPU throughout. So an instance of a
+# model of up to LEAN_SESSION_MAX_BYTES given several threads by default (no intra_op_thread_count in
+# its config) keeps a one-thread session as well, for the batches on which the threaded session does
+# not save at least 1 - PARALLEL_GAIN of the wall time. The size bounds the second copy of the weights;
+# a bigger model's batches gain more from threads (8 MB MLPs: 0.88x at one row, 0.68x at 8; 32 MB:
+# 0.70x at one row).
+LEAN_SESSION_MAX_BYTES = 4 * 2**20
+PARALLEL_GAIN = 0.75
+# The load's timing stops at a batch this long on one thread (it costs the load ~16x this at most).
+LEAN_PROBE_MAX_NS = 2_000_000
 
 _GRAPH_LEVELS = {
     -1: "ORT_DISABLE_ALL",
@@ -164,24 +178,9 @@ class OnnxInstance(TensorInstance):
         super().__init__(spec, instance)
         ort = _ort(spec.name)
         params = spec.parameters
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = int_parameter(spec.name, params, "intra_op_thread_count", instance.threads)
-        options.inter_op_num_threads = int_parameter(spec.name, params, "inter_op_thread_count", 1)
-        # onnxruntime's pool threads spin after each run by default. In a server
-        # they would burn the cores the event loop and the other instances need
-        # (measured: +~150 us of CPU per request on a small model); they block
-        # instead unless the config asks for spinning.
-        spin = params.get("allow_spinning", "0")
-        if spin not in ("0", "1"):
-            raise ConfigError(f"model '{spec.name}': parameter 'allow_spinning' must be 0 or 1, got '{spin}'")
-        options.add_session_config_entry("session.intra_op.allow_spinning", spin)
-        options.add_session_config_entry("session.inter_op.allow_spinning", spin)
-        mode = params.get("execution_mode", "0")
-        if mode not in ("0", "1"):
-            raise ConfigError(f"model '{spec.name}': parameter 'execution_mode' must be 0 (sequential) or 1 (parallel), got '{mode}'")
-        options.execution_mode = ort.ExecutionMode.ORT_PARALLEL if mode == "1" else ort.ExecutionMode.ORT_SEQUENTIAL
+        threads = int_parameter(spec.name, params, "intra_op_thread_count", instance.threads)
         level = _GRAPH_LEVELS[spec.graph_optimization_level]
-        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+        options = _options(ort, spec, threads, level)
         if instance.device.kind == "cuda":
             if not backend.gpu_available():
                 raise ConfigError(
@@ -205,6 +204,40 @@ class OnnxInstance(TensorInstance):
         self._session_run = sess.run if sess is not None and providers == ["CPUExecutionProvider"] else self.session.run
         self._pooled_outputs = self._poolable_outputs(providers)
         self._row_bytes = sum(dtype.itemsize * math.prod(dims) for _, dtype, dims in self._pooled_outputs or ())
+        # Batches of up to this many rows run on the one-thread session (:meth:`_add_lean_session`).
+        self.lean_rows = 0
+        if (threads > 1 and "intra_op_thread_count" not in params and providers == ["CPUExecutionProvider"]
+                and spec.max_batch_size > 0 and not self._uses_bf16 and not self._string_inputs
+                and all(-1 not in t.model_dims for t in spec.inputs.values())
+                and _file_bytes(instance.model_file) <= LEAN_SESSION_MAX_BYTES):
+            self._add_lean_session(backend, spec, instance, _options(ort, spec, 1, level), providers, level)
+
+    def _add_lean_session(self, backend: OnnxRuntimeBackend, spec: ModelSpec, instance: InstanceSpec,  # type: ignore[no-untyped-def]
+                          options, providers: list, level: str) -> None:
+        """A second session of the model with one intra-op thread, for the batches on which the
+        threaded one saves too little time (LEAN_SESSION_MAX_BYTES's comment): both timed at load on
+        batches of 1, 2, 4, ... rows of zeros, the lean one takes every batch below the first size at
+        which the threaded one's wall time is under PARALLEL_GAIN of its own; dropped if that is one row."""
+        lean = _build_session(backend, spec, instance, options, providers, level)
+        run_lean, run_threaded = getattr(lean, "_sess", lean).run, self._session_run
+        rows = 1
+        try:
+            while rows <= spec.max_batch_size:
+                sample = sample_inputs(spec, rows)
+                lean_ns = _wall_ns(run_lean, self._all_outputs, sample, self._run_options)
+                if _wall_ns(run_threaded, self._all_outputs, sample, self._run_options) < PARALLEL_GAIN * lean_ns:
+                    break
+                self.lean_rows = rows
+                if lean_ns > LEAN_PROBE_MAX_NS:  # larger batches are not timed: they keep the threads
+                    break
+                rows *= 2
+        except Exception as exc:  # zeros the model refuses: its batches all run on the threaded session
+            log.debug("model '%s': a batch of %d rows of zeros fails (%s); no one-thread session", spec.name, rows, exc)
+            self.lean_rows = 0
+        if self.lean_rows:
+            self._lean_session, self._lean_run = lean, run_lean
+        log.debug("model '%s' instance %s: batches of up to %d rows run on a one-thread session",
+                  spec.name, instance.name, self.lean_rows)
 
     def _poolable_outputs(self, providers: list) -> list[tuple[str, np.dtype, tuple[int, ...]]] | None:
         """The outputs ONNX Runtime can write into pooled buffers (IOBinding): on CPU, for a
@@ -226,18 +259,20 @@ class OnnxInstance(TensorInstance):
             inputs = {k: _to_str(self.model.name, k, v) if k in self._string_inputs else v for k, v in inputs.items()}
         if self._uses_bf16:
             return self._run_bf16(inputs)
+        lean = self.lean_rows and len(next(iter(inputs.values()))) <= self.lean_rows
         if self._pooled_outputs is not None:
             rows = len(next(iter(inputs.values())))
             if rows * self._row_bytes >= POOLED_OUTPUT_BYTES:
-                return self._run_into_pool(inputs, rows, self._pooled_outputs)
-        values = self._session_run(self._all_outputs, inputs, self._run_options)
+                return self._run_into_pool(self._lean_session if lean else self.session, inputs, rows,
+                                           self._pooled_outputs)
+        values = (self._lean_run if lean else self._session_run)(self._all_outputs, inputs, self._run_options)
         return dict(zip(self._all_outputs, values))
 
-    def _run_into_pool(self, inputs: dict[str, np.ndarray], rows: int,
+    def _run_into_pool(self, session, inputs: dict[str, np.ndarray], rows: int,  # type: ignore[no-untyped-def]
                        outputs: list[tuple[str, np.dtype, tuple[int, ...]]]) -> dict[str, np.ndarray]:
-        """One run whose outputs ONNX Runtime writes into buffers of the instance's pool."""
+        """One run of ``session`` whose outputs ONNX Runtime writes into buffers of the instance's pool."""
         assert self.pool is not None
-        binding = self.session.io_binding()
+        binding = session.io_binding()
         for name, array in inputs.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
         out = {}
@@ -245,7 +280,7 @@ class OnnxInstance(TensorInstance):
             buffer = self.pool.take(("output", name), dtype, (rows,) + dims, self.model.max_batch_size * math.prod(dims))
             binding.bind_output(name, "cpu", 0, dtype, buffer.shape, buffer.ctypes.data)
             out[name] = buffer
-        self.session.run_with_iobinding(binding, self._run_options)
+        session.run_with_iobinding(binding, self._run_options)
         return out
 
     def _run_bf16(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -283,8 +318,51 @@ class OnnxInstance(TensorInstance):
         # workers off the event loop) and not wherever the instance happens to be dropped last (an
         # eviction dropped it on the loop). Destroying a session joins its intra-op pool threads
         # while holding the GIL: measured 0.9 ms median, 6 ms p90 on the table model with 2 threads.
-        self.__dict__.pop("_session_run", None)
-        self.__dict__.pop("session", None)
+        for name in ("_session_run", "session", "_lean_run", "_lean_session"):
+            self.__dict__.pop(name, None)
+
+
+def _options(ort, spec: ModelSpec, threads: int, level: str):  # type: ignore[no-untyped-def]
+    """An instance's session options from its config's parameters, with ``threads`` intra-op threads."""
+    params = spec.parameters
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = int_parameter(spec.name, params, "inter_op_thread_count", 1)
+    # onnxruntime's pool threads spin after each run by default. In a server
+    # they would burn the cores the event loop and the other instances need
+    # (measured: +~150 us of CPU per request on a small model); they block
+    # instead unless the config asks for spinning.
+    spin = params.get("allow_spinning", "0")
+    if spin not in ("0", "1"):
+        raise ConfigError(f"model '{spec.name}': parameter 'allow_spinning' must be 0 or 1, got '{spin}'")
+    options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    options.add_session_config_entry("session.inter_op.allow_spinning", spin)
+    mode = params.get("execution_mode", "0")
+    if mode not in ("0", "1"):
+        raise ConfigError(f"model '{spec.name}': parameter 'execution_mode' must be 0 (sequential) or 1 (parallel), got '{mode}'")
+    options.execution_mode = ort.ExecutionMode.ORT_PARALLEL if mode == "1" else ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    return options
+
+
+def _file_bytes(model_file: Path) -> int:
+    """The bytes of the model's files: its one file, or a directory's (external weights)."""
+    if model_file.is_dir():
+        return sum(f.stat().st_size for f in model_file.rglob("*") if f.is_file())
+    return model_file.stat().st_size
+
+
+def _wall_ns(run, names: list[str], inputs: dict[str, np.ndarray], options) -> int:  # type: ignore[no-untyped-def]
+    """The fastest of three runs, in wall time, after one not counted."""
+    run(names, inputs, options)
+    best = None
+    for _ in range(3):
+        start = time.perf_counter_ns()
+        run(names, inputs, options)
+        elapsed = time.perf_counter_ns() - start
+        best = elapsed if best is None else min(best, elapsed)
+    assert best is not None
+    return best
 
 
 def _build_session(backend: OnnxRuntimeBackend, spec: ModelSpec, instance: InstanceSpec, options,  # type: ignore[no-untyped-def]

@@ -7,9 +7,8 @@ import functools
 import logging
 from pathlib import Path
 
-import numpy as np
-
 from inferd.backends import Backend, Device, InferenceDispatcher, InstanceSpec, ModelInstance
+from inferd.backends.base import sample_inputs
 from inferd.backends.session_cache import SessionCache
 from inferd.clock import Clock
 from inferd.config import ModelSpec, ignored_line, placements
@@ -50,19 +49,6 @@ def instance_specs(spec: ModelSpec, backend: Backend, model_dir: Path, version: 
                      session_cache=session_cache)
         for name, device, group in devices
     ]
-
-
-def sample_inputs(spec: ModelSpec) -> dict[str, np.ndarray]:
-    """One row of zeros per input (variable dimensions as 1), in model shapes."""
-    lead = (1,) if spec.max_batch_size > 0 else ()
-    out = {}
-    for t in spec.inputs.values():
-        shape = lead + tuple(1 if d == -1 else d for d in t.model_dims)
-        if t.datatype.name == "BYTES":
-            out[t.name] = np.full(shape, b"", dtype=np.object_)
-        else:
-            out[t.name] = np.zeros(shape, dtype=t.datatype.numpy)
-    return out
 
 
 def build_model(
