@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -267,6 +268,8 @@ def _load(client: grpcclient.InferenceServerClient, stop: threading.Event, resul
             results.append(f"{exc.status()} (not sent)" if unsent else exc.status())
             if messages is not None and not unsent:
                 messages.append(exc.message())
+            if unsent:  # as a client would pause: unpaused, a backoff of seconds spent the whole limit
+                time.sleep(0.01)
 
 
 
