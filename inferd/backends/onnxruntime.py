@@ -45,6 +45,10 @@ LEAN_SESSION_MAX_BYTES = 4 * 2**20
 PARALLEL_GAIN = 0.75
 # The load's timing stops at a batch this long on one thread (it costs the load ~16x this at most).
 LEAN_PROBE_MAX_NS = 2_000_000
+# What the timing found, by model file (path, inode, size, mtime), threads, max_batch_size and graph level:
+# the rows a one-thread session takes (0: none), for the next load of the same file. At most this many.
+LEAN_ROWS_KEPT = 1024
+_LEAN_ROWS: dict[tuple, int] = {}
 
 _GRAPH_LEVELS = {
     -1: "ORT_DISABLE_ALL",
@@ -210,34 +214,50 @@ class OnnxInstance(TensorInstance):
                 and spec.max_batch_size > 0 and not self._uses_bf16 and not self._string_inputs
                 and all(-1 not in t.model_dims for t in spec.inputs.values())
                 and _file_bytes(instance.model_file) <= LEAN_SESSION_MAX_BYTES):
-            self._add_lean_session(backend, spec, instance, _options(ort, spec, 1, level), providers, level)
+            self._add_lean_session(backend, spec, instance, _options(ort, spec, 1, level), providers, level, threads)
 
     def _add_lean_session(self, backend: OnnxRuntimeBackend, spec: ModelSpec, instance: InstanceSpec,  # type: ignore[no-untyped-def]
-                          options, providers: list, level: str) -> None:
+                          options, providers: list, level: str, threads: int) -> None:
         """A second session of the model with one intra-op thread, for the batches on which the
         threaded one saves too little time (LEAN_SESSION_MAX_BYTES's comment): both timed at load on
         batches of 1, 2, 4, ... rows of zeros, the lean one takes every batch below the first size at
-        which the threaded one's wall time is under PARALLEL_GAIN of its own; dropped if that is one row."""
+        which the threaded one's wall time is under PARALLEL_GAIN of its own; dropped if that is one row.
+        What was measured is kept for the next load of the same file (an on_demand model evicted and
+        loaded again): then only the session is built, or nothing where it was dropped."""
+        path = instance.model_file / "model.onnx" if instance.model_file.is_dir() else instance.model_file
+        st = os.stat(path)
+        key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, threads, spec.max_batch_size, level)
+        known = _LEAN_ROWS.get(key)
+        if known == 0:
+            return
         lean = _build_session(backend, spec, instance, options, providers, level)
-        run_lean, run_threaded = getattr(lean, "_sess", lean).run, self._session_run
-        rows = 1
+        run_lean = getattr(lean, "_sess", lean).run
+        self.lean_rows = self._time_lean_rows(spec, run_lean) if known is None else known
+        if len(_LEAN_ROWS) >= LEAN_ROWS_KEPT:  # bounded: a repository rewritten often drops old files'
+            _LEAN_ROWS.pop(next(iter(_LEAN_ROWS), None), None)
+        _LEAN_ROWS[key] = self.lean_rows
+        if self.lean_rows:
+            self._lean_session, self._lean_run = lean, run_lean
+        log.debug("model '%s' instance %s: batches of up to %d rows run on a one-thread session",
+                  spec.name, instance.name, self.lean_rows)
+
+    def _time_lean_rows(self, spec: ModelSpec, run_lean) -> int:  # type: ignore[no-untyped-def]
+        """The largest batch the one-thread session ``run_lean`` is to run (:meth:`_add_lean_session`)."""
+        rows, lean_rows = 1, 0
         try:
             while rows <= spec.max_batch_size:
                 sample = sample_inputs(spec, rows)
                 lean_ns = _wall_ns(run_lean, self._all_outputs, sample, self._run_options)
-                if _wall_ns(run_threaded, self._all_outputs, sample, self._run_options) < PARALLEL_GAIN * lean_ns:
+                if _wall_ns(self._session_run, self._all_outputs, sample, self._run_options) < PARALLEL_GAIN * lean_ns:
                     break
-                self.lean_rows = rows
+                lean_rows = rows
                 if lean_ns > LEAN_PROBE_MAX_NS:  # larger batches are not timed: they keep the threads
                     break
                 rows *= 2
         except Exception as exc:  # zeros the model refuses: its batches all run on the threaded session
             log.debug("model '%s': a batch of %d rows of zeros fails (%s); no one-thread session", spec.name, rows, exc)
-            self.lean_rows = 0
-        if self.lean_rows:
-            self._lean_session, self._lean_run = lean, run_lean
-        log.debug("model '%s' instance %s: batches of up to %d rows run on a one-thread session",
-                  spec.name, instance.name, self.lean_rows)
+            return 0
+        return lean_rows
 
     def _poolable_outputs(self, providers: list) -> list[tuple[str, np.dtype, tuple[int, ...]]] | None:
         """The outputs ONNX Runtime can write into pooled buffers (IOBinding): on CPU, for a

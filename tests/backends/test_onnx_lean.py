@@ -30,9 +30,10 @@ def instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wins_from: int, th
         return 10 if threaded and rows >= wins_from else 100
 
     monkeypatch.setattr(ortb, "_wall_ns", wall or wall_ns)
-    (tmp_path / "1").mkdir(exist_ok=True)
+    (tmp_path / "1").mkdir(parents=True, exist_ok=True)
     path = tmp_path / "1" / "model.onnx"
-    path.write_bytes(model if model is not None else om.serialize(om.mlp(D, 32, D, seed=5)))
+    if not path.exists():  # a second instance in the same folder loads the same file again
+        path.write_bytes(model if model is not None else om.serialize(om.mlp(D, 32, D, seed=5)))
     text = (f'name: "m"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 64\n'
             f'input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {D} ] }} ]\n'
             f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {D} ] }} ]\n' + extra)
@@ -99,3 +100,24 @@ def test_a_model_that_refuses_zeros_loads_without_a_lean_session(tmp_path, monke
     inst = instance(tmp_path, monkeypatch, wins_from=1000, wall=failing)
     assert inst.lean_rows == 0 and not hasattr(inst, "_lean_session")
     assert inst.run({"INPUT0": np.ones((1, D), np.float32)}, ["OUTPUT0"])["OUTPUT0"].shape == (1, D)
+
+
+def test_a_second_load_of_the_same_file_reuses_what_the_first_measured(tmp_path, monkeypatch):
+    def timed_again(run, names, inputs, options) -> int:  # type: ignore[no-untyped-def]
+        raise AssertionError("a second load of the same file timed the sessions again")
+
+    builds: list[int] = []
+    build = ortb._build_session
+
+    def counted_build(backend, spec, instance, options, providers, level):  # type: ignore[no-untyped-def]
+        builds.append(options.intra_op_num_threads)
+        return build(backend, spec, instance, options, providers, level)
+
+    monkeypatch.setattr(ortb, "_build_session", counted_build)
+    assert instance(tmp_path / "kept", monkeypatch, wins_from=8).lean_rows == 4
+    again = instance(tmp_path / "kept", monkeypatch, wins_from=8, wall=timed_again)
+    assert again.lean_rows == 4 and hasattr(again, "_lean_session")  # timing again would have dropped it
+    assert instance(tmp_path / "dropped", monkeypatch, wins_from=1).lean_rows == 0
+    builds.clear()
+    again = instance(tmp_path / "dropped", monkeypatch, wins_from=1, wall=timed_again)
+    assert again.lean_rows == 0 and builds == [2]  # the threaded session alone: no second one built to drop
