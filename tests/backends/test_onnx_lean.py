@@ -19,7 +19,7 @@ D = 16
 
 
 def instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wins_from: int, threads: int = 2,
-             extra: str = "", model: bytes | None = None, wall=None) -> ortb.OnnxInstance:  # type: ignore[no-untyped-def]
+             extra: str = "", model: bytes | None = None, wall=None, dims: int = D) -> ortb.OnnxInstance:  # type: ignore[no-untyped-def]
     """An instance of a small MLP given ``threads`` intra-op threads, loaded while the session with more
     than one thread reads 10x faster than the one-thread session from ``wins_from`` rows up."""
 
@@ -35,8 +35,8 @@ def instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wins_from: int, th
     if not path.exists():  # a second instance in the same folder loads the same file again
         path.write_bytes(model if model is not None else om.serialize(om.mlp(D, 32, D, seed=5)))
     text = (f'name: "m"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 64\n'
-            f'input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {D} ] }} ]\n'
-            f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {D} ] }} ]\n' + extra)
+            f'input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {dims} ] }} ]\n'
+            f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {dims} ] }} ]\n' + extra)
     spec = validate(parse_config_text(text, model="m"))
     ispec = InstanceSpec("m_0", Device("cpu"), tmp_path, tmp_path / "1", 1, path, threads=threads)
     return ortb.OnnxRuntimeBackend().create_instance(spec, ispec)  # type: ignore[return-value]
@@ -121,3 +121,21 @@ def test_a_second_load_of_the_same_file_reuses_what_the_first_measured(tmp_path,
     builds.clear()
     again = instance(tmp_path / "dropped", monkeypatch, wins_from=1, wall=timed_again)
     assert again.lean_rows == 0 and builds == [2]  # the threaded session alone: no second one built to drop
+
+
+def test_a_lean_batch_with_outputs_big_enough_for_the_pool_runs_on_the_lean_session(tmp_path, monkeypatch):
+    wide = 4096  # 16 KiB of output a row: 4 rows reach POOLED_OUTPUT_BYTES
+    model = om.serialize(om.mlp(wide, 32, wide, seed=7))
+    inst = instance(tmp_path, monkeypatch, wins_from=8, model=model, dims=wide)
+    assert inst.lean_rows == 4 and 4 * wide * 4 >= ortb.POOLED_OUTPUT_BYTES
+    used: list[int] = []
+    for session, threads in ((inst._lean_session, 1), (inst.session, 2)):
+        bound = session.run_with_iobinding
+        monkeypatch.setattr(session, "run_with_iobinding",
+                            lambda binding, options, bound=bound, threads=threads: used.append(threads) or bound(binding, options))
+    x = np.random.default_rng(1).standard_normal((4, wide), dtype=np.float32)
+    got = inst.run({"INPUT0": x}, ["OUTPUT0"])["OUTPUT0"]
+    np.testing.assert_allclose(got, inst.session.run(["OUTPUT0"], {"INPUT0": x})[0], rtol=1e-5, atol=1e-5)
+    assert used == [1]  # written into the pool by the one-thread session
+    inst.run({"INPUT0": np.zeros((8, wide), np.float32)}, ["OUTPUT0"])
+    assert used == [1, 2]
