@@ -130,9 +130,12 @@ def test_a_lean_batch_with_outputs_big_enough_for_the_pool_runs_on_the_lean_sess
     assert inst.lean_rows == 4 and 4 * wide * 4 >= ortb.POOLED_OUTPUT_BYTES
     used: list[int] = []
     for session, threads in ((inst._lean_session, 1), (inst.session, 2)):
-        bound = session.run_with_iobinding
-        monkeypatch.setattr(session, "run_with_iobinding",
-                            lambda binding, options, bound=bound, threads=threads: used.append(threads) or bound(binding, options))
+
+        def run(binding, options, bound=session.run_with_iobinding, threads=threads):  # type: ignore[no-untyped-def]
+            used.append(threads)
+            return bound(binding, options)
+
+        monkeypatch.setattr(session, "run_with_iobinding", run)
     x = np.random.default_rng(1).standard_normal((4, wide), dtype=np.float32)
     got = inst.run({"INPUT0": x}, ["OUTPUT0"])["OUTPUT0"]
     np.testing.assert_allclose(got, inst.session.run(["OUTPUT0"], {"INPUT0": x})[0], rtol=1e-5, atol=1e-5)
