@@ -78,6 +78,22 @@ class Endpoint(Protocol):
         """The worker is gone: answer nothing more to it, drop its requests."""
 
 
+def due_for_recycle(workers: list[WorkerProcess], policy: RecyclePolicy, now: float,
+                    heap: Callable[[int], int | None] = anon_rss) -> tuple[WorkerProcess, int] | None:
+    """The oldest serving worker whose heap is past the bound (:func:`recycle_due`), with its heap;
+    None if none is. Oldest, not the first slot: a recycle under load takes seconds, so a slot's
+    replacement may be old enough again by the next check, and taking slots in order would recycle
+    it again and again while the other slots' workers never were."""
+    for worker in sorted(workers, key=lambda w: w.started):
+        if worker.closed or not worker.hello.done():
+            continue
+        rss = heap(worker.pid)
+        if recycle_due(policy, rss, now - worker.started):
+            assert rss is not None
+            return worker, rss
+    return None
+
+
 class WorkerFailed(Exception):
     """A worker could not be started (it exited, or never said Hello in time)."""
 
@@ -266,20 +282,16 @@ class Supervisor:
     # -- recycle ----------------------------------------------------------------------
 
     async def _sample(self) -> None:
-        """Every ``recycle.check_s``, recycle the first worker whose memory is past the bound (one at
-        a time: the others keep serving while it is replaced)."""
+        """Every ``recycle.check_s``, recycle the worker :func:`due_for_recycle` names (one at a time:
+        the others keep serving while it is replaced)."""
         policy = self.recycle
         while not self._stopping:
             await self._sleep_until(self.clock.now() + policy.check_s)
             if self._stopping or self.retiring:
                 continue
-            now = self.clock.now()
-            for worker in list(self.workers.values()):
-                rss = anon_rss(worker.pid)
-                if not worker.closed and worker.hello.done() and recycle_due(policy, rss, now - worker.started):
-                    assert rss is not None
-                    await self._recycle(worker, rss)
-                    break
+            due = due_for_recycle(list(self.workers.values()), policy, self.clock.now())
+            if due is not None:
+                await self._recycle(*due)
 
     def _not_recycled(self, old: WorkerProcess) -> None:
         """``old`` serves on in its slot after all: its watcher hears so (None), and it may be recycled later."""

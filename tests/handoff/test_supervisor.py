@@ -18,7 +18,7 @@ import pytest
 from inferd.ipc.processes import RestartPolicy, RestartState
 from inferd.clock import FakeClock
 from inferd.serve.recycling import RecyclePolicy, anon_rss, recycle_due
-from inferd.serve.supervisor import EXIT_MARGIN, Supervisor, WorkerFailed, WorkerProcess, reserve
+from inferd.serve.supervisor import EXIT_MARGIN, Supervisor, WorkerFailed, WorkerProcess, due_for_recycle, reserve
 
 FAKE = str(Path(__file__).with_name("fake_worker.py"))
 ARENA = 1 << 20
@@ -200,6 +200,27 @@ def test_a_worker_is_recycled_past_its_bound_once_old_enough_and_never_with_no_b
     rss = anon_rss(os.getpid())
     assert rss is not None and rss > 1 << 20 and anon_rss(2**22 + 7) is None
 
+
+
+def test_the_oldest_worker_past_its_bound_is_recycled_first_not_the_first_slot() -> None:
+    """Slot 0's replacement is old enough again by the next check (a recycle under load took
+    seconds): slot 1's older worker goes first, or it would never be recycled while slot 0's were."""
+    from types import SimpleNamespace
+
+    policy = RecyclePolicy(max_rss_bytes=1 << 20, check_s=0.5, min_age_s=3.0)
+    ready = SimpleNamespace(done=lambda: True)
+    slot0 = SimpleNamespace(pid=11, started=100.0, closed=False, hello=ready)  # a replacement, 4 s old
+    slot1 = SimpleNamespace(pid=12, started=10.0, closed=False, hello=ready)  # the first worker, 94 s old
+    heaps = {11: 2 << 20, 12: 2 << 20}
+    assert due_for_recycle([slot0, slot1], policy, 104.0, heaps.get) == (slot1, 2 << 20)
+    heaps[12] = 1 << 20  # at the bound, not past it: the next one
+    assert due_for_recycle([slot0, slot1], policy, 104.0, heaps.get) == (slot0, 2 << 20)
+    slot0.closed = True  # closed, or not yet said Hello: never
+    slot1.hello = SimpleNamespace(done=lambda: False)
+    heaps[12] = 2 << 20
+    assert due_for_recycle([slot0, slot1], policy, 104.0, heaps.get) is None
+    assert due_for_recycle([SimpleNamespace(pid=13, started=102.0, closed=False, hello=ready)], policy, 104.0,
+                           lambda pid: 2 << 20) is None  # too young
 
 _CORE = """
 import asyncio, json, os, sys
