@@ -114,12 +114,11 @@ class OnnxRuntimeBackend(Backend):
     gpu_requirement = "this onnxruntime has no CUDAExecutionProvider; install onnxruntime-gpu"
 
     def signature(self, model_file: Path, model_name: str) -> ModelSignature:
-        path = model_file / "model.onnx" if model_file.is_dir() else model_file
         try:
-            st = os.stat(path)
+            path, *stat = _file_key(model_file)
         except OSError:
             return self._read_signature(model_file, model_name)
-        return _signature_of(self, str(path), (st.st_ino, st.st_size, st.st_mtime_ns), model_name)
+        return _signature_of(self, path, tuple(stat), model_name)
 
     def _read_signature(self, model_file: Path, model_name: str) -> ModelSignature:
         ort = _ort(model_name)
@@ -151,7 +150,7 @@ class OnnxRuntimeBackend(Backend):
     @staticmethod
     def _session(model_file: Path, model_name: str, options, providers):  # type: ignore[no-untyped-def]
         ort = _ort(model_name)
-        path = model_file / "model.onnx" if model_file.is_dir() else model_file
+        path = _graph_file(model_file)
         try:
             return ort.InferenceSession(str(path), sess_options=options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types
@@ -214,23 +213,21 @@ class OnnxInstance(TensorInstance):
                 and spec.max_batch_size > 0 and not self._uses_bf16 and not self._string_inputs
                 and all(-1 not in t.model_dims for t in spec.inputs.values())
                 and _file_bytes(instance.model_file) <= LEAN_SESSION_MAX_BYTES):
-            self._add_lean_session(backend, spec, instance, _options(ort, spec, 1, level), providers, level, threads)
+            self._add_lean_session(backend, spec, instance, providers, level, threads)
 
-    def _add_lean_session(self, backend: OnnxRuntimeBackend, spec: ModelSpec, instance: InstanceSpec,  # type: ignore[no-untyped-def]
-                          options, providers: list, level: str, threads: int) -> None:
+    def _add_lean_session(self, backend: OnnxRuntimeBackend, spec: ModelSpec, instance: InstanceSpec,
+                          providers: list, level: str, threads: int) -> None:
         """A second session of the model with one intra-op thread, for the batches on which the
         threaded one saves too little time (LEAN_SESSION_MAX_BYTES's comment): both timed at load on
         batches of 1, 2, 4, ... rows of zeros, the lean one takes every batch below the first size at
         which the threaded one's wall time is under PARALLEL_GAIN of its own; dropped if that is one row.
         What was measured is kept for the next load of the same file (an on_demand model evicted and
         loaded again): then only the session is built, or nothing where it was dropped."""
-        path = instance.model_file / "model.onnx" if instance.model_file.is_dir() else instance.model_file
-        st = os.stat(path)
-        key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, threads, spec.max_batch_size, level)
+        key = (*_file_key(instance.model_file), threads, spec.max_batch_size, level)
         known = _LEAN_ROWS.get(key)
         if known == 0:
             return
-        lean = _build_session(backend, spec, instance, options, providers, level)
+        lean = _build_session(backend, spec, instance, _options(_ort(spec.name), spec, 1, level), providers, level)
         run_lean = getattr(lean, "_sess", lean).run
         self.lean_rows = self._time_lean_rows(spec, run_lean) if known is None else known
         if len(_LEAN_ROWS) >= LEAN_ROWS_KEPT:  # bounded: a repository rewritten often drops old files'
@@ -279,12 +276,11 @@ class OnnxInstance(TensorInstance):
             inputs = {k: _to_str(self.model.name, k, v) if k in self._string_inputs else v for k, v in inputs.items()}
         if self._uses_bf16:
             return self._run_bf16(inputs)
-        lean = self.lean_rows and len(next(iter(inputs.values()))) <= self.lean_rows
-        if self._pooled_outputs is not None:
-            rows = len(next(iter(inputs.values())))
-            if rows * self._row_bytes >= POOLED_OUTPUT_BYTES:
-                return self._run_into_pool(self._lean_session if lean else self.session, inputs, rows,
-                                           self._pooled_outputs)
+        # Rows, for a batching model (the only kind with a one-thread session or pooled outputs).
+        rows = len(next(iter(inputs.values()))) if self.model.max_batch_size > 0 else 0
+        lean = 0 < rows <= self.lean_rows
+        if self._pooled_outputs is not None and rows * self._row_bytes >= POOLED_OUTPUT_BYTES:
+            return self._run_into_pool(self._lean_session if lean else self.session, inputs, rows, self._pooled_outputs)
         values = (self._lean_run if lean else self._session_run)(self._all_outputs, inputs, self._run_options)
         return dict(zip(self._all_outputs, values))
 
@@ -365,6 +361,18 @@ def _options(ort, spec: ModelSpec, threads: int, level: str):  # type: ignore[no
     return options
 
 
+def _graph_file(model_file: Path) -> Path:
+    """The ONNX graph of a model: the file itself, or a folder's model.onnx (its weights beside it)."""
+    return model_file / "model.onnx" if model_file.is_dir() else model_file
+
+
+def _file_key(model_file: Path) -> tuple[str, int, int, int]:
+    """The model's graph file and what says it is unchanged: path, inode, size, mtime (OSError if gone)."""
+    path = _graph_file(model_file)
+    st = os.stat(path)
+    return str(path), st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def _file_bytes(model_file: Path) -> int:
     """The bytes of the model's files: its one file, or a directory's (external weights)."""
     if model_file.is_dir():
@@ -394,7 +402,7 @@ def _build_session(backend: OnnxRuntimeBackend, spec: ModelSpec, instance: Insta
     if cache is None or providers != ["CPUExecutionProvider"] or level == "ORT_DISABLE_ALL":
         return backend._session(instance.model_file, spec.name, options, providers)
     ort = _ort(spec.name)
-    model = instance.model_file / "model.onnx" if instance.model_file.is_dir() else instance.model_file
+    model = _graph_file(instance.model_file)
     key = cache.key(model, instance.version_dir, level, ort.__version__)
     if key is None:
         return backend._session(instance.model_file, spec.name, options, providers)

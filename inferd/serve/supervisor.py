@@ -41,7 +41,7 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol
+from typing import Awaitable, Callable, Iterable, Protocol
 
 from inferd import event_loop
 from inferd.clock import Clock, MonotonicClock
@@ -78,7 +78,7 @@ class Endpoint(Protocol):
         """The worker is gone: answer nothing more to it, drop its requests."""
 
 
-def due_for_recycle(workers: list[WorkerProcess], policy: RecyclePolicy, now: float,
+def due_for_recycle(workers: Iterable[WorkerProcess], policy: RecyclePolicy, now: float,
                     heap: Callable[[int], int | None] = anon_rss) -> tuple[WorkerProcess, int] | None:
     """The oldest serving worker whose heap is past the bound (:func:`recycle_due`), with its heap;
     None if none is. Oldest, not the first slot: a recycle under load takes seconds, so a slot's
@@ -289,7 +289,7 @@ class Supervisor:
             await self._sleep_until(self.clock.now() + policy.check_s)
             if self._stopping or self.retiring:
                 continue
-            due = due_for_recycle(list(self.workers.values()), policy, self.clock.now())
+            due = due_for_recycle(self.workers.values(), policy, self.clock.now())
             if due is not None:
                 await self._recycle(*due)
 
