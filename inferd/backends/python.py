@@ -136,6 +136,12 @@ def _model_class(model: str, module: Any, path: Path) -> Any:
     return cls
 
 
+# CPython 3.11 keeps ast.parse's recursion count in the interpreter, not the thread: two parses at
+# once on two threads (two Python models prepared side by side) can fail one with "SystemError: AST
+# constructor recursion depth mismatch" (CPython gh-106905; a make test here did). One at a time.
+_PARSE = threading.Lock()
+
+
 def _plainly_without_auto_complete(path: Path) -> bool:
     """Whether the file's own text shows a model with nothing to auto-complete: it parses, defines a
     ``TritonPythonModel`` class with no base class and an ``execute``, and never names
@@ -145,7 +151,8 @@ def _plainly_without_auto_complete(path: Path) -> bool:
     completes the config or names what is wrong."""
     try:
         source = path.read_text()
-        tree = ast.parse(source, str(path))
+        with _PARSE:
+            tree = ast.parse(source, str(path))
     except (OSError, SyntaxError, ValueError):
         return False
     if "auto_complete_config" in source:

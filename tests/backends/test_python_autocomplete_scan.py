@@ -30,3 +30,26 @@ def test_only_a_model_with_nothing_to_complete_is_not_imported(tmp_path: Path, s
     path = tmp_path / "model.py"
     path.write_text(source)
     assert _plainly_without_auto_complete(path) is skipped
+
+
+def test_the_scan_parses_one_file_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two Python models are prepared on two threads at once; CPython 3.11's ast.parse keeps its
+    recursion count per interpreter, and two parses at once failed one with a SystemError."""
+    import ast
+
+    from inferd.backends import python as backend
+
+    held: list[bool] = []
+    parse = ast.parse
+
+    def checked(*args, **kwargs):  # type: ignore[no-untyped-def]
+        lock = getattr(backend, "_PARSE", None)
+        held.append(lock is not None and lock.locked())
+        return parse(*args, **kwargs)
+
+    path = tmp_path / "model.py"
+    path.write_text(PLAIN)
+    monkeypatch.setattr(ast, "parse", checked)
+    skipped = _plainly_without_auto_complete(path)
+    monkeypatch.undo()  # pytest parses sources itself to report a failure
+    assert skipped and held == [True]
