@@ -127,6 +127,9 @@ class InferenceRequest:
     # Set by the gRPC / HTTP frontends (unary inference): their receive and send moments, written to a
     # sampled request's Triton trace. None for every other request (streams, ensemble steps, BLS).
     frontend: FrontendStamps | None = None
+    # The client requests this one stands for: an ensemble's step carrying several of the ensemble's
+    # requests concatenated (inferd/ensemble/grouping.py) counts as that many in its model's statistics.
+    members: int = 1
 
 
 @dataclass(slots=True, eq=False)

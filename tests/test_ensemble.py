@@ -543,9 +543,13 @@ class FakeScheduler:
     cancelled: int = 0
     active: int = 0
     peak: int = 0
+    merges: int = 0  # merges_rows(): > 0, the ensemble may group requests through this step
 
     def submit(self, request, rows, completion, more=False):  # type: ignore[no-untyped-def]
         return run_task(self.work(request), completion)
+
+    def merges_rows(self) -> int:
+        return self.merges
 
     async def work(self, request):  # type: ignore[no-untyped-def]
         self.calls.append(request)
@@ -568,6 +572,7 @@ class FakeModel:
     version: int = 1
     tensor_device: str | None = None  # a torch device: the model takes and gives DeviceTensors there
     cache: None = None  # no response cache
+    decoupled: bool = False
 
 
 def fake_model(name: str, fn, n_inputs: int = 1) -> FakeModel:  # type: ignore[no-untyped-def]
@@ -930,3 +935,233 @@ async def test_stop_waits_for_in_flight_requests_and_refuses_new_ones():
     await running
     await stopping
 
+
+
+# -- grouping (inferd/ensemble/grouping.py): concurrent requests through the steps as one ---------------
+
+
+def grouped_models(gate: asyncio.Event, merges: int = 8):  # type: ignore[no-untyped-def]
+    """a (held until ``gate`` is set, doubling) -> b (adds one): both take joined rows (``merges``)."""
+    async def held(request):  # type: ignore[no-untyped-def]
+        await gate.wait()
+        return {"OUTPUT0": request.inputs["INPUT0"] * 2}
+
+    async def plus_one(request):  # type: ignore[no-untyped-def]
+        return {"OUTPUT0": request.inputs["INPUT0"] + 1}
+
+    a, b = fake_model("a", held), fake_model("b", plus_one)
+    a.scheduler.merges = b.scheduler.merges = merges
+    return a, b
+
+
+def filled(value: float, n: int = 1) -> np.ndarray:
+    return np.full((n, 4), value, np.float32)
+
+
+async def started(sched, *requests):  # type: ignore[no-untyped-def]
+    """Each request submitted, in order, in one loop turn: their tasks."""
+    tasks = [asyncio.ensure_future(sched.infer(r, r.inputs["INPUT0"].shape[0])) for r in requests]
+    for _ in range(5):  # and the tasks they start, up to where they wait
+        await asyncio.sleep(0)
+    return tasks
+
+
+async def test_requests_arriving_while_one_is_before_its_first_answer_go_through_the_steps_as_one():
+    gate = asyncio.Event()
+    a, b = grouped_models(gate)
+    sched, stats = make_ensemble({"a": a, "b": b}, chain("a", "b"))
+    tasks = await started(sched, request(filled(1)), request(filled(2, 2)), request(filled(3)))
+    # The first went alone at once; the two behind it wait for it to pass its first step.
+    assert [c.inputs["INPUT0"].shape[0] for c in a.scheduler.calls] == [1]
+    gate.set()
+    outs = await asyncio.gather(*tasks)
+    for out, value, n in zip(outs, (1, 2, 3), (1, 2, 1)):
+        np.testing.assert_array_equal(out["OUTPUT0"], filled(2 * value + 1, n))
+    for m in (a, b):
+        assert [(c.inputs["INPUT0"].shape[0], c.members) for c in m.scheduler.calls] == [(1, 1), (3, 2)]
+        # Each member counts as a request in the composing model's statistics.
+        assert m.stats.success.count == 3
+    assert stats.inference_count == 4 and stats.execution_count == 3 and stats.queue.count == 3
+    assert stats.steps[(0, "a", "ran")] == 3 and stats.steps[(1, "b", "ran")] == 3
+    assert sched.inflight() == 0
+
+
+async def test_a_lone_request_is_never_held():
+    a, b = grouped_models(asyncio.Event())
+    a.scheduler.fn = identity_fn()
+    sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
+    for value in (1, 2):
+        out = await sched.infer(request(filled(value)), 1)
+        np.testing.assert_array_equal(out["OUTPUT0"], filled(value + 1))
+    assert [c.members for c in a.scheduler.calls] == [1, 1]
+
+
+async def test_only_requests_a_model_would_batch_together_are_grouped():
+    gate = asyncio.Event()
+    a, b = grouped_models(gate)
+    sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
+    tasks = await started(sched, request(filled(1)), request(filled(2)), request(filled(3), priority=2),
+                          request(filled(4), parameters={"k": 1}), request(filled(5), timeout_us=1000),
+                          request(filled(6)), request(filled(7)))
+    gate.set()
+    outs = await asyncio.gather(*tasks)
+    for out, value in zip(outs, range(1, 8)):
+        np.testing.assert_array_equal(out["OUTPUT0"], filled(2 * value + 1))
+    # 2 waited behind 1; 3 (another priority) could not join it: 2's group started, and 3 gathered the
+    # next; 4 and 5 (a parameter, a timeout) went alone; 6 could not join 3 (priorities): 3's group
+    # started, and 6 and 7 gathered the one that started as 1 passed its first step.
+    firsts = sorted(float(c.inputs["INPUT0"][0, 0]) for c in a.scheduler.calls if c.members == 1)
+    assert 4.0 in firsts and 5.0 in firsts
+    grouped = [c for c in a.scheduler.calls if c.members > 1]
+    assert [c.inputs["INPUT0"][:, 0].tolist() for c in grouped] == [[6.0, 7.0]]
+    assert all(c.priority == 0 for c in grouped)
+
+
+async def test_no_grouping_where_a_step_does_not_join_rows():
+    gate = asyncio.Event()
+    a, b = grouped_models(gate)
+    b.scheduler.merges = 0  # b's batches are lists of requests (a Python model), not joined rows
+    sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
+    tasks = await started(sched, request(filled(1)), request(filled(2)), request(filled(3)))
+    gate.set()
+    await asyncio.gather(*tasks)
+    assert [c.members for c in a.scheduler.calls] == [1, 1, 1]
+
+
+async def test_a_group_closes_at_the_smallest_max_batch_size_on_its_way():
+    gate = asyncio.Event()
+    a, b = grouped_models(gate, merges=2)
+    sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
+    tasks = await started(sched, request(filled(1)), request(filled(2)), request(filled(3)), request(filled(4)))
+    # 2 and 3 fill a group of two rows, which starts at once, first step busy or not; 4 waits.
+    assert [c.inputs["INPUT0"][:, 0].tolist() for c in a.scheduler.calls] == [[1.0], [2.0, 3.0]]
+    gate.set()
+    await asyncio.gather(*tasks)
+    assert [c.inputs["INPUT0"][:, 0].tolist() for c in a.scheduler.calls] == [[1.0], [2.0, 3.0], [4.0]]
+
+
+async def test_a_request_cancelled_while_it_gathers_leaves_its_group():
+    gate = asyncio.Event()
+    a, b = grouped_models(gate)
+    sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
+    first, second, third = await started(sched, request(filled(1)), request(filled(2)), request(filled(3)))
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    gate.set()
+    await asyncio.gather(first, third)
+    assert [c.inputs["INPUT0"][:, 0].tolist() for c in a.scheduler.calls] == [[1.0], [3.0]]
+    assert sched.inflight() == 0
+
+
+async def test_a_group_whose_members_all_left_stops_running_its_steps():
+    gate = asyncio.Event()
+    a, b = grouped_models(gate)
+
+    async def groups_hang(request):  # type: ignore[no-untyped-def]
+        if request.members > 1:
+            await asyncio.sleep(60)
+        return {"OUTPUT0": request.inputs["INPUT0"] + 1}
+
+    b.scheduler.fn = groups_hang
+    sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
+    first, second, third = await started(sched, request(filled(1)), request(filled(2)), request(filled(3)))
+    gate.set()
+    await first  # the group of 2 and 3 starts as the first passes its first step, and hangs in b
+    for _ in range(10):
+        if b.scheduler.active:
+            break
+        await asyncio.sleep(0)
+    assert b.scheduler.active == 1
+    second.cancel()
+    await asyncio.gather(second, return_exceptions=True)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert b.scheduler.active == 1 and not b.scheduler.cancelled  # 3 still wants it
+    third.cancel()
+    await asyncio.gather(third, return_exceptions=True)
+    for _ in range(10):
+        if sched.inflight() == 0 and not b.scheduler.active:
+            break
+        await asyncio.sleep(0)
+    assert b.scheduler.cancelled == 1 and sched.inflight() == 0
+
+
+async def test_a_failing_step_fails_every_member_of_its_group_with_the_steps_error():
+    gate = asyncio.Event()
+    a, b = grouped_models(gate)
+
+    async def boom(request):  # type: ignore[no-untyped-def]
+        if request.members > 1:
+            raise RuntimeError("boom")
+        return {"OUTPUT0": request.inputs["INPUT0"]}
+
+    b.scheduler.fn = boom
+    sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
+    tasks = await started(sched, request(filled(1)), request(filled(2)), request(filled(3)))
+    gate.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(results[0], dict)
+    for error in results[1:]:
+        assert isinstance(error, ModelExecutionError)
+        assert error.message == "ensemble 'ens' step 1 (model 'b'): model 'b' failed: RuntimeError: boom"
+    assert b.stats.fail.count == 2 and b.stats.success.count == 1
+    assert sched.inflight() == 0
+
+
+async def test_a_group_whose_outputs_lost_their_rows_is_refused_by_name():
+    gate = asyncio.Event()
+    a, b = grouped_models(gate)
+
+    async def first_row(request):  # type: ignore[no-untyped-def]
+        return {"OUTPUT0": request.inputs["INPUT0"][:1]}
+
+    b.scheduler.fn = first_row
+    sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
+    tasks = await started(sched, request(filled(1)), request(filled(2)), request(filled(3)))
+    gate.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    for error in results[1:]:
+        assert isinstance(error, ModelExecutionError)
+        assert error.message.startswith("ensemble 'ens': output 'OUTPUT0' has shape [1, 4], not the 2 rows of the 2 "
+                                        "requests whose steps ran together")
+
+
+async def test_stop_waits_for_the_gathering_group_too():
+    gate = asyncio.Event()
+    a, b = grouped_models(gate)
+    sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
+    tasks = await started(sched, request(filled(1)), request(filled(2)))
+    stopping = asyncio.ensure_future(sched.stop())
+    await asyncio.sleep(0)
+    assert not stopping.done()
+    gate.set()
+    outs = await asyncio.gather(*tasks)
+    await stopping
+    np.testing.assert_array_equal(outs[1]["OUTPUT0"], filled(5))
+
+
+async def test_grouped_requests_of_real_onnx_steps_equal_the_fused_model_and_count_each(tmp_path: Path):
+    from inferd.dataplane import DataPlane
+    from inferd.repository import ModelManager
+
+    names = ("ens_scale", "ens_mlp", "ens_relu", "ensemble_mlp", "mlp_fused")
+    build.build_repository(tmp_path, models=[s for s in build.MODELS if s.name in names], log=None)
+    plane = DataPlane(ModelManager([tmp_path]))
+    await plane.load_models()
+    try:
+        xs = [np.random.default_rng(i).standard_normal((1 + i % 3, 256), dtype=np.float32) for i in range(16)]
+        # Submitted in one loop turn: the first goes alone, the fifteen behind it as one group.
+        got = await asyncio.gather(*(plane.infer(InferenceRequest("ensemble_mlp", {"INPUT0": x})) for x in xs))
+        for x, response in zip(xs, got):
+            fused = await plane.infer(InferenceRequest("mlp_fused", {"INPUT0": x}))
+            np.testing.assert_allclose(response.outputs["OUTPUT0"], fused.outputs["OUTPUT0"], rtol=1e-5, atol=1e-5)
+        manager = plane.manager
+        rows_sent = sum(len(x) for x in xs)
+        for name in ("ens_scale", "ens_mlp", "ens_relu", "ensemble_mlp"):
+            s = manager.get(name, 0).stats
+            assert (s.success.count, s.inference_count) == (16, rows_sent), name
+        scale = manager.get("ens_scale", 0).stats
+        assert scale.execution_count == 2 and scale.queue.count == 16 and scale.compute_infer.count == 16
+    finally:
+        await plane.close()

@@ -31,7 +31,9 @@ PINNED = {1: 55.0, 16: 57.5}
 # cuts (commit 492c231's code, counted the same way): 195 and 226.3. 154 and 176.3 before the one
 # scheduler entry (issue 45): the ensemble runs in a task of its own in this mode too (as it already did
 # behind the hand-off), and each step's end costs the calls above.
-PINNED_ENSEMBLE = {1: 170.0, 16: 183.5}
+PINNED_ENSEMBLE = {1: 176.0, 16: 70.2}
+# c=16 was 183.5 until requests arriving together went through the steps as one request
+# (inferd/ensemble/grouping.py): each step's path is paid per group; c=1 paid 170 before it.
 # A ModelStreamInfer stream's requests for a model that is not decoupled (every request on one stream,
 # answered in turn), counted as every Python call (inferd's and the asyncio and contextlib code it runs):
 # each request now takes the unary call's path. Before (four async generators, each closed by aclosing,
@@ -95,8 +97,10 @@ def test_ensemble_calls_per_request_stay_pinned(ensemble_counts: dict[int, dict[
     assert got <= pinned * MARGIN, (
         f"c={concurrency}: {got:.1f} calls of inferd's code per ensemble_mlp request, pinned at {pinned} (+10%): "
         "something now runs on every request or step; `python -m bench.request_counts --only ensemble` says how many")
-    # Three steps, each through its model's path, besides the ensemble's own: far more than one model's.
-    assert got >= 2 * PINNED[concurrency], f"c={concurrency}: only {got:.1f}: the counter missed the steps"
+    # Alone, three steps, each through its model's path, besides the ensemble's own: far more than one
+    # model's. Sixteen together share each step's path: more than one model's request still.
+    floor = 2 * PINNED[concurrency] if concurrency == 1 else PINNED[concurrency]
+    assert got >= floor, f"c={concurrency}: only {got:.1f}: the counter missed the steps"
 
 
 @pytest.mark.parametrize("concurrency", sorted(PINNED))

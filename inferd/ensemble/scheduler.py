@@ -28,6 +28,7 @@ from inferd.clock import Clock, MonotonicClock
 from inferd.config import ModelSpec
 from inferd.ensemble.conditions import route_key
 from inferd.ensemble.graph import EnsembleGraph, Step
+from inferd.ensemble.grouping import Groups, groupable
 from inferd.errors import DeadlineExceeded, InferdError, InvalidArgument, ModelExecutionError, Unavailable
 from inferd.model import Model, ModelLookup, run_model
 from inferd.observability.stats import ModelStats
@@ -79,6 +80,8 @@ class EnsembleScheduler(Scheduler):
         self._plain = [s.plain for s in graph.steps]  # read per step: the property's call, once
         # A step runs through _call directly, or through _limited when max_inflight_requests is set.
         self._run_step = self._call if self._slots is None else self._limited
+        # Concurrent requests through the steps as one (grouping.py); sized with the composing models.
+        self._groups = Groups(graph.name, self._grouped, self._whole, self._inflight)
 
     # -- Scheduler ---------------------------------------------------------
 
@@ -92,14 +95,20 @@ class EnsembleScheduler(Scheduler):
     def submit(self, request: InferenceRequest, rows: int, completion: Completion,
                more: bool = False) -> Callable[[], None]:
         """:meth:`Scheduler.submit`: the request's steps run in a task (each step's request is
-        its model's, batched there)."""
-        return run_task(self._whole(request, rows), completion)
-
-    async def _whole(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
+        its model's, batched there), alone or grouped with concurrent requests (grouping.py).
+        Refused at once while unloading, or when a composing model is gone or no longer fits."""
         if self._stopped:
             raise Unavailable(f"ensemble '{self.graph.name}' is unloading and takes no new requests")
+        self._check_models()
+        groups = self._groups
+        if groups.cap and rows <= groups.cap and groupable(request):
+            return groups.join(request, rows, completion, more)
+        return run_task(self._whole(request, rows), completion)
+
+    def _check_models(self) -> None:
+        """Fail fast, before any step runs, when a composing model is gone or no longer fits; on a
+        change of composing models, what follows from them (devices, asks, grouping) is worked out."""
         graph = self.graph
-        # Fail fast, before any step runs, when a composing model is gone or no longer fits.
         models = tuple([self._model(step) for step in graph.steps])
         # Compared by identity with map(operator.is_): no Python call per step, on every request.
         if self._problem is not None:
@@ -114,21 +123,54 @@ class EnsembleScheduler(Scheduler):
             self._output_device = self._output_devices(models)
             self._asks = [None if step.plain and {k for k, _ in step.output_map} == set(model.spec.outputs) else asks
                           for step, model, asks in zip(graph.steps, models, self._requested)]
+            self._groups.cap = self._group_rows(models)
+            self._groups.entry = max(len(getattr(models[i].scheduler, "workers", ())) for i in graph.start) or 1
             self._devices_for = models
+
+    def _group_rows(self, models: tuple[Model, ...]) -> int:
+        """The most rows a group of requests may carry through the steps: the smallest max_batch_size
+        along the way; 0 (no grouping) unless every step is plain, there is no max_inflight_requests,
+        and every composing model takes host tensors and joins the rows of what it batches."""
+        if self._slots is not None or self.spec.max_batch_size <= 0 or not all(self._plain):
+            return 0
+        caps = [self.spec.max_batch_size]
+        for model in models:
+            if model.cache is not None or model.decoupled or model.tensor_device is not None:
+                return 0
+            caps.append(model.scheduler.merges_rows())
+        return min(caps)
+
+    async def _whole(self, request: InferenceRequest, rows: int,
+                     entered: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
+        """One request through the steps, in flight meanwhile. ``entered``: called once its first
+        step has answered, and again as it ends (a lone request that grouping.py counts)."""
+        graph = self.graph
         self._inflight.enter(request.background)
         try:
             if self._admission is None:
                 # No limit, no queue (its steps queue at their models): a queue stage of zero
                 # length per request, which perf_analyzer also uses to find the version served.
                 self._stats.record_queue(0)
-                outputs = await (self._run_sequence(request) if graph.sequence else self._run(request))
+                outputs = await (self._run_sequence(request, entered) if graph.sequence else self._run(request, entered))
             else:
                 outputs = await self._admitted(request)
         finally:
             self._inflight.leave(request.background)
+            if entered is not None:
+                entered()
         stats = self._stats
         stats.inference_count += rows
         stats.execution_count += 1
+        return outputs
+
+    async def _grouped(self, request: InferenceRequest, rows: int, entered: Callable[[], None]) -> dict[str, np.ndarray]:
+        """A group's run through the steps (grouping.py): ``request`` stands for ``request.members``
+        of the ensemble's requests, each counted here as :meth:`_whole` counts one."""
+        stats = self._stats
+        stats.record_queue(0, request.members)
+        outputs = await (self._run_sequence(request, entered) if self.graph.sequence else self._run(request, entered))
+        stats.inference_count += rows
+        stats.execution_count += request.members
         return outputs
 
     async def _admitted(self, request: InferenceRequest) -> dict[str, np.ndarray]:
@@ -160,19 +202,26 @@ class EnsembleScheduler(Scheduler):
 
     # -- the graph -----------------------------------------------------------
 
-    async def _run_sequence(self, request: InferenceRequest) -> dict[str, np.ndarray]:
-        """A chain: no two steps can ever be ready at once, so each runs in this task, in order."""
+    async def _run_sequence(self, request: InferenceRequest,
+                            entered: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
+        """A chain: no two steps can ever be ready at once, so each runs in this task, in order.
+        ``entered`` is called once the first step has answered (as in :meth:`_run`)."""
         graph = self.graph
         steps = graph.steps
         tensors: dict[str, np.ndarray] = dict(request.inputs)
         for i in graph.sequence:
             step = steps[i]
             outputs = await self._run_step(step, tensors, request)
+            if entered is not None:
+                entered()
+                entered = None
             for key, tensor in step.output_map:
                 tensors[tensor] = outputs[key]
         return {name: tensors[name] for name in graph.outputs}
 
-    async def _run(self, request: InferenceRequest) -> dict[str, np.ndarray]:
+    async def _run(self, request: InferenceRequest, entered: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
+        """Every step once its inputs exist; ``entered`` is called once a first step has answered
+        (a group of requests is past its start: the next may follow it, grouping.py)."""
         graph = self.graph
         tensors: dict[str, np.ndarray] = dict(request.inputs)
         waiting = list(graph.waits_for)
@@ -184,6 +233,9 @@ class EnsembleScheduler(Scheduler):
                     # Only one step can run: run it in this task, not in a task of its own.
                     step = graph.steps[ready.pop()]
                     self._publish(step, await self._run_step(step, tensors, request), tensors, waiting, ready)
+                    if entered is not None:
+                        entered()
+                        entered = None
                     continue
                 while ready:
                     step = graph.steps[ready.pop()]
@@ -192,6 +244,9 @@ class EnsembleScheduler(Scheduler):
                 for task in done:
                     step = running.pop(task)
                     self._publish(step, task.result(), tensors, waiting, ready)
+                if entered is not None:
+                    entered()
+                    entered = None
         except BaseException:
             # A step failed or the request was cancelled: the other steps run for nobody.
             for task in running:
@@ -268,7 +323,7 @@ class EnsembleScheduler(Scheduler):
             return self._decide(step, tensors, request)
         steps = self._stats.steps
         key = self._ran[step.index]
-        steps[key] = steps.get(key, 0) + 1
+        steps[key] = steps.get(key, 0) + request.members
         try:
             model = self._resolve(step.model_name, step.model_version)
         except InferdError as exc:
@@ -297,6 +352,7 @@ class EnsembleScheduler(Scheduler):
             deadline=request.deadline,
             trace=trace,
             output_device=self._output_device[step.index],
+            members=request.members,
         )
         return run_model(model, sub, self._clock, describe)
 

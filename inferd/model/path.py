@@ -79,11 +79,11 @@ class ModelRun:
         stats = model.stats
         elapsed = time.perf_counter_ns() - self.start
         if self.hit_ns < 0:
-            stats.record_success(elapsed, self.clock.now())
+            stats.record_success(elapsed, self.clock.now(), request.members)
         else:
             stats.record_cache_hit(elapsed, self.hit_ns, self.clock.now())
         if stats.first_response:
-            stats.record_first_response(elapsed)
+            stats.record_first_response(elapsed, request.members)
         trace = request.trace
         if trace is not None:
             trace.tensors_attributes("output", outputs)
@@ -103,7 +103,7 @@ class ModelRun:
         _record_failure(self.model, self.request, self.clock, self.start, exception, error)
         stats = self.model.stats
         if stats.first_response and not isinstance(exception, asyncio.CancelledError):
-            stats.record_first_response(time.perf_counter_ns() - self.start)  # the error is the client's answer
+            stats.record_first_response(time.perf_counter_ns() - self.start, self.request.members)  # the client's answer
         if error is not exception:
             if isinstance(exception, InferdError):
                 error.__suppress_context__ = True
@@ -381,7 +381,7 @@ def _shape(model: Model, outputs: dict[str, np.ndarray], request: InferenceReque
 def _record_failure(model: Model, request: InferenceRequest, clock: Clock, start: int,
                     cause: BaseException, error: BaseException) -> None:
     """Count the failure under ``cause``'s reason; end the trace with ``error``."""
-    model.stats.record_failure(time.perf_counter_ns() - start, failure_reason(cause), clock.now())
+    model.stats.record_failure(time.perf_counter_ns() - start, failure_reason(cause), clock.now(), request.members)
     if request.trace is not None:
         request.trace.end(error)
 

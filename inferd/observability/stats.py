@@ -208,38 +208,42 @@ class ModelStats:
             stat.compute_output.add(output_ns)
             (stat.success if kind == "success" else stat.fail).add(total)
 
-    def record_first_response(self, ns: int) -> None:
+    def record_first_response(self, ns: int, count: int = 1) -> None:
         """A request's first response (its only one, or a stream's first, an error's too) went out ``ns``
         after the request reached the model's path: Triton's time to first response, one per request
         (nv_inference_first_response_histogram_ms). Only observers take it; nothing is counted here."""
         if self.first_response and self.observers:
-            self._notify("first_response", {"ns": ns})
+            for _ in range(count):
+                self._notify("first_response", {"ns": ns})
 
     def _notify(self, event: str, data: dict) -> None:
         for observer in self.observers:
             observer(event, self, data)
 
-    def record_success(self, duration_ns: int, now: float) -> None:
+    def record_success(self, duration_ns: int, now: float, count: int = 1) -> None:
+        """``count`` requests (an ensemble's grouped step stands for several) succeeded in ``duration_ns`` each."""
         d = self.success  # once per request: the additions written out (see record_execution)
-        d.count += 1
-        d.ns += duration_ns
+        d.count += count
+        d.ns += duration_ns * count
         if self.single_response:
             d = (self.responses.get(0) or self._response(0)).success
-            d.count += 1
-            d.ns += duration_ns
+            d.count += count
+            d.ns += duration_ns * count
         self.last_inference_s = now
         if self.observers:
-            self._notify("success", {"ns": duration_ns})
+            for _ in range(count):
+                self._notify("success", {"ns": duration_ns})
 
-    def record_failure(self, duration_ns: int, reason: str, now: float) -> None:
-        self.fail.add(duration_ns)
-        self.fail_reasons[reason] = self.fail_reasons.get(reason, 0) + 1
+    def record_failure(self, duration_ns: int, reason: str, now: float, count: int = 1) -> None:
+        self.fail.add(duration_ns * count, count)
+        self.fail_reasons[reason] = self.fail_reasons.get(reason, 0) + count
         if self.single_response:
             stat = self._response(0)
-            (stat.cancel if reason == "CANCELED" else stat.fail).add(duration_ns)
+            (stat.cancel if reason == "CANCELED" else stat.fail).add(duration_ns * count, count)
         self.last_inference_s = now
         if self.observers:
-            self._notify("failure", {"ns": duration_ns, "reason": reason})
+            for _ in range(count):
+                self._notify("failure", {"ns": duration_ns, "reason": reason})
 
     def record_cache_hit(self, duration_ns: int, lookup_ns: int, now: float) -> None:
         """A request answered from the response cache: a success (``duration_ns`` in the
@@ -252,12 +256,13 @@ class ModelStats:
         """A request the cache did not hold: ``ns`` looking it up and inserting the result."""
         self.cache_miss.add(ns)
 
-    def record_queue(self, ns: int) -> None:
+    def record_queue(self, ns: int, count: int = 1) -> None:
         d = self.queue
-        d.count += 1
-        d.ns += ns
+        d.count += count
+        d.ns += ns * count
         if self.observers:
-            self._notify("queue", {"ns": ns})
+            for _ in range(count):
+                self._notify("queue", {"ns": ns})
 
     def record_memory(self, delta: int | None) -> None:
         """One execution's resident memory change, when its backend measured it."""

@@ -127,7 +127,8 @@ def build_model(
     elif sequence is not None:
         scheduler = SequenceScheduler(spec.name, sequence, workers, list(spec.outputs), stats, clock)
     else:
-        scheduler = BatchScheduler(spec.name, policy, workers, list(spec.outputs), stats, clock)
+        scheduler = BatchScheduler(spec.name, policy, workers, list(spec.outputs), stats, clock,
+                                   joins_rows=backend.joins_batches)
     if spec.response_cache and cache is None:
         log.info("model '%s': response_cache is enabled, but the server has no cache (--cache-config "
                  "local,size=BYTES): its responses are not cached", spec.name)

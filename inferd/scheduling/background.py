@@ -113,6 +113,9 @@ class BackgroundLane(Scheduler):
     def problem(self) -> str | None:  # Scheduler defines it: __getattr__ would not reach the inner one
         return self.inner.problem()
 
+    def merges_rows(self) -> int:  # likewise
+        return self.inner.merges_rows()
+
     async def stop(self) -> None:
         self._alarm.cancel()
         await self.inner.stop()

@@ -77,6 +77,13 @@ class Scheduler(abc.ABC):
         """Why the model cannot execute now (every instance failed), or None."""
         return None
 
+    def merges_rows(self) -> int:
+        """The most rows of one request when requests of equal shapes (but for their batch dimension)
+        may arrive already concatenated into one, which the model computes as it would the batch it
+        forms of them (a dynamic batcher that concatenates: an ensemble groups its steps' requests
+        then, inferd/ensemble/grouping.py); 0 where it may not (this default)."""
+        return 0
+
 
 def workers_problem(workers: Sequence["InstanceWorker"]) -> str | None:
     """The first instance's reason when every one of ``workers`` has failed (InstanceWorker.failed)."""

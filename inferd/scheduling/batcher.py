@@ -68,12 +68,13 @@ class _Job:
 
 
 class _Batch:
-    __slots__ = ("items", "rows", "result", "traced", "instance", "dispatched")
+    __slots__ = ("items", "rows", "requests", "result", "traced", "instance", "dispatched")
 
-    def __init__(self, items: list[Pending], rows: int, traced: bool = False, instance: str = "",
+    def __init__(self, items: list[Pending], rows: int, requests: int, traced: bool = False, instance: str = "",
                  dispatched: float = 0.0) -> None:
         self.items = items
         self.rows = rows
+        self.requests = requests  # what the statistics count: the items' members
         self.result: BatchResult | BaseException | None = None
         self.traced = traced  # some request of the batch is traced
         self.instance = instance
@@ -91,8 +92,12 @@ class BatchScheduler(PumpedScheduler):
         output_names: list[str],
         stats: ModelStats,
         clock: Clock | None = None,
+        joins_rows: bool = False,
     ) -> None:
         super().__init__(model, policy, workers, output_names, stats, clock)
+        # Its backend joins a batch's requests into one tensor per input (Backend.joins_batches): a
+        # request that arrives with several requests' rows concatenated is what its batch would be.
+        self._joins_rows = joins_rows
         self._free: deque[InstanceWorker] = deque(workers)
         self._queue = BatchQueue(policy, model)
         self._bound_s = policy.max_queue_delay_s
@@ -202,6 +207,12 @@ class BatchScheduler(PumpedScheduler):
                 loop.call_soon(self._pump)
         return item
 
+    def merges_rows(self) -> int:
+        """:meth:`Scheduler.merges_rows`: a dynamic batcher whose batches concatenate their requests (a
+        backend that joins them, no padding, buckets or budget) takes what it would batch already joined."""
+        p = self.policy
+        return p.max_batch_size if self._joins_rows and p.batching and self._plain_groups else 0
+
     def _alone(self, loop: asyncio.AbstractEventLoop, worker: InstanceWorker, rows: int) -> bool:
         """Whether a request finding the queue empty should run at once. With a queue delay
         and adaptive waits, the queue's own decision says (no company expected); with none,
@@ -231,7 +242,7 @@ class BatchScheduler(PumpedScheduler):
 
     def _run_now(self, worker: InstanceWorker, request: InferenceRequest, rows: int, arrived_ns: int) -> dict[str, np.ndarray]:
         stats = self._stats
-        stats.record_queue(time.perf_counter_ns() - arrived_ns)  # the time it took to get here: no wait
+        stats.record_queue(time.perf_counter_ns() - arrived_ns, request.members)  # the time it took to get here
         start = request.dispatched = self._clock.now()
         try:
             # What execute() gets for a request: its inputs, or the request with them (RequestInputs) when
@@ -246,7 +257,7 @@ class BatchScheduler(PumpedScheduler):
             raise result if isinstance(result, InferdError) else ModelExecutionError(
                 f"model '{self.model}' failed to execute: {type(result).__name__}: {result}")
         t = result.times
-        stats.record_execution(rows, 1, t.input_ns, t.infer_ns, t.output_ns)
+        stats.record_execution(rows, request.members, t.input_ns, t.infer_ns, t.output_ns)
         if result.real_elements:
             stats.record_padding(result.real_elements, result.pad_elements)
         out = result.outputs[0] if result.outputs else ModelExecutionError(
@@ -379,13 +390,16 @@ class BatchScheduler(PumpedScheduler):
     def _dispatch(self, worker: InstanceWorker, items: list[Pending], now: float, loop: asyncio.AbstractEventLoop) -> None:
         stats = self._stats
         rows = 0
+        requests = 0  # the client requests the batch's stand for (an ensemble's grouped step counts its members)
         inputs = []
         wants_requests = getattr(worker.instance, "wants_requests", False)
         traced = False
         for item in items:
             job = item.payload
             request = job.request
-            stats.record_queue(int((now - job.enqueued) * 1e9))
+            members = request.members
+            requests += members
+            stats.record_queue(int((now - job.enqueued) * 1e9), members)
             # Its queueing delay ends (the data plane's controller reads it), less the batching wait the
             # model's config asks for: waiting out max_queue_delay is not overload.
             request.dispatched = now - min(self._bound_s, now - item.arrival)
@@ -398,7 +412,7 @@ class BatchScheduler(PumpedScheduler):
         worker.free_at = start + worker.estimate.upper(rows)
         # Unknown until executions were seen: no batch is taken early on a guess.
         worker.stage_from = start + STAGE_AT * worker.estimate.predict(rows) if worker.estimate.count else math.inf
-        batch = _Batch(items, rows, traced, worker.name, now)
+        batch = _Batch(items, rows, requests, traced, worker.name, now)
         if traced:
             _trace_queued(batch)
         if self._ordered is not None:
@@ -415,7 +429,7 @@ class BatchScheduler(PumpedScheduler):
             self._free.append(worker)
         if isinstance(result, BatchResult):
             t = result.times
-            self._stats.record_execution(batch.rows, len(batch.items), t.input_ns, t.infer_ns, t.output_ns)
+            self._stats.record_execution(batch.rows, batch.requests, t.input_ns, t.infer_ns, t.output_ns)
             self._stats.record_memory(result.memory_delta)
             if result.real_elements:
                 self._stats.record_padding(result.real_elements, result.pad_elements)

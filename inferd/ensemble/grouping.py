@@ -1,0 +1,217 @@
+"""An ensemble's concurrent requests through its steps as one: grouped step requests.
+
+Each composing model of a batching ensemble would batch its step requests anyway, concatenating
+their rows into one tensor per input; every step then pays its model's path (validation, the
+scheduler, shaping, statistics) and a task wake-up per request, three times over for a chain of
+three. So while earlier requests are still before their first step's answer, the requests that
+arrive are gathered, and go through the steps as one request: their inputs concatenated, each
+step one request of all their rows, the ensemble's outputs split back by rows. A composing model
+computes the same rows either way: only requests it would batch together are grouped (one
+priority, equal input dtypes and shapes but for the batch dimension, at most the smallest
+max_batch_size along the way), and only where every step's model concatenates its batches
+(:meth:`~inferd.scheduling.base.Scheduler.merges_rows`). A grouped step request counts as its
+members in its model's statistics (``InferenceRequest.members``), so requests, queue and compute
+counts read as if each member had gone through alone.
+
+When to close a group: as a dynamic batcher forms a batch while its instance is busy. A request
+that finds fewer groups before their first step's answer than the first step's model has
+instances starts through the steps at once (alone, or with those arriving in the same loop turn:
+``more``); one that finds them all busy waits in the gathering group, which starts as soon as
+one of them gets past its first step. A lone request (concurrency 1) is never held.
+
+Which requests are grouped (:func:`groupable`): none that carries anything that makes it differ
+from its neighbours beyond its rows: a trace, a deadline or timeout, a sequence, a device tensor.
+Those take the ensemble's ordinary path, one request through the steps. Requests group only with
+requests of equal parameters (which every step's request carries; perf_analyzer and tritonclient's
+streams send ``triton_enable_empty_final_response`` on each).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+from typing import Any, Callable, Coroutine
+
+import numpy as np
+
+from inferd.errors import ModelExecutionError
+from inferd.scheduling.base import Completion, Inflight, run_task
+from inferd.types import InferenceRequest
+
+# Runs one (maybe grouped) request through the steps: (request, rows, entered) -> its outputs, where
+# ``entered`` is called once the request's first step has answered, or it ended (at least once).
+RunGroup = Callable[[InferenceRequest, int, Callable[[], None]], Coroutine[Any, Any, dict[str, np.ndarray]]]
+
+
+def groupable(request: InferenceRequest) -> bool:
+    """Whether ``request`` may share its steps' requests with others (see the module's doc)."""
+    if (request.trace is not None or request.deadline is not None or request.timeout_us
+            or request.correlation_id or request.background or request.responder is not None
+            or request.output_device is not None or request.openai_prompt_tokens is not None):
+        return False
+    for array in request.inputs.values():  # a loop, not all(): no generator per request
+        if type(array) is not np.ndarray:
+            return False
+    return True
+
+
+def _joins(a: InferenceRequest, b: InferenceRequest) -> bool:
+    """Whether ``b``'s inputs can be concatenated after ``a``'s, and the two batched together."""
+    if a.priority != b.priority or a.model_version != b.model_version or a.parameters != b.parameters:
+        return False
+    first, other = a.inputs, b.inputs
+    if first.keys() != other.keys():
+        return False
+    for name, x in first.items():
+        y = other[name]
+        if x.dtype != y.dtype or x.shape[1:] != y.shape[1:]:
+            return False
+    return True
+
+
+class _Member:
+    """One ensemble request in a group (the ``Queued`` an :class:`Inflight` answers)."""
+
+    __slots__ = ("request", "rows", "completion", "group")
+
+    def __init__(self, request: InferenceRequest, rows: int, completion: Completion) -> None:
+        self.request = request
+        self.rows = rows
+        self.completion: Completion | None = completion  # None once answered or withdrawn
+        self.group: _Group | None = None  # once it started through the steps
+
+
+class _Group:
+    __slots__ = ("members", "task", "entering")
+
+    def __init__(self, members: list[_Member] | None) -> None:
+        self.members = members or []  # None: a lone request, run as the ensemble runs one
+        self.task: asyncio.Task | None = None
+        self.entering = True  # before its first step has answered
+
+
+class Groups:
+    """The gathering of one ensemble's requests into groups, and their runs through ``run``.
+
+    ``cap`` (the most rows a group may carry; 0: no grouping) and ``entry`` (groups at once before
+    their first step's answer) are set by the ensemble whenever its composing models change."""
+
+    def __init__(self, name: str, run: RunGroup, alone: RunGroup, inflight: Inflight) -> None:
+        self._name = name
+        self._run = run  # a group's run: its members are in flight, each answered here
+        self._alone = alone  # a lone request's: in flight while it runs, answered by its task (run_task)
+        self._inflight = inflight
+        self.cap = 0
+        self.entry = 1
+        self._entering = 0  # groups started and before their first step's answer
+        self._gathering: list[_Member] = []
+        self._rows = 0  # the gathering group's
+        self._soon = False  # a start is scheduled for the end of this loop turn
+
+    def join(self, request: InferenceRequest, rows: int, completion: Completion, more: bool) -> Callable[[], None]:
+        """Add ``request`` (groupable, ``rows`` <= :attr:`cap`) to the gathering group; it is answered
+        through ``completion`` (in flight until then). Returns its cancel."""
+        gathering = self._gathering
+        if not gathering and not more and self._entering < self.entry:
+            # Nobody to wait for, nothing gathering: through the steps now, alone, as an ungrouped
+            # request goes (its task's cancel is its own), but counted before its first step's answer.
+            self._entering += 1
+            return run_task(self._alone(request, rows, partial(self._entered, _Group(None))), completion)
+        member = _Member(request, rows, completion)
+        self._inflight.enter(False)
+        if gathering and (self._rows + rows > self.cap or not _joins(gathering[0].request, request)):
+            self._start()  # it cannot join: the group closes, and it opens the next
+        self._gathering.append(member)
+        self._rows += rows
+        if self._rows >= self.cap:
+            self._start()
+        elif self._entering < self.entry:
+            if not more:
+                self._start()
+            elif not self._soon:
+                self._soon = True
+                asyncio.get_running_loop().call_soon(self._start_soon)
+        return partial(self._withdraw, member)
+
+    def _start_soon(self) -> None:
+        self._soon = False
+        if self._gathering and self._entering < self.entry:
+            self._start()
+
+    def _start(self) -> None:
+        members, self._gathering, self._rows = self._gathering, [], 0
+        group = _Group(members)
+        for member in members:
+            member.group = group
+        self._entering += 1
+        group.task = asyncio.get_running_loop().create_task(self._drive(group))
+
+    def _entered(self, group: _Group) -> None:
+        """``group``'s first step has answered (or it ended): the next group may start."""
+        if not group.entering:
+            return
+        group.entering = False
+        self._entering -= 1
+        if self._gathering and not self._soon:
+            self._start()
+
+    async def _drive(self, group: _Group) -> None:
+        members = group.members
+        try:
+            if len(members) == 1:
+                request, rows = members[0].request, members[0].rows
+            else:
+                request, rows = self._merged(members)
+            outputs = await self._run(request, rows, partial(self._entered, group))
+            answers = [outputs] if len(members) == 1 else self._split(outputs, members, rows)
+        except asyncio.CancelledError:
+            return  # every member withdrew: nobody to answer
+        except Exception as exc:
+            exc = exc.with_traceback(None)  # each member's answer: no frames kept alive with it
+            for member in members:
+                self._inflight.answer(member, exc)
+        else:
+            for member, answer in zip(members, answers):
+                self._inflight.answer(member, answer)
+        finally:
+            self._entered(group)
+
+    def _withdraw(self, member: _Member) -> None:
+        """A member's cancel: it leaves its group (one still gathering drops it); a group all of whose
+        members withdrew stops running through the steps."""
+        if not self._inflight.withdraw(member):
+            return
+        group = member.group
+        if group is None:
+            self._gathering.remove(member)
+            self._rows -= member.rows
+        elif all(m.completion is None for m in group.members):
+            assert group.task is not None
+            group.task.cancel()
+
+    @staticmethod
+    def _merged(members: list[_Member]) -> tuple[InferenceRequest, int]:
+        first = members[0].request
+        requests = [m.request for m in members]
+        inputs = {name: np.concatenate([r.inputs[name] for r in requests]) for name in first.inputs}
+        merged = InferenceRequest(model_name=first.model_name, inputs=inputs, model_version=first.model_version,
+                                  id=first.id, parameters=first.parameters, priority=first.priority,
+                                  members=len(members))
+        return merged, sum(m.rows for m in members)
+
+    def _split(self, outputs: dict[str, np.ndarray], members: list[_Member], rows: int) -> list[dict[str, np.ndarray]]:
+        """Each member's rows of the group's outputs (views: nothing is copied)."""
+        for name, value in outputs.items():
+            shape = getattr(value, "shape", ())
+            if not isinstance(value, np.ndarray) or not shape or shape[0] != rows:
+                raise ModelExecutionError(
+                    f"ensemble '{self._name}': output '{name}' has shape {list(shape)}, not the {rows} rows of the "
+                    f"{len(members)} requests whose steps ran together; a model whose outputs do not keep the "
+                    "batch dimension's rows cannot batch")
+        answers = []
+        start = 0
+        for member in members:
+            stop = start + member.rows
+            answers.append({name: value[start:stop] for name, value in outputs.items()})
+            start = stop
+        return answers
