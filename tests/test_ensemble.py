@@ -941,7 +941,8 @@ async def test_stop_waits_for_in_flight_requests_and_refuses_new_ones():
 
 
 def grouped_models(gate: asyncio.Event, merges: int = 8):  # type: ignore[no-untyped-def]
-    """a (held until ``gate`` is set, doubling) -> b (adds one): both take joined rows (``merges``)."""
+    """a (held until ``gate`` is set, doubling) -> b (adds one): both take joined rows (``merges``).
+    One instance each: the ensemble keeps two groups in its steps (its window), lone requests too."""
     async def held(request):  # type: ignore[no-untyped-def]
         await gate.wait()
         return {"OUTPUT0": request.inputs["INPUT0"] * 2}
@@ -966,23 +967,23 @@ async def started(sched, *requests):  # type: ignore[no-untyped-def]
     return tasks
 
 
-async def test_requests_arriving_while_one_is_before_its_first_answer_go_through_the_steps_as_one():
+async def test_requests_arriving_while_the_steps_are_busy_go_through_them_as_one():
     gate = asyncio.Event()
     a, b = grouped_models(gate)
     sched, stats = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    tasks = await started(sched, request(filled(1)), request(filled(2, 2)), request(filled(3)))
-    # The first went alone at once; the two behind it wait for it to pass its first step.
-    assert [c.inputs["INPUT0"].shape[0] for c in a.scheduler.calls] == [1]
+    tasks = await started(sched, request(filled(1)), request(filled(2)), request(filled(3, 2)), request(filled(4)))
+    # The first two went alone at once, filling the window; the two behind them wait for one to end.
+    assert [c.inputs["INPUT0"].shape[0] for c in a.scheduler.calls] == [1, 1]
     gate.set()
     outs = await asyncio.gather(*tasks)
-    for out, value, n in zip(outs, (1, 2, 3), (1, 2, 1)):
+    for out, value, n in zip(outs, (1, 2, 3, 4), (1, 1, 2, 1)):
         np.testing.assert_array_equal(out["OUTPUT0"], filled(2 * value + 1, n))
     for m in (a, b):
-        assert [(c.inputs["INPUT0"].shape[0], c.members) for c in m.scheduler.calls] == [(1, 1), (3, 2)]
+        assert [(c.inputs["INPUT0"].shape[0], c.members) for c in m.scheduler.calls] == [(1, 1), (1, 1), (3, 2)]
         # Each member counts as a request in the composing model's statistics.
-        assert m.stats.success.count == 3
-    assert stats.inference_count == 4 and stats.execution_count == 3 and stats.queue.count == 3
-    assert stats.steps[(0, "a", "ran")] == 3 and stats.steps[(1, "b", "ran")] == 3
+        assert m.stats.success.count == 4
+    assert stats.inference_count == 5 and stats.execution_count == 4 and stats.queue.count == 4
+    assert stats.steps[(0, "a", "ran")] == 4 and stats.steps[(1, "b", "ran")] == 4
     assert sched.inflight() == 0
 
 
@@ -1000,18 +1001,19 @@ async def test_only_requests_a_model_would_batch_together_are_grouped():
     gate = asyncio.Event()
     a, b = grouped_models(gate)
     sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    tasks = await started(sched, request(filled(1)), request(filled(2)), request(filled(3), priority=2),
-                          request(filled(4), parameters={"k": 1}), request(filled(5), timeout_us=1000),
-                          request(filled(6)), request(filled(7)))
+    tasks = await started(sched, request(filled(0)), request(filled(1)), request(filled(2)),
+                          request(filled(3), priority=2), request(filled(4), parameters={"k": 1}),
+                          request(filled(5), timeout_us=1000), request(filled(6)), request(filled(7)))
     gate.set()
     outs = await asyncio.gather(*tasks)
-    for out, value in zip(outs, range(1, 8)):
+    for out, value in zip(outs, range(8)):
         np.testing.assert_array_equal(out["OUTPUT0"], filled(2 * value + 1))
-    # 2 waited behind 1; 3 (another priority) could not join it: 2's group started, and 3 gathered the
-    # next; 4 and 5 (a parameter, a timeout) went alone; 6 could not join 3 (priorities): 3's group
-    # started, and 6 and 7 gathered the one that started as 1 passed its first step.
+    # 0 and 1 filled the window; 2 gathered; 3 (another priority) could not join it: 2's group started,
+    # and 3 gathered the next; 4 (a parameter) could not join 3 (priorities) either: 3's started; 5 (a
+    # timeout) went alone, out of any group; 6 could not join 4 (parameters): 4's started, and 6 and 7
+    # gathered the group that started as the first group ended.
     firsts = sorted(float(c.inputs["INPUT0"][0, 0]) for c in a.scheduler.calls if c.members == 1)
-    assert 4.0 in firsts and 5.0 in firsts
+    assert firsts == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     grouped = [c for c in a.scheduler.calls if c.members > 1]
     assert [c.inputs["INPUT0"][:, 0].tolist() for c in grouped] == [[6.0, 7.0]]
     assert all(c.priority == 0 for c in grouped)
@@ -1032,25 +1034,25 @@ async def test_a_group_closes_at_the_smallest_max_batch_size_on_its_way():
     gate = asyncio.Event()
     a, b = grouped_models(gate, merges=2)
     sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    tasks = await started(sched, request(filled(1)), request(filled(2)), request(filled(3)), request(filled(4)))
-    # 2 and 3 fill a group of two rows, which starts at once, first step busy or not; 4 waits.
-    assert [c.inputs["INPUT0"][:, 0].tolist() for c in a.scheduler.calls] == [[1.0], [2.0, 3.0]]
+    tasks = await started(sched, *(request(filled(v)) for v in range(1, 6)))
+    # 3 and 4 fill a group of two rows, which starts at once, window full or not; 5 waits.
+    assert [c.inputs["INPUT0"][:, 0].tolist() for c in a.scheduler.calls] == [[1.0], [2.0], [3.0, 4.0]]
     gate.set()
     await asyncio.gather(*tasks)
-    assert [c.inputs["INPUT0"][:, 0].tolist() for c in a.scheduler.calls] == [[1.0], [2.0, 3.0], [4.0]]
+    assert [c.inputs["INPUT0"][:, 0].tolist() for c in a.scheduler.calls] == [[1.0], [2.0], [3.0, 4.0], [5.0]]
 
 
 async def test_a_request_cancelled_while_it_gathers_leaves_its_group():
     gate = asyncio.Event()
     a, b = grouped_models(gate)
     sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    first, second, third = await started(sched, request(filled(1)), request(filled(2)), request(filled(3)))
-    second.cancel()
+    *alone, third, fourth = await started(sched, *(request(filled(v)) for v in range(1, 5)))
+    third.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await second
+        await third
     gate.set()
-    await asyncio.gather(first, third)
-    assert [c.inputs["INPUT0"][:, 0].tolist() for c in a.scheduler.calls] == [[1.0], [3.0]]
+    await asyncio.gather(*alone, fourth)
+    assert [c.inputs["INPUT0"][:, 0].tolist() for c in a.scheduler.calls] == [[1.0], [2.0], [4.0]]
     assert sched.inflight() == 0
 
 
@@ -1065,9 +1067,9 @@ async def test_a_group_whose_members_all_left_stops_running_its_steps():
 
     b.scheduler.fn = groups_hang
     sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    first, second, third = await started(sched, request(filled(1)), request(filled(2)), request(filled(3)))
+    *alone, second, third = await started(sched, *(request(filled(v)) for v in range(1, 5)))
     gate.set()
-    await first  # the group of 2 and 3 starts as the first passes its first step, and hangs in b
+    await asyncio.gather(*alone)  # the group of the last two starts as one of them ends, and hangs in b
     for _ in range(10):
         if b.scheduler.active:
             break
@@ -1098,14 +1100,14 @@ async def test_a_failing_step_fails_every_member_of_its_group_with_the_steps_err
 
     b.scheduler.fn = boom
     sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    tasks = await started(sched, request(filled(1)), request(filled(2)), request(filled(3)))
+    tasks = await started(sched, *(request(filled(v)) for v in range(1, 5)))
     gate.set()
     results = await asyncio.gather(*tasks, return_exceptions=True)
-    assert isinstance(results[0], dict)
-    for error in results[1:]:
+    assert isinstance(results[0], dict) and isinstance(results[1], dict)
+    for error in results[2:]:
         assert isinstance(error, ModelExecutionError)
         assert error.message == "ensemble 'ens' step 1 (model 'b'): model 'b' failed: RuntimeError: boom"
-    assert b.stats.fail.count == 2 and b.stats.success.count == 1
+    assert b.stats.fail.count == 2 and b.stats.success.count == 2
     assert sched.inflight() == 0
 
 
@@ -1118,10 +1120,10 @@ async def test_a_group_whose_outputs_lost_their_rows_is_refused_by_name():
 
     b.scheduler.fn = first_row
     sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    tasks = await started(sched, request(filled(1)), request(filled(2)), request(filled(3)))
+    tasks = await started(sched, *(request(filled(v)) for v in range(1, 5)))
     gate.set()
     results = await asyncio.gather(*tasks, return_exceptions=True)
-    for error in results[1:]:
+    for error in results[2:]:
         assert isinstance(error, ModelExecutionError)
         assert error.message.startswith("ensemble 'ens': output 'OUTPUT0' has shape [1, 4], not the 2 rows of the 2 "
                                         "requests whose steps ran together")
@@ -1131,14 +1133,14 @@ async def test_stop_waits_for_the_gathering_group_too():
     gate = asyncio.Event()
     a, b = grouped_models(gate)
     sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    tasks = await started(sched, request(filled(1)), request(filled(2)))
+    tasks = await started(sched, request(filled(1)), request(filled(2)), request(filled(3)))
     stopping = asyncio.ensure_future(sched.stop())
     await asyncio.sleep(0)
     assert not stopping.done()
     gate.set()
     outs = await asyncio.gather(*tasks)
     await stopping
-    np.testing.assert_array_equal(outs[1]["OUTPUT0"], filled(5))
+    np.testing.assert_array_equal(outs[2]["OUTPUT0"], filled(7))
 
 
 async def test_grouped_requests_of_real_onnx_steps_equal_the_fused_model_and_count_each(tmp_path: Path):
@@ -1151,7 +1153,7 @@ async def test_grouped_requests_of_real_onnx_steps_equal_the_fused_model_and_cou
     await plane.load_models()
     try:
         xs = [np.random.default_rng(i).standard_normal((1 + i % 3, 256), dtype=np.float32) for i in range(16)]
-        # Submitted in one loop turn: the first goes alone, the fifteen behind it as one group.
+        # Submitted in one loop turn: three go alone (one per step's instance), the rest gather.
         got = await asyncio.gather(*(plane.infer(InferenceRequest("ensemble_mlp", {"INPUT0": x})) for x in xs))
         for x, response in zip(xs, got):
             fused = await plane.infer(InferenceRequest("mlp_fused", {"INPUT0": x}))
@@ -1162,6 +1164,6 @@ async def test_grouped_requests_of_real_onnx_steps_equal_the_fused_model_and_cou
             s = manager.get(name, 0).stats
             assert (s.success.count, s.inference_count) == (16, rows_sent), name
         scale = manager.get("ens_scale", 0).stats
-        assert scale.execution_count == 2 and scale.queue.count == 16 and scale.compute_infer.count == 16
+        assert scale.queue.count == 16 and scale.compute_infer.count == 16
     finally:
         await plane.close()

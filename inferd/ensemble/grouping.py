@@ -3,9 +3,9 @@
 Each composing model of a batching ensemble would batch its step requests anyway, concatenating
 their rows into one tensor per input; every step then pays its model's path (validation, the
 scheduler, shaping, statistics) and a task wake-up per request, three times over for a chain of
-three. So while earlier requests are still before their first step's answer, the requests that
-arrive are gathered, and go through the steps as one request: their inputs concatenated, each
-step one request of all their rows, the ensemble's outputs split back by rows. A composing model
+three. So while the steps are busy with earlier requests, the requests that arrive are gathered,
+and go through the steps as one request: their inputs concatenated, each step one request of all
+their rows, the ensemble's outputs split back by rows. A composing model
 computes the same rows either way: only requests it would batch together are grouped (one
 priority, equal input dtypes and shapes but for the batch dimension, at most the smallest
 max_batch_size along the way), and only where every step's model concatenates its batches
@@ -13,11 +13,15 @@ max_batch_size along the way), and only where every step's model concatenates it
 members in its model's statistics (``InferenceRequest.members``), so requests, queue and compute
 counts read as if each member had gone through alone.
 
-When to close a group: as a dynamic batcher forms a batch while its instance is busy. A request
-that finds fewer groups before their first step's answer than the first step's model has
-instances starts through the steps at once (alone, or with those arriving in the same loop turn:
-``more``); one that finds them all busy waits in the gathering group, which starts as soon as
-one of them gets past its first step. A lone request (concurrency 1) is never held.
+When to close a group: as a dynamic batcher forms a batch while its instance is busy. The
+ensemble keeps at most :attr:`Groups.window` groups in its steps, as many as its steps have
+instances (a chain of three one-instance models: three, one per step, so each step has work
+while the next group gathers). A request that finds fewer starts through the steps at once
+(alone, or with those arriving in the same loop turn: ``more``); one that finds the window full
+waits in the gathering group, which starts as soon as a group ends. A lone request (concurrency
+1) is never held. Measured against closing a group as soon as the one before it had passed its
+first step (groups of 5.0-5.7 requests at c=16 against 7.7-8.4 here): 1.11x the throughput at
+c=16, median of 6 alternating rounds, the fused model's control 1.02x (bench/RESULTS.md, ensemble).
 
 Which requests are grouped (:func:`groupable`): none that carries anything that makes it differ
 from its neighbours beyond its rows: a trace, a deadline or timeout, a sequence, a device tensor.
@@ -38,9 +42,10 @@ from inferd.errors import ModelExecutionError
 from inferd.scheduling.base import Completion, Inflight, run_task
 from inferd.types import InferenceRequest
 
-# Runs one (maybe grouped) request through the steps: (request, rows, entered) -> its outputs, where
-# ``entered`` is called once the request's first step has answered, or it ended (at least once).
-RunGroup = Callable[[InferenceRequest, int, Callable[[], None]], Coroutine[Any, Any, dict[str, np.ndarray]]]
+# Runs one (maybe grouped) request through the steps: (request, rows) -> its outputs.
+RunGroup = Callable[[InferenceRequest, int], Coroutine[Any, Any, dict[str, np.ndarray]]]
+# The same for a lone request, with a callback called as it ends.
+RunAlone = Callable[[InferenceRequest, int, Callable[[], None]], Coroutine[Any, Any, dict[str, np.ndarray]]]
 
 
 def groupable(request: InferenceRequest) -> bool:
@@ -82,28 +87,27 @@ class _Member:
 
 
 class _Group:
-    __slots__ = ("members", "task", "entering")
+    __slots__ = ("members", "task")
 
-    def __init__(self, members: list[_Member] | None) -> None:
-        self.members = members or []  # None: a lone request, run as the ensemble runs one
+    def __init__(self, members: list[_Member]) -> None:
+        self.members = members
         self.task: asyncio.Task | None = None
-        self.entering = True  # before its first step has answered
 
 
 class Groups:
     """The gathering of one ensemble's requests into groups, and their runs through ``run``.
 
-    ``cap`` (the most rows a group may carry; 0: no grouping) and ``entry`` (groups at once before
-    their first step's answer) are set by the ensemble whenever its composing models change."""
+    ``cap`` (the most rows a group may carry; 0: no grouping) and ``window`` (groups in the steps at
+    once, lone requests included) are set by the ensemble whenever its composing models change."""
 
-    def __init__(self, name: str, run: RunGroup, alone: RunGroup, inflight: Inflight) -> None:
+    def __init__(self, name: str, run: RunGroup, alone: RunAlone, inflight: Inflight) -> None:
         self._name = name
         self._run = run  # a group's run: its members are in flight, each answered here
         self._alone = alone  # a lone request's: in flight while it runs, answered by its task (run_task)
         self._inflight = inflight
         self.cap = 0
-        self.entry = 1
-        self._entering = 0  # groups started and before their first step's answer
+        self.window = 1
+        self._running = 0  # groups (a lone request is one) in the steps
         self._gathering: list[_Member] = []
         self._rows = 0  # the gathering group's
         self._soon = False  # a start is scheduled for the end of this loop turn
@@ -112,11 +116,11 @@ class Groups:
         """Add ``request`` (groupable, ``rows`` <= :attr:`cap`) to the gathering group; it is answered
         through ``completion`` (in flight until then). Returns its cancel."""
         gathering = self._gathering
-        if not gathering and not more and self._entering < self.entry:
-            # Nobody to wait for, nothing gathering: through the steps now, alone, as an ungrouped
-            # request goes (its task's cancel is its own), but counted before its first step's answer.
-            self._entering += 1
-            return run_task(self._alone(request, rows, partial(self._entered, _Group(None))), completion)
+        if not gathering and not more and self._running < self.window:
+            # Nothing gathering, room in the steps: through them now, alone, as an ungrouped request
+            # goes (its task's cancel is its own), but counted in the window.
+            self._running += 1
+            return run_task(self._alone(request, rows, self._ended), completion)
         member = _Member(request, rows, completion)
         self._inflight.enter(False)
         if gathering and (self._rows + rows > self.cap or not _joins(gathering[0].request, request)):
@@ -125,7 +129,7 @@ class Groups:
         self._rows += rows
         if self._rows >= self.cap:
             self._start()
-        elif self._entering < self.entry:
+        elif self._running < self.window:
             if not more:
                 self._start()
             elif not self._soon:
@@ -135,7 +139,7 @@ class Groups:
 
     def _start_soon(self) -> None:
         self._soon = False
-        if self._gathering and self._entering < self.entry:
+        if self._gathering and self._running < self.window:
             self._start()
 
     def _start(self) -> None:
@@ -143,15 +147,12 @@ class Groups:
         group = _Group(members)
         for member in members:
             member.group = group
-        self._entering += 1
+        self._running += 1
         group.task = asyncio.get_running_loop().create_task(self._drive(group))
 
-    def _entered(self, group: _Group) -> None:
-        """``group``'s first step has answered (or it ended): the next group may start."""
-        if not group.entering:
-            return
-        group.entering = False
-        self._entering -= 1
+    def _ended(self) -> None:
+        """A group (or lone request) left the steps: the gathering group may start."""
+        self._running -= 1
         if self._gathering and not self._soon:
             self._start()
 
@@ -162,7 +163,7 @@ class Groups:
                 request, rows = members[0].request, members[0].rows
             else:
                 request, rows = self._merged(members)
-            outputs = await self._run(request, rows, partial(self._entered, group))
+            outputs = await self._run(request, rows)
             answers = [outputs] if len(members) == 1 else self._split(outputs, members, rows)
         except asyncio.CancelledError:
             return  # every member withdrew: nobody to answer
@@ -174,7 +175,7 @@ class Groups:
             for member, answer in zip(members, answers):
                 self._inflight.answer(member, answer)
         finally:
-            self._entered(group)
+            self._ended()
 
     def _withdraw(self, member: _Member) -> None:
         """A member's cancel: it leaves its group (one still gathering drops it); a group all of whose

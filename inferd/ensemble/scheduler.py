@@ -124,7 +124,7 @@ class EnsembleScheduler(Scheduler):
             self._asks = [None if step.plain and {k for k, _ in step.output_map} == set(model.spec.outputs) else asks
                           for step, model, asks in zip(graph.steps, models, self._requested)]
             self._groups.cap = self._group_rows(models)
-            self._groups.entry = max(len(getattr(models[i].scheduler, "workers", ())) for i in graph.start) or 1
+            self._groups.window = sum(max(1, len(getattr(m.scheduler, "workers", ()))) for m in models)
             self._devices_for = models
 
     def _group_rows(self, models: tuple[Model, ...]) -> int:
@@ -141,9 +141,9 @@ class EnsembleScheduler(Scheduler):
         return min(caps)
 
     async def _whole(self, request: InferenceRequest, rows: int,
-                     entered: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
-        """One request through the steps, in flight meanwhile. ``entered``: called once its first
-        step has answered, and again as it ends (a lone request that grouping.py counts)."""
+                     ended: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
+        """One request through the steps, in flight meanwhile; ``ended`` is called as it ends (a lone
+        request that grouping.py counts)."""
         graph = self.graph
         self._inflight.enter(request.background)
         try:
@@ -151,24 +151,24 @@ class EnsembleScheduler(Scheduler):
                 # No limit, no queue (its steps queue at their models): a queue stage of zero
                 # length per request, which perf_analyzer also uses to find the version served.
                 self._stats.record_queue(0)
-                outputs = await (self._run_sequence(request, entered) if graph.sequence else self._run(request, entered))
+                outputs = await (self._run_sequence(request) if graph.sequence else self._run(request))
             else:
                 outputs = await self._admitted(request)
         finally:
             self._inflight.leave(request.background)
-            if entered is not None:
-                entered()
+            if ended is not None:
+                ended()
         stats = self._stats
         stats.inference_count += rows
         stats.execution_count += 1
         return outputs
 
-    async def _grouped(self, request: InferenceRequest, rows: int, entered: Callable[[], None]) -> dict[str, np.ndarray]:
+    async def _grouped(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
         """A group's run through the steps (grouping.py): ``request`` stands for ``request.members``
         of the ensemble's requests, each counted here as :meth:`_whole` counts one."""
         stats = self._stats
         stats.record_queue(0, request.members)
-        outputs = await (self._run_sequence(request, entered) if self.graph.sequence else self._run(request, entered))
+        outputs = await (self._run_sequence(request) if self.graph.sequence else self._run(request))
         stats.inference_count += rows
         stats.execution_count += request.members
         return outputs
@@ -202,26 +202,19 @@ class EnsembleScheduler(Scheduler):
 
     # -- the graph -----------------------------------------------------------
 
-    async def _run_sequence(self, request: InferenceRequest,
-                            entered: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
-        """A chain: no two steps can ever be ready at once, so each runs in this task, in order.
-        ``entered`` is called once the first step has answered (as in :meth:`_run`)."""
+    async def _run_sequence(self, request: InferenceRequest) -> dict[str, np.ndarray]:
+        """A chain: no two steps can ever be ready at once, so each runs in this task, in order."""
         graph = self.graph
         steps = graph.steps
         tensors: dict[str, np.ndarray] = dict(request.inputs)
         for i in graph.sequence:
             step = steps[i]
             outputs = await self._run_step(step, tensors, request)
-            if entered is not None:
-                entered()
-                entered = None
             for key, tensor in step.output_map:
                 tensors[tensor] = outputs[key]
         return {name: tensors[name] for name in graph.outputs}
 
-    async def _run(self, request: InferenceRequest, entered: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
-        """Every step once its inputs exist; ``entered`` is called once a first step has answered
-        (a group of requests is past its start: the next may follow it, grouping.py)."""
+    async def _run(self, request: InferenceRequest) -> dict[str, np.ndarray]:
         graph = self.graph
         tensors: dict[str, np.ndarray] = dict(request.inputs)
         waiting = list(graph.waits_for)
@@ -233,9 +226,6 @@ class EnsembleScheduler(Scheduler):
                     # Only one step can run: run it in this task, not in a task of its own.
                     step = graph.steps[ready.pop()]
                     self._publish(step, await self._run_step(step, tensors, request), tensors, waiting, ready)
-                    if entered is not None:
-                        entered()
-                        entered = None
                     continue
                 while ready:
                     step = graph.steps[ready.pop()]
@@ -244,9 +234,6 @@ class EnsembleScheduler(Scheduler):
                 for task in done:
                     step = running.pop(task)
                     self._publish(step, task.result(), tensors, waiting, ready)
-                if entered is not None:
-                    entered()
-                    entered = None
         except BaseException:
             # A step failed or the request was cancelled: the other steps run for nobody.
             for task in running:
