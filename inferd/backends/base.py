@@ -291,6 +291,22 @@ def sample_inputs(spec: ModelSpec, rows: int = 1) -> dict[str, np.ndarray]:
     return out
 
 
+def file_bytes(path: Path) -> int:
+    """The size of a model's files: one file's, or a folder's (a file gone meanwhile counts 0). The
+    least a loaded model can hold (its weights): the estimate before a first load is measured, and
+    what bounds a second copy of them."""
+    if not path.is_dir():
+        return path.stat().st_size
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
 def int_parameter(model: str, params: dict[str, str], key: str, default: int) -> int:
     """A config ``parameters`` value that must be an integer >= 0 (thread counts, ...)."""
     raw = params.get(key)

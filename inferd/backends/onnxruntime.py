@@ -20,7 +20,9 @@ from typing import Sequence
 
 import numpy as np
 
-from inferd.backends.base import Backend, InstanceSpec, ModelInstance, TensorInstance, int_parameter, sample_inputs
+from inferd.backends.base import (
+    Backend, InstanceSpec, ModelInstance, TensorInstance, file_bytes, int_parameter, sample_inputs,
+)
 from inferd.backends.session_cache import discard
 from inferd.config import ModelSignature, ModelSpec, SignatureTensor
 from inferd.dtypes import BY_ONNX
@@ -212,7 +214,7 @@ class OnnxInstance(TensorInstance):
         if (threads > 1 and "intra_op_thread_count" not in params and providers == ["CPUExecutionProvider"]
                 and spec.max_batch_size > 0 and not self._uses_bf16 and not self._string_inputs
                 and all(-1 not in t.model_dims for t in spec.inputs.values())
-                and _file_bytes(instance.model_file) <= LEAN_SESSION_MAX_BYTES):
+                and file_bytes(instance.model_file) <= LEAN_SESSION_MAX_BYTES):
             self._add_lean_session(backend, spec, instance, providers, level, threads)
 
     def _add_lean_session(self, backend: OnnxRuntimeBackend, spec: ModelSpec, instance: InstanceSpec,
@@ -371,13 +373,6 @@ def _file_key(model_file: Path) -> tuple[str, int, int, int]:
     path = _graph_file(model_file)
     st = os.stat(path)
     return str(path), st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def _file_bytes(model_file: Path) -> int:
-    """The bytes of the model's files: its one file, or a directory's (external weights)."""
-    if model_file.is_dir():
-        return sum(f.stat().st_size for f in model_file.rglob("*") if f.is_file())
-    return model_file.stat().st_size
 
 
 def _wall_ns(run, names: list[str], inputs: dict[str, np.ndarray], options) -> int:  # type: ignore[no-untyped-def]

@@ -202,9 +202,9 @@ class Groups:
 
     def _split(self, outputs: dict[str, np.ndarray], members: list[_Member], rows: int) -> list[dict[str, np.ndarray]]:
         """Each member's rows of the group's outputs (views: nothing is copied)."""
-        for name, value in outputs.items():
-            shape = getattr(value, "shape", ())
-            if not isinstance(value, np.ndarray) or not shape or shape[0] != rows:
+        for name, value in outputs.items():  # host arrays: no step of a group keeps tensors on a device
+            shape = value.shape
+            if shape[:1] != (rows,):
                 raise ModelExecutionError(
                     f"ensemble '{self._name}': output '{name}' has shape {list(shape)}, not the {rows} rows of the "
                     f"{len(members)} requests whose steps ran together; a model whose outputs do not keep the "

@@ -213,12 +213,13 @@ class ModelStats:
         after the request reached the model's path: Triton's time to first response, one per request
         (nv_inference_first_response_histogram_ms). Only observers take it; nothing is counted here."""
         if self.first_response and self.observers:
-            for _ in range(count):
-                self._notify("first_response", {"ns": ns})
+            self._notify("first_response", {"ns": ns}, count)
 
-    def _notify(self, event: str, data: dict) -> None:
-        for observer in self.observers:
-            observer(event, self, data)
+    def _notify(self, event: str, data: dict, count: int = 1) -> None:
+        """Each observer hears ``event`` ``count`` times (once per request a grouped ensemble step stands for)."""
+        for _ in range(count):
+            for observer in self.observers:
+                observer(event, self, data)
 
     def record_success(self, duration_ns: int, now: float, count: int = 1) -> None:
         """``count`` requests (an ensemble's grouped step stands for several) succeeded in ``duration_ns`` each."""
@@ -231,8 +232,7 @@ class ModelStats:
             d.ns += duration_ns * count
         self.last_inference_s = now
         if self.observers:
-            for _ in range(count):
-                self._notify("success", {"ns": duration_ns})
+            self._notify("success", {"ns": duration_ns}, count)
 
     def record_failure(self, duration_ns: int, reason: str, now: float, count: int = 1) -> None:
         self.fail.add(duration_ns * count, count)
@@ -242,8 +242,7 @@ class ModelStats:
             (stat.cancel if reason == "CANCELED" else stat.fail).add(duration_ns * count, count)
         self.last_inference_s = now
         if self.observers:
-            for _ in range(count):
-                self._notify("failure", {"ns": duration_ns, "reason": reason})
+            self._notify("failure", {"ns": duration_ns, "reason": reason}, count)
 
     def record_cache_hit(self, duration_ns: int, lookup_ns: int, now: float) -> None:
         """A request answered from the response cache: a success (``duration_ns`` in the
@@ -261,8 +260,7 @@ class ModelStats:
         d.count += count
         d.ns += ns * count
         if self.observers:
-            for _ in range(count):
-                self._notify("queue", {"ns": ns})
+            self._notify("queue", {"ns": ns}, count)
 
     def record_memory(self, delta: int | None) -> None:
         """One execution's resident memory change, when its backend measured it."""

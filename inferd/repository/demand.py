@@ -58,11 +58,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
+from inferd.backends.base import file_bytes
 from inferd.clock import Clock, MonotonicClock
 from inferd.errors import ConfigError, InferdError, ResourceExhausted, Unavailable
 from inferd.host import cpu_budget
 from inferd.repository.cold_waits import Failure, wait_bound
-from inferd.repository.footprint import file_bytes
 from inferd.repository.layout import change_stamp, pinned_in_config
 from inferd.repository.residency import Resident, format_size, over_budget, plan_load, too_large, usage_line
 from inferd.types import InferenceRequest

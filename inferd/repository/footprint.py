@@ -48,7 +48,6 @@ import os
 import sys
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Iterator
 
 from inferd.observability.heap import trim_now
@@ -234,16 +233,3 @@ class MeasureGate:
             self._queue.popleft()
             self._take(exclusive, name)
             future.set_result(None)
-
-
-def file_bytes(model_dir: Path) -> int:
-    """The size of a model folder's files: the least a loaded model can hold (its weights), the
-    estimate before its first load is measured."""
-    total = 0
-    for root, _dirs, files in os.walk(model_dir):
-        for name in files:
-            try:
-                total += os.stat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    return total

@@ -116,7 +116,7 @@ async def test_cold_waits_do_not_feed_the_queue_delay_controller(tmp_path: Path)
 
 
 async def test_a_model_just_loaded_for_a_request_is_the_freshest_not_the_coldest(tmp_path: Path) -> None:
-    from inferd.repository.footprint import file_bytes
+    from inferd.backends.base import file_bytes
 
     for i in range(3):
         add_table_model(tmp_path, f"t{i}", i, 1_000_000)
