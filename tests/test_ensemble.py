@@ -942,7 +942,7 @@ async def test_stop_waits_for_in_flight_requests_and_refuses_new_ones():
 
 def grouped_models(gate: asyncio.Event, merges: int = 8):  # type: ignore[no-untyped-def]
     """a (held until ``gate`` is set, doubling) -> b (adds one): both take joined rows (``merges``).
-    One instance each: the ensemble keeps two groups in its steps (its window), lone requests too."""
+    One instance each: the ensemble keeps two groups in its steps (its window)."""
     async def held(request):  # type: ignore[no-untyped-def]
         await gate.wait()
         return {"OUTPUT0": request.inputs["INPUT0"] * 2}
@@ -960,7 +960,7 @@ def filled(value: float, n: int = 1) -> np.ndarray:
 
 
 async def started(sched, *requests):  # type: ignore[no-untyped-def]
-    """Each request submitted, in order, in one loop turn: their tasks."""
+    """Each request submitted, in order, in one loop turn (so they may travel as one group): their tasks."""
     tasks = [asyncio.ensure_future(sched.infer(r, r.inputs["INPUT0"].shape[0])) for r in requests]
     for _ in range(5):  # and the tasks they start, up to where they wait
         await asyncio.sleep(0)
@@ -971,8 +971,10 @@ async def test_requests_arriving_while_the_steps_are_busy_go_through_them_as_one
     gate = asyncio.Event()
     a, b = grouped_models(gate)
     sched, stats = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    tasks = await started(sched, request(filled(1)), request(filled(2)), request(filled(3, 2)), request(filled(4)))
-    # The first two went alone at once, filling the window; the two behind them wait for one to end.
+    # Two requests in turns of their own: one group each, which fills the window; the two behind them,
+    # in one turn, gather until one of those ends.
+    tasks = [*await started(sched, request(filled(1))), *await started(sched, request(filled(2))),
+             *await started(sched, request(filled(3, 2)), request(filled(4)))]
     assert [c.inputs["INPUT0"].shape[0] for c in a.scheduler.calls] == [1, 1]
     gate.set()
     outs = await asyncio.gather(*tasks)
@@ -997,6 +999,22 @@ async def test_a_lone_request_is_never_held():
     assert [c.members for c in a.scheduler.calls] == [1, 1]
 
 
+async def test_requests_arriving_in_one_loop_turn_go_through_the_steps_together():
+    """With room in the window, a group's task is created at once and takes every request that joins
+    before it first runs: those of one loop turn (one socket read) travel as one."""
+    gate = asyncio.Event()
+    gate.set()
+    a, b = grouped_models(gate)
+    sched, stats = make_ensemble({"a": a, "b": b}, chain("a", "b"))
+    outs = await asyncio.gather(*await started(sched, *(request(filled(v)) for v in range(4))))
+    for out, value in zip(outs, range(4)):
+        np.testing.assert_array_equal(out["OUTPUT0"], filled(2 * value + 1))
+    # One step request each for a and b, of the four requests' rows (b's doubled by a).
+    assert [(c.inputs["INPUT0"][:, 0].tolist(), c.members) for c in a.scheduler.calls] == [([0, 1, 2, 3], 4)]
+    assert [(c.inputs["INPUT0"][:, 0].tolist(), c.members) for c in b.scheduler.calls] == [([0, 2, 4, 6], 4)]
+    assert stats.execution_count == 4 and sched.inflight() == 0
+
+
 async def test_only_requests_a_model_would_batch_together_are_grouped():
     gate = asyncio.Event()
     a, b = grouped_models(gate)
@@ -1008,14 +1026,14 @@ async def test_only_requests_a_model_would_batch_together_are_grouped():
     outs = await asyncio.gather(*tasks)
     for out, value in zip(outs, range(8)):
         np.testing.assert_array_equal(out["OUTPUT0"], filled(2 * value + 1))
-    # 0 and 1 filled the window; 2 gathered; 3 (another priority) could not join it: 2's group started,
-    # and 3 gathered the next; 4 (a parameter) could not join 3 (priorities) either: 3's started; 5 (a
-    # timeout) went alone, out of any group; 6 could not join 4 (parameters): 4's started, and 6 and 7
-    # gathered the group that started as the first group ended.
+    # 0, 1 and 2 (one turn) make the first group; 3 (another priority) cannot join it, and opens the
+    # second, which fills the window; 4 (a parameter) cannot join 3's: the third group, which goes at once
+    # when 6 (no parameter) cannot join it, window full or not; 5 (a timeout) goes alone, out of any group;
+    # 6 and 7 gather the group that starts as the first group ends.
     firsts = sorted(float(c.inputs["INPUT0"][0, 0]) for c in a.scheduler.calls if c.members == 1)
-    assert firsts == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert firsts == [3.0, 4.0, 5.0]
     grouped = [c for c in a.scheduler.calls if c.members > 1]
-    assert [c.inputs["INPUT0"][:, 0].tolist() for c in grouped] == [[6.0, 7.0]]
+    assert [c.inputs["INPUT0"][:, 0].tolist() for c in grouped] == [[0.0, 1.0, 2.0], [6.0, 7.0]]
     assert all(c.priority == 0 for c in grouped)
 
 
@@ -1034,19 +1052,21 @@ async def test_a_group_closes_at_the_smallest_max_batch_size_on_its_way():
     gate = asyncio.Event()
     a, b = grouped_models(gate, merges=2)
     sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    tasks = await started(sched, *(request(filled(v)) for v in range(1, 6)))
-    # 3 and 4 fill a group of two rows, which starts at once, window full or not; 5 waits.
-    assert [c.inputs["INPUT0"][:, 0].tolist() for c in a.scheduler.calls] == [[1.0], [2.0], [3.0, 4.0]]
+    tasks = [*await started(sched, request(filled(1))), *await started(sched, *(request(filled(v)) for v in range(2, 6)))]
+    # 1 fills half the window; 2 and 3 fill a group of two rows, the other half; 4 and 5 fill the next,
+    # which starts at once, window full or not.
+    assert [c.inputs["INPUT0"][:, 0].tolist() for c in a.scheduler.calls] == [[1.0], [2.0, 3.0], [4.0, 5.0]]
     gate.set()
     await asyncio.gather(*tasks)
-    assert [c.inputs["INPUT0"][:, 0].tolist() for c in a.scheduler.calls] == [[1.0], [2.0], [3.0, 4.0], [5.0]]
+    assert [c.inputs["INPUT0"][:, 0].tolist() for c in a.scheduler.calls] == [[1.0], [2.0, 3.0], [4.0, 5.0]]
 
 
 async def test_a_request_cancelled_while_it_gathers_leaves_its_group():
     gate = asyncio.Event()
     a, b = grouped_models(gate)
     sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    *alone, third, fourth = await started(sched, *(request(filled(v)) for v in range(1, 5)))
+    alone = [*await started(sched, request(filled(1))), *await started(sched, request(filled(2)))]
+    third, fourth = await started(sched, request(filled(3)), request(filled(4)))
     third.cancel()
     with pytest.raises(asyncio.CancelledError):
         await third
@@ -1067,7 +1087,8 @@ async def test_a_group_whose_members_all_left_stops_running_its_steps():
 
     b.scheduler.fn = groups_hang
     sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    *alone, second, third = await started(sched, *(request(filled(v)) for v in range(1, 5)))
+    alone = [*await started(sched, request(filled(1))), *await started(sched, request(filled(2)))]
+    second, third = await started(sched, request(filled(3)), request(filled(4)))
     gate.set()
     await asyncio.gather(*alone)  # the group of the last two starts as one of them ends, and hangs in b
     for _ in range(10):
@@ -1100,7 +1121,8 @@ async def test_a_failing_step_fails_every_member_of_its_group_with_the_steps_err
 
     b.scheduler.fn = boom
     sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    tasks = await started(sched, *(request(filled(v)) for v in range(1, 5)))
+    tasks = [*await started(sched, request(filled(1))), *await started(sched, request(filled(2))),
+             *await started(sched, request(filled(3)), request(filled(4)))]
     gate.set()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert isinstance(results[0], dict) and isinstance(results[1], dict)
@@ -1120,7 +1142,8 @@ async def test_a_group_whose_outputs_lost_their_rows_is_refused_by_name():
 
     b.scheduler.fn = first_row
     sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    tasks = await started(sched, *(request(filled(v)) for v in range(1, 5)))
+    tasks = [*await started(sched, request(filled(1))), *await started(sched, request(filled(2))),
+             *await started(sched, request(filled(3)), request(filled(4)))]
     gate.set()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     for error in results[2:]:
@@ -1133,7 +1156,8 @@ async def test_stop_waits_for_the_gathering_group_too():
     gate = asyncio.Event()
     a, b = grouped_models(gate)
     sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    tasks = await started(sched, request(filled(1)), request(filled(2)), request(filled(3)))
+    tasks = [*await started(sched, request(filled(1))), *await started(sched, request(filled(2))),
+             *await started(sched, request(filled(3)))]
     stopping = asyncio.ensure_future(sched.stop())
     await asyncio.sleep(0)
     assert not stopping.done()
@@ -1153,7 +1177,7 @@ async def test_grouped_requests_of_real_onnx_steps_equal_the_fused_model_and_cou
     await plane.load_models()
     try:
         xs = [np.random.default_rng(i).standard_normal((1 + i % 3, 256), dtype=np.float32) for i in range(16)]
-        # Submitted in one loop turn: three go alone (one per step's instance), the rest gather.
+        # Submitted in one loop turn: they go through the steps as one group (31 rows).
         got = await asyncio.gather(*(plane.infer(InferenceRequest("ensemble_mlp", {"INPUT0": x})) for x in xs))
         for x, response in zip(xs, got):
             fused = await plane.infer(InferenceRequest("mlp_fused", {"INPUT0": x}))

@@ -31,12 +31,12 @@ PINNED = {1: 55.0, 16: 57.5}
 # cuts (commit 492c231's code, counted the same way): 195 and 226.3. 154 and 176.3 before the one
 # scheduler entry (issue 45): the ensemble runs in a task of its own in this mode too (as it already did
 # behind the hand-off), and each step's end costs the calls above.
-PINNED_ENSEMBLE = {1: 174.0, 16: 95.1}
+PINNED_ENSEMBLE = {1: 177.0, 16: 57.5}
 # c=16 was 183.5 until requests arriving together went through the steps as one request
-# (inferd/ensemble/grouping.py): each step's path is paid per group. Here the first three of each
-# sixteen go alone (the window: one per step's instance) and thirteen as one group; closing a group
-# as soon as the one before it passed its first step counted 70.2 here, but served less at c=16
-# over the network (bench/RESULTS.md, ensemble). c=1 paid 170 before grouping.
+# (inferd/ensemble/grouping.py): each step's path is paid per group. Here all sixteen arrive in one
+# loop turn and go as one group; 95.1 while the first three of each sixteen went alone (the window:
+# one per step's instance) and thirteen as one group, 70.2 closing a group as soon as the one before
+# it passed its first step. c=1 paid 170 before grouping, 174 while a lone request took its own path.
 # A ModelStreamInfer stream's requests for a model that is not decoupled (every request on one stream,
 # answered in turn), counted as every Python call (inferd's and the asyncio and contextlib code it runs):
 # each request now takes the unary call's path. Before (four async generators, each closed by aclosing,

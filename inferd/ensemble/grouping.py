@@ -13,15 +13,20 @@ max_batch_size along the way), and only where every step's model concatenates it
 members in its model's statistics (``InferenceRequest.members``), so requests, queue and compute
 counts read as if each member had gone through alone.
 
-When to close a group: as a dynamic batcher forms a batch while its instance is busy. The
-ensemble keeps at most :attr:`Groups.window` groups in its steps, as many as its steps have
-instances (a chain of three one-instance models: three, one per step, so each step has work
-while the next group gathers). A request that finds fewer starts through the steps at once
-(alone, or with those arriving in the same loop turn: ``more``); one that finds the window full
-waits in the gathering group, which starts as soon as a group ends. A lone request (concurrency
-1) is never held. Measured against closing a group as soon as the one before it had passed its
-first step (groups of 5.0-5.7 requests at c=16 against 7.7-8.4 here): 1.11x the throughput at
-c=16, median of 6 alternating rounds, the fused model's control 1.02x (bench/RESULTS.md, ensemble).
+When a group goes: as a dynamic batcher forms a batch while its instance is busy. The ensemble keeps
+at most :attr:`Groups.window` groups in its steps, as many as its steps have instances (a chain of
+three one-instance models: three, one per step, so each step has work while the next group gathers).
+A group opens with the first request that finds none open; if the window has room, its task is
+created at once, and it takes every request that joins it until that task first runs, a loop turn
+later at the earliest: so all the requests that arrive in one loop turn (one socket read, one wake-up
+of the front's connections) go through the steps together, and a lone request (concurrency 1) waits
+for nothing but its task's start. With the window full, the open group gathers until a group ends.
+A group also closes when it holds the rows of the smallest max_batch_size on the way, or when a
+request cannot join it: then it goes at once, window full or not, and the request opens the next.
+Measured against sending the requests that found room in the window through the steps alone, one at
+a time (1.14x the throughput at concurrency 16, 0.87x the CPU per inference; concurrency 1
+unchanged) and, before that, against closing a group as soon as the one before it had passed its
+first step (1.11x): bench/RESULTS.md, ensemble.
 
 Which requests are grouped (:func:`groupable`): none that carries anything that makes it differ
 from its neighbours beyond its rows: a trace, a deadline or timeout, a sequence, a device tensor.
@@ -39,13 +44,11 @@ from typing import Any, Callable, Coroutine
 import numpy as np
 
 from inferd.errors import ModelExecutionError
-from inferd.scheduling.base import Completion, Inflight, run_task
+from inferd.scheduling.base import Completion, Inflight
 from inferd.types import InferenceRequest
 
 # Runs one (maybe grouped) request through the steps: (request, rows) -> its outputs.
 RunGroup = Callable[[InferenceRequest, int], Coroutine[Any, Any, dict[str, np.ndarray]]]
-# The same for a lone request, with a callback called as it ends.
-RunAlone = Callable[[InferenceRequest, int, Callable[[], None]], Coroutine[Any, Any, dict[str, np.ndarray]]]
 
 
 def groupable(request: InferenceRequest) -> bool:
@@ -83,82 +86,81 @@ class _Member:
         self.request = request
         self.rows = rows
         self.completion: Completion | None = completion  # None once answered or withdrawn
-        self.group: _Group | None = None  # once it started through the steps
+        self.group: _Group | None = None  # the group it joined
 
 
 class _Group:
-    __slots__ = ("members", "task")
+    __slots__ = ("members", "rows", "task", "started")
 
-    def __init__(self, members: list[_Member]) -> None:
-        self.members = members
-        self.task: asyncio.Task | None = None
+    def __init__(self) -> None:
+        self.members: list[_Member] = []
+        self.rows = 0
+        self.task: asyncio.Task | None = None  # created once the window has room (or it closes)
+        self.started = False  # its task has taken its members: it takes no more, and none leaves it
 
 
 class Groups:
     """The gathering of one ensemble's requests into groups, and their runs through ``run``.
 
     ``cap`` (the most rows a group may carry; 0: no grouping) and ``window`` (groups in the steps at
-    once, lone requests included) are set by the ensemble whenever its composing models change."""
+    once) are set by the ensemble whenever its composing models change."""
 
-    def __init__(self, name: str, run: RunGroup, alone: RunAlone, inflight: Inflight) -> None:
+    def __init__(self, name: str, run: RunGroup, inflight: Inflight) -> None:
         self._name = name
         self._run = run  # a group's run: its members are in flight, each answered here
-        self._alone = alone  # a lone request's: in flight while it runs, answered by its task (run_task)
         self._inflight = inflight
         self.cap = 0
         self.window = 1
-        self._running = 0  # groups (a lone request is one) in the steps
-        self._gathering: list[_Member] = []
-        self._rows = 0  # the gathering group's
-        self._soon = False  # a start is scheduled for the end of this loop turn
+        self._running = 0  # groups with a task (started, or starting at the next loop turn)
+        self._open: _Group | None = None  # the group a request joins: not started yet
 
-    def join(self, request: InferenceRequest, rows: int, completion: Completion, more: bool) -> Callable[[], None]:
-        """Add ``request`` (groupable, ``rows`` <= :attr:`cap`) to the gathering group; it is answered
-        through ``completion`` (in flight until then). Returns its cancel."""
-        gathering = self._gathering
-        if not gathering and not more and self._running < self.window:
-            # Nothing gathering, room in the steps: through them now, alone, as an ungrouped request
-            # goes (its task's cancel is its own), but counted in the window.
-            self._running += 1
-            return run_task(self._alone(request, rows, self._ended), completion)
+    def join(self, request: InferenceRequest, rows: int, completion: Completion) -> Callable[[], None]:
+        """Add ``request`` (groupable, ``rows`` <= :attr:`cap`) to the open group (see the module's doc);
+        it is answered through ``completion`` (in flight until then). Returns its cancel."""
         member = _Member(request, rows, completion)
         self._inflight.enter(False)
-        if gathering and (self._rows + rows > self.cap or not _joins(gathering[0].request, request)):
-            self._start()  # it cannot join: the group closes, and it opens the next
-        self._gathering.append(member)
-        self._rows += rows
-        if self._rows >= self.cap:
-            self._start()
-        elif self._running < self.window:
-            if not more:
-                self._start()
-            elif not self._soon:
-                self._soon = True
-                asyncio.get_running_loop().call_soon(self._start_soon)
+        group = self._open
+        if group is not None and group.members and (
+                group.rows + rows > self.cap or not _joins(group.members[0].request, request)):
+            self._close(group)  # it cannot join: the group goes, and it opens the next
+            group = None
+        if group is None:
+            group = self._open = _Group()
+            if self._running < self.window:
+                self._schedule(group)
+        group.members.append(member)
+        group.rows += rows
+        member.group = group
+        if group.rows >= self.cap:
+            self._close(group)
         return partial(self._withdraw, member)
 
-    def _start_soon(self) -> None:
-        self._soon = False
-        if self._gathering and self._running < self.window:
-            self._start()
-
-    def _start(self) -> None:
-        members, self._gathering, self._rows = self._gathering, [], 0
-        group = _Group(members)
-        for member in members:
-            member.group = group
+    def _schedule(self, group: _Group) -> None:
+        """The group's task: it starts at the next loop turn, taking the members joined by then."""
         self._running += 1
         group.task = asyncio.get_running_loop().create_task(self._drive(group))
 
+    def _close(self, group: _Group) -> None:
+        """The open group takes no more requests, and goes now (window full or not)."""
+        self._open = None
+        if group.task is None:
+            self._schedule(group)
+
     def _ended(self) -> None:
-        """A group (or lone request) left the steps: the gathering group may start."""
+        """A group left the steps: the open group may go."""
         self._running -= 1
-        if self._gathering and not self._soon:
-            self._start()
+        group = self._open
+        if group is not None and group.task is None:
+            self._schedule(group)
 
     async def _drive(self, group: _Group) -> None:
+        if self._open is group:
+            self._open = None
+        group.started = True
         members = group.members
         try:
+            if not members:
+                return
             if len(members) == 1:
                 request, rows = members[0].request, members[0].rows
             else:
@@ -175,17 +177,21 @@ class Groups:
             for member, answer in zip(members, answers):
                 self._inflight.answer(member, answer)
         finally:
+            group.members = []  # each member refers to its group: no cycle outlives the run
             self._ended()
 
     def _withdraw(self, member: _Member) -> None:
-        """A member's cancel: it leaves its group (one still gathering drops it); a group all of whose
-        members withdrew stops running through the steps."""
+        """A member's cancel: it leaves a group that has not started (an open one left empty with no
+        task is dropped); a started group all of whose members withdrew stops running through the steps."""
         if not self._inflight.withdraw(member):
             return
         group = member.group
-        if group is None:
-            self._gathering.remove(member)
-            self._rows -= member.rows
+        assert group is not None
+        if not group.started:
+            group.members.remove(member)
+            group.rows -= member.rows
+            if not group.members and group.task is None and self._open is group:
+                self._open = None
         elif all(m.completion is None for m in group.members):
             assert group.task is not None
             group.task.cancel()

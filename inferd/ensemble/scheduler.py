@@ -81,7 +81,7 @@ class EnsembleScheduler(Scheduler):
         # A step runs through _call directly, or through _limited when max_inflight_requests is set.
         self._run_step = self._call if self._slots is None else self._limited
         # Concurrent requests through the steps as one (grouping.py); sized with the composing models.
-        self._groups = Groups(graph.name, self._grouped, self._whole, self._inflight)
+        self._groups = Groups(graph.name, self._grouped, self._inflight)
 
     # -- Scheduler ---------------------------------------------------------
 
@@ -102,7 +102,7 @@ class EnsembleScheduler(Scheduler):
         self._check_models()
         groups = self._groups
         if groups.cap and rows <= groups.cap and groupable(request):
-            return groups.join(request, rows, completion, more)
+            return groups.join(request, rows, completion)
         return run_task(self._whole(request, rows), completion)
 
     def _check_models(self) -> None:
@@ -140,10 +140,8 @@ class EnsembleScheduler(Scheduler):
             caps.append(model.scheduler.merges_rows())
         return min(caps)
 
-    async def _whole(self, request: InferenceRequest, rows: int,
-                     ended: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
-        """One request through the steps, in flight meanwhile; ``ended`` is called as it ends (a lone
-        request that grouping.py counts)."""
+    async def _whole(self, request: InferenceRequest, rows: int) -> dict[str, np.ndarray]:
+        """One request through the steps (one grouping.py does not group), in flight meanwhile."""
         graph = self.graph
         self._inflight.enter(request.background)
         try:
@@ -156,8 +154,6 @@ class EnsembleScheduler(Scheduler):
                 outputs = await self._admitted(request)
         finally:
             self._inflight.leave(request.background)
-            if ended is not None:
-                ended()
         stats = self._stats
         stats.inference_count += rows
         stats.execution_count += 1
