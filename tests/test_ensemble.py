@@ -967,14 +967,18 @@ async def started(sched, *requests):  # type: ignore[no-untyped-def]
     return tasks
 
 
+async def fill_window(sched):  # type: ignore[no-untyped-def]
+    """Requests of 1 and 2, each submitted in a loop turn of its own: a group each, which fills the window
+    (two; both held at a until the gate opens). Their tasks."""
+    return [*await started(sched, request(filled(1))), *await started(sched, request(filled(2)))]
+
+
 async def test_requests_arriving_while_the_steps_are_busy_go_through_them_as_one():
     gate = asyncio.Event()
     a, b = grouped_models(gate)
     sched, stats = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    # Two requests in turns of their own: one group each, which fills the window; the two behind them,
-    # in one turn, gather until one of those ends.
-    tasks = [*await started(sched, request(filled(1))), *await started(sched, request(filled(2))),
-             *await started(sched, request(filled(3, 2)), request(filled(4)))]
+    # The two behind the window's, in one turn, gather until one of those ends.
+    tasks = [*await fill_window(sched), *await started(sched, request(filled(3, 2)), request(filled(4)))]
     assert [c.inputs["INPUT0"].shape[0] for c in a.scheduler.calls] == [1, 1]
     gate.set()
     outs = await asyncio.gather(*tasks)
@@ -1065,7 +1069,7 @@ async def test_a_request_cancelled_while_it_gathers_leaves_its_group():
     gate = asyncio.Event()
     a, b = grouped_models(gate)
     sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    alone = [*await started(sched, request(filled(1))), *await started(sched, request(filled(2)))]
+    alone = await fill_window(sched)
     third, fourth = await started(sched, request(filled(3)), request(filled(4)))
     third.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -1087,7 +1091,7 @@ async def test_a_group_whose_members_all_left_stops_running_its_steps():
 
     b.scheduler.fn = groups_hang
     sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    alone = [*await started(sched, request(filled(1))), *await started(sched, request(filled(2)))]
+    alone = await fill_window(sched)
     second, third = await started(sched, request(filled(3)), request(filled(4)))
     gate.set()
     await asyncio.gather(*alone)  # the group of the last two starts as one of them ends, and hangs in b
@@ -1121,8 +1125,7 @@ async def test_a_failing_step_fails_every_member_of_its_group_with_the_steps_err
 
     b.scheduler.fn = boom
     sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    tasks = [*await started(sched, request(filled(1))), *await started(sched, request(filled(2))),
-             *await started(sched, request(filled(3)), request(filled(4)))]
+    tasks = [*await fill_window(sched), *await started(sched, request(filled(3)), request(filled(4)))]
     gate.set()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert isinstance(results[0], dict) and isinstance(results[1], dict)
@@ -1142,8 +1145,7 @@ async def test_a_group_whose_outputs_lost_their_rows_is_refused_by_name():
 
     b.scheduler.fn = first_row
     sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    tasks = [*await started(sched, request(filled(1))), *await started(sched, request(filled(2))),
-             *await started(sched, request(filled(3)), request(filled(4)))]
+    tasks = [*await fill_window(sched), *await started(sched, request(filled(3)), request(filled(4)))]
     gate.set()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     for error in results[2:]:
@@ -1156,8 +1158,7 @@ async def test_stop_waits_for_the_gathering_group_too():
     gate = asyncio.Event()
     a, b = grouped_models(gate)
     sched, _ = make_ensemble({"a": a, "b": b}, chain("a", "b"))
-    tasks = [*await started(sched, request(filled(1))), *await started(sched, request(filled(2))),
-             *await started(sched, request(filled(3)))]
+    tasks = [*await fill_window(sched), *await started(sched, request(filled(3)))]
     stopping = asyncio.ensure_future(sched.stop())
     await asyncio.sleep(0)
     assert not stopping.done()
