@@ -324,18 +324,13 @@ class _Connection(asyncio.Protocol):
     async def _serve_stream(self, context: BridgeStreamContext, stream: "_Stream") -> None:
         """The stream's handler (the port's guarded ModelStreamInfer), then its status as the trailer."""
         bridge = self.bridge
-        bridge.busy += 1
+        bridge.enter()
         ending: tuple[grpc.StatusCode, str, Metadata] | None = None
         try:
-            remaining = context.time_remaining()
-            if remaining is None:
+            async with asyncio.timeout(context.time_remaining()):  # None: no deadline
                 await bridge.stream_handler(stream.requests(), context)
-            else:
-                try:
-                    async with asyncio.timeout(remaining):
-                        await bridge.stream_handler(stream.requests(), context)
-                except TimeoutError:  # grpc.aio ends a stream past its deadline the same way
-                    ending = (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", ())
+        except TimeoutError:  # grpc.aio ends a stream past its deadline the same way
+            ending = (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", ())
         except Aborted as exc:
             ending = (exc.code, exc.details, exc.metadata)
         except asyncio.CancelledError:
@@ -346,18 +341,21 @@ class _Connection(asyncio.Protocol):
             log.exception("gRPC front: a bridged stream's handler failed")
             ending = (grpc.StatusCode.INTERNAL, "the server failed to serve the stream", ())
         finally:
-            bridge.busy -= 1
-            if not bridge.busy and bridge.idle is not None:
-                bridge.idle.set()
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
+            bridge.leave()
         if ending is None:
             tail = _END if stream.started else _HEAD + _END
         else:
             tail = b"0\r\n" + _status(*ending) if stream.started else refusal(*ending)
-        if bridge.closing:  # the last answer on this connection: Envoy sends no call more on it
-            if not stream.started:
+        self._finish(tail, with_head=not stream.started)
+
+    def _finish(self, tail: bytes, with_head: bool = True) -> None:
+        """Write a call's last bytes (``with_head``: its whole answer, head included). On a closing port it
+        is the last answer on this connection: said in its head where it has one, and the connection closed."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self.bridge.closing:  # Envoy sends no call more on it
+            if with_head:
                 tail = tail.replace(b"\r\n", b"\r\nconnection: close\r\n", 1)
             transport.write(tail)
             transport.close()
@@ -366,7 +364,7 @@ class _Connection(asyncio.Protocol):
 
     async def _serve(self, url: bytes, context: BridgeContext, body: list[bytes], size: int) -> None:
         bridge = self.bridge
-        bridge.busy += 1
+        bridge.enter()
         try:
             response = await bridge.respond(url, context, body, size)
         except asyncio.CancelledError:
@@ -376,17 +374,8 @@ class _Connection(asyncio.Protocol):
             # the handler's own: the deadline the client sent has passed (grpc.aio answers it the same way)
             response = refusal(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         finally:
-            bridge.busy -= 1
-            if not bridge.busy and bridge.idle is not None:
-                bridge.idle.set()
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            if bridge.closing:  # the last answer on this connection: Envoy sends no call more on it
-                response = response.replace(b"\r\n", b"\r\nconnection: close\r\n", 1)
-                transport.write(response)
-                transport.close()
-            else:
-                transport.write(response)
+            bridge.leave()
+        self._finish(response)
 
 
 _STREAM_URL = MODEL_STREAM_INFER.encode()
@@ -427,6 +416,15 @@ class BridgePort:
         self.idle: asyncio.Event | None = None
         self.closing = False
         self._server: asyncio.AbstractServer | None = None
+
+    def enter(self) -> None:
+        """A call (or stream) is being served: :meth:`close` gives it the grace."""
+        self.busy += 1
+
+    def leave(self) -> None:
+        self.busy -= 1
+        if not self.busy and self.idle is not None:
+            self.idle.set()
 
     async def start(self) -> None:
         try:
