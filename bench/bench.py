@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -138,7 +139,10 @@ def run_pa(label: str, model: str, url: str, concurrency: int, *, shape: str | N
         args += extra or []
         note = ""
         for attempt in range(2):
-            r = subprocess.run(args, capture_output=True, text=True, timeout=600)
+            r = _perf_analyzer(args, timeout=60 + 5 * trials * window_ms / 1000)
+            if r is None:  # stuck, not slow: a failed measure saying so, and the scenario goes on
+                return Measure(label, concurrency, batch, 0.0, 0.0, 0.0,
+                               note="no figure: perf_analyzer waited for answers that never came (killed)")
             if r.returncode == 0 and csv_path.exists():
                 break
             note = "unstable: " + (r.stdout + r.stderr).strip().splitlines()[-1][:120] if (r.stdout + r.stderr).strip() else "failed"
@@ -150,6 +154,23 @@ def run_pa(label: str, model: str, url: str, concurrency: int, *, shape: str | N
     ips = float(row["Inferences/Second"])
     return Measure(label, concurrency, batch, ips, float(row["p50 latency"]), float(row["p99 latency"]),
                    rows_per_s=ips * batch if batch > 1 else ips, note="")
+
+
+def _perf_analyzer(args: list[str], timeout: float) -> subprocess.CompletedProcess | None:
+    """perf_analyzer's run, or None when it ran past ``timeout`` (then it is killed, with whatever it
+    started: ``PERF_ANALYZER`` may be a wrapper). Past its windows a run is stuck, not slow: perf_analyzer
+    waits for ever on a request the server will never answer (Triton 2.51 crashed under gRPC streams
+    here: bench/RESULTS.md front_door_streams)."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        if proc.returncode is None:  # past the timeout, or the benchmark interrupted
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
 def raw_ceiling(model_file: Path, feeds: dict[str, np.ndarray], seconds: float = 3.0, threads: int | None = None) -> float:

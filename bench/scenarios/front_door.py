@@ -108,6 +108,14 @@ def _echo() -> Server:
     return Server(ECHO, proc.proc.pid, url, "", proc.stop)
 
 
+def _alive(pid: int) -> bool:
+    """Whether the process ``pid`` still runs (a zombie does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _serves(server: Server, load: Load) -> bool:
     if server.label == ECHO:
         return load.protocol == "grpc" and load.model == "identity_fp32"
@@ -126,6 +134,11 @@ def _measure(server: Server, load: Load, round_: int) -> dict:
     m = run_pa(server.label, load.model, url, load.concurrency, shape=SHAPES[load.model], window_ms=2000,
                stability=40, trials=6, protocol="http" if load.protocol == "http" else "grpc",
                extra=["--streaming"] if load.protocol == "stream" else [])
+    row = {"label": f"{load.name}: {server.label}", "server": server.label, "load": load.name, "round": round_,
+           "concurrency": load.concurrency, "batch": 1}
+    if not _alive(server.pid):  # nothing left to ask for its statistics: a failed measure saying so
+        return {**row, "infer_per_s": 0.0, "p50_us": 0.0, "p99_us": 0.0, "cpu_us": 0.0, "cpu_by_process": {},
+                "note": f"round {round_}; no figure: the server died during this run" + (f"; {m.note}" if m.note else "")}
     cpu = meter.since(before)
     n = cpu.inferences if counted else m.infer_per_s * (time.monotonic() - started)
     per = {}
@@ -133,8 +146,7 @@ def _measure(server: Server, load: Load, round_: int) -> dict:
         role = re.sub(r"^frontend \d+$", "frontends", p.role)
         per[role] = per.get(role, 0.0) + p.cpu_s / max(n, 1) * 1e6
     total = sum(per.values())
-    return {"label": f"{load.name}: {server.label}", "server": server.label, "load": load.name, "round": round_,
-            "concurrency": load.concurrency, "batch": 1, "infer_per_s": m.infer_per_s, "p50_us": m.p50_us,
+    return {**row, "infer_per_s": m.infer_per_s, "p50_us": m.p50_us,
             "p99_us": m.p99_us, "cpu_us": round(total, 1), "cpu_by_process": {k: round(v, 1) for k, v in per.items()},
             "note": f"round {round_}; CPU per inference {total:.0f} us ("
                     + ", ".join(f"{k} {v:.0f}" for k, v in per.items()) + ")"
@@ -157,30 +169,39 @@ def run(quick: bool) -> dict:
     labels = [s.strip() for s in wanted.split(",")] if wanted else [*INFERD, ECHO, *PEERS]
     loads = [w for w in LOADS if not os.environ.get("FRONT_DOOR_LOADS")
              or w.name in os.environ["FRONT_DOOR_LOADS"].split(",")]
-    notes, servers = [], []
+    notes: list[str] = []
+    servers: dict[str, Server] = {}
     peers = os.environ.get("INFERD_PEERS")
+
+    def start(label: str) -> Server:
+        if label in INFERD:
+            return _inferd(label, repo)
+        if label == ECHO:
+            return _echo()
+        return _peer(label, Path(peers or "") / PEERS[label], repo)
+
     try:
         for label in labels:
-            if label in INFERD:
-                servers.append(_inferd(label, repo))
-            elif label == ECHO:
-                servers.append(_echo())
-            elif label in PEERS:
-                script = Path(peers) / PEERS[label] if peers else None
-                if script is None or not script.exists():
-                    notes.append(f"{label} not measured: set INFERD_PEERS to the peers' folder (its {PEERS[label]})")
-                    continue
-                servers.append(_peer(label, script, repo))
+            if label in PEERS and not (peers and (Path(peers) / PEERS[label]).exists()):
+                notes.append(f"{label} not measured: set INFERD_PEERS to the peers' folder (its {PEERS[label]})")
+            elif label in INFERD or label == ECHO or label in PEERS:
+                servers[label] = start(label)
             else:
                 raise SystemExit(f"front_door: no server '{label}'; servers: {[*INFERD, ECHO, *PEERS]}")
         measures = []
         for r in range(int(os.environ.get("FRONT_DOOR_ROUNDS", 1 if quick else 2))):
             for load in loads:
-                for server in (servers if r % 2 == 0 else servers[::-1]):
-                    if _serves(server, load):
-                        measures.append(_measure(server, load, r))
+                for label in (list(servers) if r % 2 == 0 else list(servers)[::-1]):
+                    server = servers[label]
+                    if not _serves(server, load):
+                        continue
+                    measures.append(_measure(server, load, r))
+                    if not _alive(server.pid):  # it crashed: said, and started again for the runs after
+                        notes.append(f"{label} died during {load.name} (round {r}); started again.")
+                        server.stop()
+                        servers[label] = start(label)
     finally:
-        for s in servers:
+        for s in servers.values():
             s.stop()
     return {"measures": measures, "notes": " ".join(notes)}
 
