@@ -214,6 +214,9 @@ class OnnxInstance(TensorInstance):
         if (threads > 1 and "intra_op_thread_count" not in params and providers == ["CPUExecutionProvider"]
                 and spec.max_batch_size > 0 and not self._uses_bf16 and not self._string_inputs
                 and all(-1 not in t.model_dims for t in spec.inputs.values())
+                # zeros for every input the session takes: not a sequence's controls or states, which the
+                # sequence batcher supplies (a run without them fails, and ONNX Runtime logs it as an error)
+                and set(self._input_types) <= set(spec.inputs)
                 and file_bytes(instance.model_file) <= LEAN_SESSION_MAX_BYTES):
             self._add_lean_session(backend, spec, instance, providers, level, threads)
 

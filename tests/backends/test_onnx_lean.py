@@ -142,3 +142,24 @@ def test_a_lean_batch_with_outputs_big_enough_for_the_pool_runs_on_the_lean_sess
     assert used == [1]  # written into the pool by the one-thread session
     inst.run({"INPUT0": np.zeros((8, wide), np.float32)}, ["OUTPUT0"])
     assert used == [1, 2]
+
+
+def test_a_sequence_model_with_implicit_state_loads_without_timing_zeros_it_cannot_run(tmp_path, capfd):
+    # Its ACC_IN comes from the sequence batcher, not the config's inputs: a sample of the config's inputs
+    # alone fails in ONNX Runtime, which logs that failure as an error on the server's stderr at every load.
+    (tmp_path / "1").mkdir()
+    path = tmp_path / "1" / "model.onnx"
+    path.write_bytes(om.serialize(om.accumulator(np.int32)))
+    text = ('name: "acc"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+            'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+            'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+            'sequence_batching { direct { } state [ { input_name: "ACC_IN" output_name: "ACC_OUT" '
+            'data_type: TYPE_INT32 dims: [ 1 ] initial_state { name: "zero" data_type: TYPE_INT32 dims: [ 1 ] '
+            'zero_data: true } } ] }\n')
+    spec = validate(parse_config_text(text, model="acc"))
+    ispec = InstanceSpec("acc_0", Device("cpu"), tmp_path, tmp_path / "1", 1, path, threads=2)
+    inst = ortb.OnnxRuntimeBackend().create_instance(spec, ispec)
+    assert inst.lean_rows == 0 and not hasattr(inst, "_lean_session")
+    assert "Missing Input" not in capfd.readouterr().err
+    got = inst.run({"INPUT": np.array([[2]], np.int32), "ACC_IN": np.array([[3]], np.int32)}, ["OUTPUT"])
+    assert got["OUTPUT"].tolist() == [[5]]
