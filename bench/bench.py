@@ -139,7 +139,7 @@ def run_pa(label: str, model: str, url: str, concurrency: int, *, shape: str | N
         args += extra or []
         note = ""
         for attempt in range(2):
-            r = _perf_analyzer(args, timeout=60 + 5 * trials * window_ms / 1000)
+            r = run_perf_analyzer(args, timeout=60 + 5 * trials * window_ms / 1000)
             if r is None:  # stuck, not slow: a failed measure saying so, and the scenario goes on
                 return Measure(label, concurrency, batch, 0.0, 0.0, 0.0,
                                note="no figure: perf_analyzer waited for answers that never came (killed)")
@@ -156,7 +156,7 @@ def run_pa(label: str, model: str, url: str, concurrency: int, *, shape: str | N
                    rows_per_s=ips * batch if batch > 1 else ips, note="")
 
 
-def _perf_analyzer(args: list[str], timeout: float) -> subprocess.CompletedProcess | None:
+def run_perf_analyzer(args: list[str], timeout: float) -> subprocess.CompletedProcess | None:
     """perf_analyzer's run, or None when it ran past ``timeout`` (then it is killed, with whatever it
     started: ``PERF_ANALYZER`` may be a wrapper). Past its windows a run is stuck, not slow: perf_analyzer
     waits for ever on a request the server will never answer (Triton 2.51 crashed under gRPC streams

@@ -38,7 +38,7 @@ from typing import Callable
 from inferd.observability.procfs import PROC, TICK, Stat, all_stats, parse_stat, read_stat, server_tree
 
 __all__ = ["PROC", "TICK", "Stat", "all_stats", "parse_stat", "read_stat", "server_tree", "voluntary_switches",
-           "role", "CpuMeter", "CpuReport", "Snapshot", "report", "statistics_count", "children_cpu_s"]
+           "role", "CpuMeter", "CpuReport", "Snapshot", "report", "statistics_count", "children_cpu_s", "alive"]
 
 CORE = "core"
 WORKER_MODULE = "inferd.serve.worker_process"  # a frontend worker's command line names this module
@@ -184,6 +184,14 @@ def children_cpu_s() -> float:
     client run with subprocess.run, whose own CPU comes out of the cores the server shares."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def alive(pid: int) -> bool:
+    """Whether the process ``pid`` still runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        return (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def statistics_count(url: str, timeout: float = 10.0, model: str = "") -> Callable[[], int]:

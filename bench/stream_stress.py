@@ -20,8 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.bench import PERF_ANALYZER, _perf_analyzer
-from bench.scenarios.front_door import ONE_ENVOY, PEERS, SHAPES, TRITON, _alive, _inferd, _peer, _repository
+from bench.bench import PERF_ANALYZER, run_perf_analyzer
+from bench.proc_cpu import alive
+from bench.scenarios.front_door import ONE_ENVOY, PEERS, SHAPES, TRITON, _inferd, _peer, _repository
 
 LOADS = tuple((model, c) for model in ("mlp", "identity_fp32") for c in (16, 64, 1))
 
@@ -45,22 +46,22 @@ def main() -> int:
         runs = stuck = unstable = 0
         end = time.monotonic() + args.seconds
         try:
-            while time.monotonic() < end and _alive(server.pid):
+            while time.monotonic() < end and alive(server.pid):
                 for model, concurrency in LOADS:
                     shape = ["--shape", SHAPES[model]] if SHAPES[model] else []
-                    r = _perf_analyzer([str(PERF_ANALYZER), "-m", model, "-u", server.grpc, "-i", "grpc", *shape,
+                    r = run_perf_analyzer([str(PERF_ANALYZER), "-m", model, "-u", server.grpc, "-i", "grpc", *shape,
                                         "--concurrency-range", str(concurrency), "-b", "1", "-p", str(args.window_ms),
                                         "--max-trials", str(trials), "-s", "40", "--streaming"],
                                        timeout=60 + 5 * trials * args.window_ms / 1000)
                     runs += 1
                     if r is None:
                         stuck += 1
-                        state = "still runs" if _alive(server.pid) else "died"
+                        state = "still runs" if alive(server.pid) else "died"
                         print(f"{time.strftime('%H:%M:%S')} run {runs}: {model} c={concurrency} stuck; the server "
                               f"{state}", flush=True)
                     elif r.returncode != 0:
                         unstable += 1
-                    if not _alive(server.pid):
+                    if not alive(server.pid):
                         print(f"{time.strftime('%H:%M:%S')}: the server died; stopping", flush=True)
                         break
         finally:

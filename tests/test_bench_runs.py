@@ -1,5 +1,5 @@
 """The benchmark harness outlives a server that stops answering: a stuck perf_analyzer run is killed with
-what it started (bench/bench.py), and front_door notices a server that died (bench/scenarios/front_door.py).
+what it started (bench/bench.py), and front_door notices a server that died (bench/proc_cpu.py alive).
 Triton 2.51 crashed under gRPC streams here and left perf_analyzer waiting for ever (bench/RESULTS.md
 front_door_streams)."""
 
@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.bench import _perf_analyzer
-from bench.scenarios.front_door import _alive
+from bench.bench import run_perf_analyzer
+from bench.proc_cpu import alive
 
 
 def _gone(pid: int) -> bool:
@@ -20,7 +20,7 @@ def _gone(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    return not _alive(pid)  # a zombie until its parent (init here) reaps it
+    return not alive(pid)  # a zombie until its parent (init here) reaps it
 
 
 def test_a_stuck_perf_analyzer_is_killed_with_what_it_started(tmp_path: Path) -> None:
@@ -29,7 +29,7 @@ def test_a_stuck_perf_analyzer_is_killed_with_what_it_started(tmp_path: Path) ->
     script.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {tmp_path}/child\nwait\n")
     script.chmod(0o755)
     started = time.monotonic()
-    assert _perf_analyzer([str(script)], timeout=1.0) is None
+    assert run_perf_analyzer([str(script)], timeout=1.0) is None
     assert time.monotonic() - started < 30
     child = int((tmp_path / "child").read_text())
     for _ in range(100):
@@ -40,7 +40,7 @@ def test_a_stuck_perf_analyzer_is_killed_with_what_it_started(tmp_path: Path) ->
 
 
 def test_a_run_that_ends_gives_its_output_and_status(tmp_path: Path) -> None:
-    r = _perf_analyzer([sys.executable, "-c", "import sys; print('Throughput: 1'); sys.exit(3)"], timeout=30)
+    r = run_perf_analyzer([sys.executable, "-c", "import sys; print('Throughput: 1'); sys.exit(3)"], timeout=30)
     assert r is not None
     assert r.returncode == 3 and "Throughput: 1" in r.stdout
 
@@ -48,13 +48,13 @@ def test_a_run_that_ends_gives_its_output_and_status(tmp_path: Path) -> None:
 def test_alive_tells_a_running_process_from_a_zombie_and_a_missing_one() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
-        assert _alive(child.pid)
+        assert alive(child.pid)
     finally:
         child.stdin.close()  # type: ignore[union-attr]
     for _ in range(200):  # exited, not reaped yet: a zombie
-        if not _alive(child.pid):
+        if not alive(child.pid):
             break
         time.sleep(0.05)
-    assert not _alive(child.pid)
+    assert not alive(child.pid)
     child.wait()
-    assert not _alive(child.pid)
+    assert not alive(child.pid)

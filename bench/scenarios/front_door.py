@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from bench.proc_cpu import CpuMeter, statistics_count
+from bench.proc_cpu import CpuMeter, alive, statistics_count
 
 WORKERS, ONE = "inferd 2 workers, grpc.aio", "inferd one process, grpc.aio"
 WORKERS_ENVOY, ONE_ENVOY = "inferd 2 workers + Envoy", "inferd one process + Envoy (the default here)"
@@ -108,14 +108,6 @@ def _echo() -> Server:
     return Server(ECHO, proc.proc.pid, url, "", proc.stop)
 
 
-def _alive(pid: int) -> bool:
-    """Whether the process ``pid`` still runs (a zombie does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _serves(server: Server, load: Load) -> bool:
     if server.label == ECHO:
         return load.protocol == "grpc" and load.model == "identity_fp32"
@@ -136,7 +128,7 @@ def _measure(server: Server, load: Load, round_: int) -> dict:
                extra=["--streaming"] if load.protocol == "stream" else [])
     row = {"label": f"{load.name}: {server.label}", "server": server.label, "load": load.name, "round": round_,
            "concurrency": load.concurrency, "batch": 1}
-    if not _alive(server.pid):  # nothing left to ask for its statistics: a failed measure saying so
+    if not alive(server.pid):  # nothing left to ask for its statistics: a failed measure saying so
         return {**row, "infer_per_s": 0.0, "p50_us": 0.0, "p99_us": 0.0, "cpu_us": 0.0, "cpu_by_process": {},
                 "note": f"round {round_}; no figure: the server died during this run" + (f"; {m.note}" if m.note else "")}
     cpu = meter.since(before)
@@ -196,7 +188,7 @@ def run(quick: bool) -> dict:
                     if not _serves(server, load):
                         continue
                     measures.append(_measure(server, load, r))
-                    if not _alive(server.pid):  # it crashed: said, and started again for the runs after
+                    if not alive(server.pid):  # it crashed: said, and started again for the runs after
                         notes.append(f"{label} died during {load.name} (round {r}); started again.")
                         server.stop()
                         servers[label] = start(label)
