@@ -124,6 +124,10 @@ def perf_analyzer_available() -> bool:
     return r.returncode == 0
 
 
+# A run_pa measure's note when perf_analyzer waited for answers that never came (run_perf_analyzer).
+STUCK = "no figure: perf_analyzer waited for answers that never came (killed)"
+
+
 def run_pa(label: str, model: str, url: str, concurrency: int, *, shape: str | None = None,
            batch: int = 1, window_ms: int = 2000, extra: list[str] | None = None,
            protocol: str = "grpc", cpus: str | None = None, trials: int = 8, stability: int = 15) -> Measure:
@@ -141,8 +145,7 @@ def run_pa(label: str, model: str, url: str, concurrency: int, *, shape: str | N
         for attempt in range(2):
             r = run_perf_analyzer(args, timeout=60 + 5 * trials * window_ms / 1000)
             if r is None:  # stuck, not slow: a failed measure saying so, and the scenario goes on
-                return Measure(label, concurrency, batch, 0.0, 0.0, 0.0,
-                               note="no figure: perf_analyzer waited for answers that never came (killed)")
+                return Measure(label, concurrency, batch, 0.0, 0.0, 0.0, note=STUCK)
             if r.returncode == 0 and csv_path.exists():
                 break
             note = "unstable: " + (r.stdout + r.stderr).strip().splitlines()[-1][:120] if (r.stdout + r.stderr).strip() else "failed"

@@ -108,6 +108,25 @@ def _echo() -> Server:
     return Server(ECHO, proc.proc.pid, url, "", proc.stop)
 
 
+def peer_script(label: str) -> Path | None:
+    """The peer's start script in $INFERD_PEERS, or None when it is not there."""
+    peers = os.environ.get("INFERD_PEERS")
+    script = Path(peers) / PEERS[label] if peers else None
+    return script if script is not None and script.exists() else None
+
+
+def start_server(label: str, repo: Path) -> Server:
+    """The server ``label`` (one of INFERD's, ECHO or a peer whose script is there) on ``repo``."""
+    if label in INFERD:
+        return _inferd(label, repo)
+    if label == ECHO:
+        return _echo()
+    script = peer_script(label)
+    if script is None:
+        raise RuntimeError(f"{label}: set INFERD_PEERS to the peers' folder (its {PEERS[label]})")
+    return _peer(label, script, repo)
+
+
 def _serves(server: Server, load: Load) -> bool:
     if server.label == ECHO:
         return load.protocol == "grpc" and load.model == "identity_fp32"
@@ -145,7 +164,8 @@ def _measure(server: Server, load: Load, round_: int) -> dict:
                     + ("" if counted else "; inferences from perf_analyzer's rate") + (f"; {m.note}" if m.note else "")}
 
 
-def _repository(into: Path) -> Path:
+def repository(into: Path) -> Path:
+    """The scenario's models (identity_fp32, mlp) in a Triton-layout repository at ``into``."""
     subprocess.run([sys.executable, "-m", "inferd.examples.build", "--output", str(into), "--model", "identity_fp32",
                     "--model", "mlp"], check=True, capture_output=True)
     return into
@@ -156,28 +176,19 @@ def run(quick: bool) -> dict:
 
     (OUT / "tmp").mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=OUT / "tmp"))  # python -m bench removes OUT/tmp when it ends
-    repo = _repository(work / "repo")
+    repo = repository(work / "repo")
     wanted = os.environ.get("FRONT_DOOR_SERVERS")
     labels = [s.strip() for s in wanted.split(",")] if wanted else [*INFERD, ECHO, *PEERS]
     loads = [w for w in LOADS if not os.environ.get("FRONT_DOOR_LOADS")
              or w.name in os.environ["FRONT_DOOR_LOADS"].split(",")]
     notes: list[str] = []
     servers: dict[str, Server] = {}
-    peers = os.environ.get("INFERD_PEERS")
-
-    def start(label: str) -> Server:
-        if label in INFERD:
-            return _inferd(label, repo)
-        if label == ECHO:
-            return _echo()
-        return _peer(label, Path(peers or "") / PEERS[label], repo)
-
     try:
         for label in labels:
-            if label in PEERS and not (peers and (Path(peers) / PEERS[label]).exists()):
+            if label in PEERS and peer_script(label) is None:
                 notes.append(f"{label} not measured: set INFERD_PEERS to the peers' folder (its {PEERS[label]})")
             elif label in INFERD or label == ECHO or label in PEERS:
-                servers[label] = start(label)
+                servers[label] = start_server(label, repo)
             else:
                 raise SystemExit(f"front_door: no server '{label}'; servers: {[*INFERD, ECHO, *PEERS]}")
         measures = []
@@ -191,7 +202,7 @@ def run(quick: bool) -> dict:
                     if not alive(server.pid):  # it crashed: said, and started again for the runs after
                         notes.append(f"{label} died during {load.name} (round {r}); started again.")
                         server.stop()
-                        servers[label] = start(label)
+                        servers[label] = start_server(label, repo)
     finally:
         for s in servers.values():
             s.stop()

@@ -244,10 +244,7 @@ class _Connection(asyncio.Protocol):
         self.url, self.headers, self.body, self.size, self.stream = b"", {}, [], 0, None
 
     def on_headers_complete(self) -> None:
-        if self.url != _STREAM_URL:
-            return
-        if self.task is not None and not self.task.done():
-            self._busy()
+        if self.url != _STREAM_URL or not self._idle():
             return
         self.stream = stream = _Stream()
         self.context = context = BridgeStreamContext(self.headers, self)
@@ -275,20 +272,27 @@ class _Connection(asyncio.Protocol):
             else:
                 stream.inbox.put_nowait(None)
             return
-        if self.task is not None and not self.task.done():
-            self._busy()
+        if not self._idle():
             return
         self.context = BridgeContext(self.headers)
         self.task = asyncio.get_running_loop().create_task(self._serve(self.url, self.context, self.body, self.size))
 
-    def _busy(self) -> None:
+    def _idle(self) -> bool:
+        """Whether the connection's last call has ended; if not, a second request came on a busy connection
+        (Envoy does not pipeline): it is closed."""
+        if self.task is None or self.task.done():
+            return True
         log.error("gRPC front: a second request on a busy connection (Envoy does not pipeline); closing it")
         assert self.transport is not None
         self.transport.close()
+        return False
 
     def _frames(self, stream: "_Stream", body: bytes) -> None:
         """The stream's whole gRPC frames so far, decoded into its inbox; a partial one kept for the next
-        piece of body (at most one message's bytes: a frame announcing more than the limit ends the stream)."""
+        piece of body (at most one message's bytes: a frame announcing more than the limit ends the stream).
+        Once the bridge has ended the stream, the rest of its body is dropped unread."""
+        if stream.failed is not None:
+            return
         data = stream.pending + body if stream.pending else body
         start, end = 0, len(data)
         limit = self.bridge.max_message_bytes
