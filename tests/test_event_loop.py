@@ -13,7 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import running
+from conftest import running, until
 from inferd import event_loop
 from test_frontend_workers import workers_of
 
@@ -63,7 +63,8 @@ def test_a_server_on_each_loop_answers_every_protocol(repo: Path, kind: str, wor
     if kind == "uvloop":
         pytest.importorskip("uvloop")
     with running(repo, extra_args=["--event-loop", kind, "--frontend-workers", workers]) as server:
-        assert f"; event loop {kind}" in server.log()
+        # the ports are recorded when they listen; the report with the loop's name is printed just after
+        assert until(lambda: f"; event loop {kind}" in server.log(), timeout=30), server.log()
         children = workers_of(server)
         assert len(children) == int(workers)
         for pid in children:  # each worker runs the loop its core runs

@@ -224,6 +224,9 @@ async def test_without_a_bound_the_same_calls_wait_and_are_all_served() -> None:
 # -- a deadline that passes in gRPC's queue -------------------------------------------------------------------
 
 
+LATE_CALL_MARGIN_S = 2.0  # ten times the late call's deadline
+
+
 def _late_client(url: str, plane: Plane, port: GrpcPort) -> str:
     """Hold the server's loop, send a call with a 0.2 s deadline behind it, let it expire in gRPC core's
     queue, release the loop, and send one more call: the late call's status once every handler is done."""
@@ -239,6 +242,10 @@ def _late_client(url: str, plane: Plane, port: GrpcPort) -> str:
             outcome = "OK"
         except grpc.RpcError as exc:
             outcome = exc.code().name  # the client's own timer: DEADLINE_EXCEEDED whatever the server does
+        # The server's deadline runs from when gRPC core read the call, a little after the client's own start:
+        # the loop stays held well past it, so the release cannot race the server's deadline timer (CI once
+        # released the loop inside that gap, under load, and the late call was served).
+        time.sleep(LATE_CALL_MARGIN_S)
         plane.release.set()
         blocking.result(timeout=60)
         stub.ModelInfer(_request("m"), timeout=60)  # claimed after the late one (gRPC hands calls over in order)
