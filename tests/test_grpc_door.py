@@ -15,6 +15,7 @@ import grpc
 import numpy as np
 import pytest
 
+from conftest import until
 from inferd.clock import FakeClock
 from inferd.errors import Unavailable
 from inferd.frontends.door import Door, DoorPolicy, channelz_counter, channelz_servers, held, refused, should_read
@@ -224,10 +225,11 @@ async def test_without_a_bound_the_same_calls_wait_and_are_all_served() -> None:
 # -- a deadline that passes in gRPC's queue -------------------------------------------------------------------
 
 
-LATE_CALL_MARGIN_S = 2.0  # ten times the late call's deadline
+LATE_DEADLINE_S = 0.2
+TIMER_MARGIN_S = 1.0  # for gRPC core's deadline timer to fire on a loaded machine
 
 
-def _late_client(url: str, plane: Plane, port: GrpcPort) -> str:
+def _late_client(url: str, plane: Plane, port: GrpcPort, count: Callable[[], int]) -> str:
     """Hold the server's loop, send a call with a 0.2 s deadline behind it, let it expire in gRPC core's
     queue, release the loop, and send one more call: the late call's status once every handler is done."""
     from tritonclient.grpc import service_pb2_grpc as pbg
@@ -236,22 +238,21 @@ def _late_client(url: str, plane: Plane, port: GrpcPort) -> str:
         stub = pbg.GRPCInferenceServiceStub(channel)
         blocking = stub.ModelInfer.future(_request("block"), timeout=120)
         assert plane.entered.wait(60)
-        late = stub.ModelInfer.future(_request("m"), timeout=0.2)
+        late = stub.ModelInfer.future(_request("m"), timeout=LATE_DEADLINE_S)
+        # The server's deadline runs from when gRPC core read the call, not from the client's start: seen
+        # in core's own count, so the loop is released only past it (CI once released it inside the gap).
+        assert until(lambda: count() >= 2, timeout=60)
+        received_by = time.monotonic()
         try:
             late.result(timeout=60)
             outcome = "OK"
         except grpc.RpcError as exc:
             outcome = exc.code().name  # the client's own timer: DEADLINE_EXCEEDED whatever the server does
-        # The server's deadline runs from when gRPC core read the call, a little after the client's own start:
-        # the loop stays held well past it, so the release cannot race the server's deadline timer (CI once
-        # released the loop inside that gap, under load, and the late call was served).
-        time.sleep(LATE_CALL_MARGIN_S)
+        time.sleep(max(received_by + LATE_DEADLINE_S + TIMER_MARGIN_S - time.monotonic(), 0.0))
         plane.release.set()
         blocking.result(timeout=60)
         stub.ModelInfer(_request("m"), timeout=60)  # claimed after the late one (gRPC hands calls over in order)
-        deadline = time.monotonic() + 60
-        while port.door.handlers and time.monotonic() < deadline:  # bounded: every handler returned
-            time.sleep(0.01)
+        assert until(lambda: not port.door.handlers, timeout=60)  # every handler returned
         return outcome
 
 
@@ -264,10 +265,13 @@ async def test_a_call_whose_deadline_passed_in_grpcs_queue_never_reaches_the_dat
     # a door that never refuses: it only counts the handlers, which the client waits on
     port = GrpcPort(InferenceServicer(plane), Health(plane), GrpcPortOptions(address="127.0.0.1", port=0),  # type: ignore[arg-type]
                     door=Door(DoorPolicy(bound=10**9)))
+    known = channelz_servers()
     await port.start()
+    count = channelz_counter(known)
+    assert count is not None
     try:
         outcome = await asyncio.get_running_loop().run_in_executor(None, _late_client, f"127.0.0.1:{port.port}",
-                                                                   plane, port)
+                                                                   plane, port, count)
     finally:
         await port.close(0.0)
     assert outcome == "DEADLINE_EXCEEDED"
