@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bench.bench import run_perf_analyzer
 from bench.proc_cpu import alive
+from conftest import until
 
 
 def _gone(pid: int) -> bool:
@@ -32,11 +33,7 @@ def test_a_stuck_perf_analyzer_is_killed_with_what_it_started(tmp_path: Path) ->
     assert run_perf_analyzer([str(script)], timeout=1.0) is None
     assert time.monotonic() - started < 30
     child = int((tmp_path / "child").read_text())
-    for _ in range(100):
-        if _gone(child):
-            break
-        time.sleep(0.05)
-    assert _gone(child)
+    assert until(lambda: _gone(child), timeout=30)
 
 
 def test_a_run_that_ends_gives_its_output_and_status(tmp_path: Path) -> None:
@@ -51,10 +48,6 @@ def test_alive_tells_a_running_process_from_a_zombie_and_a_missing_one() -> None
         assert alive(child.pid)
     finally:
         child.stdin.close()  # type: ignore[union-attr]
-    for _ in range(200):  # exited, not reaped yet: a zombie
-        if not alive(child.pid):
-            break
-        time.sleep(0.05)
-    assert not alive(child.pid)
+    assert until(lambda: not alive(child.pid), timeout=30)  # exited, not reaped yet: a zombie
     child.wait()
     assert not alive(child.pid)

@@ -62,10 +62,11 @@ class Answer:
 
 @pytest.fixture
 async def bridge(tmp_path: Path):  # type: ignore[no-untyped-def]
-    seen: dict[str, Any] = {"ended": asyncio.Event()}
+    seen: dict[str, Any] = {"entered": asyncio.Event(), "ended": asyncio.Event()}
 
     async def handler(requests: Any, context: Any) -> None:
         seen["context"] = context
+        seen["entered"].set()
         try:
             async for message in requests:
                 if message.id == "abort":
@@ -143,10 +144,7 @@ async def test_the_client_leaving_cancels_the_stream(bridge) -> None:  # type: i
     port, seen = bridge
     writer, answer = await connect(port)
     writer.write(chunk(frame(request("hang"))))
-    for _ in range(100):
-        if "context" in seen:
-            break
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(seen["entered"].wait(), 10)
     writer.close()  # Envoy resets the upstream connection when the client goes
     await asyncio.wait_for(seen["ended"].wait(), 10)
     assert seen["context"].cancelled()

@@ -185,12 +185,12 @@ def run(quick: bool) -> dict:
     servers: dict[str, Server] = {}
     try:
         for label in labels:
+            if label not in (*INFERD, ECHO, *PEERS):
+                raise SystemExit(f"front_door: no server '{label}'; servers: {[*INFERD, ECHO, *PEERS]}")
             if label in PEERS and peer_script(label) is None:
                 notes.append(f"{label} not measured: set INFERD_PEERS to the peers' folder (its {PEERS[label]})")
-            elif label in INFERD or label == ECHO or label in PEERS:
-                servers[label] = start_server(label, repo)
-            else:
-                raise SystemExit(f"front_door: no server '{label}'; servers: {[*INFERD, ECHO, *PEERS]}")
+                continue
+            servers[label] = start_server(label, repo)
         measures = []
         for r in range(int(os.environ.get("FRONT_DOOR_ROUNDS", 1 if quick else 2))):
             for load in loads:
